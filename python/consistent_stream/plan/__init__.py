@@ -1,0 +1,2 @@
+"""Model SQL (Spark dialect) -> logical plan, with sqlglot. See ``compile.compile_model``."""
+from .compile import CompiledModel, compile_model  # noqa: F401

@@ -1,0 +1,61 @@
+"""Evaluate a logical plan incrementally for one micro-batch: bottom-up, each operator maps
+its inputs' changelogs to its output changelog (see ``consistent_stream.operators``)."""
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+
+from ..changelog import consolidate
+from ..operators.aggregate import aggregate_delta
+from ..operators.join import join_delta
+from ..operators.linear import filter_delta, project_delta
+from ..state import StateStore
+from .logical import Aggregate, Filter, Join, Node, Project, Scan
+
+
+class IncrementalEvaluator:
+    """Holds one batch's source changelogs and state; ``delta(node)`` is memoized per node.
+
+    ``source_deltas``: source key -> changelog DataFrame (source columns + ``__weight``).
+    """
+
+    def __init__(self, state: StateStore, source_deltas: dict[str, DataFrame], first_batch: bool):
+        self.state, self.sources, self.first_batch = state, source_deltas, first_batch
+        self.memo: dict[str, DataFrame] = {}
+        self._persisted: list[DataFrame] = []
+
+    def _keep(self, df: DataFrame) -> DataFrame:
+        """Persist a changelog that is read more than once (by its consumer and by the
+        arrangement commit); released by :meth:`release` after the batch commits."""
+        df = df.persist()
+        self._persisted.append(df)
+        return df
+
+    def release(self) -> None:
+        for df in self._persisted:
+            df.unpersist()
+        self._persisted.clear()
+
+    def delta(self, node: Node) -> DataFrame:
+        if node.id not in self.memo:
+            self.memo[node.id] = self._delta(node)
+        return self.memo[node.id]
+
+    def _delta(self, node: Node) -> DataFrame:
+        if isinstance(node, Scan):
+            d = self.sources[node.source.key]
+            return d.select(*[d[f"`{s}`"].alias(c) for s, c in zip(node.source_columns, node.columns)], "__weight")
+        if isinstance(node, Filter):
+            return filter_delta(self.delta(node.child), node.predicate)
+        if isinstance(node, Project):
+            return project_delta(self.delta(node.child), node.columns, node.exprs)
+        if isinstance(node, Join):
+            dl, dr = self.delta(node.left), self.delta(node.right)
+            right_types = [dr.schema[c].dataType for c in node.right.columns]
+            out = join_delta(self.state, node.id, node.kind, self._keep(consolidate(dl)), self._keep(consolidate(dr)),
+                             node.left_keys, node.right_keys, node.residual,
+                             node.left.columns, node.right.columns, right_types)
+            return self._keep(consolidate(out))
+        if isinstance(node, Aggregate):
+            return self._keep(aggregate_delta(self.state, node.id, self._keep(consolidate(self.delta(node.child))),
+                                              node.group_names, node.group_exprs, node.aggs, self.first_batch))
+        raise TypeError(f"no delta rule for {type(node).__name__}")

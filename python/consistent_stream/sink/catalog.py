@@ -1,0 +1,83 @@
+"""Show a target Delta table to Spark SQL as ``<schema>.<identifier>``, for ``dbt test``,
+``ref()`` and any later session.
+
+A local SparkSession cannot read Delta (no Delta jars here), and a directory of Delta files
+holds every version's files. So after each commit we publish the version: a directory of hard
+links to exactly that version's data files, registered as an external Parquet table
+(``ALTER TABLE .. SET LOCATION``). Readers always see one whole committed version; the two
+newest snapshot directories are kept so a reader in flight is not cut off.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from urllib.parse import unquote
+
+from pyspark.sql import SparkSession
+
+from ..delta import DeltaTableRef
+
+SNAPSHOTS = "_consistent_stream/snapshots"
+KEEP = 2
+
+
+def _ddl(schema) -> str:
+    return ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema.fields)
+
+
+def snapshot_dir(table_path: str, version: int) -> str:
+    return os.path.join(table_path, SNAPSHOTS, f"v{version:020d}")
+
+
+def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, version: int,
+            partition_by: list[str]) -> str:
+    """Register ``table_path`` at ``version`` as ``schema.identifier``; returns the
+    snapshot directory. Creates the schema when missing, re-creates the table when its
+    columns changed."""
+    table = DeltaTableRef(table_path)
+    snap = snapshot_dir(table_path, version)
+    if not os.path.isdir(snap):
+        tmp = snap + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        for rel in table.files(version):
+            rel = unquote(rel)
+            dst = os.path.join(tmp, rel)
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.link(os.path.join(table_path, rel), dst)
+        os.makedirs(tmp, exist_ok=True)
+        os.replace(tmp, snap)
+    spark_schema = table.read_snapshot(spark, version).schema
+    fq = f"`{schema}`.`{identifier}`"
+    spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
+    exists = spark.catalog.tableExists(f"{schema}.{identifier}")
+    if exists:
+        current = spark.table(fq).schema
+        same = [(f.name.lower(), f.dataType) for f in current.fields] == \
+               [(f.name.lower(), f.dataType) for f in _reorder(spark_schema, partition_by).fields]
+        if not same:
+            spark.sql(f"DROP TABLE {fq}")
+            exists = False
+    loc = "file://" + os.path.abspath(snap) if "://" not in snap else snap
+    if not exists:
+        parts = f" PARTITIONED BY ({', '.join(f'`{c}`' for c in partition_by)})" if partition_by else ""
+        spark.sql(f"CREATE TABLE {fq} ({_ddl(spark_schema)}) USING parquet{parts} LOCATION '{loc}'")
+    else:
+        spark.sql(f"ALTER TABLE {fq} SET LOCATION '{loc}'")
+    if partition_by:
+        spark.sql(f"ALTER TABLE {fq} RECOVER PARTITIONS")
+    spark.sql(f"REFRESH TABLE {fq}")
+    _cleanup(table_path)
+    return snap
+
+
+def _reorder(schema, partition_by):
+    from pyspark.sql.types import StructType
+    parts = [f for f in schema.fields if f.name in partition_by]
+    return StructType([f for f in schema.fields if f.name not in partition_by] + parts)
+
+
+def _cleanup(table_path: str) -> None:
+    root = os.path.join(table_path, SNAPSHOTS)
+    dirs = sorted(d for d in os.listdir(root) if d.startswith("v") and not d.endswith(".tmp"))
+    for d in dirs[:-KEEP]:
+        shutil.rmtree(os.path.join(root, d), ignore_errors=True)

@@ -1,0 +1,98 @@
+"""Source specifications (from dbt sources' ``meta.consistent_stream``) and cuts."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+
+SUPPORTED_FORMATS = ("delta",)
+
+
+def normalize_relation(relation: str) -> tuple[str, ...]:
+    """``'`db`.`t`'``, ``'db.t'`` or ``'"db"."t"'`` -> ('db', 't'), lower-cased parts."""
+    import sqlglot
+    from sqlglot import exp
+
+    tbl = sqlglot.parse_one(relation.strip(), read="spark", into=exp.Table)
+    parts = [p.name.lower() for p in tbl.parts]
+    return tuple(parts)
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One changelog source of a model.
+
+    ``name``: the dbt source's table name; ``relation``: how ``source()`` renders it in the
+    compiled SQL; ``location``: absolute path of the Delta table; ``primary_key``: the
+    source table's key columns (may be empty when unknown).
+    """
+    name: str
+    relation: str
+    location: str
+    format: str = "delta"
+    primary_key: tuple[str, ...] = ()
+    source_name: str = ""
+
+    @property
+    def relation_parts(self) -> tuple[str, ...]:
+        return normalize_relation(self.relation)
+
+    @property
+    def key(self) -> str:
+        """Stable name used in cuts and state: ``<source_name>.<name>``."""
+        return f"{self.source_name}.{self.name}" if self.source_name else self.name
+
+    @staticmethod
+    def from_dbt(d: dict, project_root: str) -> "SourceSpec":
+        """Build from the dict the materialization passes (source_name, name, relation, meta).
+
+        Raises ConfigError naming the source and the YAML key when meta is incomplete.
+        """
+        label = f"source('{d.get('source_name')}', '{d.get('name')}')"
+        meta = d.get("meta") or {}
+        if not isinstance(meta, dict) or not meta:
+            raise ConfigError(f"{label} has no meta.consistent_stream: add "
+                              f"meta: {{consistent_stream: {{format: delta, location: <path>, primary_key: [..]}}}} "
+                              f"to the source table in its YAML")
+        fmt = str(meta.get("format", "delta")).lower()
+        if fmt not in SUPPORTED_FORMATS:
+            raise ConfigError(f"{label}: meta.consistent_stream.format is {fmt!r}; "
+                              f"accepted values: {', '.join(SUPPORTED_FORMATS)}")
+        loc = meta.get("location")
+        if not loc:
+            raise ConfigError(f"{label}: meta.consistent_stream.location is required (path of the Delta table)")
+        if "://" not in loc and not os.path.isabs(loc):
+            loc = os.path.normpath(os.path.join(project_root, loc))
+        pk = meta.get("primary_key") or []
+        if isinstance(pk, str):
+            pk = [pk]
+        if not isinstance(pk, list) or not all(isinstance(c, str) for c in pk):
+            raise ConfigError(f"{label}: meta.consistent_stream.primary_key must be a column name or a list of them")
+        return SourceSpec(name=d["name"], relation=d["relation"], location=loc, format=fmt,
+                          primary_key=tuple(c.lower() for c in pk), source_name=d.get("source_name", ""))
+
+
+INITIAL = -1
+"""Cut position before a source's first version: the first batch reads its snapshot."""
+
+
+@dataclass(frozen=True)
+class Cut:
+    """The source positions a micro-batch ends at: source key -> Delta version.
+
+    A position of -1 (INITIAL) means nothing read yet.
+    """
+    versions: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(self.versions, sort_keys=True)
+
+    @staticmethod
+    def from_json(s: str | dict) -> "Cut":
+        d = json.loads(s) if isinstance(s, str) else s
+        return Cut({k: int(v) for k, v in d.items()})
+
+    def is_initial(self) -> bool:
+        return all(v == INITIAL for v in self.versions.values())

@@ -1,0 +1,102 @@
+"""The job spec: everything needed to run, replay or verify one model, saved beside its
+checkpoint as ``_consistent_stream/job.json``."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+from .errors import ConfigError
+from .sources import SourceSpec
+
+
+def _as_list(value, key: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise ConfigError(f"config {key} must be a column name or a list of column names, got {value!r}")
+
+
+@dataclass
+class JobSpec:
+    """One consistent_stream model: its SQL, sources, target and checkpoint."""
+    model: str
+    schema: str
+    identifier: str
+    sql: str
+    sources: list[SourceSpec]
+    unique_key: list[str]
+    target_path: str
+    checkpoint_location: str
+    partition_by: list[str] = field(default_factory=list)
+    trigger: str = "available_now"
+
+    @property
+    def spec_path(self) -> str:
+        return os.path.join(self.checkpoint_location, "_consistent_stream", "job.json")
+
+    @property
+    def state_root(self) -> str:
+        return os.path.join(self.checkpoint_location, "state")
+
+    @property
+    def spark_checkpoint(self) -> str:
+        return os.path.join(self.checkpoint_location, "spark")
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        return json.dumps(d, indent=2, sort_keys=True)
+
+    def save(self) -> None:
+        os.makedirs(os.path.dirname(self.spec_path), exist_ok=True)
+        tmp = self.spec_path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(self.to_json())
+        os.replace(tmp, self.spec_path)
+
+    @staticmethod
+    def load(path: str) -> "JobSpec":
+        with open(path) as f:
+            d = json.load(f)
+        d["sources"] = [SourceSpec(**{**s, "primary_key": tuple(s.get("primary_key", ()))}) for s in d["sources"]]
+        return JobSpec(**d)
+
+    @staticmethod
+    def from_dbt(*, project_root: str, schema: str, identifier: str, model_name: str, sql: str,
+                 sources: list[dict], config: dict, warehouse_dir: str) -> "JobSpec":
+        """Validate the materialization's config (keys named as in dbt / dbt-spark)."""
+        unique_key = [c.lower() for c in _as_list(config.get("unique_key"), "unique_key")]
+        if not unique_key:
+            raise ConfigError(f"model {model_name}: config unique_key is required for "
+                              f"materialized='consistent_stream' (the target's primary key: a column "
+                              f"or a list of columns of the model's output)")
+        partition_by = [c.lower() for c in _as_list(config.get("partition_by"), "partition_by")]
+        root = config.get("location_root")
+        if root:
+            if "://" not in root and not os.path.isabs(root):
+                root = os.path.join(project_root, root)
+        else:
+            base = warehouse_dir.replace("file://", "") if warehouse_dir.startswith("file:") else warehouse_dir
+            if "://" not in base and not os.path.isabs(base):
+                base = os.path.join(project_root, base)
+            root = os.path.join(base, "consistent_stream", schema)
+        target = os.path.normpath(os.path.join(root, identifier))
+        ckpt = config.get("checkpoint_location")
+        if ckpt:
+            if "://" not in ckpt and not os.path.isabs(ckpt):
+                ckpt = os.path.join(project_root, ckpt)
+        else:
+            ckpt = target + "__checkpoint"
+        trigger = str(config.get("trigger") or "available_now")
+        if trigger != "available_now" and not trigger.startswith("processing_time:"):
+            raise ConfigError(f"model {model_name}: config trigger must be 'available_now' or "
+                              f"'processing_time:<seconds>', got {trigger!r}")
+        srcs = [SourceSpec.from_dbt(s, project_root) for s in sources]
+        if not srcs:
+            raise ConfigError(f"model {model_name}: a consistent_stream model reads at least one source()")
+        return JobSpec(model=model_name, schema=schema, identifier=identifier, sql=sql, sources=srcs,
+                       unique_key=unique_key, target_path=target, checkpoint_location=os.path.normpath(ckpt),
+                       partition_by=partition_by, trigger=trigger)
