@@ -79,7 +79,8 @@ class JobSpec:
             if "://" not in root and not os.path.isabs(root):
                 root = os.path.join(project_root, root)
         else:
-            base = warehouse_dir.replace("file://", "") if warehouse_dir.startswith("file:") else warehouse_dir
+            from urllib.parse import urlparse
+            base = urlparse(warehouse_dir).path if warehouse_dir.startswith("file:") else warehouse_dir
             if "://" not in base and not os.path.isabs(base):
                 base = os.path.join(project_root, base)
             root = os.path.join(base, "consistent_stream", schema)

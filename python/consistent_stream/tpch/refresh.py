@@ -17,9 +17,9 @@ and deleted after their lineitems, the tables after any prefix of these commits 
 referentially consistent (each lineitem's order exists). The status update does not
 touch lineitems, so ``o_orderstatus`` need not agree with ``l_linestatus`` afterwards.
 
-Deletes and the merge-based updates are written with delta-rs ``MERGE``
-(``when_matched_delete`` / ``when_matched_update``), inserts with an append
-``WRITE``; delta-rs 1.6 writes Change Data Feed for all three (``insert``; ``delete``;
+Deletes and updates are written with delta-rs ``MERGE`` (``when_matched_delete`` /
+``when_matched_update`` against a small key table, ``streamed_exec=False``), inserts
+with an append ``WRITE``; delta-rs 1.6 writes Change Data Feed for all three (``insert``; ``delete``;
 ``update_preimage`` + ``update_postimage``), which ``load_cdf`` returns.
 
 Determinism: given the table contents at the start of the round, the round depends only
@@ -507,6 +507,7 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0) -> RefreshR
             "t.l_orderkey = s.k",
             source_alias="s",
             target_alias="t",
+            streamed_exec=False,  # small in-memory source: allow source stats pruning
             commit_properties=props("rf2_delete_lineitem"),
         )
         .when_matched_delete()
@@ -520,6 +521,7 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0) -> RefreshR
             "t.o_orderkey = s.k",
             source_alias="s",
             target_alias="t",
+            streamed_exec=False,  # small in-memory source: allow source stats pruning
             commit_properties=props("rf2_delete_orders"),
         )
         .when_matched_delete()
@@ -534,6 +536,7 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0) -> RefreshR
             "t.o_orderkey = s.o_orderkey",
             source_alias="s",
             target_alias="t",
+            streamed_exec=False,  # small in-memory source: allow source stats pruning
             commit_properties=props("update_orders"),
         )
         .when_matched_update(
@@ -548,6 +551,7 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0) -> RefreshR
             "t.c_custkey = s.c_custkey",
             source_alias="s",
             target_alias="t",
+            streamed_exec=False,  # small in-memory source: allow source stats pruning
             commit_properties=props("update_customer"),
         )
         .when_matched_update({"c_acctbal": "s.c_acctbal"})

@@ -1,0 +1,134 @@
+"""The ``consistent_spark`` adapter: dbt-spark's adapter plus one method that runs the engine.
+
+Everything dbt-spark does (``table``, ``view``, ``incremental``, seeds, tests, the catalog)
+is inherited. The ``consistent_stream`` materialization validates its config in Jinja and
+calls :meth:`ConsistentSparkAdapter.consistent_stream_run`, which hands the model to
+``consistent_stream.job.run_model`` in this process, on dbt-spark's SparkSession.
+"""
+
+import os
+import traceback
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any, Dict, List, Optional, Union
+
+from dbt.adapters.base import available
+from dbt.adapters.base.relation import AdapterTrackingRelationInfo
+from dbt.adapters.contracts.relation import RelationConfig
+from dbt.adapters.events.logging import AdapterLogger
+from dbt.adapters.spark.connections import SparkConnectionMethod
+from dbt.adapters.spark.impl import SparkAdapter, SparkConfig
+from dbt_common.exceptions import DbtRuntimeError
+
+from dbt.adapters.consistent_spark.connections import ConsistentSparkConnectionManager
+
+logger = AdapterLogger("ConsistentSpark")
+
+ADAPTER_NAME = "consistent_spark"
+
+
+@dataclass
+class ConsistentSparkConfig(SparkConfig):
+    """Model configs this adapter reads on top of dbt-spark's (``unique_key`` is dbt-core's)."""
+
+    checkpoint_location: Optional[str] = None
+    trigger: Optional[str] = None
+
+
+class ConsistentSparkAdapter(SparkAdapter):
+    ConnectionManager = ConsistentSparkConnectionManager
+    AdapterSpecificConfigs = ConsistentSparkConfig
+
+    @classmethod
+    def get_adapter_run_info(cls, config: RelationConfig) -> AdapterTrackingRelationInfo:
+        # dbt derives the module from the class name ("ConsistentSparkAdapter" ->
+        # dbt.adapters.consistentspark), which does not exist: name it here.
+        return AdapterTrackingRelationInfo(
+            adapter_name=ADAPTER_NAME,
+            base_adapter_version=import_module("dbt.adapters.__about__").version,
+            adapter_version=import_module("dbt.adapters.consistent_spark.__version__").version,
+            model_adapter_details=cls._get_adapter_specific_run_info(config),
+        )
+
+    def _spark_session(self) -> Any:
+        """The SparkSession of this thread's dbt connection, built as dbt-spark builds it."""
+        connection = self.connections.get_thread_connection()
+        credentials = connection.credentials
+        if credentials.method != SparkConnectionMethod.SESSION:
+            raise DbtRuntimeError(
+                f"consistent_stream models run in the dbt process: set `method: session` in the "
+                f"profile (it is `{credentials.method}`)"
+            )
+        connection = self.connections.open(connection)
+        server_side_parameters = connection.handle.handle.server_side_parameters
+
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        if spark is None:
+            # Built as dbt-spark's session cursor builds it before each statement.
+            builder = SparkSession.builder.enableHiveSupport()
+            for parameter, value in server_side_parameters.items():
+                builder = builder.config(parameter, value)
+            return builder.getOrCreate()
+        # An existing session keeps its static confs; apply the runtime ones, as the
+        # builder would, without its warning about the static ones.
+        for parameter, value in server_side_parameters.items():
+            if spark.conf.isModifiable(parameter):
+                spark.conf.set(parameter, value)
+        return spark
+
+    @available
+    def consistent_stream_run(
+        self,
+        sql: str,
+        sources: List[Dict[str, Any]],
+        config: Dict[str, Any],
+        schema: str,
+        identifier: str,
+        model_name: str,
+        full_refresh: bool,
+    ) -> Dict[str, Any]:
+        """Run one ``consistent_stream`` model: bring its target up to date with its sources.
+
+        ``sources`` holds one ``{"source_name", "name", "relation", "meta"}`` per dbt source
+        the model reads; ``config`` the model's ``unique_key``, ``location_root``,
+        ``checkpoint_location``, ``partition_by`` and ``trigger``. Returns the engine's summary
+        (``model``, ``batches``, ``changes_read``, ``rows_written``, ``seconds``,
+        ``target_version``, ``target_path``, ...). Engine errors become ``DbtRuntimeError``
+        with the engine's message.
+        """
+        spark = self._spark_session()
+        # dbt keeps the invocation's working directory: a relative --project-dir is relative to it.
+        project_root = os.path.abspath(self.config.project_root)
+        try:
+            from consistent_stream.job import run_model
+
+            summary = run_model(
+                spark,
+                project_root=project_root,
+                schema=schema,
+                identifier=identifier,
+                model_name=model_name,
+                sql=sql,
+                sources=[_plain(source) for source in sources],
+                config=_plain(config),
+                full_refresh=bool(full_refresh),
+            )
+        except DbtRuntimeError:
+            raise
+        except Exception as exc:
+            logger.debug(traceback.format_exc())
+            raise DbtRuntimeError(
+                f"consistent_stream model {model_name} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        return dict(summary or {})
+
+
+def _plain(value: Any) -> Union[Dict[str, Any], List[Any], Any]:
+    """A copy of a Jinja value as plain dicts and lists, for the engine."""
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value

@@ -1,0 +1,44 @@
+{#--
+  An incrementally maintained, strongly consistent materialized view in a Delta table.
+  Jinja only validates the config and collects the sources; the engine
+  (consistent_stream.job.run_model, reached through adapter.consistent_stream_run) does the
+  rest, including registering the target as {{ this }} in the catalog after each commit.
+--#}
+{% materialization consistent_stream, adapter='consistent_spark', supported_languages=['sql'] -%}
+
+  {#-- Validate early, before anything runs --#}
+  {%- set unique_key = consistent_stream_validate_unique_key(config.get('unique_key', none)) -%}
+  {%- set partition_by = consistent_stream_validate_partition_by(config.get('partition_by', none)) -%}
+  {%- do consistent_stream_validate_file_format(config.get('file_format', none)) -%}
+  {%- set sources = consistent_stream_model_sources(model) -%}
+
+  {%- set target_relation = this.incorporate(type='table') -%}
+  {%- set full_refresh = should_full_refresh() -%}
+  {%- set stream_config = {
+      'unique_key': unique_key,
+      'location_root': config.get('location_root', none),
+      'checkpoint_location': config.get('checkpoint_location', none),
+      'partition_by': partition_by,
+      'trigger': config.get('trigger', none),
+  } -%}
+
+  {{ run_hooks(pre_hooks) }}
+
+  {%- set summary = adapter.consistent_stream_run(
+      compiled_code, sources, stream_config,
+      target_relation.schema, target_relation.identifier, model['name'], full_refresh) -%}
+
+  {% do log('consistent_stream ' ~ summary.get('model', model['name']) ~ ': '
+             ~ summary.get('batches') ~ ' batches, '
+             ~ summary.get('changes_read') ~ ' changes read, '
+             ~ summary.get('rows_written') ~ ' rows written in '
+             ~ ((summary.get('seconds') or 0) | round(2)) ~ ' s, target version '
+             ~ summary.get('target_version'), info=True) %}
+  {% do store_raw_result(name='main', message='OK version ' ~ summary.get('target_version'),
+                         code='OK', rows_affected=summary.get('rows_written')) %}
+
+  {{ run_hooks(post_hooks) }}
+
+  {{ return({'relations': [target_relation]}) }}
+
+{%- endmaterialization %}

@@ -1,0 +1,51 @@
+"""dbt-consistent-stream: strongly consistent incremental materialized views for dbt on Spark.
+
+Three things are installed from this repository:
+
+* ``consistent_stream`` (from ``python/``): the engine.
+* ``dbt.adapters.consistent_spark`` (from ``adapters/consistent_spark/``): the dbt adapter plugin.
+* ``dbt.include.consistent_spark`` (the repository root's ``dbt_project.yml`` and ``macros/``):
+  the dbt project that holds the ``consistent_stream`` materialization. Only those files are
+  packaged from the root; ``build_py`` never copies ``setup.py`` itself.
+
+``dbt``, ``dbt.adapters`` and ``dbt.include`` belong to dbt-core; this distribution adds no
+``__init__.py`` to them.
+"""
+
+from setuptools import find_packages, setup
+
+ENGINE_PACKAGES = find_packages("python")
+
+setup(
+    name="dbt-consistent-stream",
+    version="0.1.0",
+    description=(
+        "A dbt plugin for Spark: incrementally maintained, strongly consistent "
+        "materialized views in Delta tables"
+    ),
+    python_requires=">=3.11",
+    packages=[*ENGINE_PACKAGES, "dbt.adapters.consistent_spark", "dbt.include.consistent_spark"],
+    package_dir={
+        "": "python",
+        "dbt.adapters.consistent_spark": "adapters/consistent_spark",
+        "dbt.include.consistent_spark": ".",
+    },
+    package_data={
+        "dbt.include.consistent_spark": ["dbt_project.yml", "macros/*.sql", "macros/**/*.sql"],
+    },
+    include_package_data=False,
+    install_requires=[
+        "pyspark==4.2.*",
+        "dbt-core>=1.10,<1.12",
+        "dbt-spark[session]>=1.11,<1.12",
+        "deltalake>=1,<2",
+        "sqlglot>=26",
+        "pyarrow>=15",
+        "pandas<3",
+        "duckdb>=1.1",
+        "tpchgen-cli>=1",
+    ],
+    extras_require={"test": ["pytest", "hypothesis"]},
+    entry_points={"console_scripts": ["consistent-stream = consistent_stream.cli:main"]},
+    zip_safe=False,
+)

@@ -1,0 +1,269 @@
+"""The dbt adapter plugin ``consistent_spark``, driven through dbt in this process.
+
+Real dbt (``dbtRunner``) and real Spark. The SparkSession is process-wide and may already
+exist (other tests share one): then its static confs (warehouse, metastore) stay as they
+are, so these tests assert only on runtime confs, use a schema of their own, drop it at the
+end, restore the runtime confs the profile changed, and never stop the session.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+from dbt.cli.main import dbtRunner, dbtRunnerResult
+from pyspark.sql import SparkSession
+
+import consistent_stream.job
+
+TEST_CONF = "spark.consistent_stream.test"
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip())
+
+
+def profile(schema: str, spark_dir: Path, test_conf_value: str) -> str:
+    # The static confs only take effect when this profile starts the session.
+    return f"""
+        plugin_test:
+          target: local
+          outputs:
+            local:
+              type: consistent_spark
+              method: session
+              host: NA
+              schema: {schema}
+              threads: 1
+              server_side_parameters:
+                spark.master: "local[2]"
+                spark.ui.enabled: "false"
+                spark.sql.warehouse.dir: "{spark_dir}/warehouse"
+                spark.hadoop.javax.jdo.option.ConnectionURL: "jdbc:derby:;databaseName={spark_dir}/metastore_db;create=true"
+                spark.driver.extraJavaOptions: "-Dderby.stream.error.file={spark_dir}/derby.log"
+                spark.sql.shuffle.partitions: "3"
+                {TEST_CONF}: "{test_conf_value}"
+        """
+
+
+PROJECT = """
+    name: plugin_test
+    version: "1.0"
+    config-version: 2
+    profile: plugin_test
+    flags:
+      send_anonymous_usage_stats: false
+    """
+
+
+def dbt(project: Path, *args: str) -> dbtRunnerResult:
+    return dbtRunner().invoke(
+        [*args, "--project-dir", str(project), "--profiles-dir", str(project)]
+    )
+
+
+def messages(result: dbtRunnerResult) -> str:
+    parts = [str(result.exception or "")]
+    if result.result is not None and hasattr(result.result, "results"):
+        parts += [str(r.message) for r in result.result.results]
+    return "\n".join(parts)
+
+
+@pytest.fixture()
+def project(tmp_path_factory, request):
+    """A dbt project dir with this test's own schema; restores the session's runtime confs."""
+    root = tmp_path_factory.mktemp("dbt_project")
+    schema = f"plugin_{uuid.uuid4().hex[:8]}"
+    test_conf_value = f"value-{uuid.uuid4().hex[:6]}"
+    write(
+        root,
+        {
+            "dbt_project.yml": PROJECT,
+            "profiles.yml": profile(schema, tmp_path_factory.mktemp("spark"), test_conf_value),
+        },
+    )
+    existing = SparkSession.getActiveSession()
+    touched = ["spark.sql.shuffle.partitions", "spark.sql.ansi.enabled", TEST_CONF]
+    before = {key: existing.conf.get(key, None) for key in touched} if existing else {}
+    yield root, schema, test_conf_value
+    spark = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+    spark.sql(f"drop schema if exists {schema} cascade")
+    for key, value in before.items():
+        if value is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, value)
+
+
+def spark_session() -> SparkSession:
+    return SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+
+
+def test_table_and_view_models_run_through_the_plugin_with_the_profiles_spark_confs(project):
+    root, schema, test_conf_value = project
+    write(
+        root,
+        {
+            # Spark substitutes ${conf} in SQL: the model sees the profile's runtime conf.
+            "models/numbers.sql": f"""
+                {{{{ config(materialized='table') }}}}
+                select id, '${{{TEST_CONF}}}' as conf_value from range(5)
+                """,
+            "models/doubled.sql": """
+                {{ config(materialized='view') }}
+                select id * 2 as doubled from {{ ref('numbers') }}
+                """,
+        },
+    )
+
+    result = dbt(root, "run")
+
+    assert result.success, messages(result)
+    spark = spark_session()
+    assert spark.conf.get(TEST_CONF) == test_conf_value
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "3"
+    numbers = spark.table(f"{schema}.numbers").collect()
+    assert sorted(row.id for row in numbers) == [0, 1, 2, 3, 4]
+    assert {row.conf_value for row in numbers} == {test_conf_value}
+    assert sorted(row.doubled for row in spark.table(f"{schema}.doubled").collect()) == [0, 2, 4, 6, 8]
+    types = {t.name: t.tableType for t in spark.catalog.listTables(schema)}
+    assert types == {"numbers": "MANAGED", "doubled": "VIEW"}
+
+
+CONSISTENT_STREAM_SOURCES = """
+    version: 2
+    sources:
+      - name: shop
+        schema: shop_raw
+        tables:
+          - name: orders
+            meta:
+              consistent_stream:
+                format: delta
+                location: "{{ env_var('PLUGIN_TEST_DATA', 'data') }}/orders"
+                primary_key: [order_id]
+          - name: customers
+            meta:
+              consistent_stream: {format: delta, location: data/customers, primary_key: [customer_id]}
+          - name: notes
+    """
+
+CUSTOMER_TOTALS = """
+    {{ config(materialized='consistent_stream', unique_key=['customer_id'],
+              partition_by='region', checkpoint_location='/tmp/chk', trigger='availableNow') }}
+    select c.customer_id, c.region, count(*) as orders, sum(o.amount) as amount
+    from {{ source('shop', 'customers') }} as c
+    inner join {{ source('shop', 'orders') }} as o on o.customer_id = c.customer_id
+    group by c.customer_id, c.region
+    """
+
+
+@pytest.fixture()
+def recorded_runs(monkeypatch):
+    """run_model replaced by a recorder (the engine itself is tested elsewhere)."""
+    calls = []
+
+    def record(spark, **kwargs):
+        calls.append({"spark": spark, **kwargs})
+        return {"model": kwargs["model_name"], "batches": 1, "changes_read": 7, "rows_written": 3,
+                "seconds": 0.5, "target_version": 4, "target_path": "/somewhere"}
+
+    monkeypatch.setattr(consistent_stream.job, "run_model", record)
+    monkeypatch.setenv("PLUGIN_TEST_DATA", "data/shop")
+    return calls
+
+
+def test_consistent_stream_model_calls_the_engine_with_its_sql_sources_and_config(project, recorded_runs):
+    root, schema, _ = project
+    write(root, {"models/sources.yml": CONSISTENT_STREAM_SOURCES, "models/customer_totals.sql": CUSTOMER_TOTALS})
+
+    result = dbt(root, "run")
+
+    assert result.success, messages(result)
+    (call,) = recorded_runs
+    assert call["spark"] is spark_session()
+    assert call["project_root"] == str(root.resolve())
+    assert (call["schema"], call["identifier"], call["model_name"]) == (schema, "customer_totals", "customer_totals")
+    assert "from shop_raw.customers as c" in call["sql"] and "join shop_raw.orders as o" in call["sql"]
+    assert "{{" not in call["sql"]
+    assert sorted(call["sources"], key=lambda s: s["name"]) == [
+        {"source_name": "shop", "name": "customers", "relation": "shop_raw.customers",
+         "meta": {"format": "delta", "location": "data/customers", "primary_key": ["customer_id"]}},
+        {"source_name": "shop", "name": "orders", "relation": "shop_raw.orders",
+         "meta": {"format": "delta", "location": "data/shop/orders", "primary_key": ["order_id"]}},
+    ]
+    assert call["config"] == {"unique_key": ["customer_id"], "location_root": None, "checkpoint_location": "/tmp/chk",
+                              "partition_by": "region", "trigger": "availableNow"}
+    assert call["full_refresh"] is False
+    assert result.result.results[0].message == "OK version 4"
+
+    assert dbt(root, "run", "--full-refresh").success
+    assert recorded_runs[-1]["full_refresh"] is True
+
+
+def test_engine_errors_fail_the_model_with_the_engines_message(project, monkeypatch):
+    root, _, _ = project
+    write(root, {"models/sources.yml": CONSISTENT_STREAM_SOURCES, "models/customer_totals.sql": CUSTOMER_TOTALS})
+
+    def fail(spark, **kwargs):
+        raise ValueError("unsupported SQL: window function ROW_NUMBER at line 2, column 8")
+
+    monkeypatch.setattr(consistent_stream.job, "run_model", fail)
+    result = dbt(root, "run")
+
+    assert not result.success
+    assert "consistent_stream model customer_totals failed: ValueError: unsupported SQL: window function" in messages(result)
+
+
+INVALID_MODELS = {
+    "no_unique_key": (
+        "{{ config(materialized='consistent_stream') }} select customer_id from {{ source('shop', 'customers') }}",
+        ["Invalid config `unique_key` for consistent_stream model no_unique_key: null"],
+    ),
+    "blank_unique_key": (
+        "{{ config(materialized='consistent_stream', unique_key=['a', ' ']) }} select 1 as a",
+        ["Invalid config `unique_key` for consistent_stream model blank_unique_key"],
+    ),
+    "bad_partition_by": (
+        "{{ config(materialized='consistent_stream', unique_key='a', partition_by={'field': 'a'}) }} select 1 as a",
+        ["Invalid config `partition_by` for consistent_stream model bad_partition_by"],
+    ),
+    "parquet_file_format": (
+        "{{ config(materialized='consistent_stream', unique_key='a', file_format='parquet') }} select 1 as a",
+        ["Invalid config `file_format` for consistent_stream model parquet_file_format: \"parquet\""],
+    ),
+    "source_without_meta": (
+        "{{ config(materialized='consistent_stream', unique_key='note_id') }}"
+        " select note_id from {{ source('shop', 'notes') }}",
+        ["Source 'shop.notes' (read by consistent_stream model source_without_meta) has no",
+         "`meta.consistent_stream`"],
+    ),
+}
+
+
+def test_invalid_consistent_stream_models_fail_with_the_config_key_before_the_engine_runs(project, recorded_runs):
+    root, _, _ = project
+    write(root, {"models/sources.yml": CONSISTENT_STREAM_SOURCES,
+                 **{f"models/{name}.sql": sql for name, (sql, _) in INVALID_MODELS.items()}})
+
+    result = dbt(root, "run")
+
+    assert not result.success
+    errors = {r.node.name: str(r.message) for r in result.result.results}
+    assert errors.keys() == INVALID_MODELS.keys()
+    for name, (_, expected) in INVALID_MODELS.items():
+        for text in expected:
+            assert text in errors[name], (name, errors[name])
+    assert recorded_runs == []
+
+
+def test_adapter_run_info_names_the_plugin_module():
+    from dbt.adapters.consistent_spark import ConsistentSparkAdapter
+
+    info = ConsistentSparkAdapter.get_adapter_run_info(None)
+    assert (info.adapter_name, info.adapter_version) == ("consistent_spark", "0.1.0")
