@@ -166,4 +166,7 @@ def run_model(spark, *, project_root, schema, identifier, model_name, sql, sourc
     job = JobSpec.from_dbt(project_root=project_root, schema=schema, identifier=identifier,
                            model_name=model_name, sql=sql, sources=sources, config=config,
                            warehouse_dir=warehouse)
-    return run_job(spark, job, full_refresh=bool(full_refresh))
+    from .verify import record_model
+    summary = run_job(spark, job, full_refresh=bool(full_refresh))
+    record_model(project_root, job)
+    return summary

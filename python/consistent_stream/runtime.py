@@ -64,6 +64,18 @@ def scan_columns(compiled: CompiledModel) -> dict[str, list[str]]:
     return cols
 
 
+class _Phases:
+    """Wall time per phase of a batch, logged at the end (for tuning; no behaviour)."""
+
+    def __init__(self):
+        self.t, self.times = time.time(), {}
+
+    def mark(self, name: str) -> None:
+        now = time.time()
+        self.times[name] = round(now - self.t, 3)
+        self.t = now
+
+
 def process_batch(spark: SparkSession, job: JobSpec, compiled: CompiledModel, output_schema: StructType,
                   app_id: str, batch_id: int, start: Cut, end: Cut) -> BatchResult:
     t0 = time.time()
@@ -98,6 +110,7 @@ def process_batch(spark: SparkSession, job: JobSpec, compiled: CompiledModel, ou
         changes_read += n
         deltas[s.key] = df
 
+    ph = _Phases()
     # 2. delta rules
     state = StateStore(spark, job.state_root, state_versions)
     ev = IncrementalEvaluator(state, deltas, first)
@@ -105,23 +118,22 @@ def process_batch(spark: SparkSession, job: JobSpec, compiled: CompiledModel, ou
         out = ev.delta(compiled.root)
         out = out.select(*[F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in output_schema.fields],
                          F.col(WEIGHT))
-        out = consolidate(out).persist()
-        changes = sink_changes(out, job.unique_key, job.model)
-        if first:
-            neg = out.where(F.col(WEIGHT) < 0).limit(1).collect()
-            if neg:
-                raise CommitError(f"model {job.model}: first batch produced a retraction {neg[0]}; this is a bug")
+        out_arrow = consolidate(out).toArrow()  # the batch's change to the target: size of the change
+        changes = sink_changes(out_arrow, job.unique_key, job.model, first=first)
+        ph.mark("evaluate")
         meta = {"app_id": app_id, "batch_id": str(batch_id), "model": job.model, "cut": end.versions,
                 "source_commit_ms": str(source_commit_ms(job, end)),
                 "checkpoint_location": job.checkpoint_location}
         # 3. arrangements, then 4. the target (the commit point)
         meta["state_versions"] = state.commit(txn, {"app_id": app_id, "batch_id": str(batch_id)})
+        ph.mark("commit_state")
         version, written = commit_target(target, changes, first=first, unique_key=job.unique_key,
                                          partition_by=job.partition_by, txn=txn, metadata=meta)
-        out.unpersist()
+        ph.mark("commit_target")
     finally:
         ev.release()
     secs = time.time() - t0
+    log.info("%s: batch %d phases %s", job.model, batch_id, ph.times)
     log.info("%s: batch %d committed target version %d: %d changes read, %d rows written, %.2fs",
              job.model, batch_id, version, changes_read, written, secs)
     return BatchResult(batch_id, False, changes_read, written, version, secs, end.versions)

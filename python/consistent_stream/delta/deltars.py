@@ -226,7 +226,7 @@ class DeltaTableRef:
             return self.commit_empty(txn=txn, metadata=metadata)
         changes = plain_arrow(changes)
         cols = [c for c in changes.column_names if c != "__op"]
-        pred = " AND ".join(f"t.{_q(k)} IS NOT DISTINCT FROM s.{_q(k)}" for k in key)
+        pred = " AND ".join(f"(t.{_q(k)} IS NOT DISTINCT FROM s.{_q(k)})" for k in key)
         (self.table().merge(changes, pred, source_alias="s", target_alias="t",
                             commit_properties=self._props(txn, metadata))
          .when_matched_update({_q(c): f"s.{_q(c)}" for c in cols}, predicate="s.__op = 'upsert'")

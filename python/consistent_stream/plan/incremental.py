@@ -27,6 +27,7 @@ class IncrementalEvaluator:
         """Persist a changelog that is read more than once (by its consumer and by the
         arrangement commit); released by :meth:`release` after the batch commits."""
         df = df.persist()
+        df.count()  # materialize now: later plans then see its real (small) size and broadcast it
         self._persisted.append(df)
         return df
 

@@ -1,0 +1,79 @@
+"""The ``consistent-stream`` command.
+
+    consistent-stream verify MODEL [--project-dir DIR]   # or --target-path PATH
+    consistent-stream tpch-generate --sf 0.1 --dir data/tpch
+    consistent-stream tpch-refresh --dir data/tpch --round 1
+
+``verify`` prints one JSON line and exits 1 when the target differs from batch evaluation
+of the model's SQL over the sources at the target's recorded cut, 2 on an error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from .errors import ConsistentStreamError
+
+
+def local_spark():
+    """A small local SparkSession for the command line (no Hive catalog needed)."""
+    import consistent_stream  # noqa: F401  (sets PYSPARK_PYTHON before the session starts)
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master(os.environ.get("CONSISTENT_STREAM_MASTER", "local[2]"))
+             .appName("consistent-stream")
+             .config("spark.sql.shuffle.partitions", "4")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.session.timeZone", "UTC")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _cmd_verify(args) -> int:
+    from .verify import index_path, verify_target
+    path = args.target_path
+    if path is None:
+        idx = index_path(os.path.abspath(args.project_dir), args.model)
+        if not os.path.exists(idx):
+            print(f"verify: error: {idx} not found: model {args.model} has not been run by "
+                  f"consistent_stream in project {args.project_dir} (or pass --target-path)", file=sys.stderr)
+            return 2
+        with open(idx) as f:
+            path = json.load(f)["target_path"]
+    try:
+        res = verify_target(local_spark(), path)
+    except ConsistentStreamError as e:
+        print(f"verify: error: {e}", file=sys.stderr)
+        return 2
+    print(res.to_json())
+    status = "OK: target equals batch evaluation" if res.ok else \
+        f"FAILED: {res.missing} rows missing, {res.unexpected} unexpected"
+    print(f"verify {res.model} version {res.target_version} (batch {res.batch_id}, "
+          f"{res.rows_target} rows): {status}", file=sys.stderr)
+    return 0 if res.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .tpch.cli import add_tpch_commands
+    p = argparse.ArgumentParser(prog="consistent-stream", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("verify", help="diff a model's target against batch evaluation at its recorded cut")
+    v.add_argument("model", help="the dbt model name")
+    v.add_argument("--project-dir", default=".", help="the dbt project directory (default: .)")
+    v.add_argument("--target-path", default=None, help="the target Delta table (instead of a model lookup)")
+    v.set_defaults(func=_cmd_verify)
+    add_tpch_commands(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

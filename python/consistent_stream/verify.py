@@ -1,0 +1,95 @@
+"""``consistent-stream verify``: check the central contract on a target's latest commit.
+
+Reads the cut from the target's latest consistent_stream commit, evaluates the model's SQL
+in batch (Spark) over the sources at that cut, and diffs the result against the target at
+that version as multisets. Floating-point columns are compared at 9 significant digits
+(sums of doubles depend on the order of addition); every other type exactly.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import DoubleType, FloatType
+
+from .delta import DeltaTableRef
+from .errors import ConsistentStreamError
+from .oracle import batch_dataframe
+from .sources import Cut
+from .spec import JobSpec
+
+INDEX_DIR = os.path.join(".consistent_stream", "models")
+
+
+def index_path(project_root: str, model: str) -> str:
+    """Where a dbt project records which target and checkpoint a model has."""
+    return os.path.join(project_root, INDEX_DIR, f"{model}.json")
+
+
+def record_model(project_root: str, job: JobSpec) -> None:
+    path = index_path(project_root, job.model)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"target_path": job.target_path, "checkpoint_location": job.checkpoint_location}, f)
+    os.replace(path + ".tmp", path)
+
+
+@dataclass
+class VerifyResult:
+    model: str
+    target_version: int
+    batch_id: int
+    cut: dict
+    rows_target: int
+    rows_expected: int
+    missing: int      # rows batch evaluation has that the target lacks
+    unexpected: int   # rows the target has that batch evaluation lacks
+    ok: bool
+    examples: list
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), default=str)
+
+
+def _normalized(df: DataFrame) -> DataFrame:
+    cols = []
+    for f in df.schema.fields:
+        c = F.col(f"`{f.name}`")
+        if isinstance(f.dataType, (DoubleType, FloatType)):
+            mag = F.floor(F.log10(F.abs(c)))
+            c = F.when(c.isNull() | (c == 0) | F.isnan(c), c.cast("double")).otherwise(
+                F.round(c / F.pow(F.lit(10.0), mag), 8) * F.pow(F.lit(10.0), mag))
+        cols.append(c.alias(f.name))
+    return df.select(*cols)
+
+
+def latest_commit(target: DeltaTableRef):
+    for c in target.history(100):
+        if "cut" in c.metadata:
+            return c
+    raise ConsistentStreamError(f"{target.path} has no consistent_stream commit in its last 100 versions")
+
+
+def verify_target(spark: SparkSession, target_path: str, examples: int = 5) -> VerifyResult:
+    """Diff the target's latest committed version against batch evaluation at its cut."""
+    target = DeltaTableRef(target_path)
+    commit = latest_commit(target)
+    meta = commit.metadata
+    job = JobSpec.load(os.path.join(meta["checkpoint_location"], "_consistent_stream", "job.json"))
+    cut = Cut.from_json(meta["cut"])
+    expected = _normalized(batch_dataframe(spark, job.sql, job.sources, cut))
+    got = _normalized(target.read_snapshot(spark, commit.version).select(*[f"`{c}`" for c in expected.columns]))
+    missing = expected.exceptAll(got).persist()
+    unexpected = got.exceptAll(expected).persist()
+    n_missing, n_unexpected = missing.count(), unexpected.count()
+    ex = [{"missing": r.asDict()} for r in missing.limit(examples).collect()] + \
+         [{"unexpected": r.asDict()} for r in unexpected.limit(examples).collect()]
+    missing.unpersist()
+    unexpected.unpersist()
+    return VerifyResult(model=job.model, target_version=commit.version, batch_id=int(meta.get("batch_id", -1)),
+                        cut=cut.versions, rows_target=got.count(), rows_expected=expected.count(),
+                        missing=n_missing, unexpected=n_unexpected, ok=(n_missing == 0 and n_unexpected == 0),
+                        examples=ex)
