@@ -16,7 +16,7 @@ from consistent_stream.sources import Cut
 from consistent_stream.tpch.generate import generate
 from consistent_stream.tpch.refresh import refresh_round
 from consistent_stream.verify import verify_target
-from helpers import EXAMPLE_MODELS, assert_same_rows, delta_pandas, job_for, render_model, tpch_sources
+from helpers import DUCKDB_TOL, EXAMPLE_MODELS, assert_same_rows, delta_pandas, job_for, render_model, tpch_sources
 
 ROUNDS = 5
 MODELS = sorted(p.stem for p in EXAMPLE_MODELS.glob("*.sql"))
@@ -36,7 +36,7 @@ def _check(spark, job, label):
     got = delta_pandas(job.target_path, commit.version)
     spark_expected = batch_dataframe(spark, job.sql, job.sources, cut).toPandas()
     assert_same_rows(got, spark_expected, f"{label}: target vs Spark batch")
-    assert_same_rows(got, duckdb_result(job.sql, job.sources, cut), f"{label}: target vs DuckDB")
+    assert_same_rows(got, duckdb_result(job.sql, job.sources, cut), f"{label}: target vs DuckDB", **DUCKDB_TOL)
     res = verify_target(spark, job.target_path)
     assert res.ok, res.to_json()
     return len(got)

@@ -116,8 +116,9 @@ def process_batch(spark: SparkSession, job: JobSpec, compiled: CompiledModel, ou
     ev = IncrementalEvaluator(state, deltas, first)
     try:
         out = ev.delta(compiled.root)
-        out = out.select(*[F.col(f"`{f.name}`").cast(f.dataType).alias(f.name) for f in output_schema.fields],
-                         F.col(WEIGHT))
+        # output columns take Spark's analyzed names and types, by position
+        out = out.select(*[F.col(f"`{c}`").cast(f.dataType).alias(f.name)
+                           for c, f in zip(compiled.output_columns, output_schema.fields)], F.col(WEIGHT))
         out_arrow = consolidate(out).toArrow()  # the batch's change to the target: size of the change
         changes = sink_changes(out_arrow, job.unique_key, job.model, first=first)
         ph.mark("evaluate")

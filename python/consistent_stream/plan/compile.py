@@ -250,7 +250,7 @@ class _Compiler:
                 null_supplied.update(r.alias.lower() for r in rels[: i + 1])
             elif side == "FULL":
                 raise _err("FULL OUTER JOIN", "not supported yet", j, self.sql)
-            if (j.kind or "").upper() in ("SEMI", "ANTI", "CROSS") or j.args.get("using"):
+            if (j.kind or "").upper() in ("SEMI", "ANTI") or j.args.get("using"):
                 raise _err(f"{(j.kind or 'USING').upper()} JOIN", "not supported yet", j, self.sql)
 
         # push single-relation WHERE predicates into their relation (not below outer joins)

@@ -1,0 +1,76 @@
+"""Unsupported SQL fails at compile time, naming the construct and its line, and nothing is
+written."""
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+
+from consistent_stream.errors import CompileError
+from consistent_stream.plan import compile_model
+from consistent_stream.sources import SourceSpec
+
+SOURCES = [SourceSpec(name="orders", relation="src.orders", location="/nonexistent/orders", source_name="src",
+                      primary_key=("oid",)),
+           SourceSpec(name="customers", relation="src.customers", location="/nonexistent/customers",
+                      source_name="src", primary_key=("id",))]
+SCHEMAS = {"src.orders": ["oid", "cid", "amount", "day"], "src.customers": ["id", "name"]}
+
+
+def compile_sql(sql):
+    return compile_model(sql, SOURCES, SCHEMAS)
+
+
+@pytest.mark.parametrize("sql, construct, line", [
+    ("select oid,\n  row_number() over (partition by cid order by day) as rn\nfrom src.orders", "window function", 2),
+    ("select oid from src.orders\norder by oid", "ORDER BY", 2),
+    ("select oid from src.orders limit 5", "LIMIT", 1),
+    ("select distinct cid from src.orders", "DISTINCT", 1),
+    ("select oid from src.orders union all select id from src.customers", "UNION", 1),
+    ("select cid, count(distinct oid) from src.orders group by cid", "COUNT(DISTINCT", 1),
+    ("select oid, (select max(id) from src.customers) as m from src.orders", "subquery", 1),
+    ("select oid from src.orders where cid in (select id from src.customers)", "IN (subquery)", 1),
+    ("select o.oid from src.orders o\ncross join src.customers c", "without an equality", 2),
+    ("select o.oid from src.orders o full outer join src.customers c on o.cid = c.id", "FULL OUTER JOIN", 1),
+    ("select o.oid from src.orders o join src.customers c on o.cid < c.id", "equality", 1),
+    ("select oid, rand() as r from src.orders", "rand()", 1),
+    ("select cid, stddev(amount) from src.orders group by cid", "aggregate", 1),
+    ("select * from src.payments", "relation", 1),
+    ("select oid, amount from src.orders group by oid", "amount", 1),
+])
+def test_unsupported_sql_names_the_construct_and_its_line(sql, construct, line):
+    with pytest.raises(CompileError) as e:
+        compile_sql(sql)
+    assert construct.lower() in str(e.value).lower(), str(e.value)
+    assert e.value.line == line, str(e.value)
+
+
+@pytest.mark.parametrize("sql", [
+    "select o.oid, c.name from src.orders o, src.customers c where o.cid = c.id and o.amount > 1",
+    "with t as (select cid, sum(amount) s from src.orders group by cid) select c.id, t.s from src.customers c left join t on c.id = t.cid",
+    "select c.id, o.oid from src.orders o right join src.customers c on o.cid = c.id and o.amount > 3",
+    "select cid, count(*) n, avg(amount) a from src.orders where day is not null group by cid having count(*) > 1",
+    "select upper(c.name) as n, coalesce(o.amount, 0) * 2 as a2 from src.customers c join src.orders o on c.id = o.cid",
+    "select count(*) as n, sum(amount) as s, min(day) as d from src.orders",
+])
+def test_supported_sql_compiles(sql):
+    m = compile_sql(sql)
+    assert m.output_columns
+
+
+def test_a_window_function_in_a_model_writes_nothing(spark, tmp_path):
+    from deltalake import write_deltalake
+
+    from consistent_stream.job import run_job
+    from helpers import job_for
+    src = tmp_path / "orders"
+    write_deltalake(str(src), pa.table({"oid": [1], "cid": [1]}), configuration={"delta.enableChangeDataFeed": "true"})
+    job = job_for("m", "select oid, rank() over (order by cid) r from src.orders",
+                  [{"source_name": "src", "name": "orders", "relation": "src.orders",
+                    "meta": {"location": str(src), "primary_key": ["oid"]}}], "oid", tmp_path)
+    with pytest.raises(CompileError, match="window function"):
+        run_job(spark, job)
+    assert not os.path.exists(job.target_path)
+    assert not os.path.exists(job.checkpoint_location)
+    assert not spark.catalog.tableExists("tests.m")

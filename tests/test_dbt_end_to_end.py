@@ -1,0 +1,79 @@
+"""`dbt run`, `dbt test` and `dbt run --full-refresh` on a consistent_stream model, for real:
+dbt in this process, the real engine, real Delta tables, the target read back through the
+Spark catalog as `<schema>.<model>`."""
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from consistent_stream.delta import DeltaTableRef
+from test_dbt_plugin import PROJECT, dbt, messages, profile, spark_session, write
+
+SOURCES = """
+version: 2
+sources:
+  - name: shop
+    schema: shop
+    tables:
+      - name: orders
+        meta:
+          consistent_stream: {{format: delta, location: "{loc}", primary_key: [oid]}}
+"""
+MODEL = """
+{{{{ config(materialized='consistent_stream', unique_key='cid') }}}}
+select cid, count(*) as n, sum(amount) as total
+from {{{{ source('shop', 'orders') }}}}
+group by cid
+"""
+SCHEMA_YML = """
+version: 2
+models:
+  - name: totals
+    columns:
+      - name: cid
+        data_tests: [unique, not_null]
+      - name: n
+        data_tests: [not_null]
+"""
+
+
+def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(tmp_path):
+    schema = f"e2e_{uuid.uuid4().hex[:8]}"
+    src = tmp_path / "data" / "orders"
+    write_deltalake(str(src), pa.table({"oid": [1, 2, 3], "cid": [1, 1, 2], "amount": [5, 6, 7]}),
+                    configuration={"delta.enableChangeDataFeed": "true"})
+    write(tmp_path, {
+        "dbt_project.yml": PROJECT,
+        "profiles.yml": profile(schema, tmp_path / "spark", "e2e"),
+        "models/sources.yml": SOURCES.format(loc=src),
+        "models/totals.sql": MODEL,
+        "models/schema.yml": SCHEMA_YML,
+    })
+    spark = spark_session()
+
+    def table():
+        return {r["cid"]: (r["n"], r["total"]) for r in spark.table(f"{schema}.totals").collect()}
+
+    r = dbt(tmp_path, "run")
+    assert r.success, messages(r)
+    assert table() == {1: (2, 11), 2: (1, 7)}
+
+    DeltaTable(str(src)).delete("oid = 1")
+    write_deltalake(str(src), pa.table({"oid": [4], "cid": [3], "amount": [1]}), mode="append")
+    r = dbt(tmp_path, "run")
+    assert r.success, messages(r)
+    assert table() == {1: (1, 6), 2: (1, 7), 3: (1, 1)}
+
+    r = dbt(tmp_path, "test")
+    assert r.success, messages(r)
+
+    target = DeltaTableRef(str(tmp_path / "spark" / "warehouse" / "consistent_stream" / schema / "totals"))
+    app_before = target.commit_at(target.latest_version()).metadata["app_id"]
+    r = dbt(tmp_path, "run", "--full-refresh")
+    assert r.success, messages(r)
+    assert table() == {1: (1, 6), 2: (1, 7), 3: (1, 1)}
+    meta = target.commit_at(target.latest_version()).metadata
+    assert meta["app_id"] != app_before and meta["batch_id"] == "0"
+    spark.sql(f"drop schema if exists {schema} cascade")

@@ -1,0 +1,91 @@
+"""The exactly-once protocol: replays of committed batches change nothing, and a crash
+between the state commits and the target commit is repaired by Spark's replay."""
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+
+import consistent_stream.runtime as runtime
+from consistent_stream.delta import DeltaTableRef
+from consistent_stream.sources import Cut
+from helpers import delta_pandas
+from scenario import Scenario
+
+SQL = """
+select c.id, c.name, count(o.oid) as orders, sum(o.amount) as total
+from src.customers c left join src.orders o on c.id = o.cid
+group by c.id, c.name
+"""
+
+
+def _scenario(spark, tmp_path):
+    return Scenario(spark, tmp_path, {
+        "customers": pa.table({"id": [1, 2, 3], "name": ["ann", "bob", "cy"]}),
+        "orders": pa.table({"oid": [10, 11, 12], "cid": [1, 1, 2], "amount": [5, 7, 1]}),
+    }, {"customers": ["id"], "orders": ["oid"]})
+
+
+def test_replaying_a_committed_batch_leaves_the_target_unchanged(spark, tmp_path):
+    sc = _scenario(spark, tmp_path)
+    job = sc.job(SQL, "id")
+    sc.run(job, full_refresh=True)
+    sc.insert("orders", pa.table({"oid": [13], "cid": [3], "amount": [4]}))
+    sc.run(job)
+    target = DeltaTableRef(job.target_path)
+    version = target.latest_version()
+    before = delta_pandas(job.target_path)
+    meta = target.commit_at(version).metadata
+
+    # 1. the batch function called again for batch 1 with the same cuts: skipped
+    from consistent_stream.job import compile_job
+    compiled, schema = compile_job(spark, job, Cut.from_json(meta["cut"]))
+    res = runtime.process_batch(spark, job, compiled, schema, meta["app_id"], 1,
+                                Cut({k: -1 for k in meta["cut"]}), Cut.from_json(meta["cut"]))
+    assert res.skipped and target.latest_version() == version
+
+    # 2. Spark itself replays batch 1: forget that it committed it
+    for f in ("1", ".1.crc"):  # as if the process died before Spark logged the batch's commit
+        path = os.path.join(job.spark_checkpoint, "commits", f)
+        if os.path.exists(path):
+            os.remove(path)
+    from consistent_stream.job import run_job
+    summary = run_job(spark, job)
+    assert summary["batches"] == 0 and summary["skipped_batches"] == 1
+    assert target.latest_version() == version
+    assert delta_pandas(job.target_path).sort_values("id").equals(before.sort_values("id"))
+
+    # and the query goes on exactly from there
+    sc.delete("orders", "oid = 10")
+    sc.run(job)
+    assert target.latest_version() == version + 1
+
+
+def test_crash_after_state_commit_before_target_commit_is_repaired_by_replay(spark, tmp_path, monkeypatch):
+    sc = _scenario(spark, tmp_path)
+    job = sc.job(SQL, "id")
+    sc.run(job, full_refresh=True)
+    target = DeltaTableRef(job.target_path)
+    version = target.latest_version()
+    sc.update("orders", {"amount": "100"}, "oid = 11")
+    sc.insert("orders", pa.table({"oid": [14], "cid": [2], "amount": [3]}))
+
+    def crash(*a, **k):
+        raise RuntimeError("injected crash before the target commit")
+    monkeypatch.setattr(runtime, "commit_target", crash)
+    from consistent_stream.job import run_job
+    with pytest.raises(RuntimeError, match="injected crash"):
+        run_job(spark, job)
+    assert target.latest_version() == version  # nothing visible
+    states = [os.path.join(job.state_root, d) for d in os.listdir(job.state_root)]
+    app_id = target.commit_at(version).metadata["app_id"]
+    assert states and all(DeltaTableRef(p).txn_version(app_id) == 1 for p in states)
+
+    monkeypatch.undo()
+    summary = sc.run(job)  # Spark replays batch 1: state commits skipped, target committed once
+    assert summary["batches"] == 1
+    assert target.latest_version() == version + 1
+    assert all(DeltaTableRef(p).txn_version(app_id) == 1 for p in states)
+    sc.delete("orders", "oid = 12")
+    sc.run(job)
