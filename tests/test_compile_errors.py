@@ -66,11 +66,11 @@ def test_a_window_function_in_a_model_writes_nothing(spark, tmp_path):
     from helpers import job_for
     src = tmp_path / "orders"
     write_deltalake(str(src), pa.table({"oid": [1], "cid": [1]}), configuration={"delta.enableChangeDataFeed": "true"})
-    job = job_for("m", "select oid, rank() over (order by cid) r from src.orders",
+    job = job_for("window_model", "select oid, rank() over (order by cid) r from src.orders",
                   [{"source_name": "src", "name": "orders", "relation": "src.orders",
                     "meta": {"location": str(src), "primary_key": ["oid"]}}], "oid", tmp_path)
     with pytest.raises(CompileError, match="window function"):
         run_job(spark, job)
     assert not os.path.exists(job.target_path)
     assert not os.path.exists(job.checkpoint_location)
-    assert not spark.catalog.tableExists("tests.m")
+    assert not spark.catalog.tableExists("tests.window_model")

@@ -46,9 +46,13 @@ def sink_changes(delta: pa.Table, unique_key: list[str], model: str, *, first: b
                 f"model {model}: unique_key {unique_key} is not unique: key {row} has "
                 f"{dup.column('count_all')[0].as_py()} rows in the output. Fix the model SQL or the "
                 f"unique_key config; nothing was committed for this batch")
-    # a key with a -1 row and no +1 row is deleted (NULL keys compare equal here, as in MERGE)
-    deletes = minus.join(plus.select(unique_key), keys=unique_key, join_type="left anti") \
-        if plus.num_rows else minus
+    # a key with a -1 row and no +1 row is deleted. NULL keys compare equal, as in the MERGE
+    # (IS NOT DISTINCT FROM); Arrow's joins never match NULLs, so compare key tuples here
+    # (both sides are the size of the change).
+    upserted = set(zip(*[plus.column(k).to_pylist() for k in unique_key])) if plus.num_rows else set()
+    minus_keys = zip(*[minus.column(k).to_pylist() for k in unique_key])
+    deletes = minus.filter(pa.array([k not in upserted for k in minus_keys], pa.bool_())) \
+        if minus.num_rows else minus
     deletes = deletes.select(plus.column_names).cast(plus.schema)
     ops = pa.concat_tables([
         plus.append_column(OP, pa.array(["upsert"] * plus.num_rows, pa.string())),

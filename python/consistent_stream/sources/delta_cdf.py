@@ -5,7 +5,9 @@ Between two cut positions ``(start, end]`` of one source table:
 * ``start == -1`` (first batch, or full refresh): the snapshot at ``end``, every row +1;
 * ``start == end``: the empty changelog;
 * otherwise: the Change Data Feed of versions ``start+1 .. end``, mapped to weights
-  insert/update_postimage -> +1, delete/update_preimage -> -1, then consolidated.
+  insert/update_postimage -> +1, delete/update_preimage -> -1 (not consolidated here:
+  linear operators do not need it, and stateful operators consolidate their inputs, after
+  projection, where an update of an unused column cancels out).
 
 Out: the source's columns (or the requested subset) plus ``__weight`` bigint.
 """
@@ -16,7 +18,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from ..changelog import WEIGHT, consolidate, with_weight
+from ..changelog import WEIGHT, with_weight
 from ..delta import DeltaTableRef
 from .spec import INITIAL, SourceSpec
 
@@ -25,7 +27,7 @@ _SIGN = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1
 
 def read_changelog(spark: SparkSession, source: SourceSpec, start: int, end: int,
                    columns: list[str] | None = None) -> tuple[DataFrame, int]:
-    """The changes of ``source`` in ``(start, end]`` as a consolidated Z-set.
+    """The changes of ``source`` in ``(start, end]`` as a Z-set.
 
     Returns ``(changelog DataFrame, number of change rows read)``. Raises SourceError when
     the table is missing or its Change Data Feed is off or gone for those versions.
@@ -54,4 +56,4 @@ def read_changelog(spark: SparkSession, source: SourceSpec, start: int, end: int
     data = arrow.select(keep).append_column(WEIGHT, weight)
     schema = from_arrow_schema(data.schema)
     df = spark.createDataFrame(data, schema=schema) if n else spark.createDataFrame([], schema)
-    return consolidate(df), n
+    return df, n

@@ -1,6 +1,6 @@
 """Arrangements: the stored inputs (integrals) of stateful operators, as Delta tables.
 
-An arrangement is an append-only *log* of consolidated Z-set deltas, one Delta commit per
+An arrangement is an append-only *log* of Z-set deltas, one Delta commit per
 micro-batch with txn ``(app id, batch id)``: reading it at the version recorded for batch
 ``b-1`` gives the operator's input as of ``b-1`` (bilinear operators such as joins can use
 the log unconsolidated; aggregates sum it per group). When the log grows past
@@ -84,7 +84,7 @@ class StateStore:
                 data = s.compact(self.read(s.name, s.delta.schema).unionByName(s.delta))
                 mode = "overwrite"
             else:
-                data = s.compact(s.delta)
+                data = s.delta  # a log needs no consolidation; compaction happens when it grows
                 mode = "overwrite" if first else "append"
             arrow = data.toArrow()
             if arrow.num_rows == 0 and mode == "append":
