@@ -22,7 +22,7 @@ sources:
           consistent_stream: {{format: delta, location: "{loc}", primary_key: [oid]}}
 """
 MODEL = """
-{{ config(materialized='consistent_stream', unique_key='cid') }}
+{{ config(materialized='consistent_stream', unique_key='cid', partition_by='cid') }}
 select cid, count(*) as n, sum(amount) as total
 from {{ source('shop', 'orders') }}
 group by cid

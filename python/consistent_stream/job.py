@@ -135,9 +135,10 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
     finally:
         if query.isActive:
             query.stop()
-        for p in query.recentProgress:
-            log.info("StreamingQueryProgress %s", json.dumps({k: p[k] for k in (
-                "batchId", "numInputRows", "durationMs", "timestamp") if k in p}, default=str))
+        progress = [{k: p[k] for k in ("batchId", "numInputRows", "durationMs", "timestamp") if k in p}
+                    for p in query.recentProgress]
+        for p in progress:
+            log.info("StreamingQueryProgress %s", json.dumps(p, default=str))
     if failure:
         raise failure[0]
 
@@ -157,6 +158,7 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
         "rows_written": sum(r.rows_written for r in committed),
         "seconds": round(time.time() - t0, 3), "target_version": version, "target_path": job.target_path,
         "cut": cut.versions, "freshness_s": freshness, "full_refresh": bool(full_refresh),
+        "progress": progress,
     }
 
 

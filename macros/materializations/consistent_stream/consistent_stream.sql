@@ -33,7 +33,11 @@
              ~ summary.get('changes_read') ~ ' changes read, '
              ~ summary.get('rows_written') ~ ' rows written in '
              ~ ((summary.get('seconds') or 0) | round(2)) ~ ' s, target version '
-             ~ summary.get('target_version'), info=True) %}
+             ~ summary.get('target_version') ~ ', freshness '
+             ~ summary.get('freshness_s') ~ ' s', info=True) %}
+  {% for progress in summary.get('progress', []) %}
+    {% do log('consistent_stream ' ~ model['name'] ~ ' StreamingQueryProgress ' ~ tojson(progress), info=False) %}
+  {% endfor %}
   {% do store_raw_result(name='main', message='OK version ' ~ summary.get('target_version'),
                          code='OK', rows_affected=summary.get('rows_written')) %}
 
