@@ -36,6 +36,23 @@ class IncrementalEvaluator:
             df.unpersist()
         self._persisted.clear()
 
+    @staticmethod
+    def consolidated(node: Node) -> bool:
+        """Whether ``node``'s changelog is consolidated by construction: joins and aggregates
+        consolidate their output, a filter keeps a subset; projections may merge rows."""
+        if isinstance(node, (Join, Aggregate)):
+            return True
+        if isinstance(node, Filter):
+            return IncrementalEvaluator.consolidated(node.child)
+        return False
+
+    def _input(self, node: Node) -> DataFrame:
+        """A stateful operator's input changelog, consolidated and materialized once."""
+        d = self.delta(node)
+        if isinstance(node, (Join, Aggregate)):
+            return d  # consolidated and materialized already
+        return self._keep(d if self.consolidated(node) else consolidate(d))
+
     def delta(self, node: Node) -> DataFrame:
         if node.id not in self.memo:
             self.memo[node.id] = self._delta(node)
@@ -50,13 +67,13 @@ class IncrementalEvaluator:
         if isinstance(node, Project):
             return project_delta(self.delta(node.child), node.columns, node.exprs)
         if isinstance(node, Join):
-            dl, dr = self.delta(node.left), self.delta(node.right)
+            dl, dr = self._input(node.left), self._input(node.right)
             right_types = [dr.schema[c].dataType for c in node.right.columns]
-            out = join_delta(self.state, node.id, node.kind, self._keep(consolidate(dl)), self._keep(consolidate(dr)),
+            out = join_delta(self.state, node.id, node.kind, dl, dr,
                              node.left_keys, node.right_keys, node.residual,
                              node.left.columns, node.right.columns, right_types)
             return self._keep(consolidate(out))
         if isinstance(node, Aggregate):
-            return self._keep(aggregate_delta(self.state, node.id, self._keep(consolidate(self.delta(node.child))),
+            return self._keep(aggregate_delta(self.state, node.id, self._input(node.child),
                                               node.group_names, node.group_exprs, node.aggs, self.first_batch))
         raise TypeError(f"no delta rule for {type(node).__name__}")
