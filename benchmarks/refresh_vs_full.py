@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -84,7 +83,7 @@ def main() -> int:
         for job in jobs:  # the initial build (also a full refresh, from empty)
             first[job.model] = run_job(spark, job, full_refresh=True)
         t0 = time.time()
-        rf = refresh_round(root / "data", 1)
+        refresh_round(root / "data", 1)
         rf_s = time.time() - t0
         for job in jobs:
             inc = run_job(spark, job)

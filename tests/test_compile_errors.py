@@ -26,8 +26,8 @@ def compile_sql(sql):
     ("select oid,\n  row_number() over (partition by cid order by day) as rn\nfrom src.orders", "window function", 2),
     ("select oid from src.orders\norder by oid", "ORDER BY", 2),
     ("select oid from src.orders limit 5", "LIMIT", 1),
-    ("select distinct cid from src.orders", "DISTINCT", 1),
-    ("select oid from src.orders union all select id from src.customers", "UNION", 1),
+    ("select oid from src.orders\nintersect select id from src.customers", "INTERSECT", 2),
+    ("select oid from src.orders union all select id, name from src.customers", "different numbers of columns", 1),
     ("select cid, count(distinct oid) from src.orders group by cid", "COUNT(DISTINCT", 1),
     ("select oid, (select max(id) from src.customers) as m from src.orders", "subquery", 1),
     ("select oid from src.orders where cid in (select id from src.customers)", "IN (subquery)", 1),
@@ -53,6 +53,8 @@ def test_unsupported_sql_names_the_construct_and_its_line(sql, construct, line):
     "select cid, count(*) n, avg(amount) a from src.orders where day is not null group by cid having count(*) > 1",
     "select upper(c.name) as n, coalesce(o.amount, 0) * 2 as a2 from src.customers c join src.orders o on c.id = o.cid",
     "select count(*) as n, sum(amount) as s, min(day) as d from src.orders",
+    "select distinct cid from src.orders",
+    "select oid as k from src.orders union all select id from src.customers union select 1 from src.orders",
 ])
 def test_supported_sql_compiles(sql):
     m = compile_sql(sql)

@@ -69,3 +69,23 @@ def test_transfers_never_change_the_total_balance(spark, tmp_path):
     target = DeltaTableRef(job.target_path)
     for v in range(target.latest_version() + 1):
         assert delta_pandas(job.target_path, v)["total"].tolist() == [1000]
+
+
+def test_distinct_and_union_follow_multiplicities(spark, tmp_path):
+    sc = Scenario(spark, tmp_path, {
+        "a": pa.table({"id": [1, 2, 3], "v": ["x", "x", "y"]}),
+        "b": pa.table({"id": [7], "v": ["y"]}),
+    }, {"a": ["id"], "b": ["id"]})
+    distinct = sc.job("select distinct v from src.a", "v", name="d")
+    union = sc.job("select v from src.a union select v from src.b", "v", name="u")
+    union_all = sc.job("select id, v from src.a where id > 1 union all select id + 100, v from src.b", "id", name="ua")
+    for job in (distinct, union, union_all):
+        sc.run(job, full_refresh=True)
+    sc.delete("a", "id = 1")                          # x still there once: no change
+    sc.insert("b", pa.table({"id": [8], "v": ["z"]}))
+    for job in (distinct, union, union_all):
+        sc.run(job)
+    sc.delete("a", "v = 'y'")                         # y leaves DISTINCT, stays in UNION via b
+    sc.update("a", {"v": "'w'"}, "id = 2")            # x leaves, w arrives
+    for job in (distinct, union, union_all):
+        sc.run(job)

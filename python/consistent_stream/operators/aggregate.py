@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import DecimalType, StructField, StructType
+from pyspark.sql.types import DecimalType
 
 from ..changelog import WEIGHT, consolidate
 from ..plan.logical import AggCall

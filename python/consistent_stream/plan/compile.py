@@ -21,7 +21,7 @@ from sqlglot.optimizer.qualify import qualify
 
 from ..errors import CompileError
 from ..sources import SourceSpec
-from .logical import Aggregate, AggCall, Filter, Join, Node, Project, Scan, assign_ids
+from .logical import Aggregate, AggCall, Filter, Join, Node, Project, Scan, Union, assign_ids
 
 _AGGS = {exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max", exp.Count: "count"}
 
@@ -31,8 +31,6 @@ _UNSUPPORTED: list[tuple[type, str, str]] = [
     (exp.Order, "ORDER BY", "a materialized view has no row order; sort when you read it"),
     (exp.Limit, "LIMIT", "a top-N view is not maintained incrementally yet"),
     (exp.Offset, "OFFSET", "not maintained incrementally"),
-    (exp.Distinct, "DISTINCT", "not supported yet; GROUP BY the columns instead"),
-    (exp.Union, "UNION", "set operations are not supported yet"),
     (exp.Intersect, "INTERSECT", "set operations are not supported yet"),
     (exp.Except, "EXCEPT", "set operations are not supported yet"),
     (exp.Exists, "EXISTS subquery", "rewrite as a join"),
@@ -66,6 +64,8 @@ class CompiledModel:
 
 
 def _position(node: exp.Expression, sql: str) -> tuple[int | None, int | None]:
+    if isinstance(node, exp.SetOperation):  # the keyword stands before its right-hand query
+        node = node.expression
     for n in [node, *node.walk()]:
         m = getattr(n, "meta", None) or {}
         if "line" in m:
@@ -132,9 +132,9 @@ class _Compiler:
         if len(statements) != 1:
             raise CompileError("multiple statements", "a model is exactly one SELECT")
         ast = statements[0]
-        if not isinstance(ast, exp.Select):
-            raise _err(type(ast).__name__.upper(), "a model is one SELECT (with optional CTEs)", ast, self.sql)
         self._reject_unsupported(ast)
+        if not isinstance(ast, (exp.Select, exp.Union)):
+            raise _err(type(ast).__name__.upper(), "a model is one query (SELECT, UNION [ALL])", ast, self.sql)
         schema: dict = {}
         for parts, src in self.sources.items():
             d = schema
@@ -147,15 +147,18 @@ class _Compiler:
                           validate_qualify_columns=True, identify=False)
         except OptimizeError as e:
             raise CompileError("column reference", f"{e} (check the column names against the sources)") from e
-        rel_node, outputs = self._plan_select(ast, {}, top=True)
+        rel_node, outputs = self._plan_query(ast, {}, top=True)
         return rel_node, outputs
 
     def _reject_unsupported(self, ast: exp.Expression) -> None:
         for node in ast.walk():
+            if isinstance(node, exp.Distinct) and isinstance(node.parent, exp.AggFunc):
+                raise _err(f"{type(node.parent).__name__.upper()}(DISTINCT ..)", "not supported yet",
+                           node.parent, self.sql)
+            if isinstance(node, exp.Distinct) and node.args.get("on"):
+                raise _err("DISTINCT ON", "not supported", node, self.sql)
             for typ, name, hint in _UNSUPPORTED:
                 if isinstance(node, typ):
-                    if typ is exp.Distinct and isinstance(node.parent, exp.Count):
-                        raise _err("COUNT(DISTINCT ..)", "not supported yet", node.parent, self.sql)
                     raise _err(name, hint, node, self.sql)
             if isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC_NAMES:
                 raise _err(f"{node.name}()", "non-deterministic functions have no meaning at a cut", node, self.sql)
@@ -186,7 +189,7 @@ class _Compiler:
         if isinstance(rel, exp.Table):
             parts = tuple(p.name.lower() for p in rel.parts)
             if len(parts) == 1 and parts[0] in ctes:
-                node, outs = self._plan_select(ctes[parts[0]], ctes)
+                node, outs = self._plan_query(ctes[parts[0]], ctes)
                 return _Rel(node, alias, dict(outs))
             src = self.sources[parts]
             # projection pruning: read only the columns this scope references
@@ -197,7 +200,7 @@ class _Compiler:
             node = Scan(columns=internal, source=src, source_columns=cols)
             return _Rel(node, alias, dict(zip([c.lower() for c in cols], internal)))
         if isinstance(rel, exp.Subquery):
-            node, outs = self._plan_select(rel.this, ctes)
+            node, outs = self._plan_query(rel.this, ctes)
             return _Rel(node, alias, dict(outs))
         raise _err(type(rel).__name__, "unsupported relation in FROM", rel, self.sql)
 
@@ -218,6 +221,37 @@ class _Compiler:
         return {c.table.lower() for c in e.find_all(exp.Column)}
 
     # ---- SELECT ------------------------------------------------------------------------------
+    def _plan_query(self, q: exp.Expression, outer_ctes: dict, top: bool = False) -> tuple[Node, list]:
+        """A SELECT, or a UNION [ALL] of queries (columns by position, names from the left).
+        UNION (distinct) is UNION ALL followed by DISTINCT."""
+        if not isinstance(q, exp.Union):
+            return self._plan_select(q, outer_ctes, top)
+        ctes = dict(outer_ctes)
+        with_ = q.args.get("with") or q.args.get("with_")
+        if with_:
+            for cte in with_.expressions:
+                ctes[cte.alias_or_name.lower()] = cte.this
+        left, louts = self._plan_query(q.this, ctes)
+        right, routs = self._plan_query(q.expression, ctes)
+        if len(louts) != len(routs):
+            raise _err("UNION of queries with different numbers of columns",
+                       f"{len(louts)} columns on the left, {len(routs)} on the right", q, self.sql)
+        names = [n for n, _ in louts] if top else [self.names.new(n) for n, _ in louts]
+        # both sides projected to the same column names, the right side by position
+        l_ = Project(columns=names, child=left, exprs=[_q(i) for _, i in louts])
+        r = Project(columns=names, child=right, exprs=[_q(i) for _, i in routs])
+        node: Node = Union(columns=names, left=l_, right=r)
+        if q.args.get("distinct"):
+            node = self._distinct(node)
+        return node, list(zip([n.lower() for n, _ in louts], names))
+
+    @staticmethod
+    def _distinct(node: Node) -> Node:
+        """SELECT DISTINCT: a GROUP BY of every column without aggregates (a row is in the
+        output while its count is above zero)."""
+        return Aggregate(columns=list(node.columns), child=node, group_names=list(node.columns),
+                         group_exprs=[_q(c) for c in node.columns], aggs=[])
+
     def _plan_select(self, sel: exp.Expression, outer_ctes: dict, top: bool = False) -> tuple[Node, list]:
         if not isinstance(sel, exp.Select):
             raise _err(type(sel).__name__.upper(), "only SELECT is supported here", sel, self.sql)
@@ -345,6 +379,8 @@ class _Compiler:
                        sel, self.sql)
         internal = out_names if top else [self.names.new(n) for n in out_names]
         node = Project(columns=internal, child=current, exprs=exprs)
+        if sel.args.get("distinct"):
+            node = self._distinct(node)
         return node, list(zip(lowered, internal))
 
     def _equi(self, c: exp.Expression, left_aliases: set[str], right_alias: str):

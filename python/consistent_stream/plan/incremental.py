@@ -9,7 +9,7 @@ from ..operators.aggregate import aggregate_delta
 from ..operators.join import join_delta
 from ..operators.linear import filter_delta, project_delta
 from ..state import StateStore
-from .logical import Aggregate, Filter, Join, Node, Project, Scan
+from .logical import Aggregate, Filter, Join, Node, Project, Scan, Union
 
 
 class IncrementalEvaluator:
@@ -66,6 +66,9 @@ class IncrementalEvaluator:
             return filter_delta(self.delta(node.child), node.predicate)
         if isinstance(node, Project):
             return project_delta(self.delta(node.child), node.columns, node.exprs)
+        if isinstance(node, Union):
+            # linear: d(A union all B) = dA union all dB
+            return self.delta(node.left).unionByName(self.delta(node.right))
         if isinstance(node, Join):
             dl, dr = self._input(node.left), self._input(node.right)
             right_types = [dr.schema[c].dataType for c in node.right.columns]

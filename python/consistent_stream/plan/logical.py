@@ -64,6 +64,17 @@ class Join(Node):
         return [self.left, self.right]
 
 
+@dataclass(eq=False)
+class Union(Node):
+    """UNION ALL: the inputs' rows, the right side's columns taken by position."""
+    left: Node = None
+    right: Node = None
+
+    @property
+    def children(self):
+        return [self.left, self.right]
+
+
 @dataclass(frozen=True)
 class AggCall:
     """One aggregate: ``func`` in sum, count, count_star, avg, min, max over ``arg``."""
@@ -114,6 +125,8 @@ def explain(node: Node, indent: int = 0) -> str:
         head = f"Join {node.kind} on {keys}" + (f" and {node.residual}" if node.residual else "")
     elif isinstance(node, Aggregate):
         head = f"Aggregate by {node.group_exprs}: " + ", ".join(f"{a.func}({a.arg})" for a in node.aggs)
+    elif isinstance(node, Union):
+        head = "Union all"
     else:
         head = type(node).__name__
     return "\n".join([f"{pad}{node.id} {head}"] + [explain(c, indent + 1) for c in node.children])
