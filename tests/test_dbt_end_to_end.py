@@ -3,12 +3,14 @@ dbt in this process, the real engine, real Delta tables, the target read back th
 Spark catalog as `<schema>.<model>`."""
 from __future__ import annotations
 
+import json
 import uuid
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from consistent_stream.delta import DeltaTableRef
+from consistent_stream.verify import index_path
 from test_dbt_plugin import PROJECT, dbt, messages, profile, spark_session, write
 
 SOURCES = """
@@ -69,7 +71,8 @@ def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(tmp_path):
     r = dbt(tmp_path, "test")
     assert r.success, messages(r)
 
-    target = DeltaTableRef(str(tmp_path / "spark" / "warehouse" / "consistent_stream" / schema / "totals"))
+    with open(index_path(str(tmp_path), "totals")) as f:
+        target = DeltaTableRef(json.load(f)["target_path"])
     app_before = target.commit_at(target.latest_version()).metadata["app_id"]
     r = dbt(tmp_path, "run", "--full-refresh")
     assert r.success, messages(r)
