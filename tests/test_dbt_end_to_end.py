@@ -41,7 +41,7 @@ models:
 """
 
 
-def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(tmp_path):
+def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(spark, tmp_path):
     schema = f"e2e_{uuid.uuid4().hex[:8]}"
     src = tmp_path / "data" / "orders"
     write_deltalake(str(src), pa.table({"oid": [1, 2, 3], "cid": [1, 1, 2], "amount": [5, 6, 7]}),
@@ -53,7 +53,7 @@ def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(tmp_path):
         "models/totals.sql": MODEL,
         "models/schema.yml": SCHEMA_YML,
     })
-    spark = spark_session()
+    assert spark is spark_session()
 
     def table():
         return {r["cid"]: (r["n"], r["total"]) for r in spark.table(f"{schema}.totals").collect()}
