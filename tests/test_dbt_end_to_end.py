@@ -11,7 +11,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.verify import index_path
-from test_dbt_plugin import PROJECT, dbt, messages, profile, spark_session, write
+from test_dbt_plugin import PROJECT, dbt, messages, profile, write
 
 SOURCES = """
 version: 2
@@ -53,7 +53,6 @@ def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(spark, tmp_p
         "models/totals.sql": MODEL,
         "models/schema.yml": SCHEMA_YML,
     })
-    assert spark is spark_session()
 
     def table():
         return {r["cid"]: (r["n"], r["total"]) for r in spark.table(f"{schema}.totals").collect()}
