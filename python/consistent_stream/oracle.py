@@ -35,14 +35,21 @@ def rewrite_relations(sql: str, mapping: dict[tuple[str, ...], str], dialect: st
 
 
 def batch_dataframe(spark, sql: str, sources: list[SourceSpec], cut: Cut):
-    """The model's SQL evaluated by Spark over the sources at ``cut`` (a lazy DataFrame)."""
+    """The model's SQL evaluated by Spark over the sources at ``cut`` (a lazy DataFrame).
+
+    The snapshots are temporary views only while Spark analyzes the query (the analyzed plan
+    keeps them), so nothing is left in the caller's session."""
     mapping = {}
-    for s in sources:
-        v = cut.versions[s.key]
-        name = view_name(s, v)
-        DeltaTableRef(s.location).read_snapshot(spark, v).createOrReplaceTempView(name)
-        mapping[s.relation_parts] = name
-    return spark.sql(rewrite_relations(sql, mapping))
+    try:
+        for s in sources:
+            v = cut.versions[s.key]
+            name = view_name(s, v)
+            DeltaTableRef(s.location).read_snapshot(spark, v).createOrReplaceTempView(name)
+            mapping[s.relation_parts] = name
+        return spark.sql(rewrite_relations(sql, mapping))
+    finally:
+        for name in mapping.values():
+            spark.catalog.dropTempView(name)
 
 
 def duckdb_result(sql: str, sources: list[SourceSpec], cut: Cut):
