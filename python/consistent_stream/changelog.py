@@ -34,8 +34,3 @@ def consolidate(df: DataFrame) -> DataFrame:
 def with_weight(df: DataFrame, weight: int = 1) -> DataFrame:
     """Turn a plain relation into a Z-set: every row gets ``__weight = weight``."""
     return df.withColumn(WEIGHT, F.lit(weight).cast("bigint"))
-
-
-def negate(df: DataFrame) -> DataFrame:
-    """Retract every row of a Z-set (multiply weights by -1)."""
-    return df.withColumn(WEIGHT, -F.col(WEIGHT))
