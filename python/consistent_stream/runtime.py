@@ -137,37 +137,31 @@ def process_batch(spark: SparkSession, job: JobSpec, compiled: CompiledModel, ou
     state = StateStore(spark, job.state_root, state_versions)
     ev = IncrementalEvaluator(state, deltas, first)
     with _small_batch_confs(spark, first):
-        version, written = _evaluate_and_commit(spark, job, compiled, output_schema, app_id, batch_id, end,
-                                                first, target, txn, state, ev, ph)
+        try:
+            out = ev.delta(compiled.root)
+            # output columns take Spark's analyzed names and types, by position
+            out = out.select(*[F.col(f"`{c}`").cast(f.dataType).alias(f.name)
+                               for c, f in zip(compiled.output_columns, output_schema.fields)], F.col(WEIGHT))
+            out_arrow = consolidate(out).toArrow()  # the batch's change to the target: size of the change
+            changes = sink_changes(out_arrow, job.unique_key, job.model, first=first)
+            ph.mark("evaluate")
+            meta = {"app_id": app_id, "batch_id": str(batch_id), "model": job.model, "cut": end.versions,
+                    "source_commit_ms": str(source_commit_ms(job, end)),
+                    "checkpoint_location": job.checkpoint_location}
+            # 3. arrangements, then 4. the target (the commit point)
+            meta["state_versions"] = state.commit(txn, {"app_id": app_id, "batch_id": str(batch_id)})
+            ph.mark("commit_state")
+            version, written = commit_target(target, changes, first=first, unique_key=job.unique_key,
+                                             partition_by=job.partition_by, txn=txn, metadata=meta)
+            ph.mark("commit_target")
+        finally:
+            ev.release()
+
     secs = time.time() - t0
     log.info("%s: batch %d phases %s", job.model, batch_id, ph.times)
     log.info("%s: batch %d committed target version %d: %d changes read, %d rows written, %.2fs",
              job.model, batch_id, version, changes_read, written, secs)
     return BatchResult(batch_id, False, changes_read, written, version, secs, end.versions)
-
-
-def _evaluate_and_commit(spark, job, compiled, output_schema, app_id, batch_id, end, first, target, txn,
-                         state, ev, ph):
-    try:
-        out = ev.delta(compiled.root)
-        # output columns take Spark's analyzed names and types, by position
-        out = out.select(*[F.col(f"`{c}`").cast(f.dataType).alias(f.name)
-                           for c, f in zip(compiled.output_columns, output_schema.fields)], F.col(WEIGHT))
-        out_arrow = consolidate(out).toArrow()  # the batch's change to the target: size of the change
-        changes = sink_changes(out_arrow, job.unique_key, job.model, first=first)
-        ph.mark("evaluate")
-        meta = {"app_id": app_id, "batch_id": str(batch_id), "model": job.model, "cut": end.versions,
-                "source_commit_ms": str(source_commit_ms(job, end)),
-                "checkpoint_location": job.checkpoint_location}
-        # 3. arrangements, then 4. the target (the commit point)
-        meta["state_versions"] = state.commit(txn, {"app_id": app_id, "batch_id": str(batch_id)})
-        ph.mark("commit_state")
-        version, written = commit_target(target, changes, first=first, unique_key=job.unique_key,
-                                         partition_by=job.partition_by, txn=txn, metadata=meta)
-        ph.mark("commit_target")
-        return version, written
-    finally:
-        ev.release()
 
 
 def _json(v):
