@@ -7,11 +7,8 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from consistent_stream.delta import DeltaTableRef
 from consistent_stream.job import run_job
-from consistent_stream.oracle import batch_dataframe, duckdb_result
-from consistent_stream.sources import Cut
-from helpers import DUCKDB_TOL, assert_same_rows, delta_pandas, job_for
+from helpers import assert_target_equals_batch_evaluation, job_for
 
 CDF = {"delta.enableChangeDataFeed": "true"}
 
@@ -51,9 +48,4 @@ class Scenario:
         return summary
 
     def check(self, job) -> None:
-        target = DeltaTableRef(job.target_path)
-        commit = target.commit_at(target.latest_version())
-        cut = Cut.from_json(commit.metadata["cut"])
-        got = delta_pandas(job.target_path, commit.version)
-        assert_same_rows(got, batch_dataframe(self.spark, job.sql, job.sources, cut).toPandas(), "vs Spark")
-        assert_same_rows(got, duckdb_result(job.sql, job.sources, cut), "vs DuckDB", **DUCKDB_TOL)
+        assert_target_equals_batch_evaluation(self.spark, job, job.model)

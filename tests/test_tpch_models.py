@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from consistent_stream.delta import DeltaTableRef
 from consistent_stream.job import run_job
-from consistent_stream.oracle import batch_dataframe, duckdb_result
-from consistent_stream.sources import Cut
 from consistent_stream.tpch.generate import generate
 from consistent_stream.tpch.refresh import refresh_round
 from consistent_stream.verify import verify_target
-from helpers import DUCKDB_TOL, EXAMPLE_MODELS, assert_same_rows, delta_pandas, job_for, render_model, tpch_sources
+from helpers import EXAMPLE_MODELS, assert_target_equals_batch_evaluation, job_for, render_model, tpch_sources
 
 ROUNDS = 5
 MODELS = sorted(p.stem for p in EXAMPLE_MODELS.glob("*.sql"))
@@ -30,16 +27,9 @@ def tpch(tmp_path_factory):
 
 
 def _check(spark, job, label):
-    target = DeltaTableRef(job.target_path)
-    commit = target.commit_at(target.latest_version())
-    cut = Cut.from_json(commit.metadata["cut"])
-    got = delta_pandas(job.target_path, commit.version)
-    spark_expected = batch_dataframe(spark, job.sql, job.sources, cut).toPandas()
-    assert_same_rows(got, spark_expected, f"{label}: target vs Spark batch")
-    assert_same_rows(got, duckdb_result(job.sql, job.sources, cut), f"{label}: target vs DuckDB", **DUCKDB_TOL)
+    assert_target_equals_batch_evaluation(spark, job, label)
     res = verify_target(spark, job.target_path)
     assert res.ok, res.to_json()
-    return len(got)
 
 
 def test_example_models_equal_batch_evaluation_after_every_refresh_round(spark, tpch):
