@@ -37,6 +37,13 @@ def render_model(path: Path) -> tuple[str, dict, list[tuple[str, str]]]:
     return sql, config, used
 
 
+def expand_macro(path: Path, call: str) -> str:
+    """The SQL a dbt macro file expands to for ``call`` (e.g. ``"m('src.t', 'k')"``), rendered
+    with plain Jinja as dbt would (no adapter context)."""
+    env = jinja2.Environment(extensions=["jinja2.ext.do"])
+    return env.from_string(path.read_text() + "{{ " + call + " }}").render().strip()
+
+
 def tpch_sources(tpch_dir: str, used) -> list[dict]:
     return [{"source_name": s, "name": t, "relation": f"{s}.{t}",
              "meta": {"format": "delta", "location": os.path.join(tpch_dir, t), "primary_key": TPCH_PK[t]}}

@@ -27,7 +27,8 @@ from .delta import DeltaTableRef, Txn
 from .errors import CommitError
 from .plan import CompiledModel
 from .plan.incremental import IncrementalEvaluator
-from .sink.target import commit_target, sink_changes
+from .operators.keyed import restrict_to_keys
+from .sink.target import bag_changes, commit_target, sink_changes
 from .sources import Cut
 from .sources.delta_cdf import read_changelog
 from .spec import JobSpec
@@ -109,6 +110,8 @@ def process_batch(spark: SparkSession, job: JobSpec, compiled: CompiledModel, ou
         return BatchResult(batch_id, True, 0, 0, None, time.time() - t0, end.versions)
 
     first = start.is_initial()
+    key = target_key(job, compiled, output_schema)
+    prev = None
     if first:
         state_versions = {}
     else:
@@ -143,7 +146,11 @@ def process_batch(spark: SparkSession, job: JobSpec, compiled: CompiledModel, ou
             out = out.select(*[F.col(f"`{c}`").cast(f.dataType).alias(f.name)
                                for c, f in zip(compiled.output_columns, output_schema.fields)], F.col(WEIGHT))
             out_arrow = consolidate(out).toArrow()  # the batch's change to the target: size of the change
-            changes = sink_changes(out_arrow, job.unique_key, job.model, first=first)
+            if key is not None:
+                changes = sink_changes(out_arrow, key, job.model, first=first)
+            else:
+                old = None if first else _multiplicities(spark, target, prev.version, out_arrow)
+                changes = bag_changes(out_arrow, old, job.model, first=first)
             ph.mark("evaluate")
             meta = {"app_id": app_id, "batch_id": str(batch_id), "model": job.model, "cut": end.versions,
                     "source_commit_ms": str(source_commit_ms(job, end)),
@@ -151,7 +158,7 @@ def process_batch(spark: SparkSession, job: JobSpec, compiled: CompiledModel, ou
             # 3. arrangements, then 4. the target (the commit point)
             meta["state_versions"] = state.commit(txn, {"app_id": app_id, "batch_id": str(batch_id)})
             ph.mark("commit_state")
-            version, written = commit_target(target, changes, first=first, unique_key=job.unique_key,
+            version, written = commit_target(target, changes, first=first, unique_key=key,
                                              partition_by=job.partition_by, txn=txn, metadata=meta)
             ph.mark("commit_target")
         finally:
@@ -162,6 +169,31 @@ def process_batch(spark: SparkSession, job: JobSpec, compiled: CompiledModel, ou
     log.info("%s: batch %d committed target version %d: %d changes read, %d rows written, %.2fs",
              job.model, batch_id, version, changes_read, written, secs)
     return BatchResult(batch_id, False, changes_read, written, version, secs, end.versions)
+
+
+def target_key(job: JobSpec, compiled: CompiledModel, output_schema: StructType) -> list[str] | None:
+    """The target's merge key: the configured ``unique_key``, else the key inferred from the
+    plan (as the output's column names), else None (a bag)."""
+    if job.unique_key:
+        return job.unique_key
+    if compiled.unique_key is None:
+        return None
+    return [output_schema.fields[compiled.output_columns.index(c)].name for c in compiled.unique_key]
+
+
+def _multiplicities(spark: SparkSession, target: DeltaTableRef, version: int, delta):
+    """For the rows of ``delta`` (Arrow, columns + ``__weight``) with a negative weight, their
+    number of copies in the target at ``version``: columns + ``__count``. Scans the target
+    (a bag has no key to look rows up by)."""
+    import pyarrow.compute as pc
+    neg = delta.filter(pc.less(delta.column(WEIGHT), 0)).drop_columns([WEIGHT])
+    if neg.num_rows == 0:
+        return None
+    cols = neg.column_names
+    rows = target.read_snapshot(spark, version).select(*[F.col(f"`{c}`") for c in cols])
+    wanted = spark.createDataFrame(neg, schema=rows.schema)
+    hit = restrict_to_keys(rows, cols, wanted, cols, null_safe=True)
+    return hit.groupBy(*[F.col(f"`{c}`") for c in cols]).agg(F.count(F.lit(1)).alias("__count")).toArrow()
 
 
 def _json(v):

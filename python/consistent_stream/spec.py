@@ -22,7 +22,10 @@ def _as_list(value, key: str) -> list[str]:
 
 @dataclass
 class JobSpec:
-    """One consistent_stream model: its SQL, sources, target and checkpoint."""
+    """One consistent_stream model: its SQL, sources, target and checkpoint.
+
+    ``unique_key``: the configured key (lower case), or empty: then the key inferred from
+    the plan is used, and a view without one is a bag (duplicates keep their multiplicity)."""
     model: str
     schema: str
     identifier: str
@@ -69,10 +72,6 @@ class JobSpec:
                  sources: list[dict], config: dict, warehouse_dir: str) -> "JobSpec":
         """Validate the materialization's config (keys named as in dbt / dbt-spark)."""
         unique_key = [c.lower() for c in _as_list(config.get("unique_key"), "unique_key")]
-        if not unique_key:
-            raise ConfigError(f"model {model_name}: config unique_key is required for "
-                              f"materialized='consistent_stream' (the target's primary key: a column "
-                              f"or a list of columns of the model's output)")
         partition_by = [c.lower() for c in _as_list(config.get("partition_by"), "partition_by")]
         root = config.get("location_root")
         if root:

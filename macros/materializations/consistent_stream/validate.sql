@@ -9,16 +9,19 @@
 
 
 {% macro consistent_stream_validate_unique_key(unique_key) %}
-  {%- if unique_key is string and unique_key | trim -%}
+  {%- if unique_key is none -%}
+    {%- do return(none) -%}
+  {%- elif unique_key is string and unique_key | trim -%}
     {%- do return(unique_key) -%}
   {%- elif consistent_stream_is_string_list(unique_key) -%}
     {%- do return(unique_key | list) -%}
   {%- endif -%}
   {%- set msg -%}
 Invalid config `unique_key` for consistent_stream model {{ model.name }}: {{ unique_key | tojson }}.
-A consistent_stream model needs `unique_key`: the column (a string) or columns (a list of strings)
-that identify a row of its result, e.g. unique_key='l_orderkey' or
-unique_key=['l_returnflag', 'l_linestatus'], in config() or in the model's YAML config.
+`unique_key` is the column (a string) or columns (a list of strings) that identify a row of the
+model's result, e.g. unique_key='l_orderkey' or unique_key=['l_returnflag', 'l_linestatus'],
+in config() or in the model's YAML config. Leave it unset to use the key inferred from the SQL
+(GROUP BY keys, source primary keys through joins); a result without one is kept as a bag.
   {%- endset -%}
   {%- do exceptions.raise_compiler_error(msg) -%}
 {% endmacro %}

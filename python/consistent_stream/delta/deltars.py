@@ -239,6 +239,30 @@ class DeltaTableRef:
         return v
 
 
+    def merge_bag(self, changes: pa.Table, *, txn: Txn, metadata: dict[str, Any]) -> int:
+        """Apply a bag's changes in ONE commit: rows with ``__op`` 'delete' remove every copy
+        of that row (all columns equal, NULLs as values); rows with ``__op`` 'insert' are
+        appended, one copy each.
+
+        ``changes``: the target's columns plus ``__op``; the delete rows are distinct.
+        """
+        if changes.num_rows == 0:
+            return self.commit_empty(txn=txn, metadata=metadata)
+        changes = plain_arrow(changes)
+        cols = [c for c in changes.column_names if c != "__op"]
+        pred = "s.__op = 'delete' AND " + " AND ".join(
+            f"(t.{_q(c)} IS NOT DISTINCT FROM s.{_q(c)})" for c in cols)
+        (self.table().merge(changes, pred, source_alias="s", target_alias="t",
+                            commit_properties=self._props(txn, metadata))
+         .when_matched_delete()
+         .when_not_matched_insert({_q(c): f"s.{_q(c)}" for c in cols}, predicate="s.__op = 'insert'")
+         .execute())
+        v = self.latest_version()
+        if self.txn_version(txn.app_id) != txn.version:
+            raise CommitError(f"merge into {self.path} did not record txn {txn}")
+        return v
+
+
 def _q(name: str) -> str:
     """Quote an identifier for delta-rs' SQL (DataFusion: double quotes)."""
     return '"' + name.replace('"', '""') + '"'

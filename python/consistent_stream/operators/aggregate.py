@@ -1,4 +1,5 @@
-"""GROUP BY aggregation under retractions: SUM, COUNT, COUNT(*), AVG, MIN, MAX.
+"""GROUP BY aggregation under retractions: SUM, COUNT, COUNT(*), AVG, MIN, MAX and the
+DISTINCT forms COUNT/SUM/AVG(DISTINCT x).
 
 State (two kinds of arrangement, both append-only logs summed on read):
 
@@ -6,9 +7,12 @@ State (two kinds of arrangement, both append-only logs summed on read):
   argument ``s_i = sum(x*w)``, ``n_i = sum(w) over non-NULL x``. Linear aggregates are
   differences of these: SUM = s (NULL when n = 0), COUNT(x) = n, COUNT(*) = __count,
   AVG = s / n.
-* ``vals_<i>`` for each MIN/MAX argument: the multiset of (group, value) with weights, so
-  that when the current extreme is retracted the next one is known (Flink's
-  MinWithRetract / MaxWithRetract accumulators, kept as a Z-set instead of a map).
+* ``vals_<i>`` for each MIN/MAX/DISTINCT argument: the multiset of (group, value) with
+  weights, so that when the current extreme is retracted the next one is known (Flink's
+  MinWithRetract / MaxWithRetract accumulators, kept as a Z-set instead of a map), and the
+  distinct values of a group are those with a positive weight. These aggregates are Spark's
+  own functions over the live values of the touched groups, so their types and rounding
+  are batch evaluation's.
 
 Delta rule, for the set G of groups touched by the batch:
 
@@ -28,19 +32,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType
 
 from ..changelog import WEIGHT, consolidate
-from ..plan.logical import AggCall
+from ..plan.logical import LINEAR_AGGS, MULTISET_AGGS, AggCall
 from ..state import StateStore
+from .keyed import restrict_to_keys
 
-
-def _null_safe_semi(df: DataFrame, keys: DataFrame, cols: list[str]) -> DataFrame:
-    if not cols:
-        return df
-    k = keys.select(*[F.col(c).alias(f"__t{i}") for i, c in enumerate(cols)])
-    cond = None
-    for i, c in enumerate(cols):
-        e = df[c].eqNullSafe(k[f"__t{i}"])
-        cond = e if cond is None else cond & e
-    return df.join(k, cond, "left_semi")
+_MULTISET_FN = {"min": F.min, "max": F.max, "count_distinct": F.count, "sum_distinct": F.sum,
+                "avg_distinct": F.avg}
 
 
 def _avg_expr(s: str, n: str, arg_type) -> F.Column:
@@ -67,8 +64,8 @@ def aggregate_delta(state: StateStore, op_id: str, delta: DataFrame, group_names
                        F.col(WEIGHT))
     arg_types = {f.name: f.dataType for f in pre.schema.fields}
 
-    linear = [a for a in aggs if a.func in ("sum", "count", "avg")]
-    extreme = [a for a in aggs if a.func in ("min", "max")]
+    linear = [a for a in aggs if a.func in LINEAR_AGGS]
+    multiset = [a for a in aggs if a.func in MULTISET_AGGS]
     acc_cols = [F.sum(WEIGHT).alias("__count")]
     for a in linear:
         x = args[a.name]
@@ -94,20 +91,24 @@ def aggregate_delta(state: StateStore, op_id: str, delta: DataFrame, group_names
     acc_old_log = state.read(f"{op_id}_acc", partial.schema)
     state.stage(f"{op_id}_acc", partial, compact=compact_acc)
     touched = pre.select(*g).distinct() if g else None
-    acc_touched = _null_safe_semi(acc_old_log, touched, g) if g else acc_old_log
+    acc_touched = restrict_to_keys(acc_old_log, g, touched, g) if g else acc_old_log
     acc_old = sum_acc(acc_touched)
     acc_new = sum_acc(acc_touched.unionByName(partial))
 
     ext_old, ext_new = [], []
-    for a in extreme:
+    staged_vals: dict[str, tuple[DataFrame, DataFrame]] = {}
+    for a in multiset:
         x = args[a.name]
-        vals = pre.where(F.col(x).isNotNull()).select(*g, F.col(x), F.col(WEIGHT))
-        vals_old_log = state.read(f"{op_id}_vals_{x}", vals.schema)
-        state.stage(f"{op_id}_vals_{x}", vals)
-        vt = _null_safe_semi(vals_old_log, touched, g) if g else vals_old_log
-        fn = F.min if a.func == "min" else F.max
+        if x not in staged_vals:  # one multiset per argument, shared by its aggregates
+            vals = pre.where(F.col(x).isNotNull()).select(*g, F.col(x), F.col(WEIGHT))
+            vals_old_log = state.read(f"{op_id}_vals_{x}", vals.schema)
+            state.stage(f"{op_id}_vals_{x}", vals)
+            vt = restrict_to_keys(vals_old_log, g, touched, g) if g else vals_old_log
+            staged_vals[x] = (vt, vals)
+        vt, vals = staged_vals[x]
+        fn = _MULTISET_FN[a.func]
         for src, outl in ((vt, ext_old), (vt.unionByName(vals), ext_new)):
-            live = consolidate(src).where(F.col(WEIGHT) > 0)
+            live = consolidate(src).where(F.col(WEIGHT) > 0)  # each live (group, value) once
             ext = (live.groupBy(*g) if g else live.groupBy()).agg(fn(x).alias(a.name))
             outl.append(ext)
 
@@ -127,7 +128,10 @@ def aggregate_delta(state: StateStore, op_id: str, delta: DataFrame, group_names
             if a.func == "count_star":
                 cols.append(F.coalesce(F.col("__count"), F.lit(0)).cast("bigint").alias(a.name))
                 continue
-            if a.func in ("min", "max"):
+            if a.func == "count_distinct":
+                cols.append(F.coalesce(F.col(a.name), F.lit(0)).cast("bigint").alias(a.name))
+                continue
+            if a.func in MULTISET_AGGS:
                 cols.append(F.col(a.name))
                 continue
             x = args[a.name]

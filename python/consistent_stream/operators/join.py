@@ -1,4 +1,5 @@
-"""Equi-join delta rules (inner and left outer).
+"""Join delta rules: inner, left/full outer, semi and anti joins, with an optional residual
+(non-equi) predicate that is part of the join condition.
 
 Inner join, bilinear in its inputs (DBSP; the classic IVM delta rule):
 
@@ -8,93 +9,145 @@ with the output weight the product of the input weights. ``L_old``/``R_old`` are
 arrangements (integrals) as of the previous batch; they may be unconsolidated logs, since the
 join distributes over Z-set addition.
 
-Left outer join = inner join + the NULL-padded rows of L whose key has no match in R. With
-``c(k)`` the number of R rows (sum of weights) with key k, before and after the batch, the
-padded part changes by
+Everything else is built from the *unmatched* part of one side. For a row ``l`` of L, its
+number of associations ``c(l, R)`` is the summed weight of the R rows matching it (key
+equality and residual); ``unmatched(L, R)`` is the rows of L with ``c = 0`` (Flink's outer
+join state keeps ``numOfAssociations`` per row for the same purpose). It is linear in L for
+a fixed R, and R only changes at the keys of ``dR`` (``K``), so
 
-    +L_old(k)   where c_old(k) > 0 and c_new(k) = 0   (last match retracted)
-    -L_old(k)   where c_old(k) = 0 and c_new(k) > 0   (first match arrived)
-    +dL(k)      where c_new(k) = 0, or k is NULL      (new rows without a match)
+    d unmatched = unmatched(dL, R_new) + unmatched(L_old|K, R_new|K) - unmatched(L_old|K, R_old|K)
 
-which is Flink's ``numOfAssociations`` bookkeeping done per batch over key sets. NULL keys
-never match (SQL ``=``).
+which retracts the NULL-padded row of ``l`` exactly when its associations go from 0 to 1 or
+more and emits it again when they fall back to 0; it reads state only at the touched keys.
+Then
 
-Columns in: left changelog (left columns + ``__weight``), right changelog likewise.
-Out: left columns, right columns, ``__weight``.
+* left outer  = inner + unmatched(L, R) padded with NULLs for R's columns;
+* full outer  = left outer + unmatched(R, L) padded with NULLs for L's columns;
+* anti (NOT EXISTS) = unmatched(L, R);
+* semi (EXISTS, IN) = L - unmatched(L, R), so ``d semi = dL - d anti``.
+
+Each L row appears once in a semi join, with its own multiplicity, however many R rows match.
+NULL keys never match (SQL ``=``), unless the join is ``null_safe`` (set operations).
+
+Columns in: left changelog (left columns + ``__weight``), right changelog likewise, both
+consolidated. Out: left columns, right columns (none for semi/anti), ``__weight``; not
+consolidated.
 """
 from __future__ import annotations
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from ..changelog import WEIGHT
+from ..changelog import WEIGHT, consolidate
 from ..state import StateStore
+from .keyed import key_condition, restrict_to_keys
 
 
-def _keyed(df: DataFrame, keys: list[str], prefix: str) -> tuple[DataFrame, list[str]]:
-    names = [f"{prefix}{i}" for i in range(len(keys))]
-    return df.select("*", *[F.expr(k).alias(n) for k, n in zip(keys, names)]), names
+class _Side:
+    """One input of the join: its changelog, old arrangement log, key expressions (as
+    columns ``<prefix>i``) and data columns with their types."""
+
+    def __init__(self, delta: DataFrame, old: DataFrame, keys: list[str], cols: list[str], prefix: str):
+        self.key_cols = [f"{prefix}{i}" for i in range(len(keys))]
+        self.keys, self.cols, self.prefix = keys, cols, prefix
+        self.delta = self.keyed(delta)
+        self.old = self.keyed(old)
+        self.types = [delta.schema[c].dataType for c in cols]
+
+    def keyed(self, df: DataFrame) -> DataFrame:
+        return df.select(*[F.col(f"`{c}`") for c in self.cols], F.col(WEIGHT),
+                         *[F.expr(k).alias(n) for k, n in zip(self.keys, self.key_cols)])
+
+    def null_padding(self) -> list:
+        return [F.lit(None).cast(t).alias(c) for c, t in zip(self.cols, self.types)]
 
 
-def _eq(a: DataFrame, ak: list[str], b: DataFrame, bk: list[str]):
-    cond = None
-    for x, y in zip(ak, bk):
-        c = a[x] == b[y]
-        cond = c if cond is None else cond & c
-    return cond
+def _matched(a: DataFrame, a_side: _Side, b: DataFrame, b_side: _Side, residual: str | None,
+             null_safe: bool, how: str) -> DataFrame:
+    """``a`` joined to ``b`` on the keys and the residual (Spark join type ``how``), weights
+    renamed ``__wa``/``__wb``."""
+    a2 = a.withColumnRenamed(WEIGHT, "__wa")
+    b2 = b.withColumnRenamed(WEIGHT, "__wb")
+    cond = key_condition(a2, a_side.key_cols, b2, b_side.key_cols, null_safe)
+    if residual:
+        cond = cond & F.expr(residual)
+    return a2.join(b2, cond, how)
 
 
-def _inner(l: DataFrame, lk: list[str], r: DataFrame, rk: list[str], lcols, rcols) -> DataFrame:
-    l2 = l.withColumnRenamed(WEIGHT, "__wl")
-    r2 = r.withColumnRenamed(WEIGHT, "__wr")
-    j = l2.join(r2, _eq(l2, lk, r2, rk), "inner")
-    return j.select(*[l2[f"`{c}`"] for c in lcols], *[r2[f"`{c}`"] for c in rcols],
-                    (l2["__wl"] * r2["__wr"]).alias(WEIGHT))
+def _inner(l: DataFrame, left: _Side, r: DataFrame, right: _Side, residual, null_safe) -> DataFrame:
+    """One term of the bilinear rule: ``l join r``, weights multiplied."""
+    j = _matched(l, left, r, right, residual, null_safe, "inner")
+    return j.select(*[F.col(f"`{c}`") for c in left.cols + right.cols], (F.col("__wa") * F.col("__wb")).alias(WEIGHT))
+
+
+def _unmatched(a: DataFrame, a_side: _Side, b: DataFrame, b_side: _Side, residual, null_safe) -> DataFrame:
+    """Rows of ``a`` (consolidated first: unmatched() is linear in ``a``) whose associations
+    in ``b`` sum to 0. Out: ``a_side.cols`` + ``__weight``."""
+    ac = consolidate(a.select(*[F.col(f"`{c}`") for c in a_side.cols], F.col(WEIGHT)))
+    ac = a_side.keyed(ac)
+    j = _matched(ac, a_side, b.select(*b_side.key_cols, *([F.col(f"`{c}`") for c in b_side.cols] if residual else []),
+                                      F.col(WEIGHT)),
+                 b_side, residual, null_safe, "left")
+    counts = j.groupBy(*[F.col(f"`{c}`") for c in a_side.cols], F.col("__wa")) \
+        .agg(F.sum(F.coalesce(F.col("__wb"), F.lit(0))).alias("__assoc"))
+    return counts.where(F.col("__assoc") == 0).select(*[F.col(f"`{c}`") for c in a_side.cols],
+                                                      F.col("__wa").alias(WEIGHT))
+
+
+def _unmatched_delta(a: _Side, b: _Side, residual, null_safe) -> DataFrame:
+    """The change of unmatched(A, B) in this batch (see the module docstring)."""
+    b_new = b.old.unionByName(b.delta)
+    touched = b.delta.select(*b.key_cols).distinct()
+    if not null_safe:
+        touched = touched.where(" AND ".join(f"{k} IS NOT NULL" for k in b.key_cols))
+    a_old_k = restrict_to_keys(a.old, a.key_cols, touched, b.key_cols, null_safe)
+    b_old_k = restrict_to_keys(b.old, b.key_cols, touched, b.key_cols, null_safe)
+    b_new_k = b_old_k.unionByName(b.delta)
+    gone = _unmatched(a_old_k, a, b_old_k, b, residual, null_safe)
+    return (_unmatched(a.delta, a, b_new, b, residual, null_safe)
+            .unionByName(_unmatched(a_old_k, a, b_new_k, b, residual, null_safe))
+            .unionByName(gone.withColumn(WEIGHT, -F.col(WEIGHT))))
 
 
 def join_delta(state: StateStore, op_id: str, kind: str, d_left: DataFrame, d_right: DataFrame,
                left_keys: list[str], right_keys: list[str], residual: str | None,
-               left_cols: list[str], right_cols: list[str], right_types) -> DataFrame:
-    """The join's output changelog for one batch; stages both arrangements.
+               left_cols: list[str], right_cols: list[str], null_safe: bool = False) -> DataFrame:
+    """The join's output changelog for one batch; stages both arrangements
+    (``<op_id>_left``, ``<op_id>_right``: the inputs' Z-set logs).
 
-    ``left_keys``/``right_keys``: Spark SQL expressions over each side's columns;
-    ``right_types``: Spark types of ``right_cols`` (for typed NULL padding).
+    ``kind``: inner, left, full, semi or anti. ``left_keys``/``right_keys``: Spark SQL
+    expressions over each side's columns; ``residual``: Spark SQL over the columns of both
+    sides, or None.
     """
     l_old = state.read(f"{op_id}_left", d_left.schema)
     r_old = state.read(f"{op_id}_right", d_right.schema)
     state.stage(f"{op_id}_left", d_left)
     state.stage(f"{op_id}_right", d_right)
+    left = _Side(d_left, l_old, left_keys, left_cols, "__lk")
+    right = _Side(d_right, r_old, right_keys, right_cols, "__rk")
 
-    dl, lk = _keyed(d_left, left_keys, "__lk")
-    dr, rk = _keyed(d_right, right_keys, "__rk")
-    lo, _ = _keyed(l_old, left_keys, "__lk")
-    ro, _ = _keyed(r_old, right_keys, "__rk")
-    parts = [_inner(dl, lk, ro, rk, left_cols, right_cols),
-             _inner(lo, lk, dr, rk, left_cols, right_cols),
-             _inner(dl, lk, dr, rk, left_cols, right_cols)]
-    out = parts[0].unionByName(parts[1]).unionByName(parts[2])
-    if residual:
-        out = out.where(F.expr(residual))
-    if kind == "inner":
-        return out
-    if kind != "left":
-        raise ValueError(f"join kind {kind}")
-
-    # match counts per key before and after, for keys touched by this batch
-    not_null = " AND ".join(f"{k} IS NOT NULL" for k in rk)
-    touched = (dl.select(*[F.col(a).alias(b) for a, b in zip(lk, rk)])
-               .unionByName(dr.select(*rk)).where(not_null).distinct())
-    c_old = (ro.join(touched, rk, "left_semi").groupBy(*rk).agg(F.sum(WEIGHT).alias("__c_old")))
-    c_d = dr.where(not_null).groupBy(*rk).agg(F.sum(WEIGHT).alias("__c_d"))
-    counts = (touched.join(c_old, rk, "left").join(c_d, rk, "left")
-              .select(*rk, F.coalesce("__c_old", F.lit(0)).alias("__c_old"),
-                      (F.coalesce("__c_old", F.lit(0)) + F.coalesce("__c_d", F.lit(0))).alias("__c_new")))
-    pad = [F.lit(None).cast(t).alias(c) for c, t in zip(right_cols, right_types)]
-    flips = counts.where((F.col("__c_old") > 0) != (F.col("__c_new") > 0))
-    lo_flip = lo.join(flips.select(*[F.col(a).alias(b) for a, b in zip(rk, lk)], "__c_old", "__c_new"), lk, "inner")
-    padded_old = lo_flip.select(*[F.col(f"`{c}`") for c in left_cols], *pad,
-                                F.when(F.col("__c_new") > 0, -F.col(WEIGHT)).otherwise(F.col(WEIGHT)).alias(WEIGHT))
-    dl_c = dl.join(counts.select(*[F.col(a).alias(b) for a, b in zip(rk, lk)], "__c_new"), lk, "left")
-    padded_new = (dl_c.where(F.coalesce(F.col("__c_new"), F.lit(0)) == 0)
-                  .select(*[F.col(f"`{c}`") for c in left_cols], *pad, F.col(WEIGHT)))
-    return out.unionByName(padded_old).unionByName(padded_new)
+    parts: list[DataFrame] = []
+    if kind in ("inner", "left", "full"):
+        parts += [_inner(left.delta, left, right.old, right, residual, null_safe),
+                  _inner(left.old, left, right.delta, right, residual, null_safe),
+                  _inner(left.delta, left, right.delta, right, residual, null_safe)]
+    if kind in ("left", "full", "semi", "anti"):
+        unmatched = _unmatched_delta(left, right, residual, null_safe)
+        if kind == "anti":
+            parts.append(unmatched)
+        elif kind == "semi":
+            parts += [d_left.select(*[F.col(f"`{c}`") for c in left_cols], F.col(WEIGHT)),
+                      unmatched.withColumn(WEIGHT, -F.col(WEIGHT))]
+        else:
+            parts.append(unmatched.select(*[F.col(f"`{c}`") for c in left_cols], *right.null_padding(),
+                                          F.col(WEIGHT)))
+    if kind == "full":
+        unmatched_r = _unmatched_delta(right, left, residual, null_safe)
+        parts.append(unmatched_r.select(*left.null_padding(), *[F.col(f"`{c}`") for c in right_cols],
+                                        F.col(WEIGHT)))
+    if not parts:
+        raise ValueError(f"join kind {kind!r}: expected inner, left, full, semi or anti")
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out

@@ -6,10 +6,11 @@ from pyspark.sql import DataFrame
 
 from ..changelog import consolidate
 from ..operators.aggregate import aggregate_delta
+from ..operators.dedup import dedup_delta
 from ..operators.join import join_delta
-from ..operators.linear import filter_delta, project_delta
+from ..operators.linear import filter_delta, project_delta, reweight_delta
 from ..state import StateStore
-from .logical import Aggregate, Filter, Join, Node, Project, Scan, Union
+from .logical import Aggregate, Dedup, Filter, Join, Node, Project, Reweight, Scan, Union
 
 
 class IncrementalEvaluator:
@@ -40,7 +41,7 @@ class IncrementalEvaluator:
     def consolidated(node: Node) -> bool:
         """Whether ``node``'s changelog is consolidated by construction: joins and aggregates
         consolidate their output, a filter keeps a subset; projections may merge rows."""
-        if isinstance(node, (Join, Aggregate)):
+        if isinstance(node, (Join, Aggregate, Dedup)):
             return True
         if isinstance(node, Filter):
             return IncrementalEvaluator.consolidated(node.child)
@@ -49,7 +50,7 @@ class IncrementalEvaluator:
     def _input(self, node: Node) -> DataFrame:
         """A stateful operator's input changelog, consolidated and materialized once."""
         d = self.delta(node)
-        if isinstance(node, (Join, Aggregate)):
+        if isinstance(node, (Join, Aggregate, Dedup)):
             return d  # consolidated and materialized already
         return self._keep(d if self.consolidated(node) else consolidate(d))
 
@@ -71,11 +72,15 @@ class IncrementalEvaluator:
             return self.delta(node.left).unionByName(self.delta(node.right))
         if isinstance(node, Join):
             dl, dr = self._input(node.left), self._input(node.right)
-            right_types = [dr.schema[c].dataType for c in node.right.columns]
             out = join_delta(self.state, node.id, node.kind, dl, dr,
                              node.left_keys, node.right_keys, node.residual,
-                             node.left.columns, node.right.columns, right_types)
+                             node.left.columns, node.right.columns, node.null_safe)
             return self._keep(consolidate(out))
+        if isinstance(node, Dedup):
+            return self._keep(dedup_delta(self.state, node.id, self._input(node.child),
+                                          node.partition, node.order))
+        if isinstance(node, Reweight):
+            return reweight_delta(self.delta(node.child), node.count)
         if isinstance(node, Aggregate):
             return self._keep(aggregate_delta(self.state, node.id, self._input(node.child),
                                               node.group_names, node.group_exprs, node.aggs, self.first_batch))

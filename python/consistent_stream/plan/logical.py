@@ -46,18 +46,24 @@ class Project(Node):
         return [self.child]
 
 
+JOIN_KINDS = ("inner", "left", "full", "semi", "anti")
+
+
 @dataclass(eq=False)
 class Join(Node):
-    """Equi-join. ``kind``: 'inner' or 'left' (right joins are planned as mirrored lefts).
-    ``left_keys[i] = right_keys[i]`` (expressions over each side's columns); ``residual`` is
-    an extra predicate over the joined row (inner joins only). Output: left then right
-    columns."""
+    """Equi-join. ``kind`` in :data:`JOIN_KINDS` (right joins are planned as mirrored left
+    joins). ``left_keys[i] = right_keys[i]`` (expressions over each side's columns; NULL
+    never equals, unless ``null_safe``: then ``<=>``, as set operations compare rows);
+    ``residual``: an extra predicate over the joined row, part of the join condition (for
+    outer joins it decides matching, not filtering). Output: left then right columns (left
+    columns only for semi and anti joins)."""
     left: Node = None
     right: Node = None
     kind: str = "inner"
     left_keys: list[str] = field(default_factory=list)
     right_keys: list[str] = field(default_factory=list)
     residual: str | None = None
+    null_safe: bool = False
 
     @property
     def children(self):
@@ -75,9 +81,16 @@ class Union(Node):
         return [self.left, self.right]
 
 
+LINEAR_AGGS = ("sum", "count", "avg")
+"""Aggregates computed from linear accumulators (sums of weighted values)."""
+MULTISET_AGGS = ("min", "max", "count_distinct", "sum_distinct", "avg_distinct")
+"""Aggregates computed from the per-group multiset of argument values (kept as state)."""
+
+
 @dataclass(frozen=True)
 class AggCall:
-    """One aggregate: ``func`` in sum, count, count_star, avg, min, max over ``arg``."""
+    """One aggregate: ``func`` in count_star, :data:`LINEAR_AGGS` or :data:`MULTISET_AGGS`
+    over ``arg`` (Spark SQL; a FILTER clause is already folded into it as a CASE)."""
     name: str
     func: str
     arg: str | None
@@ -91,6 +104,46 @@ class Aggregate(Node):
     group_names: list[str] = field(default_factory=list)
     group_exprs: list[str] = field(default_factory=list)
     aggs: list[AggCall] = field(default_factory=list)
+
+    @property
+    def children(self):
+        return [self.child]
+
+
+@dataclass(frozen=True)
+class SortKey:
+    """One ORDER BY item of a dedup: ``column`` (a child column), direction and NULL
+    placement (Spark's defaults: NULLS FIRST ascending, NULLS LAST descending)."""
+    column: str
+    descending: bool = False
+    nulls_first: bool | None = None
+
+    @property
+    def effective_nulls_first(self) -> bool:
+        return (not self.descending) if self.nulls_first is None else self.nulls_first
+
+
+@dataclass(eq=False)
+class Dedup(Node):
+    """``ROW_NUMBER() OVER (PARTITION BY partition ORDER BY order) = 1``: per partition, the
+    first row by ``order``, ties broken by the remaining columns ascending (so the choice
+    is deterministic). Output: the child's columns."""
+    child: Node = None
+    partition: list[str] = field(default_factory=list)
+    order: list[SortKey] = field(default_factory=list)
+
+    @property
+    def children(self):
+        return [self.child]
+
+
+@dataclass(eq=False)
+class Reweight(Node):
+    """Multiply each row's multiplicity by the non-negative integer in column ``count`` of
+    the row, and drop that column (INTERSECT ALL / EXCEPT ALL: a row appears min(m, n) or
+    max(m - n, 0) times). Linear in its input."""
+    child: Node = None
+    count: str = ""
 
     @property
     def children(self):
@@ -121,12 +174,18 @@ def explain(node: Node, indent: int = 0) -> str:
     elif isinstance(node, Project):
         head = "Project " + ", ".join(f"{e} AS {c}" for c, e in zip(node.columns, node.exprs))
     elif isinstance(node, Join):
-        keys = ", ".join(f"{a} = {b}" for a, b in zip(node.left_keys, node.right_keys))
+        eq = " <=> " if node.null_safe else " = "
+        keys = ", ".join(f"{a}{eq}{b}" for a, b in zip(node.left_keys, node.right_keys))
         head = f"Join {node.kind} on {keys}" + (f" and {node.residual}" if node.residual else "")
     elif isinstance(node, Aggregate):
         head = f"Aggregate by {node.group_exprs}: " + ", ".join(f"{a.func}({a.arg})" for a in node.aggs)
     elif isinstance(node, Union):
         head = "Union all"
+    elif isinstance(node, Dedup):
+        order = ", ".join(f"{k.column} {'desc' if k.descending else 'asc'}" for k in node.order)
+        head = f"Dedup first by ({order}) per {node.partition}"
+    elif isinstance(node, Reweight):
+        head = f"Reweight by {node.count}"
     else:
         head = type(node).__name__
     return "\n".join([f"{pad}{node.id} {head}"] + [explain(c, indent + 1) for c in node.children])
