@@ -1,0 +1,37 @@
+"""Unique keys inferred through the plan decide the target's merge key; views without one
+are bags."""
+from __future__ import annotations
+
+import pytest
+
+from consistent_stream.plan import compile_model
+from consistent_stream.sources import SourceSpec
+
+SOURCES = [SourceSpec(name="orders", relation="src.orders", location="/x/orders", source_name="src",
+                      primary_key=("oid",)),
+           SourceSpec(name="customers", relation="src.customers", location="/x/customers", source_name="src",
+                      primary_key=("id",)),
+           SourceSpec(name="events", relation="src.events", location="/x/events", source_name="src")]
+SCHEMAS = {"src.orders": ["oid", "cid", "amount"], "src.customers": ["id", "name"],
+           "src.events": ["eid", "oid", "seq"]}
+
+
+@pytest.mark.parametrize("sql, key", [
+    ("select oid, amount from src.orders where amount > 1", ["oid"]),
+    ("select amount, oid as order_id from src.orders", ["order_id"]),
+    ("select amount from src.orders", None),
+    ("select cid, count(*) as n from src.orders group by cid", ["cid"]),
+    ("select count(*) as n, sum(amount) as s from src.orders", ["n", "s"]),
+    ("select distinct cid, amount from src.orders", ["cid", "amount"]),
+    # the customer side's join key is its primary key: one customer per order
+    ("select o.oid, c.name from src.orders o join src.customers c on o.cid = c.id", ["oid"]),
+    ("select o.oid, c.name from src.orders o left join src.customers c on o.cid = c.id", ["oid"]),
+    ("select o.oid, c.id from src.customers c left join src.orders o on o.cid = c.id", ["oid", "id"]),
+    ("select c.id from src.customers c where exists (select 1 from src.orders o where o.cid = c.id)", ["id"]),
+    ("select oid, seq from (select e.*, row_number() over (partition by e.oid order by e.seq desc) as rn "
+     "from src.events e) d where rn = 1", ["oid"]),
+    ("select oid from src.orders union all select id from src.customers", None),
+    ("select eid, oid from src.events", None),
+])
+def test_the_smallest_inferred_key_or_none_for_a_bag(sql, key):
+    assert compile_model(sql, SOURCES, SCHEMAS).unique_key == key
