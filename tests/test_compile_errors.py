@@ -27,6 +27,8 @@ def compile_sql(sql):
     ("select oid from src.orders\norder by oid", "ORDER BY", 2),
     ("select * from (select oid, cid,\n  row_number() over (partition by cid order by oid) as rn\n  from src.orders) d",
      "ROW_NUMBER() in d", 2),
+    ("select oid, 1 as rn from src.orders union all\n"
+     "select oid, row_number() over (partition by cid order by oid) as rn from src.orders", "ROW_NUMBER()", 2),
     ("select * from (select oid, row_number() over (partition by cid) as rn from src.orders) d where rn = 1",
      "ROW_NUMBER() without ORDER BY", 1),
     ("select cid, count(distinct oid, day) from src.orders group by cid", "COUNT(DISTINCT", 1),

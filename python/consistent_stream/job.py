@@ -22,7 +22,7 @@ from .delta import DeltaTableRef
 from .errors import CompileError, ConfigError, ConsistentStreamError, SourceError
 from .oracle import batch_dataframe
 from .plan import compile_model
-from .runtime import BatchResult, process_batch
+from .runtime import BatchResult, process_batch, target_key
 from .sink.catalog import publish
 from .sources import Cut
 from .sources.stream import CutSource
@@ -85,6 +85,9 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
     _registered(spark)
     cut = current_cut(job)
     compiled, out_schema = compile_job(spark, job, cut)  # raises before anything is written
+    key = target_key(job, compiled, out_schema)
+    log.info("%s: target %s", job.model, f"merged by unique_key {key}" + ("" if job.unique_key else " (inferred)")
+             if key else "kept as a bag (no unique key configured or inferred)")
 
     fp_path = os.path.join(job.checkpoint_location, "_consistent_stream", "fingerprint")
     if full_refresh and os.path.exists(job.checkpoint_location):
@@ -158,6 +161,7 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
         "rows_written": sum(r.rows_written for r in committed),
         "seconds": round(time.time() - t0, 3), "target_version": version, "target_path": job.target_path,
         "cut": cut.versions, "freshness_s": freshness, "full_refresh": bool(full_refresh),
+        "unique_key": key,
         "progress": progress,
     }
 

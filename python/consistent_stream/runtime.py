@@ -78,25 +78,41 @@ class _Phases:
         self.t = now
 
 
+SMALL_BATCH_ROWS = 100_000
+"""Input rows (source changes, or snapshot rows on a first batch) below which a batch runs
+with the small-batch settings of :func:`_small_batch_confs`."""
+
+_SMALL_BATCH_CONFS = {
+    # adaptive execution re-plans after every shuffle stage, which costs more than it saves
+    # on a few thousand rows (customer_order_totals, SF 0.01, one refresh round: 17.8 s with
+    # AQE, 11.0 s without)
+    "spark.sql.adaptive.enabled": "false",
+    # compiling generated Java for each of a batch's many small stages costs more than
+    # interpreting them (correlated_scalar property shape, 4 runs: 45/12/11/12 s with
+    # whole-stage codegen, 34/11/9/9 s without)
+    "spark.sql.codegen.wholeStage": "false",
+}
+
+
 @contextmanager
-def _small_batch_confs(spark: SparkSession, first: bool):
-    """Incremental batches are the size of the change: Spark's adaptive execution re-plans
-    after every shuffle stage, which costs more than it saves on a few thousand rows
-    (customer_order_totals, SF 0.01, one refresh round: 17.8 s with AQE, 11.0 s without).
-    The first batch (whole snapshots) keeps the session's setting; restored afterwards."""
-    key = "spark.sql.adaptive.enabled"
-    if first:
+def _small_batch_confs(spark: SparkSession, small: bool):
+    """Run a batch of fewer than SMALL_BATCH_ROWS input rows with ``_SMALL_BATCH_CONFS``
+    (restored afterwards); larger batches (e.g. a first batch over big snapshots) keep the
+    session's settings."""
+    if not small:
         yield
         return
-    old = spark.conf.get(key, None)
-    spark.conf.set(key, "false")
+    old = {k: spark.conf.get(k, None) for k in _SMALL_BATCH_CONFS}
+    for k, v in _SMALL_BATCH_CONFS.items():
+        spark.conf.set(k, v)
     try:
         yield
     finally:
-        if old is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, old)
+        for k, v in old.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
 
 
 def process_batch(spark: SparkSession, job: JobSpec, compiled: CompiledModel, output_schema: StructType,
@@ -139,7 +155,7 @@ def process_batch(spark: SparkSession, job: JobSpec, compiled: CompiledModel, ou
     # 2. delta rules
     state = StateStore(spark, job.state_root, state_versions)
     ev = IncrementalEvaluator(state, deltas, first)
-    with _small_batch_confs(spark, first):
+    with _small_batch_confs(spark, changes_read < SMALL_BATCH_ROWS):
         try:
             out = ev.delta(compiled.root)
             # output columns take Spark's analyzed names and types, by position

@@ -126,6 +126,7 @@ class _Compiler:
         self.schemas = schemas
         self.names = _Names()
         self.rank_columns: dict[str, exp.Expression] = {}  # ROW_NUMBER() column (internal) -> its window
+        self.rank_filtered: set[str] = set()  # those an enclosing query filters to 1
 
     # ---- entry -------------------------------------------------------------------------------
     def compile(self) -> tuple[Node, list[str]]:
@@ -154,6 +155,11 @@ class _Compiler:
         except OptimizeError as e:
             raise CompileError("column reference", f"{e} (check the column names against the sources)") from e
         rel_node, outputs = self._plan_query(ast, {}, top=True)
+        for rn, window in self.rank_columns.items():
+            if rn not in self.rank_filtered:
+                raise _err("window function ROW_NUMBER()", "filter it to 1 in the query that reads it "
+                           "(FROM (..) d WHERE d.rn = 1): only the first row per partition is maintained",
+                           window, self.sql)
         return rel_node, outputs
 
     def _reject_unsupported(self, ast: exp.Expression) -> None:
@@ -649,6 +655,7 @@ class _Compiler:
                            "only the first row per partition is maintained (dedup)",
                            self.rank_columns[r.cols[ranked[0]]], self.sql)
             where_conj = [c for c in where_conj if all(c is not h for h in hits)]
+            self.rank_filtered.update(r.cols[k] for k in ranked)
         return where_conj
 
     def _plan_dedup(self, sel: exp.Select, current: Node, scope: dict, windows: list, top: bool):
