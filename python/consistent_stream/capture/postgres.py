@@ -152,6 +152,7 @@ class PostgresCapture:
             raise CaptureError("--tables: name at least one table (schema.table)")
         self.landing = os.path.abspath(cfg.landing)
         self.schemas: dict[str, TableSchema] = {}
+        self._as_text: dict[str, set[str]] = {}
         self._stop = False
 
     # -- setup -----------------------------------------------------------------------------
@@ -191,7 +192,11 @@ class PostgresCapture:
                                FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
                                WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
                                ORDER BY a.attnum""", (t,))
-                cols = tuple(ColumnSchema(n, pg_column_type(tn, mod), ft, not nn) for n, tn, mod, ft, nn in cur.fetchall())
+                attrs = cur.fetchall()
+                cols = tuple(ColumnSchema(n, pg_column_type(tn, mod), ft, not nn) for n, tn, mod, ft, nn in attrs)
+                # string-typed columns read as their text form (char(n) keeps its padding, as in wal2json)
+                self._as_text[t] = {n for n, tn, *_ in attrs if pg_column_type(tn, -1) == "string"
+                                    and tn not in ("bpchar", "text", "varchar")}
                 cur.execute("""SELECT a.attname FROM pg_index i
                                JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, ord) ON true
                                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
@@ -245,7 +250,7 @@ class PostgresCapture:
             names = ts.column_names
             with conn.cursor(name=f"cs_snapshot_{len(lines)}_{seq}") as cur:
                 cur.itersize = 10_000
-                cols = ", ".join(f'"{n}"' + ("::text" if ty == "string" else "") for n, ty in zip(names, types))
+                cols = ", ".join(f'"{n}"' + ("::text" if n in self._as_text[t] else "") for n in names)
                 cur.execute(f"SELECT {cols} FROM {t}")
                 for row in cur:
                     if pending_last is not None:
