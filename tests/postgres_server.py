@@ -71,9 +71,13 @@ def stop_capture(p: subprocess.Popen, timeout: float = 30) -> str:
 
 
 def wait_for(cond, timeout: float = 60, what: str = "condition") -> None:
-    t0 = time.time()
+    """Poll ``cond()`` until true; an exception counts as not yet (the last one is reported)."""
+    t0, last = time.time(), None
     while time.time() - t0 < timeout:
-        if cond():
-            return
+        try:
+            if cond():
+                return
+        except Exception as e:  # e.g. the landing directory does not exist yet
+            last = e
         time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last!r})")

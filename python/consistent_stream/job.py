@@ -19,12 +19,13 @@ import time
 from pyspark.sql import SparkSession
 
 from .delta import DeltaTableRef
-from .errors import CompileError, ConfigError, ConsistentStreamError, SourceError
+from .errors import CompileError, ConfigError, ConsistentStreamError
 from .oracle import batch_dataframe
 from .plan import compile_model
 from .runtime import BatchResult, process_batch
 from .sink.catalog import publish
 from .sources import Cut
+from .sources.formats import column_names, latest_cut, stream_options
 from .sources.stream import CutSource
 from .spec import JobSpec
 
@@ -38,14 +39,7 @@ def _registered(spark: SparkSession) -> None:
 
 
 def source_schemas(job: JobSpec) -> dict[str, list[str]]:
-    out = {}
-    for s in job.sources:
-        t = DeltaTableRef(s.location)
-        if not t.exists():
-            raise SourceError(f"source {s.key}: no Delta table at {s.location} "
-                              f"(meta.consistent_stream.location of source('{s.source_name}', '{s.name}'))")
-        out[s.key] = [f.name for f in t.arrow_schema()]
-    return out
+    return {s.key: column_names(s) for s in job.sources}
 
 
 def compile_job(spark: SparkSession, job: JobSpec, cut: Cut):
@@ -68,7 +62,7 @@ def compile_job(spark: SparkSession, job: JobSpec, cut: Cut):
 
 
 def current_cut(job: JobSpec) -> Cut:
-    return Cut({s.key: DeltaTableRef(s.location).latest_version() for s in job.sources})
+    return Cut(latest_cut(job.sources))
 
 
 def _query_id(job: JobSpec) -> str:
@@ -115,7 +109,7 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
             raise
 
     reader = (spark.readStream.format("consistent_stream_cuts")
-              .option("sources", json.dumps({s.key: s.location for s in job.sources})))
+              .option("sources", json.dumps(stream_options(job.sources))))
     if job.trigger == "available_now":
         reader = reader.option("cut", cut.to_json())
     writer = (reader.load().writeStream.foreachBatch(on_batch)

@@ -322,6 +322,11 @@ class PostgresCapture:
 
     def run(self) -> CaptureSummary:
         t0 = time.time()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # graceful stop: flush, then exit
+            try:
+                signal.signal(sig, lambda *_: setattr(self, "_stop", True))
+            except ValueError:  # not the main thread
+                pass
         os.makedirs(self.landing, exist_ok=True)
         conn = self._connect()
         self._describe(conn)
@@ -370,11 +375,6 @@ class PostgresCapture:
         rcur.start_replication(slot_name=self.cfg.slot, decode=True, options={
             "format-version": "2", "include-xids": "1", "include-timestamp": "1", "include-lsn": "1",
             "include-types": "1", "add-tables": ",".join(self.tables)})
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                signal.signal(sig, lambda *_: setattr(self, "_stop", True))
-            except ValueError:  # not the main thread
-                pass
 
         lines: list[str] = []
         n_events = 0
