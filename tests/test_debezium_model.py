@@ -73,7 +73,7 @@ def test_model_over_captured_postgres_tables_equals_batch_evaluation_at_every_cu
         wait_for(lambda: reader_for(landing).latest_position() > 0, what="the snapshot")
         writer.start()
         versions = []
-        for round_ in range(3):
+        for round_ in range(2):
             t0 = time.time()
             summary = run_job(spark, job, full_refresh=(round_ == 0))
             t1 = time.time()
