@@ -168,3 +168,24 @@ def test_capture_killed_with_sigkill_resumes_without_loss_or_duplicates(tmp_path
     assert len([t for t in r.transactions() if not t.snapshot]) == last
     pos = r.latest_position()
     assert _landing_rows(r, "public.accounts", ["id", "balance"], pos) == _pg_rows(db, "accounts", ["id", "balance"])
+
+
+def test_capture_refuses_tables_without_full_replica_identity_or_with_a_changed_schema(tmp_path):
+    import subprocess
+    db = Database()
+    db.execute("create table t (id int primary key, v int); insert into t values (1, 1);")
+    landing = str(tmp_path / "landing")
+    p = start_capture(db.dsn, "public.t", "s_refuse", landing, log_path=str(tmp_path / "cap.log"))
+    assert p.wait(timeout=60) == 2
+    log = open(tmp_path / "cap.log").read()
+    assert "does not have REPLICA IDENTITY FULL" in log and "ALTER TABLE public.t REPLICA IDENTITY FULL" in log
+    assert not db.execute("select 1 from pg_replication_slots where slot_name = 's_refuse'")  # nothing created
+
+    p = start_capture(db.dsn, "public.t", "s_refuse", landing, "--set-replica-identity-full", "--max-seconds", "1")
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0 and json.loads(out)["snapshot_rows"] == 1
+    db.execute("alter table t add column w text")
+    p = start_capture(db.dsn, "public.t", "s_refuse", landing, "--max-seconds", "1",
+                      log_path=str(tmp_path / "cap2.log"))
+    assert p.wait(timeout=60) == 2, subprocess.list2cmdline(p.args)
+    assert "table public.t changed since" in open(tmp_path / "cap2.log").read()

@@ -202,6 +202,14 @@ def test_a_value_of_the_wrong_type_names_file_and_column(tmp_path):
     assert event_file_name(2) in msg and "'total'" in msg
 
 
+def test_a_row_that_does_not_match_the_schema(tmp_path):
+    bad = [begin("700:120"), ev("c", "public.tellers", after={"tid": 2}, lsn=101, tx="700:120"),
+           end("700:120", {"public.tellers": 1})]
+    msg = _error(tmp_path, [SNAPSHOT, bad])
+    _names(msg, 2, 2)
+    assert "missing columns ['total']" in msg
+
+
 def test_a_file_rewritten_after_it_was_read(tmp_path):
     d = landing(tmp_path, [SNAPSHOT, TX1])
     r = LandingReader(d).refresh()

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from ..errors import ConsistentStreamError
 from ..sources.debezium import forget_reader
 from ..sources.landing import (ColumnSchema, TableSchema, atomic_write, event_file_name, format_lsn,
-                               list_event_files, parse_lsn, write_schema)
+                               list_event_files, parse_lsn, schema_path, write_schema)
 
 log = logging.getLogger(__name__)
 
@@ -331,6 +331,11 @@ class PostgresCapture:
         conn = self._connect()
         self._describe(conn)
         for ts in self.schemas.values():
+            old_path = schema_path(self.landing, ts.table)
+            if os.path.exists(old_path) and TableSchema.load(old_path) != ts:
+                raise CaptureError(f"table {ts.table} changed since {old_path} was written (schema changes of "
+                                   f"captured tables are not supported): start a new capture with a new "
+                                   f"--landing directory and --slot")
             write_schema(self.landing, ts)
         state = self._state()
         if state is not None and sorted(state["tables"]) != sorted(self.tables):

@@ -33,7 +33,8 @@ schema file, a change event outside a transaction (other than snapshot reads), a
 transaction is open (its END never arrived although later transactions exist), an END that does
 not match its BEGIN or whose counts differ from the events seen, positions that do not grow, a
 missing event file in the sequence, an update or delete without a ``before`` image (the table
-needs ``REPLICA IDENTITY FULL``), a file that changed after it was read.
+needs ``REPLICA IDENTITY FULL``), a row whose columns differ from the schema file, a file that
+changed after it was read.
 """
 from __future__ import annotations
 
@@ -343,11 +344,13 @@ class LandingReader:
         for table, rows in tx.rows.items():
             cols = acc.setdefault(table, {c: [] for c in self._schemas[table].column_names + [POS, WEIGHT]})
             names = self._schemas[table].column_names
+            name_set = set(names)
             for w, row, rwhere in rows:
-                extra = set(row) - set(names)
-                if extra:
-                    raise _err(rwhere, f"row of {table} has columns {sorted(extra)} that are not in its schema "
-                                       f"file (columns: {names})")
+                if row.keys() != name_set:
+                    extra, missing = sorted(set(row) - name_set), sorted(name_set - set(row))
+                    raise _err(rwhere, f"row of {table} does not match its schema file (columns {names}): "
+                                       f"unknown columns {extra}, missing columns {missing}; schema changes of "
+                                       f"captured tables are not supported (start a new landing directory)")
                 for c in names:
                     cols[c].append(row.get(c))
                 cols[POS].append(tx.position)
