@@ -40,7 +40,8 @@ def main() -> int:
     out = {k: v for k, v in asdict(o).items() if k not in ("cut_positions", "freshness_s")}
     out["freshness_s_p50"] = fresh[len(fresh) // 2] if fresh else None
     out["freshness_s_max"] = fresh[-1] if fresh else None
-    out["ok"] = (o.versions >= a.min_versions and o.invariant_violations == 0 and o.oracle_mismatches == 0)
+    out["ok"] = (o.versions >= a.min_versions and o.invariant_violations == 0 and o.oracle_mismatches == 0
+                 and o.final_matches_database)
     print(json.dumps(out))
     return 0 if out["ok"] else 1
 

@@ -16,6 +16,7 @@ def test_pgbench_tpcb_views_are_consistent_at_every_version_and_per_table_cuts_a
     assert o.versions >= 3, o
     assert o.invariant_violations == 0, o
     assert o.oracle_mismatches == 0 and o.spark_checked >= 2, o
+    assert o.final_matches_database, o
     assert o.cut_positions == sorted(o.cut_positions) and len(set(o.cut_positions)) == o.versions, o
     # the foil: the same check with per-table cuts finds violations
     assert o.foil_violations > 0, o

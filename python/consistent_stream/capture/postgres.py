@@ -20,6 +20,12 @@ the wal2json output plugin, format 2):
    ``flush_interval_s`` and written as one event file, atomically (temp file, fsync, rename);
    only then is the slot's flush position (``confirmed_flush_lsn``) advanced to the last
    written position, so it never runs ahead of durable files.
+   Keepalives: psycopg2 moves the flush position it reports up to a server keepalive's WAL
+   end when the last message received is at or before the last position we confirmed. The
+   server sends such keepalives mid-stream only to a client silent for half of
+   ``wal_sender_timeout``; capture writes its complete transactions and sends feedback at every
+   ``flush_interval_s``, also inside a long transaction, so that window stays closed in
+   practice (a residual risk for a client stalled that long, e.g. on a hung disk).
 4. After a restart (a crash, SIGKILL included), the slot streams from its confirmed position;
    any transaction whose position is <= the last one in a durable file is skipped, so nothing
    is lost or written twice. A capture that died during the snapshot starts over (drops its
@@ -444,9 +450,13 @@ class PostgresCapture:
                     n_events += len(tx["events"])
                 last_complete = max(last_complete, tx["pos"])
                 tx = None
-                if n_events >= self.cfg.max_file_events or time.time() - last_flush >= self.cfg.flush_interval_s:
+                if n_events >= self.cfg.max_file_events:
                     flush()
             # other actions (M: logical messages) are not table changes: ignored
+            if time.time() - last_flush >= self.cfg.flush_interval_s:
+                # also inside a long transaction: complete transactions become durable and the
+                # server hears from us at every interval (see "keepalives" in the docstring)
+                flush()
         flush()
         rconn.close()
         summary.seconds = round(time.time() - t0, 3)
