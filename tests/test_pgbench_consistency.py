@@ -9,7 +9,7 @@ import pgbench_scenario
 
 
 def test_pgbench_tpcb_views_are_consistent_at_every_version_and_per_table_cuts_are_not(spark, tmp_path):
-    o = pgbench_scenario.run(spark, tmp_path, seconds=45, clients=4, rate=100)
+    o = pgbench_scenario.run(spark, tmp_path, seconds=55, clients=4, rate=100)
     print(o)
     assert o.transactions > 2000, o
     # each micro-batch takes several seconds of Spark on 2 cores: a short run has few versions

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 
 from pyspark.sql import SparkSession
@@ -95,10 +96,13 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
 
     results: list[BatchResult] = []
     failure: list[BaseException] = []
+    stopping = threading.Event()  # timeout_s reached: no new batch starts, the running one ends
 
     def on_batch(batch_df, batch_id: int) -> None:
         if failure:
             return
+        if stopping.is_set():  # fails the query before the batch's commit point: replayed next run
+            raise ConsistentStreamError(f"model {job.model}: stopping at the {timeout_s}s timeout")
         try:
             rows = batch_df.collect()
             start = Cut({r["source"]: int(r["start_version"]) for r in rows})
@@ -121,11 +125,20 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
         writer = writer.trigger(processingTime=f"{float(job.trigger.split(':', 1)[1])} seconds")
     query = writer.start()
     try:
-        query.awaitTermination(timeout_s) if timeout_s else query.awaitTermination()
+        if not timeout_s:
+            query.awaitTermination()
+        elif not query.awaitTermination(timeout_s):
+            # Stop between batches, never inside one: query.stop() interrupts a running batch,
+            # and Spark 4.2 can die with a StackOverflowError while classifying the (long)
+            # interruption message of a Python foreachBatch.
+            stopping.set()
+            while query.isActive and query.status.get("isTriggerActive"):
+                time.sleep(0.1)
     except Exception as e:
-        if failure:
-            raise failure[0]
-        raise ConsistentStreamError(f"model {job.model}: streaming query failed: {e}") from e
+        if not stopping.is_set():
+            if failure:
+                raise failure[0]
+            raise ConsistentStreamError(f"model {job.model}: streaming query failed: {e}") from e
     finally:
         if query.isActive:
             query.stop()
@@ -133,7 +146,7 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
                     for p in query.recentProgress]
         for p in progress:
             log.info("StreamingQueryProgress %s", json.dumps(p, default=str))
-    if failure:
+    if failure and not stopping.is_set():
         raise failure[0]
 
     target = DeltaTableRef(job.target_path)
