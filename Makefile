@@ -1,4 +1,6 @@
 # make test: the test suite; make demo: the example project end to end on TPC-H SF 0.1.
+# make test also installs PostgreSQL 15 + wal2json from Debian packages when missing
+# (scripts/ensure_postgres.sh) for the CDC tests.
 # Both set up .venv at the repository root first (re-installed when setup.py changes).
 
 PYTHON := .venv/bin/python
@@ -14,6 +16,7 @@ $(STAMP): setup.py
 	touch $@
 
 test: .venv
+	scripts/ensure_postgres.sh
 	$(PYTHON) -m pytest -q tests
 
 demo: .venv

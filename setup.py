@@ -44,6 +44,7 @@ setup(
         "pandas<3",
         "duckdb>=1.1",
         "tpchgen-cli>=1",
+        "psycopg2-binary>=2.9,<3",
     ],
     extras_require={"test": ["pytest", "hypothesis"]},
     entry_points={"console_scripts": ["consistent-stream = consistent_stream.cli:main"]},

@@ -3,6 +3,7 @@
     consistent-stream verify MODEL [--project-dir DIR]   # or --target-path PATH
     consistent-stream tpch-generate --sf 0.1 --dir data/tpch
     consistent-stream tpch-refresh --dir data/tpch --round 1
+    consistent-stream capture postgres --dsn DSN --tables public.a,public.b --slot NAME --landing DIR
 
 ``verify`` prints one JSON line and exits 1 when the target differs from batch evaluation
 of the model's SQL over the sources at the target's recorded cut, 2 on an error.
@@ -57,6 +58,23 @@ def _cmd_verify(args) -> int:
     return 0 if res.ok else 1
 
 
+def _cmd_capture_postgres(args) -> int:
+    import logging
+    from .capture.postgres import CaptureConfig, capture_postgres, summary_json
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = CaptureConfig(dsn=args.dsn, tables=tuple(t for t in args.tables.split(",") if t.strip()),
+                        slot=args.slot, landing=args.landing, max_seconds=args.max_seconds,
+                        flush_interval_s=args.flush_interval,
+                        set_replica_identity_full=args.set_replica_identity_full)
+    try:
+        summary = capture_postgres(cfg)
+    except ConsistentStreamError as e:
+        print(f"capture: error: {e}", file=sys.stderr)
+        return 2
+    print(summary_json(summary))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .tpch.cli import add_tpch_commands
     p = argparse.ArgumentParser(prog="consistent-stream", description=__doc__.split("\n\n")[0])
@@ -67,6 +85,20 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--target-path", default=None, help="the target Delta table (instead of a model lookup)")
     v.set_defaults(func=_cmd_verify)
     add_tpch_commands(sub)
+    c = sub.add_parser("capture", help="capture a database's changes into a landing directory (Debezium JSON)")
+    csub = c.add_subparsers(dest="database", required=True)
+    pg = csub.add_parser("postgres", help="PostgreSQL logical replication (wal2json): snapshot, then committed "
+                                          "transactions, resumable after a crash")
+    pg.add_argument("--dsn", required=True, help="libpq connection string, e.g. 'host=.. port=.. dbname=.. user=..'")
+    pg.add_argument("--tables", required=True, help="comma-separated schema.table names")
+    pg.add_argument("--slot", required=True, help="logical replication slot name (created on the first run)")
+    pg.add_argument("--landing", required=True, help="landing directory for event files and table schemas")
+    pg.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds (default: run "
+                                                                    "until SIGTERM/SIGINT)")
+    pg.add_argument("--flush-interval", type=float, default=0.2, help="seconds of transactions per file (0.2)")
+    pg.add_argument("--set-replica-identity-full", action="store_true",
+                    help="ALTER TABLE .. REPLICA IDENTITY FULL on tables that lack it (else an error)")
+    pg.set_defaults(func=_cmd_capture_postgres)
     return p
 
 

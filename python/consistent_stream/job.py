@@ -14,17 +14,19 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 
 from pyspark.sql import SparkSession
 
 from .delta import DeltaTableRef
-from .errors import CompileError, ConfigError, ConsistentStreamError, SourceError
+from .errors import CompileError, ConfigError, ConsistentStreamError
 from .oracle import batch_dataframe
 from .plan import compile_model
 from .runtime import BatchResult, process_batch, target_key
 from .sink.catalog import publish
 from .sources import Cut
+from .sources.formats import column_names, latest_cut, stream_options
 from .sources.stream import CutSource
 from .spec import JobSpec
 
@@ -38,14 +40,7 @@ def _registered(spark: SparkSession) -> None:
 
 
 def source_schemas(job: JobSpec) -> dict[str, list[str]]:
-    out = {}
-    for s in job.sources:
-        t = DeltaTableRef(s.location)
-        if not t.exists():
-            raise SourceError(f"source {s.key}: no Delta table at {s.location} "
-                              f"(meta.consistent_stream.location of source('{s.source_name}', '{s.name}'))")
-        out[s.key] = [f.name for f in t.arrow_schema()]
-    return out
+    return {s.key: column_names(s) for s in job.sources}
 
 
 def compile_job(spark: SparkSession, job: JobSpec, cut: Cut):
@@ -68,7 +63,7 @@ def compile_job(spark: SparkSession, job: JobSpec, cut: Cut):
 
 
 def current_cut(job: JobSpec) -> Cut:
-    return Cut({s.key: DeltaTableRef(s.location).latest_version() for s in job.sources})
+    return Cut(latest_cut(job.sources))
 
 
 def _query_id(job: JobSpec) -> str:
@@ -104,10 +99,13 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
 
     results: list[BatchResult] = []
     failure: list[BaseException] = []
+    stopping = threading.Event()  # timeout_s reached: no new batch starts, the running one ends
 
     def on_batch(batch_df, batch_id: int) -> None:
         if failure:
             return
+        if stopping.is_set():  # fails the query before the batch's commit point: replayed next run
+            raise ConsistentStreamError(f"model {job.model}: stopping at the {timeout_s}s timeout")
         try:
             rows = batch_df.collect()
             start = Cut({r["source"]: int(r["start_version"]) for r in rows})
@@ -118,7 +116,7 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
             raise
 
     reader = (spark.readStream.format("consistent_stream_cuts")
-              .option("sources", json.dumps({s.key: s.location for s in job.sources})))
+              .option("sources", json.dumps(stream_options(job.sources))))
     if job.trigger == "available_now":
         reader = reader.option("cut", cut.to_json())
     writer = (reader.load().writeStream.foreachBatch(on_batch)
@@ -130,11 +128,20 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
         writer = writer.trigger(processingTime=f"{float(job.trigger.split(':', 1)[1])} seconds")
     query = writer.start()
     try:
-        query.awaitTermination(timeout_s) if timeout_s else query.awaitTermination()
+        if not timeout_s:
+            query.awaitTermination()
+        elif not query.awaitTermination(timeout_s):
+            # Stop between batches, never inside one: query.stop() interrupts a running batch,
+            # and Spark 4.2 can die with a StackOverflowError while classifying the (long)
+            # interruption message of a Python foreachBatch.
+            stopping.set()
+            while query.isActive and query.status.get("isTriggerActive"):
+                time.sleep(0.1)
     except Exception as e:
-        if failure:
-            raise failure[0]
-        raise ConsistentStreamError(f"model {job.model}: streaming query failed: {e}") from e
+        if not stopping.is_set():
+            if failure:
+                raise failure[0]
+            raise ConsistentStreamError(f"model {job.model}: streaming query failed: {e}") from e
     finally:
         if query.isActive:
             query.stop()
@@ -142,7 +149,7 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
                     for p in query.recentProgress]
         for p in progress:
             log.info("StreamingQueryProgress %s", json.dumps(p, default=str))
-    if failure:
+    if failure and not stopping.is_set():
         raise failure[0]
 
     target = DeltaTableRef(job.target_path)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlglot
 from sqlglot import exp
 
-from .delta import DeltaTableRef
 from .sources import Cut, SourceSpec
+from .sources.formats import snapshot_arrow, snapshot_dataframe
 
 
 def view_name(source: SourceSpec, version: int) -> str:
@@ -44,7 +44,7 @@ def batch_dataframe(spark, sql: str, sources: list[SourceSpec], cut: Cut):
         for s in sources:
             v = cut.versions[s.key]
             name = view_name(s, v)
-            DeltaTableRef(s.location).read_snapshot(spark, v).createOrReplaceTempView(name)
+            snapshot_dataframe(spark, s, v).createOrReplaceTempView(name)
             mapping[s.relation_parts] = name
         return spark.sql(rewrite_relations(sql, mapping))
     finally:
@@ -55,16 +55,12 @@ def batch_dataframe(spark, sql: str, sources: list[SourceSpec], cut: Cut):
 def duckdb_result(sql: str, sources: list[SourceSpec], cut: Cut):
     """The model's SQL evaluated by DuckDB over the sources at ``cut``, as a pandas DataFrame."""
     import duckdb
-    import pyarrow as pa
-    from deltalake import DeltaTable
 
     con = duckdb.connect()
     mapping = {}
     for s in sources:
         v = cut.versions[s.key]
         name = view_name(s, v)
-        dt = DeltaTable(s.location, version=v)
-        arrow = pa.table(dt.to_pyarrow_table()) if hasattr(dt, "to_pyarrow_table") else pa.table(dt.scan().read_all())
-        con.register(name, arrow)
+        con.register(name, snapshot_arrow(s, v))
         mapping[s.relation_parts] = name
     return con.execute(rewrite_relations(sql, mapping, dialect="duckdb")).df()

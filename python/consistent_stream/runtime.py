@@ -30,7 +30,7 @@ from .plan.incremental import IncrementalEvaluator
 from .operators.keyed import restrict_to_keys
 from .sink.target import bag_changes, commit_target, sink_changes
 from .sources import Cut
-from .sources.delta_cdf import read_changelog
+from .sources.formats import commit_ms, cut_metadata, read_changelog
 from .spec import JobSpec
 from .state import StateStore
 
@@ -52,7 +52,7 @@ class BatchResult:
 
 def source_commit_ms(job: JobSpec, cut: Cut) -> int:
     """Commit time (ms since epoch) of the newest source commit included in ``cut``."""
-    return max(DeltaTableRef(s.location).commit_at(cut.versions[s.key]).timestamp_ms for s in job.sources)
+    return max(commit_ms(s, cut.versions[s.key]) for s in job.sources)
 
 
 def scan_columns(compiled: CompiledModel) -> dict[str, list[str]]:
@@ -170,7 +170,7 @@ def process_batch(spark: SparkSession, job: JobSpec, compiled: CompiledModel, ou
             ph.mark("evaluate")
             meta = {"app_id": app_id, "batch_id": str(batch_id), "model": job.model, "cut": end.versions,
                     "source_commit_ms": str(source_commit_ms(job, end)),
-                    "checkpoint_location": job.checkpoint_location}
+                    "checkpoint_location": job.checkpoint_location, **cut_metadata(job.sources, end)}
             # 3. arrangements, then 4. the target (the commit point)
             meta["state_versions"] = state.commit(txn, {"app_id": app_id, "batch_id": str(batch_id)})
             ph.mark("commit_state")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 
-SUPPORTED_FORMATS = ("delta",)
+SUPPORTED_FORMATS = ("delta", "debezium")
 
 
 def normalize_relation(relation: str) -> tuple[str, ...]:
@@ -25,8 +25,10 @@ class SourceSpec:
     """One changelog source of a model.
 
     ``name``: the dbt source's table name; ``relation``: how ``source()`` renders it in the
-    compiled SQL; ``location``: absolute path of the Delta table; ``primary_key``: the
-    source table's key columns (may be empty when unknown).
+    compiled SQL; ``location``: absolute path of the Delta table, or for ``format: debezium``
+    of the CDC landing directory; ``table``: (debezium only) the captured table in the landing
+    directory, ``schema.table``; ``primary_key``: the source table's key columns (may be empty
+    when unknown).
     """
     name: str
     relation: str
@@ -34,6 +36,7 @@ class SourceSpec:
     format: str = "delta"
     primary_key: tuple[str, ...] = ()
     source_name: str = ""
+    table: str = ""
 
     @property
     def relation_parts(self) -> tuple[str, ...]:
@@ -62,7 +65,14 @@ class SourceSpec:
                               f"accepted values: {', '.join(SUPPORTED_FORMATS)}")
         loc = meta.get("location")
         if not loc:
-            raise ConfigError(f"{label}: meta.consistent_stream.location is required (path of the Delta table)")
+            raise ConfigError(f"{label}: meta.consistent_stream.location is required (path of the Delta table, "
+                              f"or of the landing directory for format: debezium)")
+        table = ""
+        if fmt == "debezium":
+            table = str(meta.get("table") or "")
+            if not table or "." not in table:
+                raise ConfigError(f"{label}: meta.consistent_stream.table is required for format: debezium: the "
+                                  f"captured table as schema.table, e.g. table: public.{d.get('name')}")
         if "://" not in loc and not os.path.isabs(loc):
             loc = os.path.normpath(os.path.join(project_root, loc))
         pk = meta.get("primary_key") or []
@@ -71,7 +81,8 @@ class SourceSpec:
         if not isinstance(pk, list) or not all(isinstance(c, str) for c in pk):
             raise ConfigError(f"{label}: meta.consistent_stream.primary_key must be a column name or a list of them")
         return SourceSpec(name=d["name"], relation=d["relation"], location=loc, format=fmt,
-                          primary_key=tuple(c.lower() for c in pk), source_name=d.get("source_name", ""))
+                          primary_key=tuple(c.lower() for c in pk), source_name=d.get("source_name", ""),
+                          table=table)
 
 
 INITIAL = -1
@@ -80,7 +91,9 @@ INITIAL = -1
 
 @dataclass(frozen=True)
 class Cut:
-    """The source positions a micro-batch ends at: source key -> Delta version.
+    """The source positions a micro-batch ends at: source key -> position (a Delta version,
+    or for Debezium sources a transaction position: the LSN just past a commit, as an int, the
+    same for every table of one landing directory).
 
     A position of -1 (INITIAL) means nothing read yet.
     """

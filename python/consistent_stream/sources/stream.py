@@ -1,12 +1,13 @@
 """The Structured Streaming source of a consistent_stream query: its offsets are cuts.
 
 ``spark.readStream.format("consistent_stream_cuts")`` with options ``sources`` (JSON:
-source key -> Delta table path) and, for a run-to-cut job (``dbt run``), ``cut`` (JSON:
+source key -> Delta table path, or {format, location, table}: ``formats.stream_options``) and, for a run-to-cut job (``dbt run``), ``cut`` (JSON:
 source key -> version, taken when the run starts). Each micro-batch ``(start, end]`` yields
 one row per source: ``source string, start_version bigint, end_version bigint`` as Arrow,
 so the query's progress reports one input row per source; the changelogs themselves are read
-by the batch function through the Delta interface. Without ``cut``, the latest offset is the
-sources' latest versions (continuous mode).
+by the batch function through ``sources.formats``. Without ``cut``, the latest offset is the
+sources' latest positions (continuous mode): Delta versions, and for Debezium sources the last
+complete transaction of their landing directory, shared by all its tables.
 """
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ class CutStreamReader(DataSourceStreamReader):
     def _current(self) -> dict:
         if self.fixed is not None:
             return {k: int(self.fixed[k]) for k in sorted(self.sources)}
-        from deltalake import DeltaTable
-        return {k: DeltaTable(p).version() for k, p in sorted(self.sources.items())}
+        from .formats import latest_cut, specs_from_options
+        return latest_cut(specs_from_options(self.sources))
 
     def latestOffset(self, start: dict = None, limit=None) -> dict:
         cur = self._current()

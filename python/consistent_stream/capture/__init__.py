@@ -1,0 +1,1 @@
+"""Change data capture into landing directories of Debezium JSON events."""

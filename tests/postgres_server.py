@@ -1,0 +1,83 @@
+"""One real PostgreSQL 15 server per test session (its own initdb on a free port), shared by
+the CDC tests; each test gets its own database. Installed by ``scripts/ensure_postgres.sh``
+(``make test`` runs it)."""
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from consistent_stream.capture.localpg import LocalPostgres
+
+_SERVER: LocalPostgres | None = None
+_DB = itertools.count(1)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLI = os.path.join(os.path.dirname(sys.executable), "consistent-stream")
+
+
+def shared_server() -> LocalPostgres:
+    global _SERVER
+    if _SERVER is None:
+        _SERVER = LocalPostgres.start()
+        atexit.register(_SERVER.stop)
+    return _SERVER
+
+
+class Database:
+    """A fresh database on the shared server: ``dsn``, ``execute(sql, params)``, ``connect()``."""
+
+    def __init__(self):
+        srv = shared_server()
+        self.name = f"t{os.getpid()}_{next(_DB)}"
+        srv.execute(f"CREATE DATABASE {self.name}")
+        self.server = srv
+        self.dsn = srv.dsn.replace("dbname=postgres", f"dbname={self.name}")
+
+    def connect(self):
+        import psycopg2
+        conn = psycopg2.connect(self.dsn)
+        conn.autocommit = True
+        return conn
+
+    def execute(self, sql: str, params=None):
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, params)
+                return cur.fetchall() if cur.description else None
+        finally:
+            conn.close()
+
+
+def start_capture(dsn: str, tables: str, slot: str, landing: str, *extra: str, env: dict | None = None,
+                  log_path: str | None = None) -> subprocess.Popen:
+    """``consistent-stream capture postgres`` as a subprocess (stdout: its JSON summary)."""
+    err = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    return subprocess.Popen([CLI, "capture", "postgres", "--dsn", dsn, "--tables", tables, "--slot", slot,
+                             "--landing", landing, "--flush-interval", "0.1", *extra],
+                            stdout=subprocess.PIPE, stderr=err, env={**os.environ, **(env or {})})
+
+
+def stop_capture(p: subprocess.Popen, timeout: float = 30) -> str:
+    """SIGTERM (graceful: flushes and exits 0); returns its stdout."""
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=timeout)
+    assert p.returncode == 0, f"capture exited {p.returncode}"
+    return out.decode()
+
+
+def wait_for(cond, timeout: float = 60, what: str = "condition") -> None:
+    """Poll ``cond()`` until true; an exception counts as not yet (the last one is reported)."""
+    t0, last = time.time(), None
+    while time.time() - t0 < timeout:
+        try:
+            if cond():
+                return
+        except Exception as e:  # e.g. the landing directory does not exist yet
+            last = e
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last!r})")
