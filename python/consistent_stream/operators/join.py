@@ -18,7 +18,9 @@ a fixed R, and R only changes at the keys of ``dR`` (``K``), so
     d unmatched = unmatched(dL, R_new) + unmatched(L_old|K, R_new|K) - unmatched(L_old|K, R_old|K)
 
 which retracts the NULL-padded row of ``l`` exactly when its associations go from 0 to 1 or
-more and emits it again when they fall back to 0; it reads state only at the touched keys.
+more and emits it again when they fall back to 0; it reads state only at the touched keys
+(the last two terms are computed in one pass, counting each row's associations before and
+after).
 Then
 
 * left outer  = inner + unmatched(L, R) padded with NULLs for R's columns;
@@ -80,33 +82,46 @@ def _inner(l: DataFrame, left: _Side, r: DataFrame, right: _Side, residual, null
     return j.select(*[F.col(f"`{c}`") for c in left.cols + right.cols], (F.col("__wa") * F.col("__wb")).alias(WEIGHT))
 
 
-def _unmatched(a: DataFrame, a_side: _Side, b: DataFrame, b_side: _Side, residual, null_safe) -> DataFrame:
-    """Rows of ``a`` (consolidated first: unmatched() is linear in ``a``) whose associations
-    in ``b`` sum to 0. Out: ``a_side.cols`` + ``__weight``."""
-    ac = consolidate(a.select(*[F.col(f"`{c}`") for c in a_side.cols], F.col(WEIGHT)))
-    ac = a_side.keyed(ac)
-    j = _matched(ac, a_side, b.select(*b_side.key_cols, *([F.col(f"`{c}`") for c in b_side.cols] if residual else []),
-                                      F.col(WEIGHT)),
+def _associations(a: DataFrame, a_side: _Side, b: DataFrame, b_side: _Side, residual, null_safe,
+                  sums: dict) -> DataFrame:
+    """Per row of ``a`` (consolidated: distinct rows, weight ``__wa``), sums over the rows of
+    ``b`` it matches: ``sums`` maps an output name to a column expression over ``__wb`` and
+    ``b``'s columns (a row without a match sums to 0). Out: ``a_side.cols``, ``__wa``, sums."""
+    b_cols = [F.col(f"`{c}`") for c in b_side.cols] if residual else []
+    extra = [c for c in b.columns if c.startswith("__tag")]
+    j = _matched(a, a_side, b.select(*b_side.key_cols, *b_cols, *extra, F.col(WEIGHT)),
                  b_side, residual, null_safe, "left")
-    counts = j.groupBy(*[F.col(f"`{c}`") for c in a_side.cols], F.col("__wa")) \
-        .agg(F.sum(F.coalesce(F.col("__wb"), F.lit(0))).alias("__assoc"))
-    return counts.where(F.col("__assoc") == 0).select(*[F.col(f"`{c}`") for c in a_side.cols],
-                                                      F.col("__wa").alias(WEIGHT))
+    return j.groupBy(*[F.col(f"`{c}`") for c in a_side.cols], F.col("__wa")) \
+        .agg(*[F.sum(F.coalesce(e, F.lit(0))).alias(n) for n, e in sums.items()])
 
 
 def _unmatched_delta(a: _Side, b: _Side, residual, null_safe) -> DataFrame:
-    """The change of unmatched(A, B) in this batch (see the module docstring)."""
-    b_new = b.old.unionByName(b.delta)
+    """The change of unmatched(A, B) in this batch (see the module docstring), in two parts:
+
+    * the rows of ``dA`` (consolidated) with no association in ``B_old + dB``;
+    * the rows of ``A_old`` at the keys ``dB`` touches whose associations go from 0 to
+      more (retracted) or from more to 0 (emitted): one join of ``consolidate(A_old|K)``
+      with ``B_old|K`` (tagged old) and ``dB``, counting before and after in one pass.
+
+    Out: ``a.cols`` + ``__weight``.
+    """
+    cols = [F.col(f"`{c}`") for c in a.cols]
+    fresh = _associations(a.delta, a, b.old.unionByName(b.delta), b, residual, null_safe,
+                          {"__assoc": F.col("__wb")})
+    fresh = fresh.where(F.col("__assoc") == 0).select(*cols, F.col("__wa").alias(WEIGHT))
+
     touched = b.delta.select(*b.key_cols).distinct()
     if not null_safe:
         touched = touched.where(" AND ".join(f"{k} IS NOT NULL" for k in b.key_cols))
-    a_old_k = restrict_to_keys(a.old, a.key_cols, touched, b.key_cols, null_safe)
-    b_old_k = restrict_to_keys(b.old, b.key_cols, touched, b.key_cols, null_safe)
-    b_new_k = b_old_k.unionByName(b.delta)
-    gone = _unmatched(a_old_k, a, b_old_k, b, residual, null_safe)
-    return (_unmatched(a.delta, a, b_new, b, residual, null_safe)
-            .unionByName(_unmatched(a_old_k, a, b_new_k, b, residual, null_safe))
-            .unionByName(gone.withColumn(WEIGHT, -F.col(WEIGHT))))
+    a_old_k = a.keyed(consolidate(restrict_to_keys(a.old, a.key_cols, touched, b.key_cols, null_safe)
+                                  .select(*cols, F.col(WEIGHT))))
+    b_k = (restrict_to_keys(b.old, b.key_cols, touched, b.key_cols, null_safe).withColumn("__tag_old", F.lit(1))
+           .unionByName(b.delta.withColumn("__tag_old", F.lit(0))))
+    counts = _associations(a_old_k, a, b_k, b, residual, null_safe,
+                           {"__c_old": F.col("__wb") * F.col("__tag_old"), "__c_new": F.col("__wb")})
+    flips = counts.where((F.col("__c_old") == 0) != (F.col("__c_new") == 0)).select(
+        *cols, F.when(F.col("__c_new") == 0, F.col("__wa")).otherwise(-F.col("__wa")).alias(WEIGHT))
+    return fresh.unionByName(flips)
 
 
 def join_delta(state: StateStore, op_id: str, kind: str, d_left: DataFrame, d_right: DataFrame,
