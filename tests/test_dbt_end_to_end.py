@@ -29,6 +29,10 @@ select cid, count(*) as n, sum(amount) as total
 from {{ source('shop', 'orders') }}
 group by cid
 """
+BAG_MODEL = """
+{{ config(materialized='consistent_stream') }}
+select cid, amount from {{ source('shop', 'orders') }}
+"""
 SCHEMA_YML = """
 version: 2
 models:
@@ -51,20 +55,31 @@ def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(spark, tmp_p
         "profiles.yml": profile(schema, tmp_path / "spark", "e2e"),
         "models/sources.yml": SOURCES.format(loc=src),
         "models/totals.sql": MODEL,
+        "models/amounts.sql": BAG_MODEL,  # no unique_key and none inferred: a bag
         "models/schema.yml": SCHEMA_YML,
     })
 
     def table():
         return {r["cid"]: (r["n"], r["total"]) for r in spark.table(f"{schema}.totals").collect()}
 
+    def bag():
+        return sorted(tuple(r) for r in spark.table(f"{schema}.amounts").collect())
+
     r = dbt(tmp_path, "run")
     assert r.success, messages(r)
     assert table() == {1: (2, 11), 2: (1, 7)}
+    assert bag() == [(1, 5), (1, 6), (2, 7)]
 
     DeltaTable(str(src)).delete("oid = 1")
-    write_deltalake(str(src), pa.table({"oid": [4], "cid": [3], "amount": [1]}), mode="append")
+    write_deltalake(str(src), pa.table({"oid": [4, 5], "cid": [3, 1], "amount": [1, 6]}), mode="append")
     r = dbt(tmp_path, "run")
     assert r.success, messages(r)
+    assert table() == {1: (2, 12), 2: (1, 7), 3: (1, 1)}
+    assert bag() == [(1, 6), (1, 6), (2, 7), (3, 1)]  # a row the SQL returns twice is stored twice
+    DeltaTable(str(src)).delete("oid = 5")
+    r = dbt(tmp_path, "run")
+    assert r.success, messages(r)
+    assert bag() == [(1, 6), (2, 7), (3, 1)]  # one copy retracted, the other kept
     assert table() == {1: (1, 6), 2: (1, 7), 3: (1, 1)}
 
     r = dbt(tmp_path, "test")

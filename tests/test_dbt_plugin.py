@@ -221,9 +221,9 @@ def test_engine_errors_fail_the_model_with_the_engines_message(project, monkeypa
 
 
 INVALID_MODELS = {
-    "numeric_unique_key": (
-        "{{ config(materialized='consistent_stream', unique_key=5) }} select customer_id from {{ source('shop', 'customers') }}",
-        ["Invalid config `unique_key` for consistent_stream model numeric_unique_key: 5"],
+    "blank_string_unique_key": (
+        "{{ config(materialized='consistent_stream', unique_key=' ') }} select customer_id from {{ source('shop', 'customers') }}",
+        ["Invalid config `unique_key` for consistent_stream model blank_string_unique_key: \" \""],
     ),
     "blank_unique_key": (
         "{{ config(materialized='consistent_stream', unique_key=['a', ' ']) }} select 1 as a",
