@@ -163,7 +163,8 @@ class DeltaTableRef:
     def read_changes_arrow(self, start_exclusive: int, end_inclusive: int,
                            columns: list[str] | None = None) -> pa.Table:
         """Change Data Feed rows of versions ``(start_exclusive, end_inclusive]`` as Arrow,
-        with ``_change_type`` (insert, delete, update_preimage, update_postimage).
+        with ``_change_type`` (insert, delete, update_preimage, update_postimage) and
+        ``_commit_version``.
 
         Raises SourceError naming the table and the table property to set when the
         Change Data Feed is off or the versions are gone.
@@ -172,7 +173,7 @@ class DeltaTableRef:
             raise SourceError(
                 f"Delta table {self.path} does not have the Change Data Feed on: set table "
                 f"property delta.enableChangeDataFeed = true, then run with --full-refresh")
-        cols = None if columns is None else list(columns) + ["_change_type"]
+        cols = None if columns is None else list(columns) + ["_change_type", "_commit_version"]
         try:
             reader = self.table().load_cdf(starting_version=start_exclusive + 1,
                                            ending_version=end_inclusive, columns=cols)

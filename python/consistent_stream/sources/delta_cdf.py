@@ -51,9 +51,37 @@ def read_changelog(spark: SparkSession, source: SourceSpec, start: int, end: int
         bad = pc.filter(kinds, unknown)[0].as_py()
         from ..errors import SourceError
         raise SourceError(f"{source.location}: unknown Change Data Feed _change_type {bad!r}")
+    _check_update_pairs(source, arrow)
     keep = [c for c in arrow.column_names if not c.startswith("_change_type")
             and c not in ("_commit_version", "_commit_timestamp")]
     data = arrow.select(keep).append_column(WEIGHT, weight)
     schema = from_arrow_schema(data.schema)
     df = spark.createDataFrame(data, schema=schema) if n else spark.createDataFrame([], schema)
     return df, n
+
+
+def _check_update_pairs(source: SourceSpec, arrow: pa.Table) -> None:
+    """Every update_preimage row has its update_postimage in the same commit (Delta's Change
+    Data Feed protocol). delta-rs 1.6.6 writes an UPDATE's postimages as a set difference, so
+    a row updated to the same values as another row of the table (possible only without a
+    primary key) loses its postimage; reading on would silently drop rows. Raises SourceError
+    naming the table and version."""
+    if not arrow.num_rows:
+        return
+    kinds = arrow.column("_change_type")
+    is_pre = pc.equal(kinds, "update_preimage")
+    is_post = pc.equal(kinds, "update_postimage")
+    if not (pc.any(is_pre).as_py() or pc.any(is_post).as_py()):
+        return
+    counts = pa.table({"v": arrow.column("_commit_version"), "pre": pc.cast(is_pre, pa.int64()),
+                       "post": pc.cast(is_post, pa.int64())}).group_by("v").aggregate([("pre", "sum"), ("post", "sum")])
+    bad = counts.filter(pc.not_equal(counts.column("pre_sum"), counts.column("post_sum")))
+    if bad.num_rows:
+        from ..errors import SourceError
+        v = bad.column("v")[0].as_py()
+        raise SourceError(
+            f"{source.location}: the Change Data Feed of version {v} has {bad.column('pre_sum')[0].as_py()} "
+            f"update_preimage rows but {bad.column('post_sum')[0].as_py()} update_postimage rows, so it "
+            f"does not describe the update (a writer bug; delta-rs 1.6.6 drops the postimages of rows "
+            f"updated to equal another row). Nothing was read; rewrite the source table with a "
+            f"primary key, then run with --full-refresh")
