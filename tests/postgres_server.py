@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+from consistent_stream.capture import localpg
 from consistent_stream.capture.localpg import LocalPostgres
 
 _SERVER: LocalPostgres | None = None
@@ -38,19 +39,10 @@ class Database:
         self.dsn = srv.dsn.replace("dbname=postgres", f"dbname={self.name}")
 
     def connect(self):
-        import psycopg2
-        conn = psycopg2.connect(self.dsn)
-        conn.autocommit = True
-        return conn
+        return localpg.connect(self.dsn)
 
     def execute(self, sql: str, params=None):
-        conn = self.connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql, params)
-                return cur.fetchall() if cur.description else None
-        finally:
-            conn.close()
+        return localpg.execute(self.dsn, sql, params)
 
 
 def start_capture(dsn: str, tables: str, slot: str, landing: str, *extra: str, env: dict | None = None,

@@ -89,20 +89,11 @@ class LocalPostgres:
 
     def connect(self, **kw):
         """A psycopg2 connection (autocommit) to the server's ``postgres`` database."""
-        import psycopg2
-        conn = psycopg2.connect(self.dsn, **kw)
-        conn.autocommit = True
-        return conn
+        return connect(self.dsn, **kw)
 
     def execute(self, sql: str, params=None):
         """Run one statement in autocommit; returns its rows (or None)."""
-        conn = self.connect()
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql, params)
-                return cur.fetchall() if cur.description else None
-        finally:
-            conn.close()
+        return execute(self.dsn, sql, params)
 
     def bin(self, name: str) -> str:
         return os.path.join(PG_BIN, name)
@@ -110,3 +101,22 @@ class LocalPostgres:
     def stop(self) -> None:
         self._run([os.path.join(PG_BIN, "pg_ctl"), "-D", self.datadir, "-m", "immediate", "-w", "stop"], check=False)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def connect(dsn: str, **kw):
+    """A psycopg2 connection to ``dsn`` in autocommit."""
+    import psycopg2
+    conn = psycopg2.connect(dsn, **kw)
+    conn.autocommit = True
+    return conn
+
+
+def execute(dsn: str, sql: str, params=None):
+    """Run one statement on ``dsn`` in autocommit; returns its rows (or None)."""
+    conn = connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall() if cur.description else None
+    finally:
+        conn.close()
