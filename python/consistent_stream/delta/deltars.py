@@ -223,22 +223,13 @@ class DeltaTableRef:
         ``changes``: the target's columns plus ``__op`` ('upsert' | 'delete'), at most one
         row per key. Keys compare with IS NOT DISTINCT FROM (a NULL key is a value).
         """
-        if changes.num_rows == 0:
-            return self.commit_empty(txn=txn, metadata=metadata)
-        changes = plain_arrow(changes)
-        cols = [c for c in changes.column_names if c != "__op"]
-        pred = " AND ".join(f"(t.{_q(k)} IS NOT DISTINCT FROM s.{_q(k)})" for k in key)
-        (self.table().merge(changes, pred, source_alias="s", target_alias="t",
-                            commit_properties=self._props(txn, metadata))
-         .when_matched_update({_q(c): f"s.{_q(c)}" for c in cols}, predicate="s.__op = 'upsert'")
-         .when_matched_delete(predicate="s.__op = 'delete'")
-         .when_not_matched_insert({_q(c): f"s.{_q(c)}" for c in cols}, predicate="s.__op = 'upsert'")
-         .execute())
-        v = self.latest_version()
-        if self.txn_version(txn.app_id) != txn.version:
-            raise CommitError(f"merge into {self.path} did not record txn {txn}")
-        return v
-
+        return self._merge(
+            changes, lambda cols: _same(key),
+            lambda m, cols: (m.when_matched_update({_q(c): f"s.{_q(c)}" for c in cols}, predicate="s.__op = 'upsert'")
+                             .when_matched_delete(predicate="s.__op = 'delete'")
+                             .when_not_matched_insert({_q(c): f"s.{_q(c)}" for c in cols},
+                                                      predicate="s.__op = 'upsert'")),
+            txn=txn, metadata=metadata)
 
     def merge_bag(self, changes: pa.Table, *, txn: Txn, metadata: dict[str, Any]) -> int:
         """Apply a bag's changes in ONE commit: rows with ``__op`` 'delete' remove every copy
@@ -247,21 +238,34 @@ class DeltaTableRef:
 
         ``changes``: the target's columns plus ``__op``; the delete rows are distinct.
         """
+        return self._merge(
+            changes, lambda cols: "s.__op = 'delete' AND " + _same(cols),
+            lambda m, cols: (m.when_matched_delete()
+                             .when_not_matched_insert({_q(c): f"s.{_q(c)}" for c in cols},
+                                                      predicate="s.__op = 'insert'")),
+            txn=txn, metadata=metadata)
+
+    def _merge(self, changes: pa.Table, predicate, clauses, *, txn: Txn, metadata: dict[str, Any]) -> int:
+        """One MERGE of ``changes`` (target columns + ``__op``) as ONE commit recording
+        ``txn``: ``predicate(cols)`` is its ON condition (target ``t``, source ``s``) and
+        ``clauses(merger, cols)`` adds its WHEN clauses. Raises CommitError when the commit
+        did not record ``txn``."""
         if changes.num_rows == 0:
             return self.commit_empty(txn=txn, metadata=metadata)
         changes = plain_arrow(changes)
         cols = [c for c in changes.column_names if c != "__op"]
-        pred = "s.__op = 'delete' AND " + " AND ".join(
-            f"(t.{_q(c)} IS NOT DISTINCT FROM s.{_q(c)})" for c in cols)
-        (self.table().merge(changes, pred, source_alias="s", target_alias="t",
-                            commit_properties=self._props(txn, metadata))
-         .when_matched_delete()
-         .when_not_matched_insert({_q(c): f"s.{_q(c)}" for c in cols}, predicate="s.__op = 'insert'")
-         .execute())
+        merger = self.table().merge(changes, predicate(cols), source_alias="s", target_alias="t",
+                                    commit_properties=self._props(txn, metadata))
+        clauses(merger, cols).execute()
         v = self.latest_version()
         if self.txn_version(txn.app_id) != txn.version:
             raise CommitError(f"merge into {self.path} did not record txn {txn}")
         return v
+
+
+def _same(cols: list[str]) -> str:
+    """Target row ``t`` and source row ``s`` agree on ``cols`` (NULLs equal)."""
+    return " AND ".join(f"(t.{_q(c)} IS NOT DISTINCT FROM s.{_q(c)})" for c in cols)
 
 
 def _q(name: str) -> str:
