@@ -35,6 +35,8 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from consistent_stream.job import run_job
+from consistent_stream.state import arrangement
+from consistent_stream.state.arrangement import CompactionPolicy
 from helpers import REPO, assert_target_equals_batch_evaluation, expand_macro, job_for
 
 EXAMPLES = int(os.environ.get("CS_PROPERTY_EXAMPLES", "0"))
@@ -210,9 +212,17 @@ class Sources:
                 m.update(values)
 
 
+COMPACT_OFTEN = CompactionPolicy(max_delta_files=2, merge_fraction=0.5, min_merge_rows=1)
+"""State compaction in nearly every batch (deltas merged, or everything into base files), so
+that the streams also check that compaction never changes what a read returns."""
+STATE_FILE_ROWS = 3
+"""Base files of at most 3 rows: keyed state reads pick among many files."""
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_random_change_streams_keep_the_target_equal_to_batch_evaluation(spark, shape):
+def test_random_change_streams_keep_the_target_equal_to_batch_evaluation(spark, shape, monkeypatch):
     sql = SHAPES[shape]
+    monkeypatch.setattr(arrangement, "DEFAULT_POLICY", COMPACT_OFTEN)
 
     @settings(max_examples=max(EXAMPLES, 1), deadline=None, database=None, print_blob=True,
               suppress_health_check=list(HealthCheck),
@@ -224,6 +234,7 @@ def test_random_change_streams_keep_the_target_equal_to_batch_evaluation(spark, 
         try:
             src = Sources(root, stream)
             job = job_for(shape, sql, src.sources(), None, root)
+            job.state_file_rows = STATE_FILE_ROWS
             run_job(spark, job, full_refresh=True)
             assert_target_equals_batch_evaluation(spark, job, f"{shape} initial")
             for i, batch in enumerate(stream["batches"]):

@@ -6,7 +6,13 @@ offsets are cuts, ``foreachBatch`` running the exactly-once protocol of
 :mod:`consistent_stream.runtime`, trigger available-now (``dbt run``: every change up to the
 cut taken at start, then stop) or processing-time (continuous). ``--full-refresh`` deletes
 the checkpoint (and the state under it): the new query gets a new id, hence a new txn app id,
-and its first batch overwrites the target from the current snapshots.
+and its first batch rebuilds the target from the current snapshots.
+
+A run whose sources did not change since the target's last batch does nothing: no Spark job,
+no query, no commit; it reports the model as up to date (with the freshness of its version).
+What the compiler and Spark's analysis found about the plan (output schema, the plan's
+types, the key) is kept beside the checkpoint, so later runs neither analyze snapshots nor
+re-type the plan.
 """
 from __future__ import annotations
 
@@ -18,15 +24,16 @@ import threading
 import time
 
 from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
 
-from .delta import DeltaTableRef
 from .errors import CompileError, ConfigError, ConsistentStreamError
 from .oracle import batch_dataframe
-from .plan import compile_model
-from .runtime import BatchResult, process_batch, target_key
-from .sink.catalog import publish
+from .plan import compile_model, fingerprint
+from .plan.incremental import PlanTypes, type_plan
+from .runtime import BatchMeta, BatchResult, QueryRuntime, target_key
+from .sink.catalog import publish, published
 from .sources import Cut
-from .sources.formats import column_names, latest_cut, stream_options
+from .sources.formats import latest_cut, open_source, stream_options
 from .sources.stream import CutSource
 from .spec import JobSpec
 
@@ -40,62 +47,146 @@ def _registered(spark: SparkSession) -> None:
 
 
 def source_schemas(job: JobSpec) -> dict[str, list[str]]:
-    return {s.key: column_names(s) for s in job.sources}
+    return {s.key: open_source(s).columns() for s in job.sources}
 
 
-def compile_job(spark: SparkSession, job: JobSpec, cut: Cut):
-    """Compile the model and get its output schema from Spark's analysis of the same SQL
-    (so the target's types are exactly batch evaluation's types)."""
-    compiled = compile_model(job.sql, job.sources, source_schemas(job))
-    try:
-        schema = batch_dataframe(spark, job.sql, job.sources, cut).schema
-    except Exception as e:  # AnalysisException: the SQL is not valid Spark SQL
-        raise CompileError("model SQL", f"Spark cannot analyze it: {e}") from e
-    missing = [k for k in job.unique_key if k not in [f.name.lower() for f in schema.fields]]
+def _plan_path(job: JobSpec) -> str:
+    return os.path.join(job.checkpoint_location, "_consistent_stream", "plan.json")
+
+
+def compile_job(spark: SparkSession, job: JobSpec, cut: Cut, sources=None):
+    """Compile the model, and get its output schema (from Spark's analysis of the same SQL, so
+    the target's types are exactly batch evaluation's) and the plan's types; the last two are
+    read from the checkpoint when it holds them for this SQL and these source schemas.
+    Returns ``(compiled, output schema, plan types)``."""
+    sources = sources or {s.key: open_source(s) for s in job.sources}
+    schemas = {k: s.schema() for k, s in sources.items()}
+    compiled = compile_model(job.sql, job.sources, {k: [f.name for f in v.fields] for k, v in schemas.items()})
+    schema_key = json.dumps({k: json.loads(v.json()) for k, v in sorted(schemas.items())}, sort_keys=True)
+    cached = _load_plan(job, compiled.fingerprint, schema_key)
+    if cached is not None:
+        out_schema, types = cached
+    else:
+        try:
+            out_schema = batch_dataframe(spark, job.sql, job.sources, cut).schema
+        except Exception as e:  # AnalysisException: the SQL is not valid Spark SQL
+            raise CompileError("model SQL", f"Spark cannot analyze it: {e}") from e
+        types = type_plan(spark, compiled.root, schemas)
+    missing = [k for k in job.unique_key if k not in [f.name.lower() for f in out_schema.fields]]
     if missing:
         raise ConfigError(f"model {job.model}: config unique_key {job.unique_key} names columns "
-                          f"{missing} that are not in the model's output {schema.fieldNames()}")
-    bad_parts = [c for c in job.partition_by if c not in [f.name.lower() for f in schema.fields]]
+                          f"{missing} that are not in the model's output {out_schema.fieldNames()}")
+    bad_parts = [c for c in job.partition_by if c not in [f.name.lower() for f in out_schema.fields]]
     if bad_parts:
         raise ConfigError(f"model {job.model}: config partition_by names columns {bad_parts} "
-                          f"that are not in the model's output {schema.fieldNames()}")
-    return compiled, schema
+                          f"that are not in the model's output {out_schema.fieldNames()}")
+    compiled.schema_key = schema_key
+    return compiled, out_schema, types
 
 
-def current_cut(job: JobSpec) -> Cut:
-    return Cut(latest_cut(job.sources))
+def _load_plan(job: JobSpec, fp: str, schema_key: str):
+    try:
+        with open(_plan_path(job)) as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if d.get("fingerprint") != fp or d.get("source_schemas") != schema_key:
+        return None
+    return StructType.fromJson(d["output_schema"]), PlanTypes.from_json(d["types"])
 
 
-def _query_id(job: JobSpec) -> str:
-    with open(os.path.join(job.spark_checkpoint, "metadata")) as f:
-        return json.load(f)["id"]
+def _save_plan(job: JobSpec, compiled, out_schema: StructType, types: PlanTypes) -> None:
+    path = _plan_path(job)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"fingerprint": compiled.fingerprint, "source_schemas": compiled.schema_key,
+                   "output_schema": json.loads(out_schema.json()), "types": types.to_json(),
+                   "unique_key": target_key(job, compiled, out_schema)}, f)
+    os.replace(path + ".tmp", path)
+
+
+def _query_id(job: JobSpec) -> str | None:
+    try:
+        with open(os.path.join(job.spark_checkpoint, "metadata")) as f:
+            return json.load(f)["id"]
+    except OSError:
+        return None
+
+
+def _last_spark_commit(job: JobSpec) -> int | None:
+    """The newest batch Spark's checkpoint records as committed."""
+    d = os.path.join(job.spark_checkpoint, "commits")
+    try:
+        ids = [int(n) for n in os.listdir(d) if n.isdigit()]
+    except OSError:
+        return None
+    return max(ids) if ids else None
+
+
+def _up_to_date(job: JobSpec, cut: Cut, target) -> BatchMeta | None:
+    """The target's last batch when it already reflects ``cut`` and Spark's checkpoint has
+    recorded it (so no batch is pending), else None."""
+    if not target.exists():
+        return None
+    meta = BatchMeta.from_commit(target.latest_commit())
+    if meta is None or meta.cut != cut.versions or meta.app_id != _query_id(job):
+        return None
+    return meta if _last_spark_commit(job) == meta.batch_id else None
+
+
+def _check_fingerprint(job: JobSpec, fp: str, full_refresh: bool) -> None:
+    path = os.path.join(job.checkpoint_location, "_consistent_stream", "fingerprint")
+    if full_refresh and os.path.exists(job.checkpoint_location):
+        shutil.rmtree(job.checkpoint_location)
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read().strip()
+        if old != fp:
+            raise ConfigError(f"model {job.model}: its SQL or sources changed since the checkpoint at "
+                              f"{job.checkpoint_location} was made; run dbt run --full-refresh -s {job.model}")
+    job.save()
+    with open(path, "w") as f:
+        f.write(fp)
+
+
+def _freshness(target, meta: BatchMeta | None, commit_ms: int | None) -> float | None:
+    if meta is None or not meta.source_commit_ms or commit_ms is None:
+        return None
+    return round((commit_ms - meta.source_commit_ms) / 1000.0, 3)
 
 
 def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
             timeout_s: float | None = None) -> dict:
     """Run ``job`` to the cut taken now (trigger available-now) and stop; or, with a
     processing-time trigger, keep running (until ``timeout_s`` when given). Returns the
-    run summary."""
+    run summary (``batches``, ``changes_read``, ``rows_written``, ``seconds``,
+    ``target_version``, ``freshness_s``, ``up_to_date``, ``metrics`` per batch, ...)."""
     t0 = time.time()
+    sources = {s.key: open_source(s) for s in job.sources}
+    cut = Cut(latest_cut(list(sources.values())))
+    fp = fingerprint(job.sql, job.sources)
+    from .delta import DeltaTableRef
+    target = DeltaTableRef(job.target_path)
+
+    if not full_refresh and job.trigger == "available_now" and _fingerprint_is(job, fp):
+        meta = _up_to_date(job, cut, target)
+        if meta is not None:
+            _publish(spark, job, target, target.version())
+            commit = target.latest_commit()
+            log.info("%s: up to date (target version %d reflects the sources' latest versions)",
+                     job.model, commit.version)
+            return _summary(job, t0, [], cut, commit.version, _freshness(target, meta, commit.timestamp_ms),
+                            full_refresh, _cached_key(job), up_to_date=True)
+
     _registered(spark)
-    cut = current_cut(job)
-    compiled, out_schema = compile_job(spark, job, cut)  # raises before anything is written
+    compiled, out_schema, types = compile_job(spark, job, cut, sources)  # raises before anything is written
     key = target_key(job, compiled, out_schema)
     log.info("%s: target %s", job.model, f"merged by unique_key {key}" + ("" if job.unique_key else " (inferred)")
              if key else "kept as a bag (no unique key configured or inferred)")
-
-    fp_path = os.path.join(job.checkpoint_location, "_consistent_stream", "fingerprint")
-    if full_refresh and os.path.exists(job.checkpoint_location):
-        shutil.rmtree(job.checkpoint_location)
-    if os.path.exists(fp_path):
-        with open(fp_path) as f:
-            old = f.read().strip()
-        if old != compiled.fingerprint:
-            raise ConfigError(f"model {job.model}: its SQL or sources changed since the checkpoint at "
-                              f"{job.checkpoint_location} was made; run dbt run --full-refresh -s {job.model}")
-    job.save()
-    with open(fp_path, "w") as f:
-        f.write(compiled.fingerprint)
+    _check_fingerprint(job, compiled.fingerprint, full_refresh)
+    _save_plan(job, compiled, out_schema, types)
+    runtime = QueryRuntime(spark, job, compiled, out_schema, types)
+    runtime.sources = sources
 
     results: list[BatchResult] = []
     failure: list[BaseException] = []
@@ -110,13 +201,15 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
             rows = batch_df.collect()
             start = Cut({r["source"]: int(r["start_version"]) for r in rows})
             end = Cut({r["source"]: int(r["end_version"]) for r in rows})
-            results.append(process_batch(spark, job, compiled, out_schema, _query_id(job), batch_id, start, end))
+            results.append(process_batch(runtime, _query_id(job), batch_id, start, end))
         except BaseException as e:  # surfaced after the query stops, with our message
             failure.append(e)
             raise
 
     reader = (spark.readStream.format("consistent_stream_cuts")
-              .option("sources", json.dumps(stream_options(job.sources))))
+              .option("sources", json.dumps(stream_options(job.sources)))
+              .option("max_batch_rows", str(job.max_batch_rows))
+              .option("recompute_threshold", str(job.recompute_threshold)))
     if job.trigger == "available_now":
         reader = reader.option("cut", cut.to_json())
     writer = (reader.load().writeStream.foreachBatch(on_batch)
@@ -148,28 +241,74 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
         progress = [{k: p[k] for k in ("batchId", "numInputRows", "durationMs", "timestamp") if k in p}
                     for p in query.recentProgress]
         for p in progress:
-            log.info("StreamingQueryProgress %s", json.dumps(p, default=str))
+            log.debug("StreamingQueryProgress %s", json.dumps(p, default=str))
     if failure and not stopping.is_set():
         raise failure[0]
 
-    target = DeltaTableRef(job.target_path)
     version = target.latest_version() if target.exists() else None
     if version is not None:
-        publish(spark, job.schema, job.identifier, job.target_path, version, job.partition_by)
+        _publish(spark, job, target, version)
     freshness = None
     committed = [r for r in results if not r.skipped]
     if committed and version is not None:
-        c = target.commit_at(version)
-        src_ms = int(c.metadata.get("source_commit_ms", 0))
-        freshness = round((c.timestamp_ms - src_ms) / 1000.0, 3) if src_ms else None
+        c = target.latest_commit()
+        freshness = _freshness(target, BatchMeta.from_commit(c), c.timestamp_ms)
+    summary = _summary(job, t0, results, cut, version, freshness, full_refresh, key)
+    summary["progress"] = progress
+    return summary
+
+
+def process_batch(runtime: QueryRuntime, app_id: str, batch_id: int, start: Cut, end: Cut) -> BatchResult:
+    """One micro-batch of ``runtime``'s query (a seam for tests that slow a batch down)."""
+    return runtime.process_batch(app_id, batch_id, start, end)
+
+
+def _fingerprint_is(job: JobSpec, fp: str) -> bool:
+    try:
+        with open(os.path.join(job.checkpoint_location, "_consistent_stream", "fingerprint")) as f:
+            return f.read().strip() == fp
+    except OSError:
+        return False
+
+
+def _cached_key(job: JobSpec):
+    try:
+        with open(_plan_path(job)) as f:
+            return json.load(f).get("unique_key")
+    except (OSError, ValueError):
+        return job.unique_key or None
+
+
+def _publish(spark: SparkSession, job: JobSpec, target, version: int) -> None:
+    """Register the target's ``version`` in the catalog unless it already is."""
+    if published(spark, job.schema, job.identifier, job.target_path, version):
+        return
+    publish(spark, job.schema, job.identifier, job.target_path, version, job.partition_by)
+
+
+def _summary(job: JobSpec, t0: float, results: list[BatchResult], cut: Cut, version, freshness,
+             full_refresh: bool, key, up_to_date: bool = False) -> dict:
+    committed = [r for r in results if not r.skipped]
+    totals: dict = {"spark_jobs": 0, "state_rows_read": 0, "state_files_read": 0, "state_rows_compacted": 0,
+                    "target_rows_rewritten": 0, "phases": {}}
+    for r in committed:
+        m = r.metrics
+        for k in ("spark_jobs", "state_rows_read", "state_files_read", "state_rows_compacted",
+                  "target_rows_rewritten"):
+            totals[k] += getattr(m, k)
+        for p, s in m.phases.items():
+            totals["phases"][p] = round(totals["phases"].get(p, 0.0) + s, 3)
     return {
         "model": job.model, "batches": len(committed), "skipped_batches": len(results) - len(committed),
         "changes_read": sum(r.changes_read for r in committed),
         "rows_written": sum(r.rows_written for r in committed),
         "seconds": round(time.time() - t0, 3), "target_version": version, "target_path": job.target_path,
         "cut": cut.versions, "freshness_s": freshness, "full_refresh": bool(full_refresh),
-        "unique_key": key,
-        "progress": progress,
+        "unique_key": key, "up_to_date": up_to_date,
+        "strategies": sorted({r.metrics.strategy for r in committed}),
+        "totals": totals,
+        "metrics": [{"batch_id": r.batch_id, "seconds": round(r.seconds, 3), "changes_read": r.changes_read,
+                     **r.metrics.to_dict()} for r in committed],
     }
 
 

@@ -2,45 +2,116 @@
 
 For batch ``b`` ending at cut ``C_b`` (the previous one ended at ``C_{b-1}``):
 
-1. read each source's changes in ``(C_{b-1}, C_b]`` as a consolidated changelog;
-2. evaluate the plan bottom-up; stateful operators read their arrangements at the versions
-   the target's commit of batch ``b-1`` recorded, and stage their updates;
-3. commit every arrangement with txn ``(app id, b)`` (skipping those a crashed attempt
-   already committed);
-4. commit the target last, with txn ``(app id, b)`` and the cut, source commit time and
-   arrangement versions in its commit metadata: the batch happened iff the target holds
+1. read each source's changes in ``(C_{b-1}, C_b]`` as a changelog (driver-side Arrow: the
+   size of the change);
+2. choose the strategy: *incremental* (the delta rules, state read by key), or *recompute*
+   (the batch is the first of its query, or its change is larger than
+   ``recompute_threshold`` x the sources' rows: every arrangement and the target are rebuilt
+   from the snapshots at ``C_b`` by Spark's executors, as Databricks Enzyme chooses per
+   update) and log why;
+3. evaluate the plan bottom-up; stateful operators read their arrangements at the state
+   version the target's commit of batch ``b-1`` recorded, and stage their changes;
+4. commit the state table once with txn ``(app id, b)`` (skipped when a crashed attempt
+   already did);
+5. commit the target last, with txn ``(app id, b)`` and :class:`BatchMeta` (cut, source
+   commit times, state version) as commit metadata: the batch happened iff the target holds
    txn ``b``. A replay of a committed batch is skipped whole.
+
+A :class:`QueryRuntime` lives as long as the streaming query: its source, state and target
+handles, the compiled plan and its types are kept across micro-batches, and the metadata of
+the last committed batch is known without reading the target's history.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from .changelog import WEIGHT, consolidate
-from .delta import DeltaTableRef, Txn
+from .changelog import WEIGHT, Changelog, arrow_to_spark
+from .delta import Commit, DeltaTableRef, Txn
 from .errors import CommitError
-from .plan import CompiledModel
-from .plan.incremental import IncrementalEvaluator
+from .metrics import BatchMetrics, Phases, counted_jobs
 from .operators.keyed import restrict_to_keys
-from .sink.target import bag_changes, commit_target, sink_changes
+from .plan import CompiledModel
+from .plan.incremental import BatchEvaluator, PlanTypes, spark_confs
+from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, sink_changes
 from .sources import Cut
-from .sources.formats import commit_ms, cut_metadata, read_changelog
+from .sources.formats import cut_metadata, open_source
+from .sources.spec import INITIAL
 from .spec import JobSpec
 from .state import StateStore
 
 log = logging.getLogger(__name__)
 
+RECOMPUTE_THRESHOLD = 0.25
+"""Default ``recompute_threshold``: a batch whose source change rows exceed this fraction of
+the sources' rows is recomputed from snapshots instead of maintained incrementally."""
+
+INCREMENTAL_CONFS = {
+    # adaptive execution re-plans after every shuffle stage and runs extra jobs, which costs
+    # more than it saves on a change-sized query
+    "spark.sql.adaptive.enabled": "false",
+}
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """The commit metadata of a target version (``consistent_stream.*`` keys): which query and
+    batch wrote it, the cut it reflects, when the cut's newest source commit happened (per
+    source and overall, ms since epoch), the state version the next batch reads, and how the
+    batch was computed."""
+    app_id: str
+    batch_id: int
+    model: str
+    cut: dict
+    source_commit_ms: int
+    source_commits: dict
+    state_version: int | None
+    checkpoint_location: str
+    strategy: str = "incremental"
+    cut_lsn: dict = field(default_factory=dict)
+
+    def to_metadata(self) -> dict:
+        d = asdict(self)
+        d["batch_id"] = str(self.batch_id)
+        d["source_commit_ms"] = str(self.source_commit_ms)
+        if not self.cut_lsn:
+            d.pop("cut_lsn")
+        if self.state_version is None:
+            d.pop("state_version")
+        return d
+
+    @staticmethod
+    def from_commit(c: Commit) -> "BatchMeta | None":
+        m = c.metadata
+        if "app_id" not in m or "cut" not in m:
+            return None
+
+        def js(v, default):
+            if v is None:
+                return default
+            return v if isinstance(v, (dict, int)) else json.loads(v)
+        sv = m.get("state_version")
+        return BatchMeta(app_id=m["app_id"], batch_id=int(m["batch_id"]), model=m.get("model", ""),
+                         cut=js(m["cut"], {}), source_commit_ms=int(m.get("source_commit_ms", 0)),
+                         source_commits=js(m.get("source_commits"), {}),
+                         state_version=None if sv is None else int(sv),
+                         checkpoint_location=m.get("checkpoint_location", ""),
+                         strategy=m.get("strategy", "incremental"), cut_lsn=js(m.get("cut_lsn"), {}))
+
 
 @dataclass(frozen=True)
 class BatchResult:
-    """What one micro-batch did. ``changes_read``: source change rows (snapshot rows on the
-    first batch); ``rows_written``: target rows upserted or deleted."""
+    """What one micro-batch did. ``changes_read``: source change rows (snapshot rows of a
+    recomputed batch are not counted); ``rows_written``: target rows upserted or deleted."""
     batch_id: int
     skipped: bool
     changes_read: int
@@ -48,11 +119,17 @@ class BatchResult:
     target_version: int | None
     seconds: float
     cut: dict
+    metrics: BatchMetrics = field(default_factory=BatchMetrics)
 
 
-def source_commit_ms(job: JobSpec, cut: Cut) -> int:
-    """Commit time (ms since epoch) of the newest source commit included in ``cut``."""
-    return max(commit_ms(s, cut.versions[s.key]) for s in job.sources)
+def target_key(job: JobSpec, compiled: CompiledModel, output_schema: StructType) -> list[str] | None:
+    """The target's merge key: the configured ``unique_key``, else the key inferred from the
+    plan (as the output's column names), else None (a bag)."""
+    if job.unique_key:
+        return job.unique_key
+    if compiled.unique_key is None:
+        return None
+    return [output_schema.fields[compiled.output_columns.index(c)].name for c in compiled.unique_key]
 
 
 def scan_columns(compiled: CompiledModel) -> dict[str, list[str]]:
@@ -66,152 +143,168 @@ def scan_columns(compiled: CompiledModel) -> dict[str, list[str]]:
     return cols
 
 
-class _Phases:
-    """Wall time per phase of a batch, logged at the end (for tuning; no behaviour)."""
+class QueryRuntime:
+    """Everything one running query keeps between micro-batches (see the module docstring)."""
 
-    def __init__(self):
-        self.t, self.times = time.time(), {}
+    def __init__(self, spark: SparkSession, job: JobSpec, compiled: CompiledModel, output_schema: StructType,
+                 types: PlanTypes):
+        self.spark, self.job, self.compiled, self.output_schema, self.types = spark, job, compiled, output_schema, types
+        self.key = target_key(job, compiled, output_schema)
+        self.sources = {s.key: open_source(s) for s in job.sources}
+        self.columns = scan_columns(compiled)
+        self.target = DeltaTableRef(job.target_path)
+        self.store = StateStore(spark, job.state_root, types.arrangements, file_rows=job.state_file_rows)
+        self.last: BatchMeta | None = None   # the newest committed batch, once known
 
-    def mark(self, name: str) -> None:
-        now = time.time()
-        self.times[name] = round(now - self.t, 3)
-        self.t = now
+    # ---- the previous batch ------------------------------------------------------------------
+    def previous(self, app_id: str, batch_id: int) -> BatchMeta:
+        """The metadata of batch ``batch_id`` of ``app_id``: the target's newest commit (a
+        batch is only ever followed by the next one). Raises CommitError otherwise."""
+        if self.last is None or self.last.app_id != app_id or self.last.batch_id != batch_id:
+            meta = BatchMeta.from_commit(self.target.latest_commit()) if self.target.exists() else None
+            if meta is None or meta.app_id != app_id or meta.batch_id != batch_id:
+                found = "none" if meta is None else f"batch {meta.batch_id} of query {meta.app_id}"
+                raise CommitError(
+                    f"model {self.job.model}: the target {self.job.target_path} should end with batch {batch_id} "
+                    f"of query {app_id} but ends with {found}; it was changed outside consistent_stream. "
+                    f"Run dbt run --full-refresh")
+            self.last = meta
+        return self.last
 
+    # ---- one batch ---------------------------------------------------------------------------
+    def process_batch(self, app_id: str, batch_id: int, start: Cut, end: Cut) -> BatchResult:
+        t0 = time.time()
+        with counted_jobs(self.spark, f"{self.job.model} batch {batch_id}") as jobs:
+            result = self._process(app_id, batch_id, start, end, t0)
+            result.metrics.spark_jobs = jobs()
+        m = result.metrics
+        if not result.skipped:
+            log.info("%s: batch %d committed target version %s (%s%s): %d changes read, %d rows written, "
+                     "%.2fs, %d Spark jobs, %d state rows read, %d target rows rewritten, phases %s",
+                     self.job.model, batch_id, result.target_version, m.strategy,
+                     f": {m.reason}" if m.reason else "", result.changes_read, result.rows_written,
+                     result.seconds, m.spark_jobs, m.state_rows_read, m.target_rows_rewritten, m.phases)
+        return result
 
-SMALL_BATCH_ROWS = 100_000
-"""Input rows (source changes, or snapshot rows on a first batch) below which a batch runs
-with the small-batch settings of :func:`_small_batch_confs`."""
+    def _process(self, app_id: str, batch_id: int, start: Cut, end: Cut, t0: float) -> BatchResult:
+        job, spark = self.job, self.spark
+        ph = Phases()
+        metrics = BatchMetrics()
+        txn = Txn(app_id, batch_id)
+        done = self.target.txn_version(app_id) if self.target.exists() else None
+        if done is not None:
+            self.target.refresh()
+            done = self.target.txn_version(app_id)
+        if done is not None and done >= batch_id:
+            log.info("%s: batch %d already committed (target txn %d); replay skipped", job.model, batch_id, done)
+            return BatchResult(batch_id, True, 0, 0, None, time.time() - t0, end.versions, metrics)
 
-_SMALL_BATCH_CONFS = {
-    # adaptive execution re-plans after every shuffle stage, which costs more than it saves
-    # on a few thousand rows (customer_order_totals, SF 0.01, one refresh round: 17.8 s with
-    # AQE, 11.0 s without)
-    "spark.sql.adaptive.enabled": "false",
-    # compiling generated Java for each of a batch's many small stages costs more than
-    # interpreting them (correlated_scalar property shape, 4 runs: 45/12/11/12 s with
-    # whole-stage codegen, 34/11/9/9 s without)
-    "spark.sql.codegen.wholeStage": "false",
-}
+        first = start.is_initial()
+        prev = None if first else self.previous(app_id, batch_id - 1)
 
+        # 1. source changes (driver-side, change-sized)
+        changes, read, commit_ms = {}, 0, dict(prev.source_commits) if prev else {}
+        if not first:
+            for key, src in self.sources.items():
+                a, b = start.versions[key], end.versions[key]
+                if key not in self.columns:
+                    continue
+                ch = src.changes(spark, a, b, self.columns[key])
+                changes[key] = ch.changelog
+                read += ch.rows
+                if a != b:
+                    commit_ms[key] = ch.commit_ms if ch.commit_ms is not None else src.commit_ms(b)
+        ph.mark("read")
 
-@contextmanager
-def _small_batch_confs(spark: SparkSession, small: bool):
-    """Run a batch of fewer than SMALL_BATCH_ROWS input rows with ``_SMALL_BATCH_CONFS``
-    (restored afterwards); larger batches (e.g. a first batch over big snapshots) keep the
-    session's settings."""
-    if not small:
-        yield
-        return
-    old = {k: spark.conf.get(k, None) for k in _SMALL_BATCH_CONFS}
-    for k, v in _SMALL_BATCH_CONFS.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
+        # 2. the strategy
+        rebuild, reason = first, "first batch of the query" if first else ""
+        if not first and read:
+            total = sum(self.sources[k].rows(end.versions[k]) for k in self.columns)
+            threshold = job.recompute_threshold
+            if read > threshold * max(total, 1) and read > 1000:
+                rebuild = True
+                reason = (f"{read} changed rows > recompute_threshold {threshold} x {total} source rows: "
+                          f"recomputing from snapshots")
+        metrics.strategy, metrics.reason = ("recompute" if rebuild else "incremental"), reason
+        if rebuild:
+            changes = {key: self.sources[key].snapshot(spark, end.versions[key], cols)
+                       for key, cols in self.columns.items()}
+            for key, src in self.sources.items():
+                if first or key not in commit_ms:
+                    commit_ms[key] = src.commit_ms(end.versions[key]) if end.versions[key] >= 0 else 0
+            log.info("%s: batch %d is recomputed from snapshots (%s)", job.model, batch_id, reason)
 
-
-def process_batch(spark: SparkSession, job: JobSpec, compiled: CompiledModel, output_schema: StructType,
-                  app_id: str, batch_id: int, start: Cut, end: Cut) -> BatchResult:
-    t0 = time.time()
-    target = DeltaTableRef(job.target_path)
-    txn = Txn(app_id, batch_id)
-    done = target.txn_version(app_id)
-    if done is not None and done >= batch_id:
-        log.info("%s: batch %d already committed (target txn %d); replay skipped", job.model, batch_id, done)
-        return BatchResult(batch_id, True, 0, 0, None, time.time() - t0, end.versions)
-
-    first = start.is_initial()
-    key = target_key(job, compiled, output_schema)
-    prev = None
-    if first:
-        state_versions = {}
-    else:
-        prev = target.find_commit(app_id, batch_id - 1)
-        if prev is None:
-            raise CommitError(
-                f"model {job.model}: the target {job.target_path} has no commit of batch {batch_id - 1} "
-                f"for query {app_id}; it was changed outside consistent_stream. Run dbt run --full-refresh")
-        state_versions = {k: int(v) for k, v in _json(prev.metadata.get("state_versions", "{}")).items()}
-
-    # 1. source changelogs
-    cols = scan_columns(compiled)
-    deltas, changes_read = {}, 0
-    for s in job.sources:
-        if s.key not in cols:
-            continue
-        a, b = start.versions[s.key], end.versions[s.key]
-        df, n = read_changelog(spark, s, a, b, cols[s.key])
-        if n < 0:
-            n = DeltaTableRef(s.location).num_records(b)
-        changes_read += n
-        deltas[s.key] = df
-
-    ph = _Phases()
-    # 2. delta rules
-    state = StateStore(spark, job.state_root, state_versions)
-    ev = IncrementalEvaluator(state, deltas, first)
-    with _small_batch_confs(spark, changes_read < SMALL_BATCH_ROWS):
+        # 3. delta rules
+        self.store.open(None if first else prev.state_version, rebuild=rebuild)
+        scratch = os.path.join(job.checkpoint_location, "scratch", f"{batch_id}")
+        ev = BatchEvaluator(spark, self.store, changes, rebuild=rebuild, first=rebuild, scratch=scratch,
+                            types=self.types)
+        confs = {} if rebuild else INCREMENTAL_CONFS
         try:
-            out = ev.delta(compiled.root)
-            # output columns take Spark's analyzed names and types, by position
-            out = out.select(*[F.col(f"`{c}`").cast(f.dataType).alias(f.name)
-                               for c, f in zip(compiled.output_columns, output_schema.fields)], F.col(WEIGHT))
-            out_arrow = consolidate(out).toArrow()  # the batch's change to the target: size of the change
-            if key is not None:
-                changes = sink_changes(out_arrow, key, job.model, first=first)
-            else:
-                old = None if first else _multiplicities(spark, target, prev.version, out_arrow)
-                changes = bag_changes(out_arrow, old, job.model, first=first)
-            ph.mark("evaluate")
-            meta = {"app_id": app_id, "batch_id": str(batch_id), "model": job.model, "cut": end.versions,
-                    "source_commit_ms": str(source_commit_ms(job, end)),
-                    "checkpoint_location": job.checkpoint_location, **cut_metadata(job.sources, end)}
-            # 3. arrangements, then 4. the target (the commit point)
-            meta["state_versions"] = state.commit(txn, {"app_id": app_id, "batch_id": str(batch_id)})
-            ph.mark("commit_state")
-            version, written = commit_target(target, changes, first=first, unique_key=key,
-                                             partition_by=job.partition_by, txn=txn, metadata=meta)
-            ph.mark("commit_target")
+            with spark_confs(spark, confs):
+                if rebuild:
+                    out = ev.delta(self.compiled.root)
+                else:
+                    out = ev.output(self.compiled.root, self.compiled.output_columns, self.output_schema)
+                ph.mark("evaluate")
+                meta = BatchMeta(app_id=app_id, batch_id=batch_id, model=job.model, cut=end.versions,
+                                 source_commit_ms=max(commit_ms.values(), default=0), source_commits=commit_ms,
+                                 state_version=None, checkpoint_location=job.checkpoint_location,
+                                 strategy=metrics.strategy,
+                                 cut_lsn=cut_metadata(job.sources, end).get("cut_lsn", {}))
+                # 4. the state (target is written after it: the commit point)
+                state_version = self.store.commit(txn, {"app_id": app_id, "batch_id": str(batch_id)})
+                meta = BatchMeta(**{**asdict(meta), "state_version": state_version})
+                ph.mark("commit_state")
+                # 5. the target
+                version, written, rewritten = self._commit_target(out, rebuild, prev, txn, meta)
+                ph.mark("commit_target")
         finally:
-            ev.release()
+            ev.close()
+        self.last = meta
+        sm = self.store.metrics
+        metrics.state_rows_read, metrics.state_files_read = sm.rows_read, sm.files_read
+        metrics.state_rows_compacted = sm.rows_compacted
+        metrics.target_rows_rewritten = rewritten
+        metrics.phases = ph.times
+        return BatchResult(batch_id, False, read, written, version, time.time() - t0, end.versions, metrics)
 
-    secs = time.time() - t0
-    log.info("%s: batch %d phases %s", job.model, batch_id, ph.times)
-    log.info("%s: batch %d committed target version %d: %d changes read, %d rows written, %.2fs",
-             job.model, batch_id, version, changes_read, written, secs)
-    return BatchResult(batch_id, False, changes_read, written, version, secs, end.versions)
+    def _commit_target(self, out: Changelog, rebuild: bool, prev: BatchMeta | None, txn: Txn,
+                       meta: BatchMeta) -> tuple[int, int, int]:
+        job = self.job
+        md = meta.to_metadata()
+        if rebuild:
+            df = out.df.select(*[F.col(f"`{c}`").cast(f.dataType).alias(f.name)
+                                 for c, f in zip(self.compiled.output_columns, self.output_schema.fields)],
+                               F.col(WEIGHT))
+            from .changelog import consolidate
+            return commit_rebuild(self.target, consolidate(df), unique_key=self.key, partition_by=job.partition_by,
+                                  file_rows=job.state_file_rows, txn=txn, metadata=md, model=job.model)
+        prev_version = self.target.version()
+        if out.arrow is None:
+            return commit_bulk_merge(self.target, prev_version, out.df, unique_key=self.key,
+                                     partition_by=job.partition_by, file_rows=job.state_file_rows, txn=txn,
+                                     metadata=md, model=job.model)
+        if self.key is not None:
+            changes = sink_changes(out.arrow, self.key, job.model, first=False)
+        else:
+            changes = bag_changes(out.arrow, _multiplicities(self.spark, self.target, prev_version, out.arrow),
+                                  job.model, first=False)
+        return commit_changes(self.target, changes, unique_key=self.key, txn=txn, metadata=md)
 
 
-def target_key(job: JobSpec, compiled: CompiledModel, output_schema: StructType) -> list[str] | None:
-    """The target's merge key: the configured ``unique_key``, else the key inferred from the
-    plan (as the output's column names), else None (a bag)."""
-    if job.unique_key:
-        return job.unique_key
-    if compiled.unique_key is None:
-        return None
-    return [output_schema.fields[compiled.output_columns.index(c)].name for c in compiled.unique_key]
-
-
-def _multiplicities(spark: SparkSession, target: DeltaTableRef, version: int, delta):
+def _multiplicities(spark: SparkSession, target: DeltaTableRef, version: int, delta: pa.Table):
     """For the rows of ``delta`` (Arrow, columns + ``__weight``) with a negative weight, their
     number of copies in the target at ``version``: columns + ``__count``. Scans the target
     (a bag has no key to look rows up by)."""
-    import pyarrow.compute as pc
     neg = delta.filter(pc.less(delta.column(WEIGHT), 0)).drop_columns([WEIGHT])
     if neg.num_rows == 0:
         return None
     cols = neg.column_names
     rows = target.read_snapshot(spark, version).select(*[F.col(f"`{c}`") for c in cols])
-    wanted = spark.createDataFrame(neg, schema=rows.schema)
+    wanted = arrow_to_spark(spark, neg, rows.schema)
     hit = restrict_to_keys(rows, cols, wanted, cols, null_safe=True)
     return hit.groupBy(*[F.col(f"`{c}`") for c in cols]).agg(F.count(F.lit(1)).alias("__count")).toArrow()
 
 
-def _json(v):
-    import json
-    return v if isinstance(v, dict) else json.loads(v)
+__all__ = ["BatchMeta", "BatchResult", "QueryRuntime", "RECOMPUTE_THRESHOLD", "target_key", "INITIAL"]

@@ -20,12 +20,31 @@ def _as_list(value, key: str) -> list[str]:
     raise ConfigError(f"config {key} must be a column name or a list of column names, got {value!r}")
 
 
+def _number(config: dict, key: str, default, typ, model: str, low):
+    """Config ``key`` as a number of type ``typ``, at least ``low`` (ConfigError naming it)."""
+    value = config.get(key)
+    if value is None:
+        return default
+    try:
+        n = typ(value)
+        if isinstance(value, bool) or n < low or (typ is int and float(value) != n):
+            raise ValueError
+    except (TypeError, ValueError):
+        kind = "an integer" if typ is int else "a number"
+        raise ConfigError(f"model {model}: config {key} must be {kind} >= {low}, got {value!r}") from None
+    return n
+
+
 @dataclass
 class JobSpec:
     """One consistent_stream model: its SQL, sources, target and checkpoint.
 
     ``unique_key``: the configured key (lower case), or empty: then the key inferred from
-    the plan is used, and a view without one is a bag (duplicates keep their multiplicity)."""
+    the plan is used, and a view without one is a bag (duplicates keep their multiplicity).
+    ``recompute_threshold``: a batch whose source change rows exceed this fraction of the
+    sources' rows is recomputed from snapshots; ``state_file_rows``: rows per state (and
+    rebuilt target) file; ``max_batch_rows``: source change rows above which a backlog is
+    split into several micro-batches."""
     model: str
     schema: str
     identifier: str
@@ -36,6 +55,9 @@ class JobSpec:
     checkpoint_location: str
     partition_by: list[str] = field(default_factory=list)
     trigger: str = "available_now"
+    recompute_threshold: float = 0.25
+    state_file_rows: int = 1_000_000
+    max_batch_rows: int = 500_000
 
     @property
     def spec_path(self) -> str:
@@ -94,9 +116,13 @@ class JobSpec:
         if trigger != "available_now" and not trigger.startswith("processing_time:"):
             raise ConfigError(f"model {model_name}: config trigger must be 'available_now' or "
                               f"'processing_time:<seconds>', got {trigger!r}")
+        threshold = _number(config, "recompute_threshold", 0.25, float, model_name, low=0.0)
+        file_rows = _number(config, "state_file_rows", 1_000_000, int, model_name, low=1)
+        batch_rows = _number(config, "max_batch_rows", 500_000, int, model_name, low=1)
         srcs = [SourceSpec.from_dbt(s, project_root) for s in sources]
         if not srcs:
             raise ConfigError(f"model {model_name}: a consistent_stream model reads at least one source()")
         return JobSpec(model=model_name, schema=schema, identifier=identifier, sql=sql, sources=srcs,
                        unique_key=unique_key, target_path=target, checkpoint_location=os.path.normpath(ckpt),
-                       partition_by=partition_by, trigger=trigger)
+                       partition_by=partition_by, trigger=trigger, recompute_threshold=threshold,
+                       state_file_rows=file_rows, max_batch_rows=batch_rows)

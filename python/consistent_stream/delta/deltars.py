@@ -1,20 +1,24 @@
 """delta-rs backend of the Delta interface (see ``consistent_stream.delta``).
 
-Every function takes a table path (local path or URI). Versions are Delta table versions
-(int >= 0). Commits carry an idempotent transaction (``txn`` action: app id + version) and
-custom commit metadata under ``consistent_stream.*`` keys.
+Every table is a :class:`DeltaTableRef` on a path (local path or URI). A ref opens the table
+once (one log replay, from the last Delta checkpoint) and is then *refreshed*, never
+reopened: ``refresh()`` applies only the commits written since, and the ref's own commits
+advance it without reading the log. Versions are Delta table versions (int >= 0). Commits
+carry an idempotent transaction (``txn`` action: app id + version) and custom commit
+metadata under ``consistent_stream.*`` keys.
 """
 from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import TableNotFoundError
-from deltalake.transaction import CommitProperties, Transaction
+from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -39,6 +43,29 @@ class Commit:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class DataFile:
+    """One Parquet data file of a Delta table, as its add (or remove) action describes it.
+
+    ``path``: relative to the table root, not URL-encoded; ``size``: bytes; ``num_records``:
+    rows; ``partition_values``: partition column -> Delta's string form of the value (None for
+    NULL); ``stats``: Delta's JSON statistics (``numRecords``, ``minValues``, ``maxValues``,
+    ``nullCount``), "" when unknown.
+    """
+    path: str
+    size: int
+    num_records: int
+    partition_values: Mapping[str, str | None] = field(default_factory=dict)
+    stats: str = ""
+
+    def add_action(self) -> AddAction:
+        return AddAction(self.path, self.size, dict(self.partition_values), int(time.time() * 1000), True,
+                         self.stats or json.dumps({"numRecords": self.num_records}))
+
+    def remove_action(self) -> RemoveAction:
+        return RemoveAction(self.path, True, int(time.time() * 1000), self.size, dict(self.partition_values))
+
+
 def plain_arrow(table: pa.Table) -> pa.Table:
     """Cast Arrow view and large string/binary types (delta-rs emits views, and rejects
     some of what Spark emits) to plain string/binary."""
@@ -55,59 +82,101 @@ def plain_arrow(table: pa.Table) -> pa.Table:
 
 
 class DeltaTableRef:
-    """A Delta table at ``path``: reads at explicit versions and idempotent commits.
+    """A Delta table at ``path``: one handle, refreshed; reads at explicit versions and
+    idempotent commits.
 
     Raises :class:`SourceError` when the table is missing or a version is gone.
     """
 
     def __init__(self, path: str):
         self.path = str(path)
+        self._dt: DeltaTable | None = None
+        self._files: dict[int, pa.Table] = {}  # version -> add actions (flattened), newest two kept
 
-    # ---- metadata -------------------------------------------------------------------------
+    # ---- the handle -------------------------------------------------------------------------
     def exists(self) -> bool:
-        return os.path.isdir(os.path.join(self.path, "_delta_log")) and self._try_table() is not None
-
-    def _try_table(self, version: int | None = None) -> DeltaTable | None:
+        if self._dt is not None:
+            return True
+        if "://" not in self.path and not os.path.isdir(os.path.join(self.path, "_delta_log")):
+            return False
         try:
-            return DeltaTable(self.path, version=version)
+            self._dt = DeltaTable(self.path)
+            return True
         except TableNotFoundError:
-            return None
+            return False
 
-    def table(self, version: int | None = None) -> DeltaTable:
-        try:
-            return DeltaTable(self.path, version=version)
-        except TableNotFoundError as e:
-            raise SourceError(f"no Delta table at {self.path}: {e}") from e
-        except Exception as e:  # delta-rs raises plain exceptions for vacuumed versions
-            raise SourceError(f"cannot open Delta table {self.path} at version {version}: {e}") from e
+    def table(self) -> DeltaTable:
+        """The open handle (opened on first use, at the latest version)."""
+        if self._dt is None:
+            try:
+                self._dt = DeltaTable(self.path)
+            except TableNotFoundError as e:
+                raise SourceError(f"no Delta table at {self.path}: {e}") from e
+        return self._dt
+
+    def refresh(self) -> int:
+        """Bring the handle to the latest version (reading only the newer commits); returns it."""
+        if self._dt is None:
+            return self.table().version()
+        self._dt.update_incremental()
+        return self._dt.version()
 
     def latest_version(self) -> int:
+        """The latest version (the handle refreshed first)."""
+        return self.refresh()
+
+    def version(self) -> int:
+        """The handle's version, without looking for newer commits."""
         return self.table().version()
 
+    def _at(self, version: int) -> DeltaTable:
+        """A handle at ``version``: the ref's own when it is there, else a second handle."""
+        dt = self.table()
+        if dt.version() == version:
+            return dt
+        try:
+            return DeltaTable(self.path, version=version)
+        except Exception as e:  # delta-rs raises plain exceptions for vacuumed versions
+            raise SourceError(f"cannot open Delta table {self.path} at version {version}: {e}. If the "
+                              f"version was vacuumed or its log cleaned up, run with --full-refresh") from e
+
+    # ---- metadata -------------------------------------------------------------------------
     def txn_version(self, app_id: str) -> int | None:
-        """Latest transaction version committed by ``app_id``, or None."""
-        t = self._try_table()
-        return None if t is None else t.transaction_version(app_id)
+        """Latest transaction version committed by ``app_id`` (at the handle's version), or None."""
+        return self.table().transaction_version(app_id) if self.exists() else None
 
     def arrow_schema(self, version: int | None = None) -> pa.Schema:
-        return pa.schema(self.table(version).schema().to_arrow())
+        dt = self.table() if version is None else self._at(version)
+        return pa.schema(dt.schema().to_arrow())
 
     def partition_columns(self) -> list[str]:
         return list(self.table().metadata().partition_columns)
 
-    def change_data_feed_enabled(self, version: int | None = None) -> bool:
-        conf = self.table(version).metadata().configuration
+    def change_data_feed_enabled(self) -> bool:
+        conf = self.table().metadata().configuration
         return str(conf.get("delta.enableChangeDataFeed", "false")).lower() == "true"
+
+    def add_actions(self, version: int) -> pa.Table:
+        """The add actions of ``version`` (flattened: ``path``, ``size_bytes``,
+        ``num_records``, ``min.<col>``, ``max.<col>``, ``null_count.<col>``,
+        ``partition.<col>``). Cached per version; a ref's own commits update the cache."""
+        if version not in self._files:
+            self._remember(version, pa.table(self._at(version).get_add_actions(flatten=True)))
+        return self._files[version]
+
+    def _remember(self, version: int, actions: pa.Table) -> None:
+        self._files[version] = actions
+        for v in sorted(self._files)[:-2]:
+            del self._files[v]
 
     def num_records(self, version: int) -> int:
         """Number of rows of ``version`` (from the log's file statistics, no data scan)."""
-        actions = pa.table(self.table(version).get_add_actions(flatten=True))
+        actions = self.add_actions(version)
         return int(sum(v or 0 for v in actions.column("num_records").to_pylist())) if actions.num_rows else 0
 
     def files(self, version: int) -> list[str]:
         """Paths, relative to the table root, of the data files of ``version``."""
-        actions = pa.table(self.table(version).get_add_actions(flatten=True))
-        return actions.column("path").to_pylist()
+        return self.add_actions(version).column("path").to_pylist()
 
     def history(self, limit: int | None = None) -> list[Commit]:
         """Commits, newest first, with the ``consistent_stream.*`` metadata decoded."""
@@ -117,6 +186,23 @@ class DeltaTableRef:
             out.append(Commit(int(h["version"]), int(h.get("timestamp", 0)), meta))
         return out
 
+    def commit_rows(self, start_exclusive: int, end_inclusive: int) -> list[tuple[int, int, int | None]]:
+        """``(version, commit ms, change rows)`` of the versions in ``(start, end]``, from the
+        commits' operation metrics (delta-rs' and Delta Spark's names): rows inserted + deleted
+        + 2 x updated; None for a commit without such metrics."""
+        latest = self.latest_version()
+        out = []
+        for h in self.table().history(max(0, latest - start_exclusive)):
+            v = int(h["version"])
+            if start_exclusive < v <= end_inclusive:
+                out.append((v, int(h.get("timestamp", 0)), _changed_rows(h.get("operationMetrics") or {})))
+        return sorted(out)
+
+    def latest_commit(self) -> Commit:
+        """The newest commit (after a refresh): one commit file read, however long the log."""
+        self.refresh()
+        return self.history(1)[0]
+
     def commit_at(self, version: int) -> Commit:
         latest = self.latest_version()
         for c in self.history(latest - version + 1):
@@ -124,56 +210,53 @@ class DeltaTableRef:
                 return c
         raise SourceError(f"commit {version} of {self.path} is not in its history (log cleaned up?)")
 
-    def find_commit(self, app_id: str, batch_id: int, search_limit: int = 1000) -> Commit | None:
-        """The commit this app id made for ``batch_id`` (metadata keys app_id/batch_id)."""
-        for c in self.history(search_limit):
-            if c.metadata.get("app_id") == app_id and int(c.metadata.get("batch_id", -1)) == batch_id:
-                return c
-        return None
-
     # ---- reads into Spark -------------------------------------------------------------------
     def read_snapshot(self, spark: SparkSession, version: int, columns: list[str] | None = None) -> DataFrame:
         """The table at ``version`` as a Spark DataFrame (its columns, or ``columns``).
 
-        Spark reads the version's Parquet files directly; tables with deletion vectors or
-        column mapping, which plain Parquet reading would get wrong, go through delta-rs.
+        Spark's executors read the version's Parquet files directly (nothing passes through the
+        driver); tables with deletion vectors or column mapping, which plain Parquet reading
+        would get wrong, go through delta-rs.
         """
-        dt = self.table(version)
+        dt = self._at(version)
         schema = pa.schema(dt.schema().to_arrow())
-        proto = dt.protocol()
-        features = set(proto.reader_features or [])
+        features = set(dt.protocol().reader_features or [])
         if features & {"deletionVectors", "columnMapping"}:
-            arrow = pa.table(dt.to_pyarrow_table(columns=columns)) if hasattr(dt, "to_pyarrow_table") \
-                else pa.table(dt.scan(columns=columns).read_all())
-            return spark.createDataFrame(arrow)
-        uris = dt.file_uris()
-        spark_schema = from_arrow_schema(schema)
-        if not uris:
+            from ..changelog import arrow_to_spark
+            return arrow_to_spark(spark, pa.table(dt.to_pyarrow_table(columns=columns)))
+        paths = self.files(version)
+        spark_schema = from_arrow_schema(plain_arrow(schema.empty_table()).schema)
+        if not paths:
             df = spark.createDataFrame([], spark_schema)
         else:
             reader = spark.read.schema(spark_schema)
             if dt.metadata().partition_columns:
-                reader = reader.option("basePath", _as_uri(self.path))
-            df = reader.parquet(*uris)
+                reader = reader.option("basePath", as_uri(self.path))
+            df = reader.parquet(*[self.file_uri(p) for p in paths])
             df = df.select(*[f"`{f.name}`" for f in schema])
         if columns is not None:
             df = df.select(*[f"`{c}`" for c in columns])
         return df
 
+    def file_uri(self, rel: str) -> str:
+        """URI of a data file given its path relative to the table root (as in the log)."""
+        from urllib.parse import unquote
+        return as_uri(os.path.join(self.path, "")) + unquote(rel)
+
     def read_changes_arrow(self, start_exclusive: int, end_inclusive: int,
                            columns: list[str] | None = None) -> pa.Table:
         """Change Data Feed rows of versions ``(start_exclusive, end_inclusive]`` as Arrow,
-        with ``_change_type`` (insert, delete, update_preimage, update_postimage) and
-        ``_commit_version``.
+        with ``_change_type`` (insert, delete, update_preimage, update_postimage),
+        ``_commit_version`` and ``_commit_timestamp``.
 
         Raises SourceError naming the table and the table property to set when the
         Change Data Feed is off or the versions are gone.
         """
-        if not self.change_data_feed_enabled(end_inclusive):
+        if not self.change_data_feed_enabled():
             raise SourceError(
                 f"Delta table {self.path} does not have the Change Data Feed on: set table "
                 f"property delta.enableChangeDataFeed = true, then run with --full-refresh")
-        cols = None if columns is None else list(columns) + ["_change_type", "_commit_version"]
+        cols = None if columns is None else list(columns) + ["_change_type", "_commit_version", "_commit_timestamp"]
         try:
             reader = self.table().load_cdf(starting_version=start_exclusive + 1,
                                            ending_version=end_inclusive, columns=cols)
@@ -192,33 +275,71 @@ class DeltaTableRef:
         return CommitProperties(custom_metadata=meta or None,
                                 app_transactions=[Transaction(txn.app_id, txn.version)] if txn else None)
 
+    def _advanced(self) -> int:
+        """After one of our commits: the handle moved to it (one commit file read)."""
+        return self.refresh()
+
     def write(self, data: pa.Table, *, mode: str, txn: Txn | None = None,
               metadata: dict[str, Any] | None = None, partition_by: list[str] | None = None,
               configuration: dict[str, str] | None = None) -> int:
         """Append or overwrite (``mode``) ``data`` as ONE commit; returns the new version."""
         data = plain_arrow(data)
-        exists = self._try_table() is not None
+        exists = self.exists()
         write_deltalake(self.path, data, mode=mode, partition_by=partition_by or None,
                         schema_mode="overwrite" if (mode == "overwrite" and exists) else None,
                         configuration=None if exists else configuration,
                         commit_properties=self._props(txn, metadata))
-        return self.latest_version()
+        if not exists:
+            self._dt = DeltaTable(self.path)
+        return self._advanced()
 
-    def create_empty(self, schema: pa.Schema, *, partition_by: list[str] | None = None,
-                     configuration: dict[str, str] | None = None) -> None:
-        from deltalake import DeltaTable as _DT
-        _DT.create(self.path, schema, partition_by=partition_by or None, configuration=configuration)
+    def commit_files(self, adds: list[DataFile], removes: list[DataFile], *, schema: pa.Schema,
+                     txn: Txn | None, metadata: dict[str, Any] | None,
+                     partition_by: list[str] | None = None,
+                     configuration: dict[str, str] | None = None) -> int:
+        """ONE commit that adds ``adds`` (files already written under the table root) and
+        removes ``removes``, recording ``txn`` and ``metadata``; creates the table (with
+        ``schema``, ``partition_by`` and table properties ``configuration``) when missing,
+        and replaces its schema with ``schema`` when every file is removed and it differs.
+        Returns the new version."""
+        schema = plain_arrow(schema.empty_table()).schema
+        if not self.exists():
+            from deltalake import Schema
+            from deltalake.transaction import create_table_with_add_actions
+            create_table_with_add_actions(self.path, Schema.from_arrow(schema), [a.add_action() for a in adds],
+                                          partition_by=partition_by or None, configuration=configuration,
+                                          commit_properties=self._props(txn, metadata))
+            self._dt = DeltaTable(self.path)
+            return self._dt.version()
+        dt = self.table()
+        current = pa.schema(dt.schema().to_arrow())
+        same = [(f.name, f.type) for f in plain_arrow(current.empty_table()).schema] == \
+               [(f.name, f.type) for f in schema]
+        before = dt.version()
+        if not same:
+            # a new schema (a full refresh that changed the output): overwrite every file
+            dt.create_write_transaction([a.add_action() for a in adds], "overwrite", schema,
+                                        partition_by=partition_by or None,
+                                        commit_properties=self._props(txn, metadata))
+        else:
+            dt.create_write_transaction([a.add_action() for a in adds] + [r.remove_action() for r in removes],
+                                        "append", current, partition_by=partition_by or None,
+                                        commit_properties=self._props(txn, metadata))
+        version = self._advanced()
+        if version != before + 1 or (txn is not None and self.txn_version(txn.app_id) != txn.version):
+            raise CommitError(f"commit to {self.path} did not record txn {txn} as version {before + 1}")
+        return version
 
     def commit_empty(self, *, txn: Txn, metadata: dict[str, Any]) -> int:
         """A commit with no data change that records ``txn`` and ``metadata``."""
         dt = self.table()
-        dt.create_write_transaction([], "append", dt.schema(),
-                                    commit_properties=self._props(txn, metadata))
-        return self.latest_version()
+        dt.create_write_transaction([], "append", dt.schema(), commit_properties=self._props(txn, metadata))
+        return self._advanced()
 
     def merge_by_key(self, changes: pa.Table, key: list[str], *, txn: Txn,
-                     metadata: dict[str, Any]) -> int:
-        """Apply upserts and deletes by ``key`` in ONE commit.
+                     metadata: dict[str, Any]) -> tuple[int, dict]:
+        """Apply upserts and deletes by ``key`` in ONE commit; returns the new version and
+        delta-rs' merge metrics (``num_target_rows_copied``: rows rewritten unchanged, ...).
 
         ``changes``: the target's columns plus ``__op`` ('upsert' | 'delete'), at most one
         row per key. Keys compare with IS NOT DISTINCT FROM (a NULL key is a value).
@@ -231,10 +352,10 @@ class DeltaTableRef:
                                                       predicate="s.__op = 'upsert'")),
             txn=txn, metadata=metadata)
 
-    def merge_bag(self, changes: pa.Table, *, txn: Txn, metadata: dict[str, Any]) -> int:
+    def merge_bag(self, changes: pa.Table, *, txn: Txn, metadata: dict[str, Any]) -> tuple[int, dict]:
         """Apply a bag's changes in ONE commit: rows with ``__op`` 'delete' remove every copy
         of that row (all columns equal, NULLs as values); rows with ``__op`` 'insert' are
-        appended, one copy each.
+        appended, one copy each. Returns the new version and the merge metrics.
 
         ``changes``: the target's columns plus ``__op``; the delete rows are distinct.
         """
@@ -245,22 +366,44 @@ class DeltaTableRef:
                                                       predicate="s.__op = 'insert'")),
             txn=txn, metadata=metadata)
 
-    def _merge(self, changes: pa.Table, predicate, clauses, *, txn: Txn, metadata: dict[str, Any]) -> int:
+    def _merge(self, changes: pa.Table, predicate, clauses, *, txn: Txn,
+               metadata: dict[str, Any]) -> tuple[int, dict]:
         """One MERGE of ``changes`` (target columns + ``__op``) as ONE commit recording
         ``txn``: ``predicate(cols)`` is its ON condition (target ``t``, source ``s``) and
         ``clauses(merger, cols)`` adds its WHEN clauses. Raises CommitError when the commit
         did not record ``txn``."""
         if changes.num_rows == 0:
-            return self.commit_empty(txn=txn, metadata=metadata)
+            return self.commit_empty(txn=txn, metadata=metadata), {}
         changes = plain_arrow(changes)
         cols = [c for c in changes.column_names if c != "__op"]
         merger = self.table().merge(changes, predicate(cols), source_alias="s", target_alias="t",
                                     commit_properties=self._props(txn, metadata))
-        clauses(merger, cols).execute()
-        v = self.latest_version()
+        metrics = clauses(merger, cols).execute()
+        v = self._advanced()
         if self.txn_version(txn.app_id) != txn.version:
             raise CommitError(f"merge into {self.path} did not record txn {txn}")
-        return v
+        return v, dict(metrics or {})
+
+
+_INSERTED = ("num_added_rows", "num_target_rows_inserted", "numOutputRows", "numTargetRowsInserted")
+_DELETED = ("num_deleted_rows", "num_target_rows_deleted", "numDeletedRows", "numTargetRowsDeleted")
+_UPDATED = ("num_updated_rows", "num_target_rows_updated", "numUpdatedRows", "numTargetRowsUpdated")
+
+
+def _changed_rows(metrics: dict) -> int | None:
+    """Change Data Feed rows a commit produced, from its operation metrics (None: unknown)."""
+    known = False
+    rows = 0
+    for names, factor in ((_INSERTED, 1), (_DELETED, 1), (_UPDATED, 2)):
+        for n in names:
+            if n in metrics:
+                known = True
+                try:
+                    rows += factor * int(metrics[n])
+                except (TypeError, ValueError):
+                    return None
+                break
+    return rows if known else None
 
 
 def _same(cols: list[str]) -> str:
@@ -273,5 +416,9 @@ def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _as_uri(path: str) -> str:
-    return path if "://" in path else "file://" + os.path.abspath(path)
+def as_uri(path: str) -> str:
+    """A local path as a ``file://`` URI (URIs unchanged)."""
+    if "://" in path:
+        return path
+    tail = "/" if path.endswith(os.sep) else ""
+    return "file://" + os.path.abspath(path) + tail

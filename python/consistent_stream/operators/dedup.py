@@ -1,28 +1,30 @@
 """Dedup: ``ROW_NUMBER() OVER (PARTITION BY p ORDER BY o) = 1`` under retractions.
 
-State ``rows``: the input's Z-set log. For the set P of partitions the batch touches,
+State: arrangement ``rows``, the input Z-set keyed by the partition columns.
 
-    d(first(A)) = + first(A_old|P + dA) - first(A_old|P)
+Delta rule, for the set P of partitions touched by the batch:
 
-where ``first`` keeps, per partition, the live row (weight > 0) that sorts first by the
-ORDER BY and then by every other column ascending; ties are therefore broken
-deterministically, and a row present twice is still output once. An event that arrives
-late with an older sequence number sorts behind the current row and changes nothing; when
-the winning row is retracted, the next one is taken from state (Flink's deduplicate keeps
-only the last row and cannot do that).
+    d(first(A)) = first(A_old|P + dA) - first(A_old|P)
 
-In: the input changelog (columns + ``__weight``). Out: the same columns, ``__weight`` +-1,
-consolidated.
+where ``first`` keeps, per partition, the first live row (weight > 0) by the ORDER BY keys,
+ties broken by the remaining columns ascending (a total order, so the choice is
+deterministic). A late event with an older sequence changes nothing; when the winner is
+retracted, the next row takes its place.
+
+Example (partition id, order seq desc): A_old = {(1, seq 2)}, dA = {(1, seq 1): +1} ->
+first is still (1, seq 2): d = {}.
+
+In: the input changelog (columns + ``__weight``), consolidated. Out: the same columns +
+``__weight``, consolidated; None when the change is known to be empty.
 """
 from __future__ import annotations
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from ..changelog import WEIGHT, consolidate
+from ..changelog import WEIGHT, Changelog, consolidate
 from ..plan.logical import SortKey
-from ..state import StateStore
-from .keyed import restrict_to_keys
+from .keyed import Lookup
 
 
 def _sort_column(k: SortKey):
@@ -43,13 +45,17 @@ def first_rows(log: DataFrame, partition: list[str], order: list[SortKey]) -> Da
             .select(*[F.col(f"`{c}`") for c in cols], F.lit(1).cast("bigint").alias(WEIGHT)))
 
 
-def dedup_delta(state: StateStore, op_id: str, delta: DataFrame, partition: list[str],
-                order: list[SortKey]) -> DataFrame:
-    """The dedup's output changelog for one batch; stages its arrangement ``<op_id>_rows``."""
-    old_log = state.read(f"{op_id}_rows", delta.schema)
-    state.stage(f"{op_id}_rows", delta)
-    touched = delta.select(*[F.col(f"`{c}`") for c in partition]).distinct()
-    old = restrict_to_keys(old_log, partition, touched, partition) if partition else old_log
-    new_first = first_rows(old.unionByName(delta), partition, order)
-    old_first = first_rows(old, partition, order)
+def dedup_delta(delta: Changelog, old: Lookup, partition: list[str], order: list[SortKey]) -> DataFrame | None:
+    """The dedup's output changelog for one batch (``old``: the ``rows`` arrangement as of the
+    previous batch)."""
+    if delta.empty:
+        return None
+    before = None
+    if not old.empty:
+        read = old.read(delta.keys(partition)) if partition else old.read(None)
+        before = None if read.empty else read.df.select(*delta.df.columns)
+    if before is None:
+        return first_rows(delta.df, partition, order)
+    new_first = first_rows(before.unionByName(delta.df), partition, order)
+    old_first = first_rows(before, partition, order)
     return consolidate(new_first.unionByName(old_first.withColumn(WEIGHT, -F.col(WEIGHT))))

@@ -1,2 +1,2 @@
 """Model SQL (Spark dialect) -> logical plan, with sqlglot. See ``compile.compile_model``."""
-from .compile import CompiledModel, compile_model  # noqa: F401
+from .compile import CompiledModel, compile_model, fingerprint  # noqa: F401

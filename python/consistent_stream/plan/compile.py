@@ -65,6 +65,8 @@ class CompiledModel:
     sources: list[SourceSpec]
     fingerprint: str
     unique_key: list[str] | None = None
+    schema_key: str = ""
+    """The sources' schemas the plan was typed for (set by ``job.compile_job``)."""
 
 
 def _position(node: exp.Expression, sql: str) -> tuple[int | None, int | None]:
@@ -811,9 +813,15 @@ def compile_model(sql: str, sources: list[SourceSpec], schemas: dict[str, list[s
     """
     root, outputs = _Compiler(sql, sources, schemas).compile()
     assign_ids(root)
+    return CompiledModel(sql=sql, root=root, output_columns=[internal for _, internal in outputs],
+                         sources=sources, fingerprint=fingerprint(sql, sources), unique_key=output_unique_key(root))
+
+
+def fingerprint(sql: str, sources: list[SourceSpec]) -> str:
+    """What a checkpoint was made for: the model SQL and its sources (key and location). A
+    change of either needs a full refresh; computed without compiling."""
     h = hashlib.sha256()
     h.update(sql.strip().encode())
     for s in sorted(sources, key=lambda s: s.key):
         h.update(f"|{s.key}|{s.location}".encode())
-    return CompiledModel(sql=sql, root=root, output_columns=[internal for _, internal in outputs],
-                         sources=sources, fingerprint=h.hexdigest()[:16], unique_key=output_unique_key(root))
+    return h.hexdigest()[:16]

@@ -29,6 +29,24 @@ def snapshot_dir(table_path: str, version: int) -> str:
     return os.path.join(table_path, SNAPSHOTS, f"v{version:020d}")
 
 
+def _marker(table_path: str) -> str:
+    return os.path.join(table_path, "_consistent_stream", "published.json")
+
+
+def published(spark: SparkSession, schema: str, identifier: str, table_path: str, version: int) -> bool:
+    """Whether ``schema.identifier`` already shows ``version`` of the table (our last publish
+    recorded it, and the catalog has the table)."""
+    import json
+    try:
+        with open(_marker(table_path)) as f:
+            m = json.load(f)
+    except (OSError, ValueError):
+        return False
+    if m.get("version") != version or m.get("table") != f"{schema}.{identifier}":
+        return False
+    return spark.catalog.tableExists(f"{schema}.{identifier}")
+
+
 def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, version: int,
             partition_by: list[str]) -> str:
     """Register ``table_path`` at ``version`` as ``schema.identifier``; returns the
@@ -39,14 +57,20 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
     if not os.path.isdir(snap):
         tmp = snap + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        for rel in table.files(version):
-            rel = unquote(rel)
-            dst = os.path.join(tmp, rel)
+        actions = table.add_actions(version)
+        for i, a in enumerate(actions.to_pylist()):
+            rel = unquote(a["path"])
+            # Hive-style partition directories from the add action's partition values (the
+            # file itself may live anywhere in the table), one level per partition column
+            parts = [f"{c}={_hive_escape(a.get(f'partition.{c}'))}" for c in partition_by]
+            dst = os.path.join(tmp, *parts, f"{i:06d}-{os.path.basename(rel)}")
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             os.link(os.path.join(table_path, rel), dst)
         os.makedirs(tmp, exist_ok=True)
         os.replace(tmp, snap)
-    spark_schema = table.read_snapshot(spark, version).schema
+    from pyspark.sql.pandas.types import from_arrow_schema
+    from ..delta.deltars import plain_arrow
+    spark_schema = from_arrow_schema(plain_arrow(table.arrow_schema(version).empty_table()).schema)
     fq = f"`{schema}`.`{identifier}`"
     spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
     exists = spark.catalog.tableExists(f"{schema}.{identifier}")
@@ -67,7 +91,27 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
         spark.sql(f"ALTER TABLE {fq} RECOVER PARTITIONS")
     spark.sql(f"REFRESH TABLE {fq}")
     _cleanup(table_path)
+    import json
+    os.makedirs(os.path.dirname(_marker(table_path)), exist_ok=True)
+    with open(_marker(table_path) + ".tmp", "w") as f:
+        json.dump({"version": version, "table": f"{schema}.{identifier}"}, f)
+    os.replace(_marker(table_path) + ".tmp", _marker(table_path))
     return snap
+
+
+def _hive_escape(value) -> str:
+    """A partition value as Spark names its directory (``ExternalCatalogUtils.escapePathName``)."""
+    if value is None:
+        return "__HIVE_DEFAULT_PARTITION__"
+    import datetime
+    if isinstance(value, datetime.datetime):
+        text = value.isoformat(sep=" ")
+    elif isinstance(value, datetime.date):
+        text = value.isoformat()
+    else:
+        text = str(value)
+    special = set('"#%\'*/:=?\\\x7f{[]^')
+    return "".join(f"%{ord(ch):02X}" if ch in special or ord(ch) < 0x20 else ch for ch in text)
 
 
 def _reorder(schema, partition_by):

@@ -1,13 +1,17 @@
 """The target commit: exactly one Delta commit per micro-batch, idempotent by txn.
 
-The batch's consolidated output changelog (size of the change) is collected once as Arrow.
-With a unique key (configured, or inferred from the plan) it becomes, per key value, an
-upsert (the key has a +1 row) or a delete (only a -1 row). A view without a unique key is a
-bag: a row whose weight is +w gets w more copies, and a row with -w, whose multiplicity
-before the batch was m, has its m copies deleted and m - w inserted again. Either way one
-MERGE applies it, with txn ``(app id, batch id)``; a replayed batch whose txn the target
-already holds is skipped by the caller. The first batch of a query (and every full refresh)
-overwrites the target instead.
+Incremental batches: the batch's consolidated output changelog (size of the change) is on
+the driver as Arrow. With a unique key (configured, or inferred from the plan) it becomes, per
+key value, an upsert (the key has a +1 row) or a delete (only a -1 row). A view without a
+unique key is a bag: a row whose weight is +w gets w more copies, and a row with -w, whose
+multiplicity before the batch was m, has its m copies deleted and m - w inserted again.
+Either way one MERGE (delta-rs) applies it, with txn ``(app id, batch id)``; a replayed
+batch whose txn the target already holds is skipped by the caller.
+
+Rebuilds (the first batch of a query, every full refresh, a batch recomputed from snapshots)
+and incremental changes too large for the driver replace the target instead: Spark's
+executors write the new files, and one commit removes the old ones and adds these, with the
+txn. The driver only lists files.
 
 The changes are sorted by all columns before the commit, so the same input gives the same
 commit whatever Spark's partitioning and shuffle order were.
@@ -16,6 +20,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from ..changelog import WEIGHT
 from ..delta import DeltaTableRef, Txn
@@ -113,21 +119,103 @@ def bag_changes(delta: pa.Table, old_counts: pa.Table | None, model: str, *, fir
     return _sorted(out)
 
 
-def commit_target(target: DeltaTableRef, changes: pa.Table, *, first: bool, unique_key: list[str] | None,
-                  partition_by: list[str], txn: Txn, metadata: dict) -> tuple[int, int]:
-    """Commit the batch to the target; returns ``(new version, rows written)``.
-
-    ``changes``: from :func:`sink_changes` (``unique_key`` set) or :func:`bag_changes`
-    (``unique_key`` None). ``first``: overwrite the target with the upserts/inserts (the
-    first batch of a query).
-    """
-    if first:
-        data = changes.filter(pc.is_in(changes.column(OP), pa.array(["upsert", "insert"]))).drop_columns([OP])
-        version = target.write(data, mode="overwrite", txn=txn, metadata=metadata,
-                               partition_by=partition_by,
-                               configuration={"delta.enableChangeDataFeed": "true"})
-        return version, data.num_rows
+def commit_changes(target: DeltaTableRef, changes: pa.Table, *, unique_key: list[str] | None, txn: Txn,
+                   metadata: dict) -> tuple[int, int, int]:
+    """An incremental batch's commit: ONE MERGE of the change-sized ``changes`` (from
+    :func:`sink_changes` with a ``unique_key``, or :func:`bag_changes` for a bag). Returns
+    ``(new version, rows written, target rows rewritten)``; the last counts the rows the MERGE
+    copied unchanged into new files plus those it changed (copy-on-write)."""
     if unique_key is None:
-        return target.merge_bag(changes, txn=txn, metadata=metadata), changes.num_rows
-    version = target.merge_by_key(changes, unique_key, txn=txn, metadata=metadata)
-    return version, changes.num_rows
+        version, m = target.merge_bag(changes, txn=txn, metadata=metadata)
+    else:
+        version, m = target.merge_by_key(changes, unique_key, txn=txn, metadata=metadata)
+    rewritten = sum(int(m.get(k, 0) or 0) for k in ("num_target_rows_copied", "num_target_rows_updated",
+                                                      "num_target_rows_deleted", "num_target_rows_inserted"))
+    return version, changes.num_rows, rewritten
+
+
+def _check_rebuilt(df: DataFrame, unique_key: list[str] | None, model: str) -> None:
+    """A rebuilt view's consolidated rows (columns + ``__weight``) must all have positive
+    weights, and a keyed view one row per key. One Spark job."""
+    w = F.col(WEIGHT)
+    if unique_key:
+        probe = (df.groupBy(*[F.col(f"`{k}`") for k in unique_key])
+                 .agg(F.sum(w).alias("__n"), F.min(w).alias("__min"))
+                 .where((F.col("__n") > 1) | (F.col("__min") < 0)).limit(1).collect())
+        if probe:
+            row = probe[0].asDict()
+            if row["__min"] < 0:
+                raise CommitError(f"model {model}: the rebuild produced retractions; this is a bug")
+            key = {k: row[k] for k in unique_key}
+            raise UniqueKeyViolation(
+                f"model {model}: unique_key {unique_key} is not unique: key {key} has {row['__n']} rows in "
+                f"the output. Fix the model SQL or the unique_key config; nothing was committed for this batch")
+    else:
+        bad = df.where(w < 0).limit(1).collect()
+        if bad:
+            raise CommitError(f"model {model}: the rebuild produced retractions; this is a bug")
+
+
+def commit_rebuild(target: DeltaTableRef, output: DataFrame, *, unique_key: list[str] | None,
+                   partition_by: list[str], file_rows: int, txn: Txn, metadata: dict,
+                   model: str) -> tuple[int, int, int]:
+    """A rebuilt view (first batch, full refresh, a recomputed batch) replaces the target in
+    ONE commit: ``output`` (the view's rows + ``__weight``, consolidated) is written by
+    Spark's executors, clustered by the unique key, as files of at most ``file_rows`` rows;
+    the commit removes every file of the current version and adds these, with ``txn``.
+    Returns ``(new version, rows written, target rows rewritten)``.
+
+    Raises UniqueKeyViolation (a key with two rows) or CommitError (a retraction) before
+    anything is committed."""
+    from ..delta.files import new_dir, write_spark
+    _check_rebuilt(output, unique_key, model)
+    data_cols = [c for c in output.columns if c != WEIGHT]
+    rows = output.select(*[F.col(f"`{c}`") for c in data_cols], F.col(WEIGHT))
+    # a bag's row of weight w is w rows of the table
+    rows = rows.withColumn("__copy", F.explode(F.array_repeat(F.lit(1), F.col(WEIGHT).cast("int"))))         .select(*[F.col(f"`{c}`") for c in data_cols])
+    if unique_key:
+        key = [F.col(f"`{k}`") for k in unique_key]
+        n = max(1, int(rows.sparkSession.sparkContext.defaultParallelism))
+        rows = rows.repartitionByRange(n, *key).sortWithinPartitions(*key)
+    spark = rows.sparkSession
+    from ..plan.incremental import spark_confs
+    with spark_confs(spark, {"spark.sql.files.maxRecordsPerFile": str(file_rows)}):
+        files = write_spark(rows, target.path, new_dir("part"), partition_by=partition_by)
+    removes = []
+    if target.exists():
+        target.refresh()
+        removes = _current_files(target)
+    from pyspark.sql.pandas.types import to_arrow_schema
+    schema = to_arrow_schema(output.select(*[F.col(f"`{c}`") for c in data_cols]).schema)
+    version = target.commit_files(files, removes, schema=schema, txn=txn, metadata=metadata,
+                                  partition_by=partition_by,
+                                  configuration={"delta.enableChangeDataFeed": "true"})
+    written = sum(f.num_records for f in files)
+    return version, written, written
+
+
+def commit_bulk_merge(target: DeltaTableRef, prev_version: int, changes: DataFrame, *,
+                      unique_key: list[str] | None, partition_by: list[str], file_rows: int, txn: Txn,
+                      metadata: dict, model: str) -> tuple[int, int, int]:
+    """An incremental batch whose change is too large for the driver: the target at
+    ``prev_version`` plus ``changes`` (consolidated, columns + ``__weight``) is rewritten by
+    the executors in ONE commit (copy-on-write of every file)."""
+    spark = changes.sparkSession
+    cols = [c for c in changes.columns if c != WEIGHT]
+    old = target.read_snapshot(spark, prev_version, cols).withColumn(WEIGHT, F.lit(1).cast("bigint"))
+    from ..changelog import consolidate
+    new = consolidate(old.unionByName(changes))
+    version, written, _ = commit_rebuild(target, new, unique_key=unique_key, partition_by=partition_by,
+                                         file_rows=file_rows, txn=txn, metadata=metadata, model=model)
+    return version, written, written
+
+
+def _current_files(target: DeltaTableRef) -> list:
+    from ..delta.deltars import DataFile
+    actions = target.add_actions(target.version())
+    parts = [c for c in actions.column_names if c.startswith("partition.")]
+    out = []
+    for a in actions.to_pylist():
+        out.append(DataFile(a["path"], int(a["size_bytes"]), int(a["num_records"] or 0),
+                            {c[len("partition."):]: (None if a[c] is None else str(a[c])) for c in parts}))
+    return out

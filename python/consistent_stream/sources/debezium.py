@@ -427,6 +427,21 @@ class LandingReader:
                 return schema.empty_table()
             return pa.concat_tables(parts).cast(schema)
 
+    def row_count(self, table: str, position: int) -> int:
+        """Rows of ``table`` as of ``position`` (the summed weights; no table is built)."""
+        with self._lock:
+            self.schema(table)
+            total = 0
+            for ch in self._chunks:
+                if ch.min_pos > position or table not in ch.tables:
+                    continue
+                t = ch.tables[table]
+                w = t.column(WEIGHT)
+                if ch.max_pos > position:
+                    w = pc.filter(w, pc.less_equal(t.column(POS), position))
+                total += pc.sum(w).as_py() or 0
+            return int(total)
+
     def table_at(self, table: str, position: int, columns: list[str] | None = None) -> pa.Table:
         """The table as of ``position``: snapshot + every change up to it, consolidated, each
         row repeated by its weight. Out: ``columns`` (default all), no weight column.
@@ -485,3 +500,67 @@ def forget_reader(location: str) -> None:
     """Drop the cached reader of ``location`` (after its files were deleted and rewritten)."""
     with _READERS_LOCK:
         _READERS.pop(os.path.abspath(location), None)
+
+
+class DebeziumSource:
+    """One captured table of a landing directory (``format: debezium``), through the
+    process-wide :class:`LandingReader` of its directory. Positions are transaction positions;
+    the table as of position X is the snapshot plus every change up to X. Everything is read
+    on the driver (the landing reader parses JSON there), the snapshot of a first batch too."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self._reader: LandingReader | None = None
+
+    def reader(self, refresh: bool = False, upto: int | None = None) -> LandingReader:
+        """The landing directory's reader; refreshed (new files parsed) when asked, or when it
+        has not seen position ``upto`` yet (a cut taken by the streaming source)."""
+        if self._reader is None or refresh or (upto is not None and upto > self._reader.latest_position()):
+            self._reader = reader_for(self.spec.location)
+        return self._reader
+
+    def columns(self) -> list[str]:
+        return self.reader().schema(self.spec.table).column_names
+
+    def schema(self):
+        from pyspark.sql.pandas.types import from_arrow_schema
+        return from_arrow_schema(self.reader().schema(self.spec.table).arrow_schema())
+
+    def latest_position(self) -> int:
+        return self.reader(refresh=True).latest_position()
+
+    def rows(self, position: int) -> int:
+        return self.reader(upto=position).row_count(self.spec.table, position)
+
+    def commits(self, start: int, end: int) -> list:
+        """The transactions in ``(start, end]`` with their commit times and this table's change
+        events."""
+        from .backlog import SourceCommit
+        return [SourceCommit(tx.position, tx.ts_ms, tx.counts.get(self.spec.table, 0))
+                for tx in self.reader(upto=end).transactions() if start < tx.position <= end]
+
+    def commit_ms(self, position: int) -> int:
+        return self.reader(upto=position).commit_ms(position)
+
+    def _changelog(self, spark, data: pa.Table):
+        from ..changelog import Changelog
+        from pyspark.sql.pandas.types import from_arrow_schema
+        return Changelog.of_arrow(spark, data, schema=from_arrow_schema(data.schema))
+
+    def snapshot(self, spark, position: int, columns):
+        rel = self.reader(upto=position).table_at(self.spec.table, position, columns)
+        z = rel.append_column(WEIGHT, pa.array([1] * rel.num_rows, pa.int64()))
+        return self._changelog(spark, z)
+
+    def snapshot_arrow(self, position: int) -> pa.Table:
+        return self.reader(upto=position).table_at(self.spec.table, position)
+
+    def snapshot_dataframe(self, spark, position: int):
+        from ..changelog import arrow_to_spark
+        return arrow_to_spark(spark, self.snapshot_arrow(position))
+
+    def changes(self, spark, start: int, end: int, columns):
+        from .delta_cdf import SourceChanges
+        z = self.reader(upto=end).changes(self.spec.table, start, end, columns)
+        ms = self.reader().commit_ms(end) if z.num_rows else None
+        return SourceChanges(self._changelog(spark, z), z.num_rows, ms)

@@ -1,13 +1,15 @@
-"""Delta Change Data Feed as a changelog.
+"""Delta Change Data Feed as a changelog (``format: delta``).
 
-Between two cut positions ``(start, end]`` of one source table:
+Between two cut positions ``(start, end]`` of one source table (positions are Delta versions):
 
-* ``start == -1`` (first batch, or full refresh): the snapshot at ``end``, every row +1;
-* ``start == end``: the empty changelog;
-* otherwise: the Change Data Feed of versions ``start+1 .. end``, mapped to weights
-  insert/update_postimage -> +1, delete/update_preimage -> -1 (not consolidated here:
-  linear operators do not need it, and stateful operators consolidate their inputs, after
-  projection, where an update of an unused column cancels out).
+* ``start == -1`` (first batch, a rebuild): the snapshot at ``end``, every row +1, read by
+  Spark's executors from the version's Parquet files;
+* ``start == end``: the empty changelog (no read at all);
+* otherwise: the Change Data Feed of versions ``start+1 .. end``, read by delta-rs on the
+  driver (change-sized) and mapped to weights insert/update_postimage -> +1,
+  delete/update_preimage -> -1 (not consolidated here: linear operators do not need it, and
+  stateful operators consolidate their inputs, after projection, where an update of an
+  unused column cancels out).
 
 Out: the source's columns (or the requested subset) plus ``__weight`` bigint.
 """
@@ -17,47 +19,108 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructType
 
-from ..changelog import WEIGHT, with_weight
+from ..changelog import WEIGHT, Changelog, with_weight
 from ..delta import DeltaTableRef
+from ..errors import SourceError
 from .spec import INITIAL, SourceSpec
 
 _SIGN = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1}
 
 
-def read_changelog(spark: SparkSession, source: SourceSpec, start: int, end: int,
-                   columns: list[str] | None = None) -> tuple[DataFrame, int]:
-    """The changes of ``source`` in ``(start, end]`` as a Z-set.
+class SourceChanges:
+    """One source's change in one batch: the changelog, the change rows read and the newest
+    source commit time in the range (ms since epoch; None when unknown)."""
 
-    Returns ``(changelog DataFrame, number of change rows read)``. Raises SourceError when
-    the table is missing or its Change Data Feed is off or gone for those versions.
-    """
-    table = DeltaTableRef(source.location)
-    if start == INITIAL:
-        snap = table.read_snapshot(spark, end, columns)
-        return with_weight(snap), -1  # row count unknown without a scan; reported as -1
-    if start == end:
-        schema = table.arrow_schema(end)
-        if columns is not None:
-            schema = pa.schema([schema.field(c) for c in columns])
-        empty = spark.createDataFrame([], from_arrow_schema(schema))
-        return with_weight(empty), 0
-    arrow = table.read_changes_arrow(start, end, columns)
-    n = arrow.num_rows
-    kinds = arrow.column("_change_type")
-    weight = pc.if_else(pc.is_in(kinds, pa.array(["insert", "update_postimage"])), 1, -1).cast(pa.int64())
-    unknown = pc.invert(pc.is_in(kinds, pa.array(list(_SIGN))))
-    if n and pc.any(unknown).as_py():
-        bad = pc.filter(kinds, unknown)[0].as_py()
-        from ..errors import SourceError
-        raise SourceError(f"{source.location}: unknown Change Data Feed _change_type {bad!r}")
-    _check_update_pairs(source, arrow)
-    keep = [c for c in arrow.column_names if not c.startswith("_change_type")
-            and c not in ("_commit_version", "_commit_timestamp")]
-    data = arrow.select(keep).append_column(WEIGHT, weight)
-    schema = from_arrow_schema(data.schema)
-    df = spark.createDataFrame(data, schema=schema) if n else spark.createDataFrame([], schema)
-    return df, n
+    def __init__(self, changelog: Changelog, rows: int, commit_ms: int | None):
+        self.changelog, self.rows, self.commit_ms = changelog, rows, commit_ms
+
+
+class DeltaSource:
+    """A Delta table with the Change Data Feed on, read through one handle per run."""
+
+    def __init__(self, spec: SourceSpec):
+        self.spec = spec
+        self.table = DeltaTableRef(spec.location)
+
+    def _require(self) -> DeltaTableRef:
+        if not self.table.exists():
+            raise SourceError(f"source {self.spec.key}: no Delta table at {self.spec.location} "
+                              f"(meta.consistent_stream.location of source('{self.spec.source_name}', "
+                              f"'{self.spec.name}'))")
+        return self.table
+
+    def columns(self) -> list[str]:
+        return [f.name for f in self._require().arrow_schema()]
+
+    def schema(self) -> StructType:
+        from ..delta.deltars import plain_arrow
+        return from_arrow_schema(plain_arrow(self._require().arrow_schema().empty_table()).schema)
+
+    def latest_position(self) -> int:
+        return self._require().latest_version()
+
+    def rows(self, position: int) -> int:
+        """Rows of the table at ``position`` (from the log's statistics)."""
+        return self._require().num_records(position)
+
+    def commit_ms(self, position: int) -> int:
+        return self._require().commit_at(position).timestamp_ms
+
+    def commits(self, start: int, end: int) -> list:
+        """The versions in ``(start, end]`` with their commit times and change rows (from the
+        commit's operation metrics; None when it has none)."""
+        from .backlog import SourceCommit
+        return [SourceCommit(v, ts, rows) for v, ts, rows in self._require().commit_rows(start, end)]
+
+    def snapshot(self, spark: SparkSession, position: int, columns: list[str] | None) -> Changelog:
+        return Changelog(with_weight(self._require().read_snapshot(spark, position, columns)))
+
+    def snapshot_dataframe(self, spark: SparkSession, position: int) -> DataFrame:
+        return self._require().read_snapshot(spark, position)
+
+    def snapshot_arrow(self, position: int) -> pa.Table:
+        from deltalake import DeltaTable
+        return pa.table(DeltaTable(self.spec.location, version=position).to_pyarrow_table())
+
+    def changes(self, spark: SparkSession, start: int, end: int, columns: list[str] | None) -> SourceChanges:
+        """The changes in ``(start, end]`` as a driver-side Z-set. Raises SourceError when the
+        table is missing or its Change Data Feed is off or gone for those versions."""
+        table = self._require()
+        if start == INITIAL:
+            raise ValueError("a snapshot is read with snapshot(), not changes()")
+        schema = from_arrow_schema(_schema(table, None, columns))
+        from pyspark.sql.types import LongType, StructField
+        zschema = StructType(list(schema.fields) + [StructField(WEIGHT, LongType())])
+        if start == end:
+            return SourceChanges(Changelog.of_arrow(spark, _empty(zschema), schema=zschema), 0, None)
+        arrow = table.read_changes_arrow(start, end, columns)
+        n = arrow.num_rows
+        kinds = arrow.column("_change_type")
+        unknown = pc.invert(pc.is_in(kinds, pa.array(list(_SIGN))))
+        if n and pc.any(unknown).as_py():
+            bad = pc.filter(kinds, unknown)[0].as_py()
+            raise SourceError(f"{self.spec.location}: unknown Change Data Feed _change_type {bad!r}")
+        _check_update_pairs(self.spec, arrow)
+        commit_ms = None
+        if n and pc.max(arrow.column("_commit_version")).as_py() == end:
+            commit_ms = int(pc.max(arrow.column("_commit_timestamp").cast(pa.timestamp("ms")).cast(pa.int64())).as_py())
+        weight = pc.if_else(pc.is_in(kinds, pa.array(["insert", "update_postimage"])), 1, -1).cast(pa.int64())
+        keep = [c for c in arrow.column_names if c not in ("_change_type", "_commit_version", "_commit_timestamp")]
+        data = arrow.select(keep).append_column(WEIGHT, weight)
+        return SourceChanges(Changelog.of_arrow(spark, data, schema=zschema), n, commit_ms)
+
+
+def _schema(table: DeltaTableRef, version: int | None, columns: list[str] | None) -> pa.Schema:
+    from ..delta.deltars import plain_arrow
+    schema = plain_arrow(table.arrow_schema(version).empty_table()).schema
+    return schema if columns is None else pa.schema([schema.field(c) for c in columns])
+
+
+def _empty(schema: StructType) -> pa.Table:
+    from pyspark.sql.pandas.types import to_arrow_schema
+    return pa.Table.from_batches([], schema=to_arrow_schema(schema))
 
 
 def _check_update_pairs(source: SourceSpec, arrow: pa.Table) -> None:
@@ -77,7 +140,6 @@ def _check_update_pairs(source: SourceSpec, arrow: pa.Table) -> None:
                        "post": pc.cast(is_post, pa.int64())}).group_by("v").aggregate([("pre", "sum"), ("post", "sum")])
     bad = counts.filter(pc.not_equal(counts.column("pre_sum"), counts.column("post_sum")))
     if bad.num_rows:
-        from ..errors import SourceError
         v = bad.column("v")[0].as_py()
         raise SourceError(
             f"{source.location}: the Change Data Feed of version {v} has {bad.column('pre_sum')[0].as_py()} "

@@ -1,2 +1,2 @@
-"""Operator state: arrangements stored as Delta tables under the checkpoint location."""
-from .arrangement import StateStore  # noqa: F401
+"""Operator state: the arrangements of a query, in one Delta table under its checkpoint."""
+from .arrangement import Arrangement, Lookup, StateStore  # noqa: F401

@@ -1,94 +1,474 @@
-"""Arrangements: the stored inputs (integrals) of stateful operators, as Delta tables.
+"""Arrangements: the stored inputs (integrals) of stateful operators, all of one query in ONE
+Delta table, read by key.
 
-An arrangement is an append-only *log* of Z-set deltas, one Delta commit per
-micro-batch with txn ``(app id, batch id)``: reading it at the version recorded for batch
-``b-1`` gives the operator's input as of ``b-1`` (bilinear operators such as joins can use
-the log unconsolidated; aggregates sum it per group). When the log grows past
-``COMPACT_AFTER_FILES`` files, the batch's commit instead overwrites it with the compacted
-contents (still one commit, same txn) — differential dataflow's spine merge, done rarely.
+Layout. The query's state table (``<checkpoint>/state``) is partitioned by
+``__arrangement``; its schema is the union of every arrangement's columns (plan column names
+are unique in a plan, operator-private columns carry the operator id). An arrangement is a
+Z-set whose rows are *additive*: reading it sums its ``additive`` columns per value of the
+others (``__weight`` for rows; the accumulators of an aggregate), so a batch's change is
+appended as it is, and consolidation is a rewrite that never changes what a read returns.
+Its files come in two levels, like a two-level LSM tree:
 
-State tables live at ``<checkpoint>/state/<operator id>_<input>`` and are written with
-delta-rs; Spark reads them as the Parquet files of one version.
+* ``base``: written by a rebuild or a compaction, by Spark's executors: consolidated,
+  range-partitioned and sorted by the arrangement's key, at most ``file_rows`` rows a file, so
+  the files' key ranges (Delta min/max statistics) are narrow and disjoint;
+* ``delta``: one file per incremental batch, written by the driver (the batch's change is
+  change-sized), sorted by key.
+
+Keyed reads. ``lookup(name).read(keys)`` picks the files whose min/max statistics may hold one
+of the keys (driver only: no file is opened), lets Spark read just those and keeps the rows at
+the keys (a broadcast semi join). The rows of the picked files are the batch's *state rows
+read*. A key change localized in the key space (new ids above the old ones, one customer)
+reads a few files; keys spread over the whole key space read most files, which is what any
+min/max layout can do.
+
+Compaction (in the batch's commit, same txn, on executors): when an arrangement has
+``max_delta_files`` delta files its deltas are merged into one delta file (cost: the deltas);
+when its delta rows reach ``merge_fraction`` of its base rows, everything is merged into new
+base files (cost: the arrangement, amortized over the ``merge_fraction`` x base rows of change
+that triggered it). See :class:`CompactionPolicy`.
+
+Exactly once: the state table's one commit per batch carries txn ``(app id, batch id)``
+(step 3 of DESIGN.md's protocol); reads happen at the version the target recorded for the
+previous batch, never at "latest".
 """
 from __future__ import annotations
 
+import bisect
 import logging
-import os
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
+from pyspark.sql import functions as F
+from pyspark.sql.types import StructField, StructType
 
-from ..changelog import consolidate
-from ..delta import DeltaTableRef, Txn
+from ..changelog import WEIGHT, Changelog, KeySet
+from ..delta import DataFile, DeltaTableRef, Txn
+from ..delta.files import new_dir, write_arrow, write_spark
+from ..errors import CommitError
 
 log = logging.getLogger(__name__)
 
-COMPACT_AFTER_FILES = 32
+ARRANGEMENT = "__arrangement"
+FILE_ROWS = 1_000_000
+"""Default rows per base file (``state_file_rows`` config)."""
+
+
+@dataclass(frozen=True)
+class CompactionPolicy:
+    """When an arrangement's files are merged (see the module docstring): its deltas into one
+    delta file once there are ``max_delta_files`` of them; everything into base files once
+    the delta rows reach ``merge_fraction`` of the base rows and ``min_merge_rows``."""
+    max_delta_files: int = 8
+    merge_fraction: float = 0.1
+    min_merge_rows: int = 100_000
+
+
+DEFAULT_POLICY = CompactionPolicy()
+DRIVER_READ_ROWS = 250_000
+"""A keyed read whose picked files hold at most this many rows is read on the driver."""
+
+
+@dataclass(frozen=True)
+class Arrangement:
+    """One operator input kept as state.
+
+    ``schema``: the stored columns (plan names; ``additive`` ones summed on read);
+    ``key``: the columns reads look rows up by (empty: one group, every read reads all);
+    ``live``: SQL predicate over a consolidated row deciding whether it is kept (default:
+    some additive column is non-zero).
+    """
+    name: str
+    schema: StructType
+    key: tuple[str, ...]
+    additive: tuple[str, ...] = (WEIGHT,)
+    live: str | None = None
+
+    @property
+    def group_columns(self) -> list[str]:
+        return [f.name for f in self.schema.fields if f.name not in self.additive]
+
+    def consolidate(self, df: DataFrame, complete: bool = True) -> DataFrame:
+        """Sum the additive columns per value of the others (NULLs equal) and drop rows that
+        add nothing. ``complete``: ``df`` is the whole arrangement (not a change), so rows
+        failing ``live`` are dropped too. Out: the arrangement's columns, in order."""
+        sums = [F.sum(F.col(f"`{c}`")).cast(self.schema[c].dataType).alias(c) for c in self.additive]
+        g = [F.col(f"`{c}`") for c in self.group_columns]
+        out = df.groupBy(*g).agg(*sums) if g else df.groupBy().agg(*sums)
+        out = out.select(*[F.col(f"`{f.name}`") for f in self.schema.fields])
+        if self.live and complete:
+            return out.where(self.live)
+        cond = None
+        for c in self.additive:
+            e = F.coalesce(F.col(f"`{c}`") != 0, F.lit(False))
+            cond = e if cond is None else cond | e
+        return out.where(cond)
 
 
 @dataclass
-class _Staged:
-    name: str
-    delta: DataFrame
-    compact: Callable[[DataFrame], DataFrame]
+class _File:
+    """A state file as the driver knows it: relative path, rows, level and key bounds."""
+    data: DataFile
+    level: str                # "base" or "delta"
+    lo: dict = field(default_factory=dict)
+    hi: dict = field(default_factory=dict)
+    nulls: dict = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return self.data.num_records
+
+
+def _level(path: str) -> str:
+    return "delta" if "/delta-" in "/" + path else "base"
+
+
+@dataclass
+class StateMetrics:
+    """What a batch did to its state: rows in the files its keyed reads opened, those files,
+    and the rows and files its compactions rewrote."""
+    rows_read: int = 0
+    files_read: int = 0
+    rows_compacted: int = 0
+    compactions: list = field(default_factory=list)
+
+
+class Lookup:
+    """Read access to one arrangement as of the previous batch (what a delta rule's ``old``
+    argument is). ``empty``: the arrangement holds no row (a rule skips terms over it).
+    ``read(keys)``: its consolidated-or-not rows at ``keys`` (a :class:`KeySet` whose columns
+    are the arrangement's key columns), or all rows when ``keys`` is None."""
+
+    def __init__(self, store: "StateStore", arrangement: Arrangement):
+        self.store, self.arrangement = store, arrangement
+
+    @property
+    def empty(self) -> bool:
+        return not self.store.files_of(self.arrangement.name)
+
+    def read(self, keys: KeySet | None, null_safe: bool = True) -> Changelog:
+        return self.store.read(self.arrangement, keys, null_safe)
 
 
 class StateStore:
-    """All arrangements of one query: reads as of the previous batch, staged writes, and the
-    idempotent commit of step 3 of the exactly-once protocol (see DESIGN.md).
+    """All arrangements of one query: keyed reads as of the previous batch, staged changes,
+    compaction and the one idempotent state commit of a batch.
 
-    ``versions``: arrangement name -> Delta version as of batch ``b-1`` (from the target's
-    commit metadata); a name missing there is empty.
+    Lives as long as the query runs (across micro-batches in continuous mode): it knows the
+    state's files after each of its commits without reading the Delta log again.
     """
 
-    def __init__(self, spark: SparkSession, root: str, versions: dict[str, int]):
-        self.spark, self.root, self.versions = spark, root, dict(versions)
-        self.staged: list[_Staged] = []
+    def __init__(self, spark: SparkSession, path: str, arrangements: dict[str, Arrangement], *,
+                 file_rows: int = FILE_ROWS, policy: CompactionPolicy | None = None):
+        self.spark, self.path, self.file_rows = spark, path, file_rows
+        self.policy = policy or DEFAULT_POLICY
+        self.table = DeltaTableRef(path)
+        self.arrangements = dict(arrangements)
+        self.version: int | None = None
+        self._files: dict[str, list[_File]] = {}
+        self.metrics = StateMetrics()
+        self._staged: dict[str, tuple[str, object]] = {}   # name -> ("append", Changelog) | ("replace", files)
+        self.rebuilding = False
 
-    def path(self, name: str) -> str:
-        return os.path.join(self.root, name)
+    # ---- the state as of the previous batch --------------------------------------------------
+    def open(self, version: int | None, *, rebuild: bool = False) -> None:
+        """Start a batch on the state at ``version`` (None: no state yet). ``rebuild``: the
+        batch recomputes every arrangement from snapshots; reads see no state and the commit
+        replaces every file of ``version``."""
+        self.metrics = StateMetrics()
+        self._staged = {}
+        self.rebuilding = rebuild
+        if version == self.version:
+            return
+        self.version = version
+        self._files = {}
+        if version is None:
+            return
+        actions = self.table.add_actions(version)
+        for a in actions.to_pylist():
+            name = a[f"partition.{ARRANGEMENT}"]
+            lo = {k[4:]: v for k, v in a.items() if k.startswith("min.") and v is not None}
+            hi = {k[4:]: v for k, v in a.items() if k.startswith("max.") and v is not None}
+            nulls = {k[11:]: v for k, v in a.items() if k.startswith("null_count.")}
+            f = DataFile(a["path"], int(a["size_bytes"]), int(a["num_records"] or 0), {ARRANGEMENT: name})
+            self._files.setdefault(name, []).append(_File(f, _level(a["path"]), lo, hi, nulls))
 
-    def read(self, name: str, schema: StructType) -> DataFrame:
-        """The log of ``name`` as of the previous batch (empty DataFrame of ``schema`` if none)."""
-        v = self.versions.get(name)
-        if v is None:
-            return self.spark.createDataFrame([], schema)
-        df = DeltaTableRef(self.path(name)).read_snapshot(self.spark, v)
-        return df.select(*[f"`{f.name}`" for f in schema.fields])
+    def lookup(self, arrangement: Arrangement) -> Lookup:
+        """Read access to ``arrangement`` for a delta rule."""
+        return Lookup(self, arrangement)
 
-    def stage(self, name: str, delta: DataFrame,
-              compact: Callable[[DataFrame], DataFrame] = consolidate) -> None:
-        """Stage ``delta`` (appended to the log at commit). ``compact`` maps a log to an
-        equivalent smaller one (default: consolidate the Z-set)."""
-        if any(s.name == name for s in self.staged):
-            raise ValueError(f"state {name} staged twice in one batch")
-        self.staged.append(_Staged(name, delta, compact))
+    def files_of(self, name: str) -> list[_File]:
+        """The files of arrangement ``name`` a read of this batch sees (none when rebuilding)."""
+        return [] if self.rebuilding else self._files.get(name, [])
 
-    def commit(self, txn: Txn, batch_meta: dict) -> dict[str, int]:
-        """Commit every staged delta with ``txn``; a table that already holds this txn was
-        committed by a crashed attempt and is skipped (replays are deterministic).
-        Returns the new versions of all arrangements."""
-        out = dict(self.versions)
-        for s in self.staged:
-            table = DeltaTableRef(self.path(s.name))
-            done = table.txn_version(txn.app_id)
-            if done is not None and done >= txn.version:
-                log.info("state %s already holds batch %s; skipped", s.name, txn.version)
-                out[s.name] = table.latest_version()
+    # ---- keyed reads -------------------------------------------------------------------------
+    def _pick(self, arrangement: Arrangement, keys: KeySet | None, null_safe: bool) -> list[_File]:
+        files = self.files_of(arrangement.name)
+        if keys is None or keys.arrow is None or not arrangement.key:
+            return files
+        picked = []
+        wanted = {}
+        for c in arrangement.key:
+            col = keys.arrow.column(c)
+            values = [v for v in pc.unique(col.drop_null()).to_pylist()]
+            try:
+                values.sort()
+            except TypeError:
+                return files
+            wanted[c] = (values, null_safe and col.null_count > 0)
+        for f in files:
+            ok = True
+            for c, (values, want_null) in wanted.items():
+                if want_null and f.nulls.get(c, 1) != 0:
+                    continue  # may hold a NULL key we look for
+                lo, hi = f.lo.get(c), f.hi.get(c)
+                if lo is None or hi is None:
+                    if f.nulls.get(c) == f.rows and not want_null:
+                        ok = False  # every key of the file is NULL, and NULL is not looked for
+                        break
+                    continue
+                try:
+                    i = bisect.bisect_left(values, lo)
+                    hit = i < len(values) and values[i] <= hi
+                except TypeError:
+                    hit = True
+                if not hit:
+                    ok = False
+                    break
+            if ok:
+                picked.append(f)
+        return picked
+
+    def read(self, arrangement: Arrangement, keys: KeySet | None, null_safe: bool = True) -> Changelog:
+        """Rows of ``arrangement`` at ``keys`` (all rows when None) as of the previous batch;
+        not consolidated across files, and possibly with rows of other keys of the picked
+        files. Counts the picked files' rows as state rows read. Up to ``DRIVER_READ_ROWS``
+        rows are read on the driver (a change-sized local relation); more are read by Spark's
+        executors and kept at the keys by a semi join."""
+        schema = arrangement.schema
+        files = self._pick(arrangement, keys, null_safe)
+        rows = sum(f.rows for f in files)
+        self.metrics.rows_read += rows
+        self.metrics.files_read += len(files)
+        if not files:
+            return Changelog(self.spark.createDataFrame([], schema), rows=0)
+        if rows <= DRIVER_READ_ROWS and (keys is None or keys.arrow is not None):
+            return Changelog.of_arrow(self.spark, self._read_local(arrangement, files, keys), schema=schema)
+        df = self.spark.read.schema(schema).parquet(*[self.table.file_uri(f.data.path) for f in files])
+        if keys is None or not arrangement.key:
+            return Changelog(df)
+        k = keys.frame().select(*[F.col(f"`{c}`").alias(f"__key_{i}") for i, c in enumerate(arrangement.key)])
+        if keys.small:
+            k = F.broadcast(k)
+        cond = None
+        for i, c in enumerate(arrangement.key):
+            e = df[f"`{c}`"].eqNullSafe(k[f"__key_{i}"]) if null_safe else df[f"`{c}`"] == k[f"__key_{i}"]
+            cond = e if cond is None else cond & e
+        return Changelog(df.join(k, cond, "left_semi"))
+
+    def _read_local(self, arrangement: Arrangement, files: list[_File], keys: KeySet | None) -> pa.Table:
+        import pyarrow.dataset as pads
+        import pyarrow.fs as pafs
+        fs, base = pafs.FileSystem.from_uri(self.table.file_uri(""))
+        from urllib.parse import unquote
+        paths = [base.rstrip("/") + "/" + unquote(f.data.path) for f in files]
+        schema = _arrow_schema(arrangement.schema)
+        expr = None
+        if keys is not None and arrangement.key and keys.arrow.num_rows:
+            for c in arrangement.key:
+                e = pads.field(c).isin(pc.unique(keys.arrow.column(c)))
+                expr = e if expr is None else expr & e
+        return pads.dataset(paths, schema=schema, format="parquet", filesystem=fs).to_table(filter=expr)
+
+    def read_all(self, arrangement: Arrangement) -> DataFrame:
+        """Every row of ``arrangement`` (compaction, rebuild checks); not counted as a keyed read."""
+        files = self.files_of(arrangement.name)
+        if not files:
+            return self.spark.createDataFrame([], arrangement.schema)
+        return self.spark.read.schema(arrangement.schema).parquet(
+            *[self.table.file_uri(f.data.path) for f in files])
+
+    # ---- staged changes -----------------------------------------------------------------------
+    def stage(self, arrangement: Arrangement, change: Changelog) -> None:
+        """The batch's change to ``arrangement`` (its columns; additive), appended at commit.
+        A change on the driver becomes one delta file; one on executors is written as delta
+        files by Spark."""
+        if arrangement.name in self._staged:
+            raise ValueError(f"state {arrangement.name} staged twice in one batch")
+        if change.rows == 0:
+            return
+        self._staged[arrangement.name] = ("append", change)
+
+    def rebuild(self, arrangement: Arrangement, df: DataFrame) -> Changelog:
+        """Replace ``arrangement`` by ``df`` (a rebuild from snapshots), written now by Spark's
+        executors as base files; returns the written rows as a changelog read back from those
+        files (so the caller never computes ``df`` twice)."""
+        files = self._write_base(arrangement, arrangement.consolidate(df))
+        self._staged[arrangement.name] = ("replace", files)
+        rows = sum(f.num_records for f in files)
+        if not files:
+            return Changelog(self.spark.createDataFrame([], arrangement.schema), rows=0)
+        out = self.spark.read.schema(arrangement.schema).parquet(*[self.table.file_uri(f.path) for f in files])
+        return Changelog(out, rows=rows)
+
+    def _write_base(self, arrangement: Arrangement, df: DataFrame) -> list[DataFile]:
+        cols = [F.col(f"`{f.name}`") for f in arrangement.schema.fields]
+        df = df.select(*cols)
+        if arrangement.key:
+            key = [F.col(f"`{c}`") for c in arrangement.key]
+            n = max(1, int(self.spark.sparkContext.defaultParallelism))
+            df = df.repartitionByRange(n, *key).sortWithinPartitions(*key)
+        else:
+            df = df.coalesce(1)
+        old = self.spark.conf.get("spark.sql.files.maxRecordsPerFile", None)
+        self.spark.conf.set("spark.sql.files.maxRecordsPerFile", str(self.file_rows))
+        try:
+            return write_spark(df, self.path, f"{ARRANGEMENT}={arrangement.name}/{new_dir('base')}",
+                               partition_values={ARRANGEMENT: arrangement.name})
+        finally:
+            if old is None:
+                self.spark.conf.unset("spark.sql.files.maxRecordsPerFile")
+            else:
+                self.spark.conf.set("spark.sql.files.maxRecordsPerFile", old)
+
+    # ---- the commit ---------------------------------------------------------------------------
+    def schema(self) -> StructType:
+        """The state table's schema: every arrangement's columns (nullable), then
+        ``__arrangement``."""
+        fields: dict[str, StructField] = {}
+        for a in sorted(self.arrangements.values(), key=lambda a: a.name):
+            for f in a.schema.fields:
+                prev = fields.get(f.name)
+                if prev is not None and prev.dataType != f.dataType:
+                    raise CommitError(f"state {self.path}: column {f.name} has types {prev.dataType} and "
+                                      f"{f.dataType} in two arrangements")
+                fields.setdefault(f.name, StructField(f.name, f.dataType, True))
+        return StructType(list(fields.values()) + [StructField(ARRANGEMENT, _string(), True)])
+
+    def commit(self, txn: Txn, metadata: dict) -> int | None:
+        """Step 3 of the exactly-once protocol: ONE commit of every staged change (and of the
+        compactions they trigger) with ``txn``. A table already holding ``txn`` was committed by
+        a crashed attempt of this batch: skipped (the replay is deterministic). Returns the
+        state version the next batch reads (None: no state)."""
+        if not self.arrangements:
+            return None
+        done = None
+        if self.table.exists():
+            self.table.refresh()
+            done = self.table.txn_version(txn.app_id)
+        if done is not None and done >= txn.version:
+            log.info("state %s already holds batch %s; commit skipped", self.path, txn.version)
+            version = self.table.latest_version()
+            self.open(version)
+            return version
+        adds: list[DataFile] = []
+        removes: list[DataFile] = []
+        new_files = {n: list(fs) for n, fs in self._files.items()}
+        if self.rebuilding:
+            removes = [f.data for fs in new_files.values() for f in fs]
+            new_files = {}
+        for name, arrangement in sorted(self.arrangements.items()):
+            kind, payload = self._staged.get(name, (None, None))
+            old = new_files.get(name, [])
+            if kind == "replace":
+                if not self.rebuilding:
+                    removes += [f.data for f in old]
+                added = [self._known(f, arrangement) for f in payload]
+                adds += payload
+                new_files[name] = added
                 continue
-            prev = self.versions.get(s.name)
-            first = prev is None
-            if not first and len(table.files(prev)) >= COMPACT_AFTER_FILES:
-                data = s.compact(self.read(s.name, s.delta.schema).unionByName(s.delta))
-                mode = "overwrite"
-            else:
-                data = s.delta  # a log needs no consolidation; compaction happens when it grows
-                mode = "overwrite" if first else "append"
-            arrow = data.toArrow()
-            if arrow.num_rows == 0 and mode == "append":
-                out[s.name] = table.commit_empty(txn=txn, metadata=batch_meta)
-            else:
-                out[s.name] = table.write(arrow, mode=mode, txn=txn, metadata=batch_meta)
-        return out
+            if kind == "append":
+                added = self._append(arrangement, payload)
+                adds += [f.data for f in added]
+                new_files[name] = old + added
+            compacted = self._maybe_compact(arrangement, new_files.get(name, []))
+            if compacted is not None:
+                dropped, kept_new = compacted
+                removes += [f.data for f in dropped if all(f.data is not a for a in adds)]
+                adds = [a for a in adds if all(a is not f.data for f in dropped)]
+                adds += [f.data for f in kept_new]
+                new_files[name] = [f for f in new_files[name] if all(f is not d for d in dropped)] + kept_new
+        schema = self.schema()
+        version = self.table.commit_files(adds, removes, schema=_arrow_schema(schema), txn=txn,
+                                          metadata=metadata, partition_by=[ARRANGEMENT])
+        self.version = version
+        self._files = {n: fs for n, fs in new_files.items() if fs}
+        self._staged = {}
+        self.rebuilding = False
+        return version
+
+    def _append(self, arrangement: Arrangement, change: Changelog) -> list[_File]:
+        rel = f"{ARRANGEMENT}={arrangement.name}/{new_dir('delta')}"
+        if change.arrow is not None:
+            data = change.arrow.select([f.name for f in arrangement.schema.fields])
+            if arrangement.key:
+                data = data.sort_by([(c, "ascending") for c in arrangement.key])
+            files = [write_arrow(self.path, rel, data, {ARRANGEMENT: arrangement.name})]
+        else:
+            df = change.df.select(*[F.col(f"`{f.name}`") for f in arrangement.schema.fields])
+            if arrangement.key:
+                df = df.sortWithinPartitions(*[F.col(f"`{c}`") for c in arrangement.key])
+            files = write_spark(df, self.path, rel, partition_values={ARRANGEMENT: arrangement.name})
+        return [self._known(f, arrangement) for f in files]
+
+    def _known(self, f: DataFile, arrangement: Arrangement) -> _File:
+        import json
+        st = json.loads(f.stats) if f.stats else {}
+        return _File(f, _level(f.path), _typed(st.get("minValues", {}), arrangement.schema),
+                     _typed(st.get("maxValues", {}), arrangement.schema), st.get("nullCount", {}))
+
+    def _maybe_compact(self, arrangement: Arrangement, files: list[_File]):
+        """(files replaced, new files) when the compaction policy fires, else None."""
+        deltas = [f for f in files if f.level == "delta"]
+        if not deltas:
+            return None
+        base_rows = sum(f.rows for f in files if f.level == "base")
+        delta_rows = sum(f.rows for f in deltas)
+        p = self.policy
+        if delta_rows >= max(p.merge_fraction * base_rows, p.min_merge_rows):
+            targets, level = files, "base"
+        elif len(deltas) >= p.max_delta_files:
+            targets, level = deltas, "delta"
+        else:
+            return None
+        df = self.spark.read.schema(arrangement.schema).parquet(*[self.table.file_uri(f.data.path) for f in targets])
+        # only a merge of every file is the whole arrangement: deltas alone are a change, whose
+        # rows may fail ``live`` (an update: count 0, sums not 0) and must be kept
+        merged = arrangement.consolidate(df, complete=level == "base")
+        if level == "base":
+            written = self._write_base(arrangement, merged)
+        else:
+            rel = f"{ARRANGEMENT}={arrangement.name}/{new_dir('delta')}"
+            if arrangement.key:
+                merged = merged.coalesce(1).sortWithinPartitions(*[F.col(f"`{c}`") for c in arrangement.key])
+            written = write_spark(merged, self.path, rel, partition_values={ARRANGEMENT: arrangement.name})
+        rows = sum(f.rows for f in targets)
+        self.metrics.rows_compacted += rows
+        self.metrics.compactions.append({"arrangement": arrangement.name, "into": level, "files": len(targets),
+                                         "rows": rows})
+        log.info("state %s: compacted %d files (%d rows) of %s into %s files", self.path, len(targets), rows,
+                 arrangement.name, level)
+        return targets, [self._known(f, arrangement) for f in written]
+
+
+def _typed(values: dict, schema: StructType) -> dict:
+    """JSON statistics back to Python values comparable with key values (dates)."""
+    import datetime
+    out = {}
+    for k, v in values.items():
+        if k in schema.fieldNames() and schema[k].dataType.typeName() == "date" and isinstance(v, str):
+            v = datetime.date.fromisoformat(v)
+        out[k] = v
+    return out
+
+
+def _string():
+    from pyspark.sql.types import StringType
+    return StringType()
+
+
+def _arrow_schema(schema: StructType) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+    return to_arrow_schema(schema)

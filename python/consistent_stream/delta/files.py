@@ -1,0 +1,175 @@
+"""Parquet data files for Delta commits, written either by the driver (a change-sized Arrow
+table) or by Spark's executors (anything that grows with a table), and described as
+:class:`DataFile` s with Delta statistics, ready for one :meth:`DeltaTableRef.commit_files`.
+
+Written files are invisible until a commit adds them; a crash before the commit leaves
+unreferenced files, which no reader sees (``VACUUM`` removes them). Every write goes to a
+fresh directory, so a replayed batch never overwrites a file a commit already references.
+
+Statistics (``numRecords``, ``nullCount`` of every column, ``minValues``/``maxValues`` of
+integer, date and short string columns) follow the Delta protocol; other readers use them for
+data skipping and so do our keyed state reads. Types whose bounds do not survive JSON exactly
+(floating point, decimal, timestamp, long strings) get no bounds: no bounds only means no
+skipping.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import uuid
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame
+
+from .deltars import DataFile, as_uri, plain_arrow
+
+MAX_STRING_STAT = 32
+"""Strings longer than this get no min/max statistics (Delta truncates them; we skip)."""
+
+
+def new_dir(prefix: str) -> str:
+    """A fresh relative directory name: ``<prefix>-<uuid>``."""
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def _bound(value, typ: pa.DataType):
+    """A min/max value in Delta's JSON form, or None when the type gets no bounds."""
+    if value is None:
+        return None
+    if pa.types.is_integer(typ):
+        return int(value)
+    if pa.types.is_date(typ):
+        return value.isoformat() if isinstance(value, datetime.date) else None
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        return value if isinstance(value, str) and len(value) <= MAX_STRING_STAT else None
+    return None
+
+
+def stats_json(num_records: int, schema: pa.Schema, mins: dict, maxs: dict, nulls: dict) -> str:
+    """Delta statistics JSON for a file of ``schema`` (top-level columns only)."""
+    lo, hi = {}, {}
+    for f in schema:
+        a, b = _bound(mins.get(f.name), f.type), _bound(maxs.get(f.name), f.type)
+        if a is not None and b is not None:
+            lo[f.name], hi[f.name] = a, b
+    return json.dumps({"numRecords": int(num_records), "minValues": lo, "maxValues": hi,
+                       "nullCount": {k: int(v) for k, v in nulls.items() if v is not None}})
+
+
+def arrow_stats(data: pa.Table) -> str:
+    """Statistics of an Arrow table about to be written as one file."""
+    mins, maxs, nulls = {}, {}, {}
+    for f in data.schema:
+        col = data.column(f.name)
+        nulls[f.name] = col.null_count
+        if data.num_rows and (pa.types.is_integer(f.type) or pa.types.is_date(f.type) or pa.types.is_string(f.type)):
+            mm = pc.min_max(col)
+            mins[f.name], maxs[f.name] = mm["min"].as_py(), mm["max"].as_py()
+    return stats_json(data.num_rows, data.schema, mins, maxs, nulls)
+
+
+def write_arrow(table_path: str, rel_dir: str, data: pa.Table,
+                partition_values: dict[str, str | None] | None = None) -> DataFile:
+    """Write ``data`` (no partition columns in it) as one Parquet file under
+    ``table_path/rel_dir`` from the driver. For change-sized data only."""
+    data = plain_arrow(data)
+    rel = f"{rel_dir}/part-{uuid.uuid4().hex}.parquet"
+    fs, base = pafs.FileSystem.from_uri(as_uri(table_path))
+    full = f"{base.rstrip('/')}/{rel}"
+    fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
+    pq.write_table(data, full, filesystem=fs, compression="snappy")
+    size = fs.get_file_info(full).size
+    return DataFile(rel, size, data.num_rows, dict(partition_values or {}), arrow_stats(data))
+
+
+def footer_stats(fs: pafs.FileSystem, full_path: str, schema: pa.Schema) -> tuple[int, str]:
+    """Rows and Delta statistics of a Parquet file, from its footer (no data read). A column
+    gets bounds only when every row group with a non-NULL value has them."""
+    md = pq.read_metadata(full_path, filesystem=fs)
+    names = {md.schema.column(i).name: i for i in range(md.num_columns)}
+    mins: dict = {}
+    maxs: dict = {}
+    nulls: dict = {}
+    for name, i in names.items():
+        lo = hi = None
+        nc: int | None = 0
+        bounded = True
+        for rg in range(md.num_row_groups):
+            group = md.row_group(rg)
+            st = group.column(i).statistics
+            if st is None or not st.has_null_count:
+                nc = None
+            elif nc is not None:
+                nc += st.null_count
+            all_null = st is not None and st.has_null_count and st.null_count == group.num_rows
+            if st is not None and st.has_min_max:
+                lo = st.min if lo is None else min(lo, st.min)
+                hi = st.max if hi is None else max(hi, st.max)
+            elif not all_null:
+                bounded = False
+        nulls[name] = nc
+        if bounded:
+            mins[name], maxs[name] = lo, hi
+    present = pa.schema([f for f in schema if f.name in names])
+    return md.num_rows, stats_json(md.num_rows, present, mins, maxs, nulls)
+
+
+def _partition_values(rel: str, partition_by: list[str]) -> dict[str, str | None]:
+    values: dict[str, str | None] = {}
+    for seg in rel.split("/")[:-1]:
+        if "=" in seg:
+            k, v = seg.split("=", 1)
+            if k in partition_by:
+                v = unquote(v)
+                values[k] = None if v == "__HIVE_DEFAULT_PARTITION__" else v
+    return {k: values.get(k) for k in partition_by}
+
+
+def write_spark(df: DataFrame, table_path: str, rel_dir: str, *, partition_by: list[str] | None = None,
+                partition_values: dict[str, str | None] | None = None) -> list[DataFile]:
+    """Write ``df`` as Parquet files under ``table_path/rel_dir`` from Spark's executors (the
+    driver only lists the files and reads their footers). ``partition_by``: Hive-style
+    partition directories of those columns (the table's partition columns);
+    ``partition_values``: fixed partition values of every file (a partition the caller chose).
+
+    Timestamps are written as INT64 microseconds (Delta's encoding, not Spark's INT96)."""
+    spark = df.sparkSession
+    out = as_uri(os.path.join(table_path, rel_dir))
+    old = spark.conf.get("spark.sql.parquet.outputTimestampType", None)
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    try:
+        w = df.write.mode("errorifexists").option("compression", "snappy")
+        if partition_by:
+            w = w.partitionBy(*partition_by)
+        w.parquet(out)
+    finally:
+        if old is None:
+            spark.conf.unset("spark.sql.parquet.outputTimestampType")
+        else:
+            spark.conf.set("spark.sql.parquet.outputTimestampType", old)
+    schema = plain_arrow(_arrow_schema(df).empty_table()).schema
+    fs, base = pafs.FileSystem.from_uri(out)
+    files = []
+    for info in fs.get_file_info(pafs.FileSelector(base, recursive=True)):
+        name = info.path.rsplit("/", 1)[-1]
+        if info.type != pafs.FileType.File or not name.endswith(".parquet") or name.startswith((".", "_")):
+            continue
+        rel = rel_dir + "/" + info.path[len(base.rstrip("/")) + 1:]
+        n, stats = footer_stats(fs, info.path, schema)
+        if n == 0:
+            continue
+        pv = dict(partition_values or {})
+        if partition_by:
+            pv.update(_partition_values(rel, partition_by))
+        files.append(DataFile(rel, info.size, n, pv, stats))
+    return sorted(files, key=lambda f: f.path)
+
+
+def _arrow_schema(df: DataFrame) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+    return to_arrow_schema(df.schema)

@@ -1,0 +1,135 @@
+"""What a batch costs follows its change: state read by key, no work for no change, backlogs
+split into bounded batches, large changes recomputed; and every version still equals batch
+evaluation at its cut."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from consistent_stream.changelog import arrow_to_spark
+from consistent_stream.delta import DeltaTableRef
+from consistent_stream.job import run_job
+from consistent_stream.oracle import batch_dataframe
+from consistent_stream.sources import Cut
+from consistent_stream.state import arrangement
+from consistent_stream.state.arrangement import CompactionPolicy
+from helpers import assert_same_rows, delta_pandas
+from scenario import Scenario
+
+
+def test_arrow_tables_with_empty_batches_reach_spark_whole(spark):
+    """pyspark 4.2.1's createDataFrame(pyarrow.Table) drops every batch after an empty one;
+    arrow_to_spark, which every driver-side change goes through, keeps them all."""
+    batches = [pa.record_batch({"x": pa.array(list(range(n)), pa.int64())}) for n in (1, 0, 1, 0, 3)]
+    table = pa.Table.from_batches(batches)
+    assert arrow_to_spark(spark, table).count() == 5
+
+
+def _versions_equal_batch_evaluation(spark, job):
+    """Every consistent_stream version of the target equals batch evaluation at its cut."""
+    target = DeltaTableRef(job.target_path)
+    checked = 0
+    for c in target.history():
+        if "cut" not in c.metadata:
+            continue
+        cut = Cut.from_json(c.metadata["cut"])
+        assert_same_rows(delta_pandas(job.target_path, c.version),
+                         batch_dataframe(spark, job.sql, job.sources, cut).toPandas(), f"version {c.version}")
+        checked += 1
+    return checked
+
+
+def test_a_change_at_one_key_reads_a_small_fraction_of_the_state(spark, tmp_path):
+    n = 3000
+    sc = Scenario(spark, tmp_path, {
+        "a": pa.table({"id": list(range(n)), "k": list(range(n)), "x": [i % 17 for i in range(n)]}),
+        "b": pa.table({"k": list(range(n)), "name": [f"n{i}" for i in range(n)]}),
+    }, {"a": ["id"], "b": ["k"]})
+    job = sc.job("select a.id, a.x, b.name from src.a a join src.b b on a.k = b.k", "id")
+    job.state_file_rows = 200  # the arrangements are 15 files of at most 200 keys
+    sc.run(job, full_refresh=True)
+    sc.update("b", {"name": "'changed'"}, "k = 1234")
+    summary = sc.run(job)
+    m = summary["metrics"][0]
+    assert m["strategy"] == "incremental"
+    # the join reads a's arrangement at key 1234 only: one base file of 200 of its 3000 rows
+    assert 0 < m["state_rows_read"] <= 400, m
+    assert summary["rows_written"] == 1
+
+
+def test_a_run_without_source_changes_runs_no_spark_job_and_commits_nothing(spark, tmp_path):
+    sc = Scenario(spark, tmp_path, {"t": pa.table({"k": [1, 2, 2], "v": [10, 20, 30]}),
+                                    "u": pa.table({"k": [1, 2], "w": ["a", "b"]})}, {"t": [], "u": ["k"]})
+    job = sc.job("select t.k, u.w, sum(t.v) as s from src.t t join src.u u on t.k = u.k group by t.k, u.w", "k")
+    sc.run(job, full_refresh=True)
+    version = DeltaTableRef(job.target_path).latest_version()
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup(None))
+    summary = run_job(spark, job)
+    assert summary["up_to_date"] and summary["batches"] == 0
+    assert summary["freshness_s"] is not None
+    assert set(tracker.getJobIdsForGroup(None)) == before, "a no-op run ran Spark jobs"
+    assert DeltaTableRef(job.target_path).latest_version() == version
+    sc.insert("t", pa.table({"k": [1], "v": [5]}))  # and the next change is picked up
+    assert sc.run(job)["batches"] == 1
+
+
+def test_a_backlog_is_split_into_batches_of_at_most_max_batch_rows_each_at_a_consistent_cut(spark, tmp_path):
+    sc = Scenario(spark, tmp_path, {"o": pa.table({"id": [0], "c": [0], "amt": [1]}),
+                                    "c": pa.table({"c": [0, 1, 2], "seg": ["x", "y", "z"]})},
+                  {"o": ["id"], "c": ["c"]})
+    job = sc.job("select c.seg, count(*) as n, sum(o.amt) as total from src.o o join src.c c on o.c = c.c "
+                 "group by c.seg", "seg")
+    job.max_batch_rows = 70
+    job.recompute_threshold = 1000.0  # keep the backlog incremental
+    sc.run(job, full_refresh=True)
+    for i in range(10):  # 10 commits of 30 rows on o, and two on c between them
+        sc.insert("o", pa.table({"id": list(range(1 + 30 * i, 31 + 30 * i)), "c": [j % 3 for j in range(30)],
+                                 "amt": list(range(30))}))
+        if i in (3, 7):
+            sc.update("c", {"seg": f"'s{i}'"}, f"c = {i % 3}")
+    summary = sc.run(job)
+    assert summary["batches"] >= 5, summary
+    assert all(m["changes_read"] <= 70 for m in summary["metrics"]), summary["metrics"]
+    assert summary["cut"] == {k: DeltaTableRef(s.location).latest_version() for k, s in
+                              ((s.key, s) for s in job.sources)}
+    assert _versions_equal_batch_evaluation(spark, job) == 1 + summary["batches"]
+
+
+def test_a_change_larger_than_recompute_threshold_is_recomputed_from_snapshots(spark, tmp_path):
+    sc = Scenario(spark, tmp_path, {"t": pa.table({"id": list(range(100)), "g": [i % 4 for i in range(100)],
+                                                   "v": list(range(100))})}, {"t": ["id"]})
+    job = sc.job("select g, count(*) as n, min(v) as lo, max(v) as hi from src.t group by g", "g")
+    sc.run(job, full_refresh=True)
+    sc.insert("t", pa.table({"id": list(range(100, 1200)), "g": [i % 5 for i in range(1100)],
+                             "v": list(range(1100))}))
+    summary = sc.run(job)
+    m = summary["metrics"][0]
+    assert m["strategy"] == "recompute" and "recompute_threshold" in m["reason"]
+    sc.delete("t", "id < 3")  # and it goes on incrementally from the rebuilt state
+    summary = sc.run(job)
+    assert summary["metrics"][0]["strategy"] == "incremental"
+
+
+@pytest.mark.parametrize("policy", [CompactionPolicy(max_delta_files=2, merge_fraction=1e9, min_merge_rows=10 ** 9),
+                                    CompactionPolicy(max_delta_files=100, merge_fraction=0.0, min_merge_rows=1)],
+                         ids=["deltas-merged", "all-merged"])
+def test_compaction_never_changes_what_state_reads_return(spark, tmp_path, monkeypatch, policy):
+    """Updates leave an aggregate's accumulators with a zero count and non-zero sums: merging
+    delta files must keep them (only a merge of the whole arrangement may drop dead groups)."""
+    monkeypatch.setattr(arrangement, "DEFAULT_POLICY", policy)
+    sc = Scenario(spark, tmp_path, {"acct": pa.table({"id": list(range(6)), "br": [i % 2 for i in range(6)],
+                                                      "bal": [100] * 6})}, {"acct": ["id"]})
+    job = sc.job("select br, sum(bal) as total, count(*) as n, max(bal) as top from src.acct group by br", "br")
+    sc.run(job, full_refresh=True)
+    compacted = 0
+    for i in range(4):
+        src = pa.table({"id": [i, 5 - i], "d": [-(i + 1), i + 1]})
+        (DeltaTable(sc.path("acct")).merge(src, "t.id = s.id", source_alias="s", target_alias="t")
+         .when_matched_update({"bal": "t.bal + s.d"}).execute())
+        summary = sc.run(job)  # checks the target against batch evaluation
+        assert summary["batches"] == 1
+        compacted += summary["totals"]["state_rows_compacted"]
+    assert compacted > 0
+    assert delta_pandas(job.target_path)["total"].sum() == 600
