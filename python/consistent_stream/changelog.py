@@ -1,21 +1,29 @@
-"""Changelogs as Z-sets: a DataFrame of rows plus an integer weight column ``__weight``.
+"""Changelogs as Z-sets: rows plus an integer weight column ``__weight``.
 
 +1 is an insertion, -1 a retraction; an update is ``-old, +new``. A Z-set is *consolidated*
 when every distinct full row appears once with its summed, non-zero weight (DBSP's
 ``consolidate``; Flink's changelog normal form without UPDATE_BEFORE/AFTER pairs).
 
-A :class:`Changelog` is one operator's change in one micro-batch, where it lives: on the
-driver as Arrow when it is change-sized (then its size and emptiness are known without a
-Spark job, and it reaches Spark as a broadcastable local relation), or on the executors as a
-lazy DataFrame over files (a rebuild from snapshots, or a change too large for the driver).
+A :class:`Changelog` is one operator's change in one micro-batch, as a *relation of Spark
+SQL*: a query text over the batch's temporary views. The delta rules compose these texts, so
+a whole chain of operators up to the next materialization is one ``spark.sql`` call and one
+Spark job (the DataFrame API would cost a JVM round trip per column and per step: 5,000 of
+them for a TPC-H Q3 batch). Where the change lives:
+
+* on the driver as Arrow when it is change-sized (then its size and emptiness are known
+  without a Spark job, and it reaches Spark as a broadcast relation);
+* on the executors, as files or a lazy plan (a rebuild from snapshots, or a change too large
+  for the driver).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 WEIGHT = "__weight"
 
@@ -24,7 +32,18 @@ BROADCAST_BYTES = 64 << 20
 them; Spark cannot size a relation made from Arrow batches on its own."""
 
 
-def arrow_to_spark(spark, data: pa.Table, schema=None) -> DataFrame:
+def q(name: str) -> str:
+    """A quoted Spark SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def cols_sql(columns: list[str], alias: str | None = None) -> str:
+    """``a.`c1`, a.`c2``` (no alias: unqualified)."""
+    p = f"{alias}." if alias else ""
+    return ", ".join(f"{p}{q(c)}" for c in columns)
+
+
+def arrow_to_spark(spark: SparkSession, data: pa.Table, schema=None) -> DataFrame:
     """An Arrow table as a Spark DataFrame (``schema``: the Spark schema to give it; default
     from Arrow). Use this, never ``spark.createDataFrame(table)`` directly: pyspark 4.2.1
     silently drops every record batch that follows an empty batch (a table whose batches hold
@@ -45,7 +64,7 @@ def data_columns(df: DataFrame) -> list[str]:
 
 
 def consolidate(df: DataFrame) -> DataFrame:
-    """Sum the weights of equal rows and drop rows whose weight is zero.
+    """Sum the weights of equal rows and drop rows whose weight is zero (DataFrame form).
 
     In: any columns plus ``__weight`` (bigint). Out: the same columns, one row per distinct
     data row, ``__weight`` != 0. Rows compare with SQL GROUP BY semantics (NULLs equal).
@@ -58,40 +77,110 @@ def consolidate(df: DataFrame) -> DataFrame:
             .where(F.col(WEIGHT) != 0))
 
 
+def consolidate_sql(relation: str, columns: list[str]) -> str:
+    """SQL form of :func:`consolidate` over ``relation`` (a FROM item) whose data columns are
+    ``columns``."""
+    keys = cols_sql(columns)
+    sel = f"{keys}, " if columns else ""
+    group = f" GROUP BY {keys}" if columns else ""
+    return (f"SELECT {sel}CAST(SUM({q(WEIGHT)}) AS BIGINT) AS {q(WEIGHT)} FROM {relation}{group} "
+            f"HAVING SUM({q(WEIGHT)}) <> 0")
+
+
 def with_weight(df: DataFrame, weight: int = 1) -> DataFrame:
     """Turn a plain relation into a Z-set: every row gets ``__weight = weight``."""
     return df.withColumn(WEIGHT, F.lit(weight).cast("bigint"))
 
 
+class Views:
+    """The temporary views one batch's SQL reads (driver-side changes, state reads, source
+    snapshots), named uniquely and dropped by :meth:`drop` when the batch ends."""
+    _ids = itertools.count()
+
+    def __init__(self, spark: SparkSession):
+        self.spark = spark
+        self.prefix = f"__cs{next(Views._ids)}_"
+        self.names: list[str] = []
+
+    def add(self, df: DataFrame) -> str:
+        name = f"{self.prefix}{len(self.names)}"
+        df.createOrReplaceTempView(name)
+        self.names.append(name)
+        return name
+
+    def drop(self) -> None:
+        for n in self.names:
+            self.spark.catalog.dropTempView(n)
+        self.names.clear()
+
+
 @dataclass
 class Changelog:
-    """One batch's change of one plan node (columns + ``__weight``).
+    """One batch's change of one plan node (``columns``, the last being ``__weight``).
 
-    ``df``: always usable in a Spark plan. ``arrow``: the same rows on the driver, when the
-    change was materialized there. ``rows``: the number of rows when known without a job
-    (None: unknown). ``consolidated``: each distinct row once, non-zero weights.
+    ``sql``: a FROM item (a view name or a parenthesized query) over ``views``. ``arrow``:
+    the same rows on the driver, when the change was materialized there. ``rows``: the number
+    of rows when known without a job (None: unknown). ``consolidated``: each distinct row
+    once, non-zero weights.
     """
-    df: DataFrame
+    sql: str
+    columns: list[str]
+    views: Views
     arrow: pa.Table | None = None
     rows: int | None = None
     consolidated: bool = False
+    _df: DataFrame | None = field(default=None, repr=False)
 
     @staticmethod
-    def of_arrow(spark, data: pa.Table, *, consolidated: bool = False, schema=None) -> "Changelog":
-        """A driver-side changelog; ``schema``: the Spark schema to give it (default: from Arrow)."""
-        df = arrow_to_spark(spark, data, schema)
+    def of_query(views: Views, sql: str, columns: list[str], rows: int | None = None) -> "Changelog":
+        """A lazy change: the SELECT ``sql`` (parenthesized here)."""
+        return Changelog(f"({sql})", list(columns), views, rows=rows)
+
+    @staticmethod
+    def of_frame(views: Views, df: DataFrame, rows: int | None = None, arrow: pa.Table | None = None) -> "Changelog":
+        return Changelog(views.add(df), list(df.columns), views, arrow=arrow, rows=rows, _df=df)
+
+    @staticmethod
+    def of_arrow(views: Views, data: pa.Table, schema: StructType | None = None,
+                 consolidated: bool = False) -> "Changelog":
+        """A driver-side change (broadcast to the joins that read it when small)."""
+        df = arrow_to_spark(views.spark, data, schema)
         if data.num_rows and data.nbytes <= BROADCAST_BYTES:
             df = F.broadcast(df)
-        return Changelog(df, data, data.num_rows, consolidated)
+        ch = Changelog.of_frame(views, df, rows=data.num_rows, arrow=data)
+        ch.consolidated = consolidated
+        return ch
+
+    @staticmethod
+    def empty(views: Views, schema: StructType) -> "Changelog":
+        """The empty change of ``schema`` (no Spark job, no view)."""
+        sel = ", ".join(f"CAST(NULL AS {f.dataType.simpleString()}) AS {q(f.name)}" for f in schema.fields)
+        return Changelog(f"(SELECT {sel} WHERE FALSE)", schema.fieldNames(), views, rows=0, consolidated=True)
 
     @property
-    def empty(self) -> bool:
+    def is_empty(self) -> bool:
         """Known to hold no row."""
         return self.rows == 0
 
     @property
+    def data_columns(self) -> list[str]:
+        return [c for c in self.columns if c != WEIGHT]
+
+    @property
+    def df(self) -> DataFrame:
+        if self._df is None:
+            self._df = self.views.spark.sql(f"SELECT * FROM {self.sql}")
+        return self._df
+
+    @property
     def small(self) -> bool:
         return self.arrow is not None and self.arrow.nbytes <= BROADCAST_BYTES
+
+    def consolidated_sql(self) -> str:
+        """A FROM item of this change, consolidated."""
+        if self.consolidated:
+            return self.sql
+        return f"({consolidate_sql(self.sql, self.data_columns)})"
 
     def keys(self, columns: list[str], *, drop_null: bool = False) -> "KeySet":
         """The distinct values of ``columns`` in this change (the keys a batch touches), as
@@ -108,20 +197,19 @@ class Changelog:
                 t = t.filter(mask)
             if t.num_rows:
                 t = t.group_by(columns, use_threads=False).aggregate([])
-            return KeySet(self.df.sparkSession, t, None)
-        df = self.df.select(*[F.col(f"`{c}`") for c in columns])
-        if drop_null:
-            df = df.dropna()
-        return KeySet(self.df.sparkSession, None, df.distinct())
+            return KeySet(self.views, list(columns), t, None)
+        where = (" WHERE " + " AND ".join(f"{q(c)} IS NOT NULL" for c in columns)) if drop_null else ""
+        return KeySet(self.views, list(columns), None, f"(SELECT DISTINCT {cols_sql(columns)} FROM {self.sql}{where})")
 
 
 @dataclass
 class KeySet:
-    """Key tuples a batch touches: on the driver (``arrow``: state reads can skip files by
-    their statistics) or as a lazy DataFrame (``df``)."""
-    spark: object
+    """Key tuples a batch touches (``columns``): on the driver (``arrow``: state reads can
+    skip files by their statistics) or as a FROM item (``sql``)."""
+    views: Views
+    columns: list[str]
     arrow: pa.Table | None
-    df: DataFrame | None
+    sql: str | None
 
     @property
     def small(self) -> bool:
@@ -131,17 +219,18 @@ class KeySet:
     def empty(self) -> bool:
         return self.arrow is not None and self.arrow.num_rows == 0
 
-    @property
-    def columns(self) -> list[str]:
-        return list(self.arrow.column_names if self.arrow is not None else self.df.columns)
-
     def renamed(self, columns: list[str]) -> "KeySet":
         """The same tuples under other column names (the other side's key columns)."""
         if self.arrow is not None:
-            return KeySet(self.spark, self.arrow.rename_columns(list(columns)), None)
-        return KeySet(self.spark, None, self.df.toDF(*columns))
+            return KeySet(self.views, list(columns), self.arrow.rename_columns(list(columns)), None)
+        sel = ", ".join(f"{q(a)} AS {q(b)}" for a, b in zip(self.columns, columns))
+        return KeySet(self.views, list(columns), None, f"(SELECT {sel} FROM {self.sql})")
 
-    def frame(self) -> DataFrame:
-        if self.df is None:
-            self.df = arrow_to_spark(self.spark, self.arrow)
-        return self.df
+    def relation(self) -> str:
+        """A FROM item of the keys (a broadcast view when they are on the driver)."""
+        if self.sql is None:
+            df = arrow_to_spark(self.views.spark, self.arrow)
+            if self.small:
+                df = F.broadcast(df)
+            self.sql = self.views.add(df)
+        return self.sql

@@ -33,17 +33,13 @@ from .plan.incremental import PlanTypes, type_plan
 from .runtime import BatchMeta, BatchResult, QueryRuntime, target_key
 from .sink.catalog import publish, published
 from .sources import Cut
-from .sources.formats import latest_cut, open_source, stream_options
-from .sources.stream import CutSource
+from .sources.backlog import next_cut
+from .sources.formats import latest_cut, open_source
+from .sources.spec import INITIAL
+from .sources.stream import CutLog
 from .spec import JobSpec
 
 log = logging.getLogger("consistent_stream")
-
-
-def _registered(spark: SparkSession) -> None:
-    if not getattr(spark, "_consistent_stream_registered", False):
-        spark.dataSource.register(CutSource)
-        spark._consistent_stream_registered = True
 
 
 def source_schemas(job: JobSpec) -> dict[str, list[str]]:
@@ -142,8 +138,9 @@ def _check_fingerprint(job: JobSpec, fp: str, full_refresh: bool) -> None:
         with open(path) as f:
             old = f.read().strip()
         if old != fp:
-            raise ConfigError(f"model {job.model}: its SQL or sources changed since the checkpoint at "
-                              f"{job.checkpoint_location} was made; run dbt run --full-refresh -s {job.model}")
+            raise ConfigError(f"model {job.model}: its SQL or sources (or the engine's checkpoint format) changed "
+                              f"since the checkpoint at {job.checkpoint_location} was made; run "
+                              f"dbt run --full-refresh -s {job.model}")
     job.save()
     with open(path, "w") as f:
         f.write(fp)
@@ -178,7 +175,6 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
             return _summary(job, t0, [], cut, commit.version, _freshness(target, meta, commit.timestamp_ms),
                             full_refresh, _cached_key(job), up_to_date=True)
 
-    _registered(spark)
     compiled, out_schema, types = compile_job(spark, job, cut, sources)  # raises before anything is written
     key = target_key(job, compiled, out_schema)
     log.info("%s: target %s", job.model, f"merged by unique_key {key}" + ("" if job.unique_key else " (inferred)")
@@ -188,9 +184,14 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
     runtime = QueryRuntime(spark, job, compiled, out_schema, types)
     runtime.sources = sources
 
+    cuts = CutLog(os.path.join(job.checkpoint_location, "cuts"))
+    planner_sources = {s.key: open_source(s) for s in job.sources}  # the planner's own handles
+    _plan(job, cuts, planner_sources, target, cut)
+
     results: list[BatchResult] = []
     failure: list[BaseException] = []
-    stopping = threading.Event()  # timeout_s reached: no new batch starts, the running one ends
+    stopping = threading.Event()  # no new batch starts (timeout_s reached, or the run ends)
+    timed_out = threading.Event()
 
     def on_batch(batch_df, batch_id: int) -> None:
         if failure:
@@ -198,28 +199,35 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
         if stopping.is_set():  # fails the query before the batch's commit point: replayed next run
             raise ConsistentStreamError(f"model {job.model}: stopping at the {timeout_s}s timeout")
         try:
-            rows = batch_df.collect()
-            start = Cut({r["source"]: int(r["start_version"]) for r in rows})
-            end = Cut({r["source"]: int(r["end_version"]) for r in rows})
-            results.append(process_batch(runtime, _query_id(job), batch_id, start, end))
+            planned = CutLog.batch_cut(batch_df)
+            if planned is not None:
+                results.append(process_batch(runtime, _query_id(job), batch_id, *planned))
         except BaseException as e:  # surfaced after the query stops, with our message
             failure.append(e)
             raise
 
-    reader = (spark.readStream.format("consistent_stream_cuts")
-              .option("sources", json.dumps(stream_options(job.sources)))
-              .option("max_batch_rows", str(job.max_batch_rows))
-              .option("recompute_threshold", str(job.recompute_threshold)))
-    if job.trigger == "available_now":
-        reader = reader.option("cut", cut.to_json())
-    writer = (reader.load().writeStream.foreachBatch(on_batch)
+    writer = (cuts.stream(spark).writeStream.foreachBatch(on_batch)
               .option("checkpointLocation", job.spark_checkpoint)
               .queryName(f"consistent_stream_{job.schema}_{job.identifier}"))
+    planner = None
     if job.trigger == "available_now":
         writer = writer.trigger(availableNow=True)
     else:
-        writer = writer.trigger(processingTime=f"{float(job.trigger.split(':', 1)[1])} seconds")
+        interval = float(job.trigger.split(':', 1)[1])
+        writer = writer.trigger(processingTime=f"{interval} seconds")
+
+        def plan_forever():
+            while not stopping.wait(interval):
+                try:
+                    _plan(job, cuts, planner_sources, target_for_planner, Cut(latest_cut(list(planner_sources.values()))))
+                except Exception as e:  # surfaced by the next batch (or the run's end)
+                    log.warning("%s: planning the next cut failed: %s", job.model, e)
+        from .delta import DeltaTableRef as _Ref
+        target_for_planner = _Ref(job.target_path)
+        planner = threading.Thread(target=plan_forever, name=f"consistent_stream planner {job.model}", daemon=True)
     query = writer.start()
+    if planner is not None:
+        planner.start()
     try:
         if not timeout_s:
             query.awaitTermination()
@@ -227,22 +235,24 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
             # Stop between batches, never inside one: query.stop() interrupts a running batch,
             # and Spark 4.2 can die with a StackOverflowError while classifying the (long)
             # interruption message of a Python foreachBatch.
+            timed_out.set()
             stopping.set()
             while query.isActive and query.status.get("isTriggerActive"):
                 time.sleep(0.1)
     except Exception as e:
-        if not stopping.is_set():
+        if not timed_out.is_set():
             if failure:
                 raise failure[0]
             raise ConsistentStreamError(f"model {job.model}: streaming query failed: {e}") from e
     finally:
+        stopping.set()
         if query.isActive:
             query.stop()
         progress = [{k: p[k] for k in ("batchId", "numInputRows", "durationMs", "timestamp") if k in p}
                     for p in query.recentProgress]
         for p in progress:
             log.debug("StreamingQueryProgress %s", json.dumps(p, default=str))
-    if failure and not stopping.is_set():
+    if failure and not timed_out.is_set():
         raise failure[0]
 
     version = target.latest_version() if target.exists() else None
@@ -256,6 +266,30 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
     summary = _summary(job, t0, results, cut, version, freshness, full_refresh, key)
     summary["progress"] = progress
     return summary
+
+
+def _plan(job: JobSpec, cuts: CutLog, sources: dict, target, upto: Cut) -> None:
+    """Append to the cut log the batches from the last planned cut to ``upto``: each ends at
+    :func:`~consistent_stream.sources.backlog.next_cut` (at most ``max_batch_rows`` source
+    change rows, at a transaction-consistent cut)."""
+    last = cuts.last()
+    if last is not None:
+        seq, start = last
+    else:
+        seq, start = -1, Cut({k: INITIAL for k in upto.versions})
+        meta = BatchMeta.from_commit(target.latest_commit()) if target.exists() else None
+        if meta is not None and meta.app_id == _query_id(job) and set(meta.cut) == set(upto.versions):
+            seq, start = _last_spark_commit(job) if _last_spark_commit(job) is not None else -1, Cut(meta.cut)
+    current = {k: v for k, v in start.versions.items()}
+    while any(current.get(k, INITIAL) < v for k, v in upto.versions.items()):
+        end = next_cut(list(sources.values()), current, upto.versions, max_rows=job.max_batch_rows,
+                       recompute_threshold=job.recompute_threshold)
+        end = {k: max(int(v), int(current.get(k, INITIAL))) for k, v in end.items()}
+        if end == current:
+            break
+        seq += 1
+        cuts.append(seq, Cut(current), Cut(end))
+        current = end
 
 
 def process_batch(runtime: QueryRuntime, app_id: str, batch_id: int, start: Cut, end: Cut) -> BatchResult:

@@ -33,13 +33,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import LongType, StructField, StructType
 
-from .changelog import WEIGHT, Changelog, arrow_to_spark
+from .changelog import WEIGHT, Views, arrow_to_spark
 from .delta import Commit, DeltaTableRef, Txn
 from .errors import CommitError
 from .metrics import BatchMetrics, Phases, counted_jobs
-from .operators.keyed import restrict_to_keys
 from .plan import CompiledModel
 from .plan.incremental import BatchEvaluator, PlanTypes, spark_confs
 from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, sink_changes
@@ -202,6 +201,14 @@ class QueryRuntime:
         first = start.is_initial()
         prev = None if first else self.previous(app_id, batch_id - 1)
 
+        views = Views(spark)
+        try:
+            return self._evaluate_and_commit(app_id, batch_id, start, end, t0, first, prev, txn, views, ph, metrics)
+        finally:
+            views.drop()
+
+    def _evaluate_and_commit(self, app_id, batch_id, start, end, t0, first, prev, txn, views, ph, metrics):
+        job, spark = self.job, self.spark
         # 1. source changes (driver-side, change-sized)
         changes, read, commit_ms = {}, 0, dict(prev.source_commits) if prev else {}
         if not first:
@@ -209,7 +216,7 @@ class QueryRuntime:
                 a, b = start.versions[key], end.versions[key]
                 if key not in self.columns:
                     continue
-                ch = src.changes(spark, a, b, self.columns[key])
+                ch = src.changes(views, a, b, self.columns[key])
                 changes[key] = ch.changelog
                 read += ch.rows
                 if a != b:
@@ -227,7 +234,7 @@ class QueryRuntime:
                           f"recomputing from snapshots")
         metrics.strategy, metrics.reason = ("recompute" if rebuild else "incremental"), reason
         if rebuild:
-            changes = {key: self.sources[key].snapshot(spark, end.versions[key], cols)
+            changes = {key: self.sources[key].snapshot(views, end.versions[key], cols)
                        for key, cols in self.columns.items()}
             for key, src in self.sources.items():
                 if first or key not in commit_ms:
@@ -235,15 +242,15 @@ class QueryRuntime:
             log.info("%s: batch %d is recomputed from snapshots (%s)", job.model, batch_id, reason)
 
         # 3. delta rules
-        self.store.open(None if first else prev.state_version, rebuild=rebuild)
+        self.store.open(None if first else prev.state_version, views, rebuild=rebuild)
         scratch = os.path.join(job.checkpoint_location, "scratch", f"{batch_id}")
-        ev = BatchEvaluator(spark, self.store, changes, rebuild=rebuild, first=rebuild, scratch=scratch,
+        ev = BatchEvaluator(spark, self.store, changes, views, rebuild=rebuild, first=rebuild, scratch=scratch,
                             types=self.types)
         confs = {} if rebuild else INCREMENTAL_CONFS
         try:
             with spark_confs(spark, confs):
                 if rebuild:
-                    out = ev.delta(self.compiled.root)
+                    out = ev.output_sql(self.compiled.root, self.compiled.output_columns, self.output_schema)
                 else:
                     out = ev.output(self.compiled.root, self.compiled.output_columns, self.output_schema)
                 ph.mark("evaluate")
@@ -257,7 +264,7 @@ class QueryRuntime:
                 meta = BatchMeta(**{**asdict(meta), "state_version": state_version})
                 ph.mark("commit_state")
                 # 5. the target
-                version, written, rewritten = self._commit_target(out, rebuild, prev, txn, meta)
+                version, written, rewritten = self._commit_target(out, rebuild, txn, meta)
                 ph.mark("commit_target")
         finally:
             ev.close()
@@ -269,16 +276,19 @@ class QueryRuntime:
         metrics.phases = ph.times
         return BatchResult(batch_id, False, read, written, version, time.time() - t0, end.versions, metrics)
 
-    def _commit_target(self, out: Changelog, rebuild: bool, prev: BatchMeta | None, txn: Txn,
-                       meta: BatchMeta) -> tuple[int, int, int]:
-        job = self.job
+    def _commit_target(self, out, rebuild: bool, txn: Txn, meta: BatchMeta) -> tuple[int, int, int]:
+        """Step 5: a rebuild (``out``: the SELECT of the whole view, or None when empty)
+        replaces the target; an incremental change (``out``: the materialized changelog) is
+        merged into it."""
+        job, spark = self.job, self.spark
         md = meta.to_metadata()
         if rebuild:
-            df = out.df.select(*[F.col(f"`{c}`").cast(f.dataType).alias(f.name)
-                                 for c, f in zip(self.compiled.output_columns, self.output_schema.fields)],
-                               F.col(WEIGHT))
-            from .changelog import consolidate
-            return commit_rebuild(self.target, consolidate(df), unique_key=self.key, partition_by=job.partition_by,
+            if out is None:
+                df = spark.createDataFrame([], StructType(list(self.output_schema.fields) +
+                                                          [StructField(WEIGHT, LongType(), True)]))
+            else:
+                df = spark.sql(out)
+            return commit_rebuild(self.target, df, unique_key=self.key, partition_by=job.partition_by,
                                   file_rows=job.state_file_rows, txn=txn, metadata=md, model=job.model)
         prev_version = self.target.version()
         if out.arrow is None:
@@ -288,7 +298,7 @@ class QueryRuntime:
         if self.key is not None:
             changes = sink_changes(out.arrow, self.key, job.model, first=False)
         else:
-            changes = bag_changes(out.arrow, _multiplicities(self.spark, self.target, prev_version, out.arrow),
+            changes = bag_changes(out.arrow, _multiplicities(spark, self.target, prev_version, out.arrow),
                                   job.model, first=False)
         return commit_changes(self.target, changes, unique_key=self.key, txn=txn, metadata=md)
 
@@ -301,10 +311,18 @@ def _multiplicities(spark: SparkSession, target: DeltaTableRef, version: int, de
     if neg.num_rows == 0:
         return None
     cols = neg.column_names
-    rows = target.read_snapshot(spark, version).select(*[F.col(f"`{c}`") for c in cols])
-    wanted = arrow_to_spark(spark, neg, rows.schema)
-    hit = restrict_to_keys(rows, cols, wanted, cols, null_safe=True)
-    return hit.groupBy(*[F.col(f"`{c}`") for c in cols]).agg(F.count(F.lit(1)).alias("__count")).toArrow()
+    views = Views(spark)
+    try:
+        rows = target.read_snapshot(spark, version, cols)
+        t = views.add(rows)
+        k = views.add(F.broadcast(arrow_to_spark(spark, neg, rows.schema)))
+        from .changelog import cols_sql
+        from .operators.keyed import key_condition
+        sql = (f"SELECT {cols_sql(cols)}, COUNT(1) AS `__count` FROM (SELECT s.* FROM {t} s LEFT SEMI JOIN {k} k "
+               f"ON {key_condition('s', cols, 'k', cols, True)}) GROUP BY {cols_sql(cols)}")
+        return spark.sql(sql).toArrow()
+    finally:
+        views.drop()
 
 
 __all__ = ["BatchMeta", "BatchResult", "QueryRuntime", "RECOMPUTE_THRESHOLD", "target_key", "INITIAL"]

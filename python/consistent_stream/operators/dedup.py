@@ -19,43 +19,42 @@ In: the input changelog (columns + ``__weight``), consolidated. Out: the same co
 """
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
-from pyspark.sql import functions as F
-
-from ..changelog import WEIGHT, Changelog, consolidate
+from ..changelog import WEIGHT, Changelog, cols_sql, consolidate_sql, q
 from ..plan.logical import SortKey
 from .keyed import Lookup
 
-
-def _sort_column(k: SortKey):
-    c = F.col(f"`{k.column}`")
-    if k.descending:
-        return c.desc_nulls_first() if k.effective_nulls_first else c.desc_nulls_last()
-    return c.asc_nulls_first() if k.effective_nulls_first else c.asc_nulls_last()
+W = q(WEIGHT)
 
 
-def first_rows(log: DataFrame, partition: list[str], order: list[SortKey]) -> DataFrame:
-    """Per partition the first live row of a Z-set log. Out: columns + ``__weight`` = 1."""
-    cols = [c for c in log.columns if c != WEIGHT]
+def _sort_sql(k: SortKey) -> str:
+    return f"{q(k.column)} {'DESC' if k.descending else 'ASC'} NULLS {'FIRST' if k.effective_nulls_first else 'LAST'}"
+
+
+def first_rows(relation: str, columns: list[str], partition: list[str], order: list[SortKey]) -> str:
+    """Per partition the first live row of a Z-set (``relation`` with data ``columns``), as
+    a SELECT of ``columns`` + ``__weight`` = 1."""
     ordered = {k.column for k in order}
-    sort = [_sort_column(k) for k in order] + [F.col(f"`{c}`").asc_nulls_first() for c in cols if c not in ordered]
-    live = consolidate(log).where(F.col(WEIGHT) > 0)
-    w = Window.partitionBy(*[F.col(f"`{c}`") for c in partition]).orderBy(*sort)
-    return (live.withColumn("__rn", F.row_number().over(w)).where(F.col("__rn") == 1)
-            .select(*[F.col(f"`{c}`") for c in cols], F.lit(1).cast("bigint").alias(WEIGHT)))
+    sort = [_sort_sql(k) for k in order] + [f"{q(c)} ASC NULLS FIRST" for c in columns if c not in ordered]
+    part = f"PARTITION BY {cols_sql(partition)} " if partition else ""
+    live = f"SELECT * FROM ({consolidate_sql(relation, columns)}) WHERE {W} > 0"
+    ranked = f"SELECT {cols_sql(columns)}, ROW_NUMBER() OVER ({part}ORDER BY {', '.join(sort)}) AS `__rn` FROM ({live})"
+    return f"SELECT {cols_sql(columns)}, CAST(1 AS BIGINT) AS {W} FROM ({ranked}) WHERE `__rn` = 1"
 
 
-def dedup_delta(delta: Changelog, old: Lookup, partition: list[str], order: list[SortKey]) -> DataFrame | None:
-    """The dedup's output changelog for one batch (``old``: the ``rows`` arrangement as of the
-    previous batch)."""
-    if delta.empty:
+def dedup_delta(delta: Changelog, old: Lookup, partition: list[str], order: list[SortKey]) -> str | None:
+    """The dedup's output changelog for one batch, as a SELECT (``old``: the ``rows``
+    arrangement as of the previous batch); None when it is known to be empty."""
+    if delta.is_empty:
         return None
+    cols = delta.data_columns
     before = None
     if not old.empty:
         read = old.read(delta.keys(partition)) if partition else old.read(None)
-        before = None if read.empty else read.df.select(*delta.df.columns)
+        before = None if read.is_empty else read.sql
     if before is None:
-        return first_rows(delta.df, partition, order)
-    new_first = first_rows(before.unionByName(delta.df), partition, order)
-    old_first = first_rows(before, partition, order)
-    return consolidate(new_first.unionByName(old_first.withColumn(WEIGHT, -F.col(WEIGHT))))
+        return first_rows(delta.sql, cols, partition, order)
+    c = cols_sql(cols + [WEIGHT])
+    new_first = first_rows(f"(SELECT {c} FROM {before} UNION ALL SELECT {c} FROM {delta.sql})", cols, partition, order)
+    old_first = first_rows(before, cols, partition, order)
+    both = f"(SELECT * FROM ({new_first}) UNION ALL SELECT {cols_sql(cols)}, -{W} FROM ({old_first}))"
+    return consolidate_sql(both, cols)

@@ -35,69 +35,58 @@ Example (inner, key k): L_old = {(k=1, a): +1}, R_old = {}, dR = {(k=1, x): +1} 
 d = L_old join dR = {(1, a, 1, x): +1}.
 
 Columns in: each side's changelog holds its data columns, its key columns (the evaluated join
-keys, named in ``left_keys``/``right_keys``) and ``__weight``, consolidated; the lookups return
-rows of the same columns. Out: left data columns, right data columns (none for semi/anti),
+keys) and ``__weight``, consolidated; the lookups return rows of the same columns. Out (a
+Spark SQL SELECT): left data columns, right data columns (none for semi/anti),
 ``__weight``; not consolidated; None when the change is known to be empty.
 """
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from dataclasses import dataclass
 
-from ..changelog import WEIGHT, Changelog, KeySet, consolidate
+from ..changelog import WEIGHT, Changelog, KeySet, cols_sql, consolidate_sql, q
 from .keyed import Lookup, key_condition, union_keys
 
 JOIN_KINDS = ("inner", "left", "full", "semi", "anti")
+W = q(WEIGHT)
 
 
-class _Side:
-    """One input of the join: its change, its old rows at the touched keys (or None), key
-    columns and data columns with their types."""
+@dataclass
+class JoinSide:
+    """One input of the join: its change, key columns, data columns and their SQL types (for
+    NULL padding), and its old rows at the touched keys once read (None: none)."""
+    delta: Changelog
+    keys: list[str]
+    cols: list[str]
+    types: list[str]
+    old: Changelog | None = None
 
-    def __init__(self, delta: Changelog, keys: list[str], cols: list[str]):
-        self.delta, self.keys, self.cols = delta, keys, cols
-        self.old: DataFrame | None = None
-        self.types = [delta.df.schema[c].dataType for c in cols]
-
-    def null_padding(self) -> list:
-        return [F.lit(None).cast(t).alias(c) for c, t in zip(self.cols, self.types)]
-
-    def data(self, df: DataFrame) -> DataFrame:
-        return df.select(*[F.col(f"`{c}`") for c in self.cols + self.keys], F.col(WEIGHT))
+    def null_padding(self) -> str:
+        return ", ".join(f"CAST(NULL AS {t}) AS {q(c)}" for c, t in zip(self.cols, self.types))
 
 
-def _matched(a: DataFrame, a_side: _Side, b: DataFrame, b_side: _Side, residual: str | None,
-             null_safe: bool, how: str) -> DataFrame:
-    """``a`` joined to ``b`` on the keys and the residual (Spark join type ``how``), weights
-    renamed ``__wa``/``__wb``."""
-    a2 = a.withColumnRenamed(WEIGHT, "__wa")
-    b2 = b.withColumnRenamed(WEIGHT, "__wb")
-    cond = key_condition(a2, a_side.keys, b2, b_side.keys, null_safe)
-    if residual:
-        cond = cond & F.expr(residual)
-    return a2.join(b2, cond, how)
+def _on(a: str, a_side: JoinSide, b: str, b_side: JoinSide, residual: str | None, null_safe: bool) -> str:
+    cond = key_condition(a, a_side.keys, b, b_side.keys, null_safe)
+    return f"{cond} AND ({residual})" if residual else cond
 
 
-def _inner(l: DataFrame, left: _Side, r: DataFrame, right: _Side, residual, null_safe) -> DataFrame:
+def _inner(l_rel: str, left: JoinSide, r_rel: str, right: JoinSide, residual, null_safe) -> str:
     """One term of the bilinear rule: ``l join r``, weights multiplied."""
-    j = _matched(l, left, r, right, residual, null_safe, "inner")
-    return j.select(*[F.col(f"`{c}`") for c in left.cols + right.cols], (F.col("__wa") * F.col("__wb")).alias(WEIGHT))
+    return (f"SELECT {cols_sql(left.cols, 'l')}, {cols_sql(right.cols, 'r')}, l.{W} * r.{W} AS {W} "
+            f"FROM {l_rel} l JOIN {r_rel} r ON {_on('l', left, 'r', right, residual, null_safe)}")
 
 
-def _associations(a: DataFrame, a_side: _Side, b: DataFrame, b_side: _Side, residual, null_safe,
-                  sums: dict) -> DataFrame:
-    """Per row of ``a`` (consolidated: distinct rows, weight ``__wa``), sums over the rows of
-    ``b`` it matches: ``sums`` maps an output name to a column expression over ``__wb`` and
-    ``b``'s columns (a row without a match sums to 0). Out: ``a_side.cols + keys``, ``__wa``, sums."""
-    b_cols = [F.col(f"`{c}`") for c in b_side.cols] if residual else []
-    extra = [c for c in b.columns if c.startswith("__tag")]
-    j = _matched(a, a_side, b.select(*[F.col(f"`{k}`") for k in b_side.keys], *b_cols, *extra, F.col(WEIGHT)),
-                 b_side, residual, null_safe, "left")
-    return j.groupBy(*[F.col(f"`{c}`") for c in a_side.cols + a_side.keys], F.col("__wa")) \
-        .agg(*[F.sum(F.coalesce(e, F.lit(0))).alias(n) for n, e in sums.items()])
+def _associations(a_rel: str, a: JoinSide, b_rel: str, b: JoinSide, residual, null_safe, sums: dict) -> str:
+    """Per row of ``a_rel`` (consolidated: distinct rows), sums over the rows of ``b_rel`` it
+    matches: ``sums`` maps an output name to an expression over ``__wb`` and ``__tag_old``
+    (a row without a match sums to 0). Out: ``a.cols + a.keys``, ``__wa``, the sums."""
+    a_cols = a.cols + a.keys
+    agg = ", ".join(f"SUM(COALESCE({e}, 0)) AS {q(n)}" for n, e in sums.items())
+    return (f"SELECT {cols_sql(a_cols, 'a')}, a.{W} AS `__wa`, {agg} "
+            f"FROM {a_rel} a LEFT JOIN {b_rel} b ON {_on('a', a, 'b', b, residual, null_safe)} "
+            f"GROUP BY {cols_sql(a_cols, 'a')}, a.{W}")
 
 
-def _unmatched_delta(a: _Side, b: _Side, residual, null_safe) -> DataFrame | None:
+def _unmatched_delta(a: JoinSide, b: JoinSide, residual, null_safe) -> str | None:
     """The change of unmatched(A, B) in this batch (see the module docstring), in two parts:
 
     * the rows of ``dA`` with no association in ``B_old + dB``;
@@ -105,100 +94,93 @@ def _unmatched_delta(a: _Side, b: _Side, residual, null_safe) -> DataFrame | Non
       more (retracted) or from more to 0 (emitted): one join of ``consolidate(A_old)``
       with ``B_old`` (tagged old) and ``dB``, counting before and after in one pass.
 
-    Out: ``a.cols`` + ``__weight``.
+    Out: a SELECT of ``a.cols`` + ``__weight``.
     """
-    cols = [F.col(f"`{c}`") for c in a.cols]
     parts = []
-    if not a.delta.empty:
-        b_new = b.delta.df if b.old is None else b.old.unionByName(b.delta.df)
-        fresh = _associations(a.delta.df, a, b_new, b, residual, null_safe, {"__assoc": F.col("__wb")})
-        parts.append(fresh.where(F.col("__assoc") == 0).select(*cols, F.col("__wa").alias(WEIGHT)))
-    if not b.delta.empty and a.old is not None:
-        a_old = consolidate(a.data(a.old))
-        b_k = b.delta.df.withColumn("__tag_old", F.lit(0))
-        if b.old is not None:
-            b_k = b.old.withColumn("__tag_old", F.lit(1)).unionByName(b_k)
+    b_cols = b.cols + b.keys
+    if not a.delta.is_empty:
+        b_new = f"(SELECT {cols_sql(b_cols)}, {W} AS `__wb` FROM {b.delta.sql}" + (
+            f" UNION ALL SELECT {cols_sql(b_cols)}, {W} FROM {b.old.sql})" if b.old is not None else ")")
+        fresh = _associations(a.delta.sql, a, b_new, b, residual, null_safe, {"__assoc": "`__wb`"})
+        parts.append(f"SELECT {cols_sql(a.cols)}, `__wa` AS {W} FROM ({fresh}) WHERE `__assoc` = 0")
+    if not b.delta.is_empty and a.old is not None:
+        a_old = f"({consolidate_sql(a.old.sql, a.cols + a.keys)})"
+        b_k = f"(SELECT {cols_sql(b_cols)}, {W} AS `__wb`, 0 AS `__tag_old` FROM {b.delta.sql}" + (
+            f" UNION ALL SELECT {cols_sql(b_cols)}, {W}, 1 FROM {b.old.sql})" if b.old is not None else ")")
         counts = _associations(a_old, a, b_k, b, residual, null_safe,
-                               {"__c_old": F.col("__wb") * F.col("__tag_old"), "__c_new": F.col("__wb")})
-        parts.append(counts.where((F.col("__c_old") == 0) != (F.col("__c_new") == 0)).select(
-            *cols, F.when(F.col("__c_new") == 0, F.col("__wa")).otherwise(-F.col("__wa")).alias(WEIGHT)))
+                               {"__c_old": "`__wb` * `__tag_old`", "__c_new": "`__wb`"})
+        parts.append(f"SELECT {cols_sql(a.cols)}, CASE WHEN `__c_new` = 0 THEN `__wa` ELSE -`__wa` END AS {W} "
+                     f"FROM ({counts}) WHERE (`__c_old` = 0) <> (`__c_new` = 0)")
     return _union(parts)
 
 
-def _union(parts: list[DataFrame]) -> DataFrame | None:
+def _union(parts: list[str]) -> str | None:
     if not parts:
         return None
-    out = parts[0]
-    for p in parts[1:]:
-        out = out.unionByName(p)
-    return out
+    return " UNION ALL ".join(f"SELECT * FROM ({p})" for p in parts) if len(parts) > 1 else parts[0]
 
 
-def join_delta(kind: str, d_left: Changelog, d_right: Changelog, left_old: Lookup, right_old: Lookup,
-               left_keys: list[str], right_keys: list[str], residual: str | None,
-               left_cols: list[str], right_cols: list[str], null_safe: bool = False) -> DataFrame | None:
-    """The join's output changelog for one batch (see the module docstring).
+def join_delta(kind: str, left: JoinSide, right: JoinSide, left_old: Lookup, right_old: Lookup,
+               residual: str | None, null_safe: bool = False) -> str | None:
+    """The join's output changelog for one batch, as a SELECT (see the module docstring).
 
-    ``kind``: inner, left, full, semi or anti. ``left_keys``/``right_keys``: the key columns
-    of each side's changelog and arrangement; ``residual``: Spark SQL over the data columns of
-    both sides, or None. ``left_old``/``right_old``: the arrangements as of the previous
-    batch. Returns None when the change is known to be empty.
+    ``kind``: inner, left, full, semi or anti. ``residual``: Spark SQL over the data columns
+    of both sides (names are unique in a plan), or None. ``left_old``/``right_old``: the
+    arrangements as of the previous batch. Returns None when the change is known to be empty.
     """
     if kind not in JOIN_KINDS:
         raise ValueError(f"join kind {kind!r}: expected one of {', '.join(JOIN_KINDS)}")
-    if d_left.empty and d_right.empty:
+    dl, dr = left.delta, right.delta
+    if dl.is_empty and dr.is_empty:
         return None
-    left = _Side(d_left, left_keys, left_cols)
-    right = _Side(d_right, right_keys, right_cols)
     inner = kind in ("inner", "left", "full")
     unmatched_l = kind in ("left", "full", "semi", "anti")
     unmatched_r = kind == "full"
-    k_l = None if d_left.empty else d_left.keys(left_keys, drop_null=not null_safe)
-    k_r = None if d_right.empty else d_right.keys(right_keys, drop_null=not null_safe)
+    k_l = None if dl.is_empty else dl.keys(left.keys, drop_null=not null_safe)
+    k_r = None if dr.is_empty else dr.keys(right.keys, drop_null=not null_safe)
 
     # old rows read once per side, at every key a term needs
     r_at: list[KeySet] = []
-    if k_l is not None and (inner or unmatched_l or unmatched_r):
-        r_at.append(k_l.renamed(right_keys))
+    if k_l is not None:
+        r_at.append(k_l.renamed(right.keys))
     if k_r is not None and unmatched_l:
         r_at.append(k_r)
     l_at: list[KeySet] = []
     if k_r is not None:
-        l_at.append(k_r.renamed(left_keys))
+        l_at.append(k_r.renamed(left.keys))
     if k_l is not None and unmatched_r:
         l_at.append(k_l)
     right.old = _read(right_old, r_at, null_safe)
     left.old = _read(left_old, l_at, null_safe)
 
-    parts: list[DataFrame] = []
+    parts: list[str] = []
     if inner:
-        if right.old is not None and not d_left.empty:
-            parts.append(_inner(d_left.df, left, right.old, right, residual, null_safe))
-        if left.old is not None and not d_right.empty:
-            parts.append(_inner(left.old, left, d_right.df, right, residual, null_safe))
-        if not d_left.empty and not d_right.empty:
-            parts.append(_inner(d_left.df, left, d_right.df, right, residual, null_safe))
+        if right.old is not None and not dl.is_empty:
+            parts.append(_inner(dl.sql, left, right.old.sql, right, residual, null_safe))
+        if left.old is not None and not dr.is_empty:
+            parts.append(_inner(left.old.sql, left, dr.sql, right, residual, null_safe))
+        if not dl.is_empty and not dr.is_empty:
+            parts.append(_inner(dl.sql, left, dr.sql, right, residual, null_safe))
     if unmatched_l:
         unmatched = _unmatched_delta(left, right, residual, null_safe)
         if kind == "anti":
-            parts += [unmatched] if unmatched is not None else []
-        elif kind == "semi":
-            if not d_left.empty:
-                parts.append(d_left.df.select(*[F.col(f"`{c}`") for c in left_cols], F.col(WEIGHT)))
             if unmatched is not None:
-                parts.append(unmatched.withColumn(WEIGHT, -F.col(WEIGHT)))
+                parts.append(unmatched)
+        elif kind == "semi":
+            if not dl.is_empty:
+                parts.append(f"SELECT {cols_sql(left.cols)}, {W} FROM {dl.sql}")
+            if unmatched is not None:
+                parts.append(f"SELECT {cols_sql(left.cols)}, -{W} AS {W} FROM ({unmatched})")
         elif unmatched is not None:
-            parts.append(unmatched.select(*[F.col(f"`{c}`") for c in left_cols], *right.null_padding(),
-                                          F.col(WEIGHT)))
+            parts.append(f"SELECT {cols_sql(left.cols)}, {right.null_padding()}, {W} FROM ({unmatched})")
     if unmatched_r:
-        unmatched_r_df = _unmatched_delta(right, left, residual, null_safe)
-        if unmatched_r_df is not None:
-            parts.append(unmatched_r_df.select(*left.null_padding(), *[F.col(f"`{c}`") for c in right_cols],
-                                               F.col(WEIGHT)))
+        unmatched_r_sql = _unmatched_delta(right, left, residual, null_safe)
+        if unmatched_r_sql is not None:
+            parts.append(f"SELECT {left.null_padding()}, {cols_sql(right.cols)}, {W} FROM ({unmatched_r_sql})")
     return _union(parts)
 
 
-def _read(lookup: Lookup, at: list[KeySet], null_safe: bool) -> DataFrame | None:
+def _read(lookup: Lookup, at: list[KeySet], null_safe: bool) -> Changelog | None:
     """The old rows of one side at the union of ``at`` (None: none needed, or none stored)."""
     if not at or lookup.empty:
         return None
@@ -206,4 +188,4 @@ def _read(lookup: Lookup, at: list[KeySet], null_safe: bool) -> DataFrame | None
     if keys.empty:
         return None
     old = lookup.read(keys, null_safe=null_safe)
-    return None if old.empty else old.df
+    return None if old.is_empty else old

@@ -1,31 +1,38 @@
-"""Linear operators: filter and project commute with Z-set addition, so their delta rule is
-the operator itself: ``d(filter(A)) = filter(dA)``, ``d(project(A)) = project(dA)``.
+"""Linear operators: filter, project, union and reweight commute with Z-set addition, so their
+delta rule is the operator itself: ``d(filter(A)) = filter(dA)``, ``d(project(A)) =
+project(dA)``, ``d(A union all B) = dA union all dB``.
 
 Example: dA = {(k=1, x=5): +1, (k=2, x=-1): -1}; ``filter x > 0`` -> {(1, 5): +1}.
+
+Each rule maps a changelog (a FROM item of Spark SQL with its columns, the last
+``__weight``) to the SELECT of its output.
 """
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
-
-from ..changelog import WEIGHT
+from ..changelog import WEIGHT, cols_sql, q
 
 
-def filter_delta(delta: DataFrame, predicate: str) -> DataFrame:
-    """Rows of ``delta`` whose ``predicate`` (Spark SQL) is TRUE; weights unchanged."""
-    return delta.where(F.expr(predicate))
+def filter_sql(relation: str, predicate: str) -> str:
+    """Rows of ``relation`` whose ``predicate`` (Spark SQL) is TRUE; weights unchanged."""
+    return f"SELECT * FROM {relation} WHERE {predicate}"
 
 
-def project_delta(delta: DataFrame, names: list[str], exprs: list[str]) -> DataFrame:
+def project_sql(relation: str, names: list[str], exprs: list[str]) -> str:
     """``names[i] = exprs[i]`` per row, plus the unchanged ``__weight``."""
-    return delta.select(*[F.expr(e).alias(n) for n, e in zip(names, exprs)], F.col(WEIGHT))
+    sel = ", ".join(f"{e} AS {q(n)}" for n, e in zip(names, exprs))
+    return f"SELECT {sel}, {q(WEIGHT)} FROM {relation}"
 
 
-def reweight_delta(delta: DataFrame, count: str) -> DataFrame:
+def union_sql(left: str, right: str, columns: list[str]) -> str:
+    """UNION ALL of two changelogs with the same ``columns`` (weights added by position)."""
+    c = cols_sql(columns)
+    return f"SELECT {c} FROM {left} UNION ALL SELECT {c} FROM {right}"
+
+
+def reweight_sql(relation: str, columns: list[str], count: str) -> str:
     """Each row's weight times its ``count`` column (a non-negative integer), which is
-    dropped; rows whose weight becomes 0 are dropped. Linear: ``d(reweight(A)) =
-    reweight(dA)``. In: columns incl. ``count`` + ``__weight``; out: the other columns +
-    ``__weight``."""
-    w = (F.col(WEIGHT) * F.col(f"`{count}`")).cast("bigint")
-    return delta.select(*[F.col(f"`{c}`") for c in delta.columns if c not in (WEIGHT, count)],
-                        w.alias(WEIGHT)).where(F.col(WEIGHT) != 0)
+    dropped; rows whose weight becomes 0 are dropped. In: ``columns`` incl. ``count`` +
+    ``__weight``; out: the other columns + ``__weight``."""
+    keep = [c for c in columns if c not in (WEIGHT, count)]
+    w = f"CAST({q(WEIGHT)} * {q(count)} AS BIGINT)"
+    return f"SELECT {cols_sql(keep)}, {w} AS {q(WEIGHT)} FROM {relation} WHERE {w} <> 0"

@@ -27,6 +27,7 @@ from sqlglot.optimizer.qualify import qualify
 from ..errors import CompileError
 from ..sources import SourceSpec
 from .keys import output_unique_key
+from .prune import prune_columns
 from .logical import (Aggregate, AggCall, Dedup, Filter, Join, Node, Project, Reweight, Scan, SortKey, Union,
                       assign_ids)
 
@@ -812,15 +813,23 @@ def compile_model(sql: str, sources: list[SourceSpec], schemas: dict[str, list[s
     Raises CompileError (construct + line) for anything outside the supported SQL.
     """
     root, outputs = _Compiler(sql, sources, schemas).compile()
+    unique_key = output_unique_key(root)
+    prune_columns(root)
     assign_ids(root)
     return CompiledModel(sql=sql, root=root, output_columns=[internal for _, internal in outputs],
-                         sources=sources, fingerprint=fingerprint(sql, sources), unique_key=output_unique_key(root))
+                         sources=sources, fingerprint=fingerprint(sql, sources), unique_key=unique_key)
+
+
+STATE_FORMAT = 2
+"""Version of the checkpoint's layout (plan, state, cut log); part of the fingerprint, so a
+checkpoint of another layout asks for a full refresh instead of being misread."""
 
 
 def fingerprint(sql: str, sources: list[SourceSpec]) -> str:
     """What a checkpoint was made for: the model SQL and its sources (key and location). A
     change of either needs a full refresh; computed without compiling."""
     h = hashlib.sha256()
+    h.update(f"state format {STATE_FORMAT}|".encode())
     h.update(sql.strip().encode())
     for s in sorted(sources, key=lambda s: s.key):
         h.update(f"|{s.key}|{s.location}".encode())

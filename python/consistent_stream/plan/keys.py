@@ -18,16 +18,9 @@ smallest inferred key when the model sets no ``unique_key``; a view without one 
 """
 from __future__ import annotations
 
-from .logical import Aggregate, Dedup, Filter, Join, Node, Project, Reweight, Scan, Union
+from .logical import Aggregate, Dedup, Filter, Join, Node, Project, Reweight, Scan, Union, plain_column
 
 Key = frozenset
-
-
-def _plain_column(expr: str) -> str | None:
-    """``name`` when ``expr`` is just the backticked column ``name``."""
-    if expr.startswith("`") and expr.endswith("`") and expr.count("`") == 2:
-        return expr[1:-1]
-    return None
 
 
 def _minimal(keys: list[Key]) -> list[Key]:
@@ -51,7 +44,7 @@ def unique_keys(node: Node) -> list[Key]:
     if isinstance(node, Project):
         renamed: dict[str, str] = {}
         for c, e in zip(node.columns, node.exprs):
-            src = _plain_column(e)
+            src = plain_column(e)
             if src is not None:
                 renamed.setdefault(src, c)
         return _minimal([Key(renamed[k] for k in key) for key in unique_keys(node.child)
@@ -73,8 +66,8 @@ def unique_keys(node: Node) -> list[Key]:
         left, right = unique_keys(node.left), unique_keys(node.right)
         if node.kind in ("semi", "anti"):
             return left
-        plain_l = {_plain_column(k) for k in node.left_keys} - {None}
-        plain_r = {_plain_column(k) for k in node.right_keys} - {None}
+        plain_l = {plain_column(k) for k in node.left_keys} - {None}
+        plain_r = {plain_column(k) for k in node.right_keys} - {None}
         keys = [kl | kr for kl in left for kr in right]
         if node.kind in ("inner", "left") and any(kr <= plain_r for kr in right):
             keys += left

@@ -150,6 +150,13 @@ class Reweight(Node):
         return [self.child]
 
 
+def plain_column(expr: str) -> str | None:
+    """``name`` when the plan expression (Spark SQL) is just the backticked column ``name``."""
+    if expr.startswith("`") and expr.endswith("`") and expr.count("`") == 2:
+        return expr[1:-1]
+    return None
+
+
 def walk(node: Node):
     """Post-order traversal (children first)."""
     for c in node.children:

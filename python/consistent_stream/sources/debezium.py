@@ -542,15 +542,15 @@ class DebeziumSource:
     def commit_ms(self, position: int) -> int:
         return self.reader(upto=position).commit_ms(position)
 
-    def _changelog(self, spark, data: pa.Table):
+    def _changelog(self, views, data: pa.Table):
         from ..changelog import Changelog
         from pyspark.sql.pandas.types import from_arrow_schema
-        return Changelog.of_arrow(spark, data, schema=from_arrow_schema(data.schema))
+        return Changelog.of_arrow(views, data, schema=from_arrow_schema(data.schema))
 
-    def snapshot(self, spark, position: int, columns):
+    def snapshot(self, views, position: int, columns):
         rel = self.reader(upto=position).table_at(self.spec.table, position, columns)
         z = rel.append_column(WEIGHT, pa.array([1] * rel.num_rows, pa.int64()))
-        return self._changelog(spark, z)
+        return self._changelog(views, z)
 
     def snapshot_arrow(self, position: int) -> pa.Table:
         return self.reader(upto=position).table_at(self.spec.table, position)
@@ -559,8 +559,8 @@ class DebeziumSource:
         from ..changelog import arrow_to_spark
         return arrow_to_spark(spark, self.snapshot_arrow(position))
 
-    def changes(self, spark, start: int, end: int, columns):
+    def changes(self, views, start: int, end: int, columns):
         from .delta_cdf import SourceChanges
         z = self.reader(upto=end).changes(self.spec.table, start, end, columns)
         ms = self.reader().commit_ms(end) if z.num_rows else None
-        return SourceChanges(self._changelog(spark, z), z.num_rows, ms)
+        return SourceChanges(self._changelog(views, z), z.num_rows, ms)

@@ -74,8 +74,9 @@ class DeltaSource:
         from .backlog import SourceCommit
         return [SourceCommit(v, ts, rows) for v, ts, rows in self._require().commit_rows(start, end)]
 
-    def snapshot(self, spark: SparkSession, position: int, columns: list[str] | None) -> Changelog:
-        return Changelog(with_weight(self._require().read_snapshot(spark, position, columns)))
+    def snapshot(self, views, position: int, columns: list[str] | None) -> Changelog:
+        """The table at ``position``, every row +1, read by Spark's executors."""
+        return Changelog.of_frame(views, with_weight(self._require().read_snapshot(views.spark, position, columns)))
 
     def snapshot_dataframe(self, spark: SparkSession, position: int) -> DataFrame:
         return self._require().read_snapshot(spark, position)
@@ -84,9 +85,10 @@ class DeltaSource:
         from deltalake import DeltaTable
         return pa.table(DeltaTable(self.spec.location, version=position).to_pyarrow_table())
 
-    def changes(self, spark: SparkSession, start: int, end: int, columns: list[str] | None) -> SourceChanges:
-        """The changes in ``(start, end]`` as a driver-side Z-set. Raises SourceError when the
-        table is missing or its Change Data Feed is off or gone for those versions."""
+    def changes(self, views, start: int, end: int, columns: list[str] | None) -> SourceChanges:
+        """The changes in ``(start, end]`` as a driver-side Z-set (a relation among ``views``).
+        Raises SourceError when the table is missing or its Change Data Feed is off or gone for
+        those versions."""
         table = self._require()
         if start == INITIAL:
             raise ValueError("a snapshot is read with snapshot(), not changes()")
@@ -94,7 +96,7 @@ class DeltaSource:
         from pyspark.sql.types import LongType, StructField
         zschema = StructType(list(schema.fields) + [StructField(WEIGHT, LongType())])
         if start == end:
-            return SourceChanges(Changelog.of_arrow(spark, _empty(zschema), schema=zschema), 0, None)
+            return SourceChanges(Changelog.empty(views, zschema), 0, None)
         arrow = table.read_changes_arrow(start, end, columns)
         n = arrow.num_rows
         kinds = arrow.column("_change_type")
@@ -109,18 +111,13 @@ class DeltaSource:
         weight = pc.if_else(pc.is_in(kinds, pa.array(["insert", "update_postimage"])), 1, -1).cast(pa.int64())
         keep = [c for c in arrow.column_names if c not in ("_change_type", "_commit_version", "_commit_timestamp")]
         data = arrow.select(keep).append_column(WEIGHT, weight)
-        return SourceChanges(Changelog.of_arrow(spark, data, schema=zschema), n, commit_ms)
+        return SourceChanges(Changelog.of_arrow(views, data, schema=zschema), n, commit_ms)
 
 
 def _schema(table: DeltaTableRef, version: int | None, columns: list[str] | None) -> pa.Schema:
     from ..delta.deltars import plain_arrow
     schema = plain_arrow(table.arrow_schema(version).empty_table()).schema
     return schema if columns is None else pa.schema([schema.field(c) for c in columns])
-
-
-def _empty(schema: StructType) -> pa.Table:
-    from pyspark.sql.pandas.types import to_arrow_schema
-    return pa.Table.from_batches([], schema=to_arrow_schema(schema))
 
 
 def _check_update_pairs(source: SourceSpec, arrow: pa.Table) -> None:

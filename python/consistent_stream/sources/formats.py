@@ -42,13 +42,15 @@ class Source(Protocol):
 
     def commit_ms(self, position: int) -> int: ...
 
-    def snapshot(self, spark: SparkSession, position: int, columns: list[str] | None) -> Changelog: ...
+    def snapshot(self, views, position: int, columns: list[str] | None) -> Changelog: ...
 
     def snapshot_dataframe(self, spark: SparkSession, position: int) -> DataFrame: ...
 
     def snapshot_arrow(self, position: int) -> pa.Table: ...
 
-    def changes(self, spark: SparkSession, start: int, end: int, columns: list[str] | None) -> SourceChanges: ...
+    def changes(self, views, start: int, end: int, columns: list[str] | None) -> SourceChanges: ...
+
+    def commits(self, start: int, end: int) -> list: ...
 
 
 def open_source(spec: SourceSpec) -> Source:
@@ -96,18 +98,3 @@ def cut_metadata(sources: list[SourceSpec], cut: Cut) -> dict:
     lsn = {s.location: format_lsn(cut.versions[s.key]) for s in sources
            if s.format == "debezium" and cut.versions.get(s.key, INITIAL) >= 0}
     return {"cut_lsn": lsn} if lsn else {}
-
-
-def stream_options(sources: list[SourceSpec]) -> dict:
-    """What the streaming source needs to find each source's latest position."""
-    return {s.key: {"format": s.format, "location": s.location, "table": s.table} for s in sources}
-
-
-def specs_from_options(options: dict) -> list[SourceSpec]:
-    out = []
-    for key, v in sorted(options.items()):
-        if isinstance(v, str):
-            v = {"format": "delta", "location": v}
-        out.append(SourceSpec(name=key, relation=key, location=v["location"], format=v.get("format", "delta"),
-                              table=v.get("table", "")))
-    return out

@@ -44,7 +44,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from ..changelog import WEIGHT, Changelog, KeySet
+from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, q
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta.files import new_dir, write_arrow, write_spark
 from ..errors import CommitError
@@ -85,6 +85,19 @@ class Arrangement:
     key: tuple[str, ...]
     additive: tuple[str, ...] = (WEIGHT,)
     live: str | None = None
+
+    def consolidate_sql(self, relation: str, complete: bool = True) -> str:
+        """SQL form of :meth:`consolidate` over the FROM item ``relation``."""
+        g = self.group_columns
+        sums = ", ".join(f"CAST(SUM({q(c)}) AS {self.schema[c].dataType.simpleString()}) AS {q(c)}"
+                         for c in self.additive)
+        group = f" GROUP BY {cols_sql(g)}" if g else ""
+        inner = f"SELECT {cols_sql(g) + ', ' if g else ''}{sums} FROM {relation}{group}"
+        if self.live and complete:
+            cond = self.live
+        else:
+            cond = " OR ".join(f"COALESCE({q(c)} <> 0, FALSE)" for c in self.additive)
+        return f"SELECT {cols_sql(self.schema.fieldNames())} FROM ({inner}) WHERE {cond}"
 
     @property
     def group_columns(self) -> list[str]:
@@ -171,12 +184,14 @@ class StateStore:
         self.metrics = StateMetrics()
         self._staged: dict[str, tuple[str, object]] = {}   # name -> ("append", Changelog) | ("replace", files)
         self.rebuilding = False
+        self.views: Views | None = None
 
     # ---- the state as of the previous batch --------------------------------------------------
-    def open(self, version: int | None, *, rebuild: bool = False) -> None:
-        """Start a batch on the state at ``version`` (None: no state yet). ``rebuild``: the
-        batch recomputes every arrangement from snapshots; reads see no state and the commit
-        replaces every file of ``version``."""
+    def open(self, version: int | None, views: Views, *, rebuild: bool = False) -> None:
+        """Start a batch on the state at ``version`` (None: no state yet); its reads become
+        relations among ``views``. ``rebuild``: the batch recomputes every arrangement from
+        snapshots; reads see no state and the commit replaces every file of ``version``."""
+        self.views = views
         self.metrics = StateMetrics()
         self._staged = {}
         self.rebuilding = rebuild
@@ -253,20 +268,17 @@ class StateStore:
         self.metrics.rows_read += rows
         self.metrics.files_read += len(files)
         if not files:
-            return Changelog(self.spark.createDataFrame([], schema), rows=0)
+            return Changelog.empty(self.views, schema)
         if rows <= DRIVER_READ_ROWS and (keys is None or keys.arrow is not None):
-            return Changelog.of_arrow(self.spark, self._read_local(arrangement, files, keys), schema=schema)
+            return Changelog.of_arrow(self.views, self._read_local(arrangement, files, keys), schema=schema)
         df = self.spark.read.schema(schema).parquet(*[self.table.file_uri(f.data.path) for f in files])
+        rel = self.views.add(df)
         if keys is None or not arrangement.key:
-            return Changelog(df)
-        k = keys.frame().select(*[F.col(f"`{c}`").alias(f"__key_{i}") for i, c in enumerate(arrangement.key)])
-        if keys.small:
-            k = F.broadcast(k)
-        cond = None
-        for i, c in enumerate(arrangement.key):
-            e = df[f"`{c}`"].eqNullSafe(k[f"__key_{i}"]) if null_safe else df[f"`{c}`"] == k[f"__key_{i}"]
-            cond = e if cond is None else cond & e
-        return Changelog(df.join(k, cond, "left_semi"))
+            return Changelog(rel, schema.fieldNames(), self.views)
+        from ..operators.keyed import key_condition
+        sql = (f"SELECT s.* FROM {rel} s LEFT SEMI JOIN {keys.relation()} k ON "
+               + key_condition("s", list(arrangement.key), "k", keys.columns, null_safe))
+        return Changelog.of_query(self.views, sql, schema.fieldNames())
 
     def _read_local(self, arrangement: Arrangement, files: list[_File], keys: KeySet | None) -> pa.Table:
         import pyarrow.dataset as pads
@@ -297,21 +309,24 @@ class StateStore:
         files by Spark."""
         if arrangement.name in self._staged:
             raise ValueError(f"state {arrangement.name} staged twice in one batch")
-        if change.rows == 0:
+        if change.is_empty:
             return
         self._staged[arrangement.name] = ("append", change)
 
-    def rebuild(self, arrangement: Arrangement, df: DataFrame) -> Changelog:
-        """Replace ``arrangement`` by ``df`` (a rebuild from snapshots), written now by Spark's
-        executors as base files; returns the written rows as a changelog read back from those
-        files (so the caller never computes ``df`` twice)."""
-        files = self._write_base(arrangement, arrangement.consolidate(df))
+    def rebuild(self, arrangement: Arrangement, sql: str) -> Changelog:
+        """Replace ``arrangement`` by the rows of the SELECT ``sql`` (a rebuild from snapshots),
+        written now by Spark's executors as base files; returns the written rows as a changelog
+        read back from those files (so the caller never computes ``sql`` twice)."""
+        df = self.spark.sql(arrangement.consolidate_sql(f"({sql})"))
+        files = self._write_base(arrangement, df)
         self._staged[arrangement.name] = ("replace", files)
         rows = sum(f.num_records for f in files)
         if not files:
-            return Changelog(self.spark.createDataFrame([], arrangement.schema), rows=0)
+            return Changelog.empty(self.views, arrangement.schema)
         out = self.spark.read.schema(arrangement.schema).parquet(*[self.table.file_uri(f.path) for f in files])
-        return Changelog(out, rows=rows)
+        ch = Changelog.of_frame(self.views, out, rows=rows)
+        ch.consolidated = True
+        return ch
 
     def _write_base(self, arrangement: Arrangement, df: DataFrame) -> list[DataFile]:
         cols = [F.col(f"`{f.name}`") for f in arrangement.schema.fields]
@@ -361,7 +376,7 @@ class StateStore:
         if done is not None and done >= txn.version:
             log.info("state %s already holds batch %s; commit skipped", self.path, txn.version)
             version = self.table.latest_version()
-            self.open(version)
+            self.open(version, self.views)
             return version
         adds: list[DataFile] = []
         removes: list[DataFile] = []
@@ -407,7 +422,7 @@ class StateStore:
                 data = data.sort_by([(c, "ascending") for c in arrangement.key])
             files = [write_arrow(self.path, rel, data, {ARRANGEMENT: arrangement.name})]
         else:
-            df = change.df.select(*[F.col(f"`{f.name}`") for f in arrangement.schema.fields])
+            df = self.spark.sql(f"SELECT {cols_sql(arrangement.schema.fieldNames())} FROM {change.sql}")
             if arrangement.key:
                 df = df.sortWithinPartitions(*[F.col(f"`{c}`") for c in arrangement.key])
             files = write_spark(df, self.path, rel, partition_values={ARRANGEMENT: arrangement.name})
