@@ -30,16 +30,18 @@ def main() -> int:
     p.add_argument("--trigger", type=float, default=0.5)
     p.add_argument("--foil-skew-ms", type=int, default=20)
     p.add_argument("--min-versions", type=int, default=50)
+    p.add_argument("--model", default="tpcb_sums", help="tpcb_sums or branch_balances (tests/pgbench_scenario.py)")
     a = p.parse_args()
     import pgbench_scenario
     spark = local_spark()
     with tempfile.TemporaryDirectory(prefix="cs-pgbench-") as d:
         o = pgbench_scenario.run(spark, Path(d), seconds=a.seconds, clients=a.clients, rate=a.rate or None,
-                                 trigger_s=a.trigger, foil_skew_ms=a.foil_skew_ms)
+                                 trigger_s=a.trigger, foil_skew_ms=a.foil_skew_ms, model=a.model)
     fresh = sorted(o.freshness_s)
     out = {k: v for k, v in asdict(o).items() if k not in ("cut_positions", "freshness_s")}
     out["freshness_s_p50"] = fresh[len(fresh) // 2] if fresh else None
     out["freshness_s_max"] = fresh[-1] if fresh else None
+    out["model"] = a.model
     out["ok"] = (o.versions >= a.min_versions and o.invariant_violations == 0 and o.oracle_mismatches == 0
                  and o.final_matches_database)
     print(json.dumps(out))

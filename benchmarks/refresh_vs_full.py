@@ -1,51 +1,98 @@
-"""Benchmark: an incremental run after one TPC-H refresh round, against --full-refresh and
-against the same SQL as a dbt `table` model (Spark CREATE TABLE AS SELECT over the same
-source snapshots), for each example model, at each scale factor given.
+"""Benchmark: what an incremental run costs against the alternatives, per TPC-H scale factor
+and example model, at Spark's defaults.
 
-    .venv/bin/python benchmarks/refresh_vs_full.py --sf 0.1 1 [--models q1_pricing_summary]
+    .venv/bin/python benchmarks/refresh_vs_full.py --sf 0.1 1 10 [--models q1_pricing_summary]
 
-Prints one JSON object per (scale factor, model) and a final summary, all on stdout:
-seconds of each variant, source rows changed by the round, target rows written, and the
-ratios incremental / full refresh and incremental / table. Data goes under
-benchmarks/.data (git-ignored) and is regenerated per scale factor.
+Each scale factor runs in its own process (so driver memory and peak RSS are per scale
+factor), with a SparkSession that sets no tuning: no shuffle partitions, default memory,
+except ``--driver-memory`` for scale factors >= ``--memory-from-sf`` (10), the same for every
+variant. Per scale factor: TPC-H is generated as Delta tables (on the fly, under
+``benchmarks/.data``), every example model is built, then one TPC-H refresh round
+(RF1 + RF2 + updates, 0.1 % of the orders) is applied and each model is run
+
+* incrementally (``run_job``: a `dbt run`'s engine call): seconds, Spark jobs, state rows
+  read, target rows rewritten, source rows changed, strategy; then verified against batch
+  evaluation at its recorded cut (``consistent-stream verify``);
+* as a dbt ``table`` would be: CREATE TABLE .. USING parquet AS <the SQL> over the sources'
+  snapshots;
+* with ``--full-refresh`` (a rebuild from snapshots);
+
+and then ``--small-batches`` (5) small rounds of at most 2,000 changed source rows per model
+(``size`` 140 orders), each followed by an incremental run: the median batch seconds inside
+the warm session. Peak RSS of the driver's Python process and of the Spark JVM is reset
+before and read after each variant (``/proc/<pid>/clear_refs``, ``VmHWM``).
+
+Prints one JSON line per (scale factor, model) and a final summary line, on stdout.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-
-import consistent_stream  # noqa: E402,F401  (PYSPARK_PYTHON before the session)
-from consistent_stream.job import run_job  # noqa: E402
-from consistent_stream.oracle import rewrite_relations, view_name  # noqa: E402
-from consistent_stream.delta import DeltaTableRef  # noqa: E402
-from consistent_stream.tpch.generate import generate  # noqa: E402
-from consistent_stream.tpch.refresh import refresh_round  # noqa: E402
-from helpers import EXAMPLE_MODELS, job_for, render_model, tpch_sources  # noqa: E402
+DATA = REPO / "benchmarks" / ".data"
+SMALL_ROUND_ORDERS = 140
+"""Orders per small round: about 14 changed source rows per order (RF1 + RF2 order and
+lineitem rows, two updates), so every model reads at most 2,000."""
 
 
-def spark_session():
+def _session(driver_memory: str | None, warehouse: Path):
+    import consistent_stream  # noqa: F401  (PYSPARK_PYTHON before the session)
     from pyspark.sql import SparkSession
-    s = (SparkSession.builder.master("local[2]").appName("consistent-stream-bench")
-         .config("spark.sql.shuffle.partitions", "4")
-         .config("spark.driver.memory", "8g")
+    b = (SparkSession.builder.master("local[*]").appName("consistent-stream-bench")
          .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.session.timeZone", "UTC")
-         .config("spark.sql.warehouse.dir", str(REPO / "benchmarks" / ".data" / "warehouse"))
-         .getOrCreate())
+         .config("spark.sql.warehouse.dir", str(warehouse)))
+    if driver_memory:
+        b = b.config("spark.driver.memory", driver_memory)
+    s = b.getOrCreate()
     s.sparkContext.setLogLevel("ERROR")
     return s
 
 
-def table_model_seconds(spark, job) -> float:
+class PeakRSS:
+    """Peak resident memory (MB) of this process and of the Spark JVM during a block."""
+
+    def __init__(self, spark):
+        self.pids = {"python": os.getpid(),
+                     "jvm": int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())}
+        self.peak = {}
+
+    @staticmethod
+    def _hwm(pid: int) -> float:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+        return 0.0
+
+    def __enter__(self):
+        for pid in self.pids.values():
+            try:
+                with open(f"/proc/{pid}/clear_refs", "w") as f:
+                    f.write("5")
+            except OSError:
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        self.peak = {k: round(self._hwm(pid), 1) for k, pid in self.pids.items()}
+        return False
+
+
+def _table_model_seconds(spark, job) -> float:
     """What dbt's `table` materialization does: CREATE TABLE .. USING parquet AS <the SQL>,
     over each source's current snapshot (read like the engine reads it)."""
+    from consistent_stream.delta import DeltaTableRef
+    from consistent_stream.oracle import rewrite_relations, view_name
     t0 = time.time()
     mapping = {}
     for s in job.sources:
@@ -57,51 +104,120 @@ def table_model_seconds(spark, job) -> float:
     spark.sql("CREATE SCHEMA IF NOT EXISTS bench")
     spark.sql(f"DROP TABLE IF EXISTS bench.{job.identifier}_table")
     spark.sql(f"CREATE TABLE bench.{job.identifier}_table USING parquet AS {rewrite_relations(job.sql, mapping)}")
-    return time.time() - t0
+    secs = time.time() - t0
+    for name in mapping.values():
+        spark.catalog.dropTempView(name)
+    return secs
+
+
+def _run(spark, job, **kw) -> dict:
+    from consistent_stream.job import run_job
+    return run_job(spark, job, **kw)
+
+
+def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_memory: str | None) -> list[dict]:
+    from consistent_stream.delta import DeltaTableRef
+    from consistent_stream.tpch.generate import generate
+    from consistent_stream.tpch.refresh import refresh_round
+    from consistent_stream.verify import verify_target
+    from helpers import EXAMPLE_MODELS, job_for, render_model, tpch_sources
+
+    root = DATA / f"sf{sf:g}"
+    shutil.rmtree(root, ignore_errors=True)
+    spark = _session(driver_memory, root / "warehouse")
+    t0 = time.time()
+    generate(sf, root / "data")
+    gen_s = time.time() - t0
+    jobs = []
+    for name in models:
+        sql, config, used = render_model(EXAMPLE_MODELS / f"{name}.sql")
+        jobs.append(job_for(name, sql, tpch_sources(str(root / "data"), used), config["unique_key"], root,
+                            schema="bench"))
+    initial = {}
+    for job in jobs:
+        with PeakRSS(spark) as rss:
+            initial[job.model] = (_run(spark, job, full_refresh=True), rss)
+    t0 = time.time()
+    refresh_round(root / "data", 1)
+    rf_s = time.time() - t0
+    out = []
+    for job in jobs:
+        with PeakRSS(spark) as rss_inc:
+            inc = _run(spark, job)
+        ver = verify_target(spark, job.target_path)
+        with PeakRSS(spark) as rss_table:
+            table_s = _table_model_seconds(spark, job)
+        with PeakRSS(spark) as rss_full:
+            full = _run(spark, job, full_refresh=True)
+        m = inc["metrics"][0] if inc["metrics"] else {}
+        target = DeltaTableRef(job.target_path)
+        out.append({
+            "sf": sf, "model": job.model, "driver_memory": driver_memory or "default",
+            "incremental_s": inc["seconds"], "table_model_s": round(table_s, 3), "full_refresh_s": full["seconds"],
+            "ratio_table_to_incremental": round(table_s / inc["seconds"], 2),
+            "ratio_full_refresh_to_incremental": round(full["seconds"] / inc["seconds"], 2),
+            "incremental_batch_s": m.get("seconds"), "strategy": m.get("strategy"),
+            "spark_jobs_per_batch": m.get("spark_jobs"), "state_rows_read": m.get("state_rows_read"),
+            "state_files_read": m.get("state_files_read"), "target_rows_rewritten": m.get("target_rows_rewritten"),
+            "source_rows_changed": inc["changes_read"], "target_rows_written": inc["rows_written"],
+            "target_rows": target.num_records(target.latest_version()), "phases": m.get("phases"),
+            "verified": ver.ok,
+            "initial_build_s": initial[job.model][0]["seconds"],
+            "peak_rss_mb": {"initial_build": initial[job.model][1].peak, "incremental": rss_inc.peak,
+                            "table": rss_table.peak, "full_refresh": rss_full.peak},
+            "generate_s": round(gen_s, 1), "refresh_round_s": round(rf_s, 1),
+        })
+    # small batches: at most 2,000 changed source rows each, in the warm session
+    batches: dict[str, list] = {job.model: [] for job in jobs}
+    for i in range(small_batches):
+        refresh_round(root / "data", 100 + i, size=SMALL_ROUND_ORDERS)
+        for job in jobs:
+            s = _run(spark, job)
+            assert s["batches"] == 1, s
+            batches[job.model].append((s["metrics"][0]["seconds"], s["changes_read"], s["seconds"]))
+    for rec in out:
+        b = batches[rec["model"]]
+        if b:
+            rec["small_batch_s_median"] = round(statistics.median(x[0] for x in b), 3)
+            rec["small_batch_run_s_median"] = round(statistics.median(x[2] for x in b), 3)
+            rec["small_batch_changed_rows_max"] = max(x[1] for x in b)
+        rec["small_batches_verified"] = verify_target(spark, next(j for j in jobs if j.model == rec["model"])
+                                                      .target_path).ok
+        print(json.dumps(rec), flush=True)
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sf", type=float, nargs="+", default=[0.1, 1.0])
     ap.add_argument("--models", nargs="*", default=None)
+    ap.add_argument("--small-batches", type=int, default=5)
+    ap.add_argument("--driver-memory", default="8g", help="spark.driver.memory from --memory-from-sf on")
+    ap.add_argument("--memory-from-sf", type=float, default=10.0)
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    spark = spark_session()
+    from helpers import EXAMPLE_MODELS
     models = args.models or sorted(p.stem for p in EXAMPLE_MODELS.glob("*.sql"))
-    out = []
-    for sf in args.sf:
-        root = REPO / "benchmarks" / ".data" / f"sf{sf:g}"
-        shutil.rmtree(root, ignore_errors=True)
-        t0 = time.time()
-        generate(sf, root / "data")
-        gen_s = time.time() - t0
-        jobs = []
-        for name in models:
-            sql, config, used = render_model(EXAMPLE_MODELS / f"{name}.sql")
-            jobs.append(job_for(name, sql, tpch_sources(str(root / "data"), used), config["unique_key"], root,
-                                schema="bench"))
-        first = {}
-        for job in jobs:  # the initial build (also a full refresh, from empty)
-            first[job.model] = run_job(spark, job, full_refresh=True)
-        t0 = time.time()
-        refresh_round(root / "data", 1)
-        rf_s = time.time() - t0
-        for job in jobs:
-            inc = run_job(spark, job)
-            table_s = table_model_seconds(spark, job)
-            full = run_job(spark, job, full_refresh=True)
-            rec = {
-                "sf": sf, "model": job.model,
-                "incremental_s": inc["seconds"], "full_refresh_s": full["seconds"], "table_model_s": round(table_s, 3),
-                "initial_build_s": first[job.model]["seconds"],
-                "source_rows_changed": inc["changes_read"], "target_rows_written": inc["rows_written"],
-                "target_rows": DeltaTableRef(job.target_path).num_records(DeltaTableRef(job.target_path).latest_version()),
-                "ratio_incremental_to_full_refresh": round(inc["seconds"] / full["seconds"], 3),
-                "ratio_incremental_to_table": round(inc["seconds"] / table_s, 3),
-                "generate_s": round(gen_s, 3), "refresh_round_s": round(rf_s, 3),
-            }
-            print(json.dumps(rec), flush=True)
-            out.append(rec)
-    print(json.dumps({"summary": out}))
+    if args.one:
+        mem = args.driver_memory if args.sf[0] >= args.memory_from_sf else None
+        one_scale_factor(args.sf[0], models, args.small_batches, mem)
+        return 0
+    summary = []
+    for sf in args.sf:  # one process per scale factor
+        cmd = [sys.executable, __file__, "--one", "--sf", str(sf), "--small-batches", str(args.small_batches),
+               "--driver-memory", args.driver_memory, "--memory-from-sf", str(args.memory_from_sf),
+               "--models", *models]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        for line in proc.stdout.splitlines():
+            if line.startswith("{"):
+                print(line, flush=True)
+                summary.append(json.loads(line))
+        if proc.returncode != 0:
+            print(json.dumps({"sf": sf, "error": f"exit code {proc.returncode}"}), flush=True)
+    print(json.dumps({"summary": [{k: r.get(k) for k in (
+        "sf", "model", "incremental_s", "table_model_s", "full_refresh_s", "ratio_table_to_incremental",
+        "spark_jobs_per_batch", "state_rows_read", "target_rows_rewritten", "small_batch_s_median",
+        "peak_rss_mb", "verified")} for r in summary]}))
     return 0
 
 

@@ -1,10 +1,15 @@
 """pgbench TPC-B against a real PostgreSQL 15 while ``consistent-stream capture postgres`` and a
-consistent_stream model (continuous, processing-time trigger) run: the invariant
-``sum(abalance) = sum(tbalance) = sum(bbalance)`` at every committed target version, each
-version equal to batch evaluation over snapshot + changes up to its recorded cut, and the foil:
-the same check on the same data with per-table cuts.
+consistent_stream model (continuous, processing-time trigger) run: the model's invariant at
+every committed target version, each version equal to batch evaluation over snapshot +
+changes up to its recorded cut, and the foil: the same check on the same data with per-table
+cuts. Two models (:data:`MODELS`):
 
-Used by ``tests/test_pgbench_consistency.py`` (a short run) and
+* ``tpcb_sums``: ``sum(abalance) = sum(tbalance) = sum(bbalance)`` (three global sums);
+* ``branch_balances`` (issue 8's model): per branch ``bbalance`` = the sum of its history's
+  deltas (a LEFT JOIN with an aggregate), and three uncorrelated scalar subqueries
+  ``asum = tsum = bsum``.
+
+Used by ``tests/test_pgbench_consistency.py`` (short runs) and
 ``benchmarks/pgbench_consistency.py`` (>= 50 versions).
 
 The foil's per-table cuts model a reader whose sources report their offsets independently
@@ -28,18 +33,52 @@ from consistent_stream.sources.debezium import reader_for
 from consistent_stream.spec import JobSpec
 from postgres_server import Database, start_capture, stop_capture, wait_for
 
-TABLES = ("pgbench_accounts", "pgbench_tellers", "pgbench_branches")
-SQL = """
+TABLES = ("pgbench_accounts", "pgbench_tellers", "pgbench_branches", "pgbench_history")
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model over the captured pgbench tables: its SQL (sources ``pg.<table>``), unique key,
+    and ``consistent(rows)``: whether a version's rows (tuples in column order) satisfy the
+    invariant every transaction-consistent state has."""
+    name: str
+    sql: str
+    unique_key: str
+    consistent: object
+
+
+def _sums_equal(rows) -> bool:
+    return len({r[1] for r in rows}) == 1
+
+
+def _branches_balance(rows) -> bool:
+    # bid, bbalance, hist, asum, tsum, bsum
+    return bool(rows) and all(r[1] == r[2] and r[3] == r[4] == r[5] for r in rows)
+
+
+MODELS = {
+    "tpcb_sums": Model("tpcb_sums", """
 select 'accounts' as which, sum(abalance) as total from pg.pgbench_accounts
 union all
 select 'tellers' as which, sum(tbalance) as total from pg.pgbench_tellers
 union all
 select 'branches' as which, sum(bbalance) as total from pg.pgbench_branches
-"""
+""", "which", _sums_equal),
+    "branch_balances": Model("branch_balances", """
+select b.bid, b.bbalance, coalesce(h.total, 0) as hist,
+       (select sum(abalance) from pg.pgbench_accounts) as asum,
+       (select sum(tbalance) from pg.pgbench_tellers) as tsum,
+       (select sum(bbalance) from pg.pgbench_branches) as bsum
+from pg.pgbench_branches b
+left join (select bid, sum(delta) as total from pg.pgbench_history group by bid) h on h.bid = b.bid
+""", "bid", _branches_balance),
+}
+SQL = MODELS["tpcb_sums"].sql
 
 
 @dataclass
 class Outcome:
+    """What one run found (counts of committed target versions)."""
     versions: int = 0                 # committed target versions checked
     transactions: int = 0             # TPC-B transactions captured
     pgbench_tps: float = 0.0
@@ -54,12 +93,17 @@ class Outcome:
     seconds: float = 0.0
 
 
-def _sums(rows) -> dict:
-    return {w: (None if t is None else int(t)) for w, t in rows}
+def _rows(rows) -> list:
+    """A result as sorted tuples of ints/strings (NULL kept), comparable across engines."""
+    out = []
+    for r in rows:
+        out.append(tuple(None if v is None else (v if isinstance(v, str) else int(v)) for v in r))
+    return sorted(out, key=lambda t: tuple((v is None, v) for v in t))
 
 
 def run(spark, tmp_path, *, seconds: float, clients: int = 4, rate: int | None = 200, scale: int = 1,
-        trigger_s: float = 0.5, foil_skew_ms: int = 20, spark_checks: int = 3) -> Outcome:
+        trigger_s: float = 0.5, foil_skew_ms: int = 20, spark_checks: int = 3,
+        model: str = "tpcb_sums") -> Outcome:
     t0 = time.time()
     db = Database()
     srv = db.server
@@ -67,16 +111,19 @@ def run(spark, tmp_path, *, seconds: float, clients: int = 4, rate: int | None =
                            "-U", "postgres", db.name], capture_output=True, text=True)
     assert init.returncode == 0, init.stderr
     landing = str(tmp_path / "landing")
-    tables = ",".join(f"public.{t}" for t in (*TABLES, "pgbench_history"))
-    cap = start_capture(db.dsn, tables, "s_pgbench", landing, "--set-replica-identity-full",
+    tables = ",".join(f"public.{t}" for t in TABLES)
+    m = MODELS[model]
+    # replication slots are per server, not per database: one per test database
+    cap = start_capture(db.dsn, tables, f"s_{db.name}", landing, "--set-replica-identity-full",
                         log_path=str(tmp_path / "capture.log"))
     try:
         wait_for(lambda: json.load(open(f"{landing}/_capture.json")).get("snapshot_done"), what="the snapshot")
         sources = [{"source_name": "pg", "name": t, "relation": f"pg.{t}",
-                    "meta": {"format": "debezium", "location": landing, "table": f"public.{t}"}} for t in TABLES]
-        job = JobSpec.from_dbt(project_root=str(tmp_path), schema="bench", identifier="tpcb_sums",
-                               model_name="tpcb_sums", sql=SQL, sources=sources,
-                               config={"unique_key": "which", "location_root": str(tmp_path / "targets"),
+                    "meta": {"format": "debezium", "location": landing, "table": f"public.{t}"}} for t in TABLES
+                   if f"pg.{t}" in m.sql]
+        job = JobSpec.from_dbt(project_root=str(tmp_path), schema="bench", identifier=m.name,
+                               model_name=m.name, sql=m.sql, sources=sources,
+                               config={"unique_key": m.unique_key, "location_root": str(tmp_path / "targets"),
                                        "trigger": f"processing_time:{trigger_s}"},
                                warehouse_dir=str(tmp_path / "wh"))
         bench = subprocess.Popen([srv.bin("pgbench"), "-c", str(clients), "-j", "2", "-T", str(int(seconds)), "-n",
@@ -88,10 +135,8 @@ def run(spark, tmp_path, *, seconds: float, clients: int = 4, rate: int | None =
         assert bench.returncode == 0, out
         tps = [line for line in out.splitlines() if line.startswith("tps")]
         # against the database itself: once capture has landed everything, one more run
-        # (available-now) brings the view to the database's final sums
-        final = _sums(db.execute("select 'accounts', sum(abalance) from pgbench_accounts union all "
-                                 "select 'tellers', sum(tbalance) from pgbench_tellers union all "
-                                 "select 'branches', sum(bbalance) from pgbench_branches"))
+        # (available-now) brings the view to the model's SQL evaluated by PostgreSQL
+        final = _rows(db.execute(m.sql.replace("pg.pgbench_", "public.pgbench_")))
         n_history = db.execute("select count(*) from pgbench_history")[0][0]
         r = reader_for(landing)
         wait_for(lambda: r.refresh().changes("public.pgbench_history", -1, r.latest_position(), ["tid"]).num_rows
@@ -99,7 +144,7 @@ def run(spark, tmp_path, *, seconds: float, clients: int = 4, rate: int | None =
         catch_up = JobSpec(**{**job.__dict__, "trigger": "available_now"})
         run_job(spark, catch_up)
         last = DeltaTableRef(job.target_path).latest_version()
-        final_matches = _sums(_target_rows(job.target_path, last)) == final
+        final_matches = _rows(_target_rows(job.target_path, last)) == final
     finally:
         stop_capture(cap)
 
@@ -119,16 +164,16 @@ def run(spark, tmp_path, *, seconds: float, clients: int = 4, rate: int | None =
         x = pos.pop()
         o.cut_positions.append(x)
         o.freshness_s.append((c.timestamp_ms - int(c.metadata["source_commit_ms"])) / 1000.0)
-        got = _sums(_target_rows(job.target_path, c.version))
+        got = _rows(_target_rows(job.target_path, c.version))
         o.versions += 1
-        if len(set(got.values())) != 1:
+        if not m.consistent(got):
             o.invariant_violations += 1
-        expected = _sums(duckdb_result(SQL, job.sources, cut)[["which", "total"]].itertuples(index=False))
+        expected = _rows(duckdb_result(m.sql, job.sources, cut).itertuples(index=False))
         if got != expected:
             o.oracle_mismatches += 1
         if c.version in spark_at:
             o.spark_checked += 1
-            if _sums(batch_dataframe(spark, SQL, job.sources, cut).collect()) != got:
+            if _rows(batch_dataframe(spark, m.sql, job.sources, cut).collect()) != got:
                 o.oracle_mismatches += 1
         # the foil: per-table cuts on the same data
         ts = reader.commit_ms(x)
@@ -136,9 +181,9 @@ def run(spark, tmp_path, *, seconds: float, clients: int = 4, rate: int | None =
         for i, s in enumerate(job.sources):
             limit = ts + i * foil_skew_ms
             per_table[s.key] = max([t.position for t in txs if t.ts_ms <= limit] + [x])
-        foil = _sums(duckdb_result(SQL, job.sources, Cut(per_table))[["which", "total"]].itertuples(index=False))
+        foil = _rows(duckdb_result(m.sql, job.sources, Cut(per_table)).itertuples(index=False))
         o.foil_versions += 1
-        if len(set(foil.values())) != 1:
+        if not m.consistent(foil):
             o.foil_violations += 1
     o.seconds = round(time.time() - t0, 1)
     return o
@@ -146,5 +191,4 @@ def run(spark, tmp_path, *, seconds: float, clients: int = 4, rate: int | None =
 
 def _target_rows(path: str, version: int):
     from helpers import delta_pandas
-    df = delta_pandas(path, version)
-    return list(df[["which", "total"]].itertuples(index=False))
+    return list(delta_pandas(path, version).itertuples(index=False))

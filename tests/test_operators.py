@@ -162,3 +162,16 @@ def test_a_change_data_feed_whose_update_lost_its_postimages_is_refused(spark, t
     with pytest.raises(SourceError, match="update_preimage rows but 0 update_postimage"):
         run_job(spark, job)
     sc.run(job, full_refresh=True)  # from the snapshot: exact again
+
+
+def test_min_and_max_follow_an_update_that_changes_no_count(spark, tmp_path):
+    """An update inside a group moves no accumulator of a MIN/MAX-only aggregate, only its
+    value multiset: the group is still touched, and its extremes move."""
+    sc = Scenario(spark, tmp_path, {"t": pa.table({"k": [1, 2, 3], "g": ["a", "a", "b"], "x": [5, 9, 4]})},
+                  {"t": ["k"]})
+    job = sc.job("select g, min(x) as lo, max(x) as hi from src.t group by g", "g")
+    sc.run(job, full_refresh=True)
+    sc.update("t", {"x": "20"}, "k = 1")   # a: max 9 -> 20, min 5 -> 9
+    sc.run(job)
+    sc.update("t", {"x": "1"}, "k = 3")    # b: 4 -> 1
+    sc.run(job)

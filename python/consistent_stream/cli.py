@@ -20,12 +20,12 @@ from .errors import ConsistentStreamError
 
 
 def local_spark():
-    """A small local SparkSession for the command line (no Hive catalog needed)."""
+    """A local SparkSession for the command line (no Hive catalog needed, no tuning: the
+    engine sizes each batch's shuffles itself)."""
     import consistent_stream  # noqa: F401  (sets PYSPARK_PYTHON before the session starts)
     from pyspark.sql import SparkSession
     spark = (SparkSession.builder.master(os.environ.get("CONSISTENT_STREAM_MASTER", "local[2]"))
              .appName("consistent-stream")
-             .config("spark.sql.shuffle.partitions", "4")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.session.timeZone", "UTC")

@@ -107,6 +107,22 @@ class BatchMeta:
                          strategy=m.get("strategy", "incremental"), cut_lsn=js(m.get("cut_lsn"), {}))
 
 
+@dataclass
+class _Batch:
+    """One micro-batch while it runs: which, where to, how far it got."""
+    app_id: str
+    batch_id: int
+    start: Cut
+    end: Cut
+    t0: float
+    txn: Txn
+    first: bool = False
+    prev: "BatchMeta | None" = None
+    views: Views | None = None
+    phases: Phases = field(default_factory=Phases)
+    metrics: BatchMetrics = field(default_factory=BatchMetrics)
+
+
 @dataclass(frozen=True)
 class BatchResult:
     """What one micro-batch did. ``changes_read``: source change rows (snapshot rows of a
@@ -186,95 +202,96 @@ class QueryRuntime:
         return result
 
     def _process(self, app_id: str, batch_id: int, start: Cut, end: Cut, t0: float) -> BatchResult:
-        job, spark = self.job, self.spark
-        ph = Phases()
-        metrics = BatchMetrics()
-        txn = Txn(app_id, batch_id)
+        b = _Batch(app_id, batch_id, start, end, t0, Txn(app_id, batch_id))
         done = self.target.txn_version(app_id) if self.target.exists() else None
         if done is not None:
             self.target.refresh()
             done = self.target.txn_version(app_id)
         if done is not None and done >= batch_id:
-            log.info("%s: batch %d already committed (target txn %d); replay skipped", job.model, batch_id, done)
-            return BatchResult(batch_id, True, 0, 0, None, time.time() - t0, end.versions, metrics)
-
-        first = start.is_initial()
-        prev = None if first else self.previous(app_id, batch_id - 1)
-
-        views = Views(spark)
+            log.info("%s: batch %d already committed (target txn %d); replay skipped", self.job.model, batch_id, done)
+            return BatchResult(batch_id, True, 0, 0, None, time.time() - t0, end.versions, b.metrics)
+        b.first = start.is_initial()
+        b.prev = None if b.first else self.previous(app_id, batch_id - 1)
+        b.views = Views(self.spark)
         try:
-            return self._evaluate_and_commit(app_id, batch_id, start, end, t0, first, prev, txn, views, ph, metrics)
+            changes, read, commit_ms = self._read_changes(b)               # step 1
+            rebuild = self._choose_strategy(b, read)                        # step 2
+            if rebuild:
+                changes = {key: self.sources[key].snapshot(b.views, end.versions[key], cols)
+                           for key, cols in self.columns.items()}
+                for key, src in self.sources.items():
+                    if b.first or key not in commit_ms:
+                        commit_ms[key] = src.commit_ms(end.versions[key]) if end.versions[key] >= 0 else 0
+            meta = BatchMeta(app_id=app_id, batch_id=batch_id, model=self.job.model, cut=end.versions,
+                             source_commit_ms=max(commit_ms.values(), default=0), source_commits=commit_ms,
+                             state_version=None, checkpoint_location=self.job.checkpoint_location,
+                             strategy=b.metrics.strategy,
+                             cut_lsn=cut_metadata(self.job.sources, end).get("cut_lsn", {}))
+            version, written, rewritten, meta = self._evaluate_and_commit(b, changes, rebuild, meta)  # steps 3-5
         finally:
-            views.drop()
+            b.views.drop()
+        self.last = meta
+        m, sm = b.metrics, self.store.metrics
+        m.state_rows_read, m.state_files_read, m.state_rows_compacted = sm.rows_read, sm.files_read, sm.rows_compacted
+        m.target_rows_rewritten = rewritten
+        m.phases = b.phases.times
+        return BatchResult(batch_id, False, read, written, version, time.time() - t0, end.versions, m)
 
-    def _evaluate_and_commit(self, app_id, batch_id, start, end, t0, first, prev, txn, views, ph, metrics):
-        job, spark = self.job, self.spark
-        # 1. source changes (driver-side, change-sized)
-        changes, read, commit_ms = {}, 0, dict(prev.source_commits) if prev else {}
-        if not first:
+    def _read_changes(self, b: "_Batch") -> tuple[dict, int, dict]:
+        """Step 1: every source's change in the batch's range, on the driver; returns the
+        changelogs, the change rows read, and the sources' newest commit times."""
+        changes, read, commit_ms = {}, 0, dict(b.prev.source_commits) if b.prev else {}
+        if not b.first:
             for key, src in self.sources.items():
-                a, b = start.versions[key], end.versions[key]
+                lo, hi = b.start.versions[key], b.end.versions[key]
                 if key not in self.columns:
                     continue
-                ch = src.changes(views, a, b, self.columns[key])
+                ch = src.changes(b.views, lo, hi, self.columns[key])
                 changes[key] = ch.changelog
                 read += ch.rows
-                if a != b:
-                    commit_ms[key] = ch.commit_ms if ch.commit_ms is not None else src.commit_ms(b)
-        ph.mark("read")
+                if lo != hi:
+                    commit_ms[key] = ch.commit_ms if ch.commit_ms is not None else src.commit_ms(hi)
+        b.phases.mark("read")
+        return changes, read, commit_ms
 
-        # 2. the strategy
-        rebuild, reason = first, "first batch of the query" if first else ""
-        if not first and read:
-            total = sum(self.sources[k].rows(end.versions[k]) for k in self.columns)
-            threshold = job.recompute_threshold
+    def _choose_strategy(self, b: "_Batch", read: int) -> bool:
+        """Step 2: whether the batch rebuilds from snapshots (the first batch of a query, or a
+        change above ``recompute_threshold`` x the sources' rows); logged with the reason."""
+        rebuild, reason = b.first, "first batch of the query" if b.first else ""
+        if not b.first and read:
+            total = sum(self.sources[k].rows(b.end.versions[k]) for k in self.columns)
+            threshold = self.job.recompute_threshold
             if read > threshold * max(total, 1) and read > 1000:
                 rebuild = True
                 reason = (f"{read} changed rows > recompute_threshold {threshold} x {total} source rows: "
                           f"recomputing from snapshots")
-        metrics.strategy, metrics.reason = ("recompute" if rebuild else "incremental"), reason
+        b.metrics.strategy, b.metrics.reason = ("recompute" if rebuild else "incremental"), reason
         if rebuild:
-            changes = {key: self.sources[key].snapshot(views, end.versions[key], cols)
-                       for key, cols in self.columns.items()}
-            for key, src in self.sources.items():
-                if first or key not in commit_ms:
-                    commit_ms[key] = src.commit_ms(end.versions[key]) if end.versions[key] >= 0 else 0
-            log.info("%s: batch %d is recomputed from snapshots (%s)", job.model, batch_id, reason)
+            log.info("%s: batch %d is recomputed from snapshots (%s)", self.job.model, b.batch_id, reason)
+        return rebuild
 
-        # 3. delta rules
-        self.store.open(None if first else prev.state_version, views, rebuild=rebuild)
-        scratch = os.path.join(job.checkpoint_location, "scratch", f"{batch_id}")
-        ev = BatchEvaluator(spark, self.store, changes, views, rebuild=rebuild, first=rebuild, scratch=scratch,
+    def _evaluate_and_commit(self, b: "_Batch", changes: dict, rebuild: bool, meta: BatchMeta):
+        """Steps 3-5: the delta rules (or the rebuild), the state commit, the target commit.
+        Returns ``(target version, rows written, target rows rewritten, metadata)``."""
+        job, spark = self.job, self.spark
+        self.store.open(None if b.first else b.prev.state_version, b.views, rebuild=rebuild)
+        scratch = os.path.join(job.checkpoint_location, "scratch", f"{b.batch_id}")
+        ev = BatchEvaluator(spark, self.store, changes, b.views, rebuild=rebuild, first=rebuild, scratch=scratch,
                             types=self.types)
-        confs = {} if rebuild else INCREMENTAL_CONFS
         try:
-            with spark_confs(spark, confs):
-                if rebuild:
-                    out = ev.output_sql(self.compiled.root, self.compiled.output_columns, self.output_schema)
-                else:
-                    out = ev.output(self.compiled.root, self.compiled.output_columns, self.output_schema)
-                ph.mark("evaluate")
-                meta = BatchMeta(app_id=app_id, batch_id=batch_id, model=job.model, cut=end.versions,
-                                 source_commit_ms=max(commit_ms.values(), default=0), source_commits=commit_ms,
-                                 state_version=None, checkpoint_location=job.checkpoint_location,
-                                 strategy=metrics.strategy,
-                                 cut_lsn=cut_metadata(job.sources, end).get("cut_lsn", {}))
-                # 4. the state (target is written after it: the commit point)
-                state_version = self.store.commit(txn, {"app_id": app_id, "batch_id": str(batch_id)})
+            with spark_confs(spark, {} if rebuild else INCREMENTAL_CONFS):
+                root, cols, schema = self.compiled.root, self.compiled.output_columns, self.output_schema
+                out = ev.output_sql(root, cols, schema) if rebuild else ev.output(root, cols, schema)
+                b.phases.mark("evaluate")
+                # the state first, the target last: the target's commit is the batch's commit point
+                state_version = self.store.commit(b.txn, {"app_id": b.app_id, "batch_id": str(b.batch_id)})
                 meta = BatchMeta(**{**asdict(meta), "state_version": state_version})
-                ph.mark("commit_state")
-                # 5. the target
-                version, written, rewritten = self._commit_target(out, rebuild, txn, meta)
-                ph.mark("commit_target")
+                b.phases.mark("commit_state")
+                version, written, rewritten = self._commit_target(out, rebuild, b.txn, meta)
+                b.phases.mark("commit_target")
         finally:
             ev.close()
-        self.last = meta
-        sm = self.store.metrics
-        metrics.state_rows_read, metrics.state_files_read = sm.rows_read, sm.files_read
-        metrics.state_rows_compacted = sm.rows_compacted
-        metrics.target_rows_rewritten = rewritten
-        metrics.phases = ph.times
-        return BatchResult(batch_id, False, read, written, version, time.time() - t0, end.versions, metrics)
+        return version, written, rewritten, meta
 
     def _commit_target(self, out, rebuild: bool, txn: Txn, meta: BatchMeta) -> tuple[int, int, int]:
         """Step 5: a rebuild (``out``: the SELECT of the whole view, or None when empty)

@@ -38,7 +38,7 @@ from pyspark.sql.types import DataType, DecimalType
 
 from ..changelog import WEIGHT, Changelog, cols_sql, consolidate_sql, q
 from ..plan.logical import LINEAR_AGGS, MULTISET_AGGS, AggCall
-from .keyed import Lookup, key_condition
+from .keyed import Lookup, key_condition, union_keys
 
 _MULTISET_FN = {"min": "MIN", "max": "MAX", "count_distinct": "COUNT", "sum_distinct": "SUM", "avg_distinct": "AVG"}
 W = q(WEIGHT)
@@ -114,20 +114,31 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
         value_cols.append(n_col[x])
     gsel = f"{cols_sql(g)}, " if g else ""
     group_by = f" GROUP BY {cols_sql(g)}" if g else ""
-    partial_sql = f"SELECT {gsel}{', '.join(acc)} FROM {delta.sql}{group_by}"
+    # a group whose accumulators did not move (an update of a column the aggregate does not
+    # read) is not touched: no state read, no output row for it
+    moved = " OR ".join(f"COALESCE({q(c)} <> 0, FALSE)" for c in value_cols)
+    partial_sql = f"SELECT * FROM (SELECT {gsel}{', '.join(acc)} FROM {delta.sql}{group_by}) WHERE {moved}"
     partial = state.stage("acc", partial_sql, g + value_cols, g, additive=tuple(value_cols),
                           live=f"{q(count)} <> 0", consolidated=True)
-    touched = partial.keys(g) if g else None
+    vals = {}
+    for i, x in enumerate(multiset_args):
+        vals_sql = consolidate_sql(f"(SELECT {gsel}{q(x)}, {W} FROM {delta.sql} WHERE {q(x)} IS NOT NULL)", g + [x])
+        vals[x] = state.stage(f"vals{i}", vals_sql, g + [x, WEIGHT], g, consolidated=True)
+    # the groups whose accumulators or value multisets moved
+    touched = union_keys([partial.keys(g)] + [v.keys(g) for v in vals.values()]) if g else None
 
     def summed(rel: str) -> str:
         sums = ", ".join(f"SUM({q(c)}) AS {q(c)}" for c in value_cols)
         return f"(SELECT {gsel}{sums} FROM {rel}{group_by})"
 
-    acc_lookup = state.old("acc")
-    acc_old = None
-    if not acc_lookup.empty and not first and (touched is None or not touched.empty):
-        read = acc_lookup.read(touched) if g else acc_lookup.read(None)
-        acc_old = None if read.is_empty else read.sql
+    def old_rows(role: str) -> str | None:
+        lookup = state.old(role)
+        if lookup.empty or first or (touched is not None and touched.empty):
+            return None
+        read = lookup.read(touched) if g else lookup.read(None)
+        return None if read.is_empty else read.sql
+
+    acc_old = old_rows("acc")
     all_cols = cols_sql(g + value_cols)
     acc_new = summed(partial.sql if acc_old is None else
                      f"(SELECT {all_cols} FROM {acc_old} UNION ALL SELECT {all_cols} FROM {partial.sql})")
@@ -136,18 +147,12 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
     ext_new: dict[str, str] = {}
     ext_old: dict[str, str] = {}
     for i, x in enumerate(multiset_args):
-        vals_sql = consolidate_sql(f"(SELECT {gsel}{q(x)}, {W} FROM {delta.sql} WHERE {q(x)} IS NOT NULL)", g + [x])
-        vals = state.stage(f"vals{i}", vals_sql, g + [x, WEIGHT], g, consolidated=True)
-        lookup = state.old(f"vals{i}")
-        old = None
-        if not lookup.empty and not first:
-            read = lookup.read(touched) if g else lookup.read(None)
-            old = None if read.is_empty else read.sql
+        old = old_rows(f"vals{i}")
         vcols = cols_sql(g + [x, WEIGHT])
         for a in [a for a in spec.aggs if a.func in MULTISET_AGGS and spec.args[a.name] == x]:
             fn = _MULTISET_FN[a.func]
-            srcs = ((old, ext_old), (vals.sql if old is None else
-                                     f"(SELECT {vcols} FROM {old} UNION ALL SELECT {vcols} FROM {vals.sql})", ext_new))
+            srcs = ((old, ext_old), (vals[x].sql if old is None else
+                                     f"(SELECT {vcols} FROM {old} UNION ALL SELECT {vcols} FROM {vals[x].sql})", ext_new))
             for src, out in srcs:
                 if src is None:
                     continue

@@ -355,7 +355,7 @@ def _build_inserts(
 # ----------------------------------------------------------------------------- round
 
 
-def refresh_round(root: str | Path, round_no: int, *, seed: int = 0) -> RefreshResult:
+def refresh_round(root: str | Path, round_no: int, *, seed: int = 0, size: int | None = None) -> RefreshResult:
     """Apply one refresh round to the TPC-H Delta tables under ``root``.
 
     Touches ``root/orders`` (3 commits: insert, delete, update of ``o_orderstatus``
@@ -374,6 +374,8 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0) -> RefreshR
         round_no: round number (>= 1 by convention; any int works), part of the seed.
         seed: stream seed; the same ``(seed, round_no)`` on the same data makes the
             same changes.
+        size: orders inserted, deleted and updated (and customers updated) in the round;
+            default :func:`refresh_size` (0.1 % of the orders, as TPC-H's RF1/RF2).
 
     Returns:
         A :class:`RefreshResult` with the counts and the new Delta versions.
@@ -401,7 +403,9 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0) -> RefreshR
     live = _sorted(_read(orders, ["o_orderkey", "o_orderstatus", "o_orderpriority"]), "o_orderkey")
     if live.num_rows == 0:
         raise ValueError(f"{table_path(root, 'orders')} is empty")
-    n = refresh_size(live.num_rows)
+    n = size if size is not None else refresh_size(live.num_rows)
+    if n < 1:
+        raise ValueError(f"refresh size must be at least 1, got {size}")
     n_pref = max(1, n // 10)
     max_key = live.column("o_orderkey")[-1].as_py()
 
