@@ -218,6 +218,12 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
 
         def plan_forever():
             while not stopping.wait(interval):
+                if _pending(job, cuts):
+                    # the query has not processed every planned cut yet: planning one more
+                    # small cut per interval would queue them (one file per micro-batch) and
+                    # the view would fall further behind at every batch; the next plan, once
+                    # the query caught up, takes everything that arrived meanwhile
+                    continue
                 try:
                     _plan(job, cuts, planner_sources, target_for_planner, Cut(latest_cut(list(planner_sources.values()))))
                 except Exception as e:  # surfaced by the next batch (or the run's end)
@@ -290,6 +296,16 @@ def _plan(job: JobSpec, cuts: CutLog, sources: dict, target, upto: Cut) -> None:
         seq += 1
         cuts.append(seq, Cut(current), Cut(end))
         current = end
+
+
+def _pending(job: JobSpec, cuts: CutLog) -> bool:
+    """Whether the cut log holds a planned cut that Spark's checkpoint has not recorded as a
+    committed batch yet (cut file ``seq`` is micro-batch ``seq``: one file per batch)."""
+    last = cuts.last()
+    if last is None:
+        return False
+    done = _last_spark_commit(job)
+    return done is None or last[0] > done
 
 
 def process_batch(runtime: QueryRuntime, app_id: str, batch_id: int, start: Cut, end: Cut) -> BatchResult:

@@ -10,7 +10,9 @@ records which cut each batch processed, and a replayed batch reads the same cut:
   to the cut it takes at start (a backlog split by :func:`.backlog.next_cut`), writes them,
   and the query processes every file present at its start, then stops;
 * continuous (processing-time trigger): a planner thread on the driver appends the next cuts
-  as the sources move (checking every trigger interval), the query picks them up.
+  as the sources move (checking every trigger interval, and only once the query has
+  processed every planned cut, so a batch slower than the interval takes everything that
+  arrived meanwhile instead of queueing one small cut per interval), the query picks them up.
 
 Processed files are deleted by Spark (``cleanSource``). A cut is source key -> position
 (:class:`~consistent_stream.sources.spec.Cut`).
