@@ -82,6 +82,11 @@ def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(spark, tmp_p
     assert bag() == [(1, 6), (2, 7), (3, 1)]  # one copy retracted, the other kept
     assert table() == {1: (1, 6), 2: (1, 7), 3: (1, 1)}
 
+    r = dbt(tmp_path, "run")  # no source changed: nothing runs, nothing is committed
+    assert r.success, messages(r)
+    assert {x.node.name: x.message.split(",")[0] for x in r.result.results} == \
+        {"totals": "up to date", "amounts": "up to date"}
+
     r = dbt(tmp_path, "test")
     assert r.success, messages(r)
 

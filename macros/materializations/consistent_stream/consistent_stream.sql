@@ -20,6 +20,9 @@
       'checkpoint_location': config.get('checkpoint_location', none),
       'partition_by': partition_by,
       'trigger': config.get('trigger', none),
+      'recompute_threshold': config.get('recompute_threshold', none),
+      'max_batch_rows': config.get('max_batch_rows', none),
+      'state_file_rows': config.get('state_file_rows', none),
   } -%}
 
   {{ run_hooks(pre_hooks) }}
@@ -28,17 +31,32 @@
       compiled_code, sources, stream_config,
       target_relation.schema, target_relation.identifier, model['name'], full_refresh) -%}
 
-  {% do log('consistent_stream ' ~ summary.get('model', model['name']) ~ ': '
-             ~ summary.get('batches') ~ ' batches, '
-             ~ summary.get('changes_read') ~ ' changes read, '
-             ~ summary.get('rows_written') ~ ' rows written in '
-             ~ ((summary.get('seconds') or 0) | round(2)) ~ ' s, target version '
-             ~ summary.get('target_version') ~ ', freshness '
-             ~ summary.get('freshness_s') ~ ' s', info=True) %}
+  {%- if summary.get('up_to_date') -%}
+    {% do log('consistent_stream ' ~ summary.get('model', model['name']) ~ ': up to date, target version '
+               ~ summary.get('target_version') ~ ', freshness ' ~ summary.get('freshness_s') ~ ' s, '
+               ~ ((summary.get('seconds') or 0) | round(2)) ~ ' s', info=True) %}
+  {%- else -%}
+    {% do log('consistent_stream ' ~ summary.get('model', model['name']) ~ ': '
+               ~ summary.get('batches') ~ ' batches, '
+               ~ summary.get('changes_read') ~ ' changes read, '
+               ~ summary.get('rows_written') ~ ' rows written in '
+               ~ ((summary.get('seconds') or 0) | round(2)) ~ ' s, target version '
+               ~ summary.get('target_version') ~ ', freshness '
+               ~ summary.get('freshness_s') ~ ' s', info=True) %}
+  {%- endif %}
+  {% for batch in summary.get('metrics', []) %}
+    {% do log('consistent_stream ' ~ model['name'] ~ ' batch ' ~ batch.get('batch_id') ~ ' ('
+               ~ batch.get('strategy') ~ (': ' ~ batch.get('reason') if batch.get('reason') else '') ~ '): '
+               ~ batch.get('seconds') ~ ' s, ' ~ batch.get('spark_jobs') ~ ' Spark jobs, '
+               ~ batch.get('changes_read') ~ ' changes read, ' ~ batch.get('state_rows_read') ~ ' state rows read, '
+               ~ batch.get('target_rows_rewritten') ~ ' target rows rewritten, phases '
+               ~ tojson(batch.get('phases')), info=True) %}
+  {% endfor %}
   {% for progress in summary.get('progress', []) %}
     {% do log('consistent_stream ' ~ model['name'] ~ ' StreamingQueryProgress ' ~ tojson(progress), info=False) %}
   {% endfor %}
-  {% do store_raw_result(name='main', message='OK version ' ~ summary.get('target_version'),
+  {% do store_raw_result(name='main', message=('up to date, version ' if summary.get('up_to_date') else 'OK version ')
+                                            ~ summary.get('target_version'),
                          code='OK', rows_affected=summary.get('rows_written')) %}
 
   {{ run_hooks(post_hooks) }}
