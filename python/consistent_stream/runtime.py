@@ -45,14 +45,10 @@ from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_
 from .sources import Cut
 from .sources.formats import cut_metadata, open_source
 from .sources.spec import INITIAL
-from .spec import JobSpec
+from .spec import RECOMPUTE_THRESHOLD, JobSpec
 from .state import StateStore
 
 log = logging.getLogger(__name__)
-
-RECOMPUTE_THRESHOLD = 0.25
-"""Default ``recompute_threshold``: a batch whose source change rows exceed this fraction of
-the sources' rows is recomputed from snapshots instead of maintained incrementally."""
 
 INCREMENTAL_CONFS = {
     # adaptive execution re-plans after every shuffle stage and runs extra jobs, which costs

@@ -9,6 +9,14 @@ from dataclasses import asdict, dataclass, field
 from .errors import ConfigError
 from .sources import SourceSpec
 
+RECOMPUTE_THRESHOLD = 0.25
+"""Default ``recompute_threshold``: a batch whose source change rows exceed this fraction of
+the sources' rows is recomputed from snapshots instead of maintained incrementally."""
+STATE_FILE_ROWS = 1_000_000
+"""Default ``state_file_rows``: rows per state (and rebuilt target) file."""
+MAX_BATCH_ROWS = 500_000
+"""Default ``max_batch_rows``: source change rows above which a backlog is split."""
+
 
 def _as_list(value, key: str) -> list[str]:
     if value is None:
@@ -55,9 +63,9 @@ class JobSpec:
     checkpoint_location: str
     partition_by: list[str] = field(default_factory=list)
     trigger: str = "available_now"
-    recompute_threshold: float = 0.25
-    state_file_rows: int = 1_000_000
-    max_batch_rows: int = 500_000
+    recompute_threshold: float = RECOMPUTE_THRESHOLD
+    state_file_rows: int = STATE_FILE_ROWS
+    max_batch_rows: int = MAX_BATCH_ROWS
 
     @property
     def spec_path(self) -> str:
@@ -116,9 +124,9 @@ class JobSpec:
         if trigger != "available_now" and not trigger.startswith("processing_time:"):
             raise ConfigError(f"model {model_name}: config trigger must be 'available_now' or "
                               f"'processing_time:<seconds>', got {trigger!r}")
-        threshold = _number(config, "recompute_threshold", 0.25, float, model_name, low=0.0)
-        file_rows = _number(config, "state_file_rows", 1_000_000, int, model_name, low=1)
-        batch_rows = _number(config, "max_batch_rows", 500_000, int, model_name, low=1)
+        threshold = _number(config, "recompute_threshold", RECOMPUTE_THRESHOLD, float, model_name, low=0.0)
+        file_rows = _number(config, "state_file_rows", STATE_FILE_ROWS, int, model_name, low=1)
+        batch_rows = _number(config, "max_batch_rows", MAX_BATCH_ROWS, int, model_name, low=1)
         srcs = [SourceSpec.from_dbt(s, project_root) for s in sources]
         if not srcs:
             raise ConfigError(f"model {model_name}: a consistent_stream model reads at least one source()")

@@ -48,11 +48,12 @@ from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, q
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta.files import new_dir, write_arrow, write_spark
 from ..errors import CommitError
+from ..spec import STATE_FILE_ROWS
 
 log = logging.getLogger(__name__)
 
 ARRANGEMENT = "__arrangement"
-FILE_ROWS = 1_000_000
+FILE_ROWS = STATE_FILE_ROWS
 """Default rows per base file (``state_file_rows`` config)."""
 
 
