@@ -155,7 +155,8 @@ CONSISTENT_STREAM_SOURCES = """
 
 CUSTOMER_TOTALS = """
     {{ config(materialized='consistent_stream', unique_key=['customer_id'],
-              partition_by='region', checkpoint_location='/tmp/chk', trigger='availableNow') }}
+              partition_by='region', checkpoint_location='/tmp/chk', trigger='availableNow',
+              max_batch_rows=1000) }}
     select c.customer_id, c.region, count(*) as orders, sum(o.amount) as amount
     from {{ source('shop', 'customers') }} as c
     inner join {{ source('shop', 'orders') }} as o on o.customer_id = c.customer_id
@@ -198,7 +199,8 @@ def test_consistent_stream_model_calls_the_engine_with_its_sql_sources_and_confi
          "meta": {"format": "delta", "location": "data/shop/orders", "primary_key": ["order_id"]}},
     ]
     assert call["config"] == {"unique_key": ["customer_id"], "location_root": None, "checkpoint_location": "/tmp/chk",
-                              "partition_by": "region", "trigger": "availableNow"}
+                              "partition_by": "region", "trigger": "availableNow", "max_batch_rows": 1000,
+                              "recompute_threshold": None, "state_file_rows": None}
     assert call["full_refresh"] is False
     assert result.result.results[0].message == "OK version 4"
 
