@@ -73,7 +73,6 @@ from pg.pgbench_branches b
 left join (select bid, sum(delta) as total from pg.pgbench_history group by bid) h on h.bid = b.bid
 """, "bid", _branches_balance),
 }
-SQL = MODELS["tpcb_sums"].sql
 
 
 @dataclass

@@ -45,7 +45,7 @@ from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_
 from .sources import Cut
 from .sources.formats import cut_metadata, open_source
 from .sources.spec import INITIAL
-from .spec import RECOMPUTE_THRESHOLD, JobSpec
+from .spec import JobSpec
 from .state import StateStore
 
 log = logging.getLogger(__name__)
@@ -110,13 +110,15 @@ class _Batch:
     batch_id: int
     start: Cut
     end: Cut
-    t0: float
-    txn: Txn
     first: bool = False
     prev: "BatchMeta | None" = None
     views: Views | None = None
     phases: Phases = field(default_factory=Phases)
     metrics: BatchMetrics = field(default_factory=BatchMetrics)
+
+    @property
+    def txn(self) -> Txn:
+        return Txn(self.app_id, self.batch_id)
 
 
 @dataclass(frozen=True)
@@ -198,7 +200,7 @@ class QueryRuntime:
         return result
 
     def _process(self, app_id: str, batch_id: int, start: Cut, end: Cut, t0: float) -> BatchResult:
-        b = _Batch(app_id, batch_id, start, end, t0, Txn(app_id, batch_id))
+        b = _Batch(app_id, batch_id, start, end)
         done = self.target.txn_version(app_id) if self.target.exists() else None
         if done is not None:
             self.target.refresh()
@@ -338,4 +340,4 @@ def _multiplicities(spark: SparkSession, target: DeltaTableRef, version: int, de
         views.drop()
 
 
-__all__ = ["BatchMeta", "BatchResult", "QueryRuntime", "RECOMPUTE_THRESHOLD", "target_key", "INITIAL"]
+__all__ = ["BatchMeta", "BatchResult", "QueryRuntime", "target_key", "INITIAL"]

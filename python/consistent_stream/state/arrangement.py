@@ -53,8 +53,6 @@ from ..spec import STATE_FILE_ROWS
 log = logging.getLogger(__name__)
 
 ARRANGEMENT = "__arrangement"
-FILE_ROWS = STATE_FILE_ROWS
-"""Default rows per base file (``state_file_rows`` config)."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +173,7 @@ class StateStore:
     """
 
     def __init__(self, spark: SparkSession, path: str, arrangements: dict[str, Arrangement], *,
-                 file_rows: int = FILE_ROWS, policy: CompactionPolicy | None = None):
+                 file_rows: int = STATE_FILE_ROWS, policy: CompactionPolicy | None = None):
         self.spark, self.path, self.file_rows = spark, path, file_rows
         self.policy = policy or DEFAULT_POLICY
         self.table = DeltaTableRef(path)
