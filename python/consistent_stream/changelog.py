@@ -58,6 +58,21 @@ def arrow_to_spark(spark: SparkSession, data: pa.Table, schema=None) -> DataFram
     return spark.createDataFrame(pa.Table.from_batches(batches, schema=data.schema), schema=schema)
 
 
+def consolidate_arrow(z: pa.Table) -> pa.Table:
+    """Sum ``__weight`` per distinct row (nulls equal) and drop zero weights (Arrow, no Spark).
+    Raises ``pa.ArrowNotImplementedError`` for column types Arrow cannot group by (nested)."""
+    import pyarrow.compute as pc
+    cols = [c for c in z.column_names if c != WEIGHT]
+    if z.num_rows == 0:
+        return z
+    if not cols:
+        total = pc.sum(z.column(WEIGHT)).as_py() or 0
+        return pa.table({WEIGHT: pa.array([total] if total else [], pa.int64())})
+    g = z.group_by(cols, use_threads=False).aggregate([(WEIGHT, "sum")])
+    g = g.rename_columns(cols + [WEIGHT]).select(cols + [WEIGHT])
+    return g.filter(pc.not_equal(g.column(WEIGHT), 0))
+
+
 def data_columns(df: DataFrame) -> list[str]:
     """The columns of ``df`` other than the weight."""
     return [c for c in df.columns if c != WEIGHT]
@@ -150,6 +165,20 @@ class Changelog:
         ch = Changelog.of_frame(views, df, rows=data.num_rows, arrow=data)
         ch.consolidated = consolidated
         return ch
+
+    @staticmethod
+    def of_source_change(views: Views, data: pa.Table, schema: StructType | None = None) -> "Changelog":
+        """A source's change read on the driver (source columns + ``__weight``), consolidated
+        here with Arrow: an update of columns the model does not read cancels out, so the
+        change is known to be empty and its terms cost no Spark job. Floating-point columns
+        are summed but not flagged consolidated (Arrow and Spark may group NaN and -0.0
+        differently; Spark consolidates again where it matters)."""
+        try:
+            data = consolidate_arrow(data)
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return Changelog.of_arrow(views, data, schema=schema)
+        exact = not any(pa.types.is_floating(f.type) for f in data.schema)
+        return Changelog.of_arrow(views, data, schema=schema, consolidated=exact)
 
     @staticmethod
     def empty(views: Views, schema: StructType) -> "Changelog":

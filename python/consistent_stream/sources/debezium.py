@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..changelog import consolidate_arrow
 from ..errors import SourceError
 from .landing import TableSchema, arrow_type, list_event_files, load_schemas, parse_lsn
 
@@ -452,19 +453,6 @@ class LandingReader:
         return materialize(z, f"{self.location}: table {table} at position {position}")
 
 
-def consolidate_arrow(z: pa.Table) -> pa.Table:
-    """Sum ``__weight`` per distinct row (nulls equal) and drop zero weights (Arrow, no Spark)."""
-    cols = [c for c in z.column_names if c != WEIGHT]
-    if z.num_rows == 0:
-        return z
-    if not cols:
-        total = pc.sum(z.column(WEIGHT)).as_py() or 0
-        return pa.table({WEIGHT: pa.array([total] if total else [], pa.int64())})
-    g = z.group_by(cols, use_threads=False).aggregate([(WEIGHT, "sum")])
-    g = g.rename_columns(cols + [WEIGHT]).select(cols + [WEIGHT])
-    return g.filter(pc.not_equal(g.column(WEIGHT), 0))
-
-
 def materialize(z: pa.Table, what: str) -> pa.Table:
     """A Z-set whose consolidated weights are all positive -> the relation (rows repeated by
     weight, weight column dropped). SourceError naming ``what`` on a negative weight."""
@@ -542,15 +530,16 @@ class DebeziumSource:
     def commit_ms(self, position: int) -> int:
         return self.reader(upto=position).commit_ms(position)
 
-    def _changelog(self, views, data: pa.Table):
+    def _changelog(self, views, data: pa.Table, *, change: bool):
         from ..changelog import Changelog
         from pyspark.sql.pandas.types import from_arrow_schema
-        return Changelog.of_arrow(views, data, schema=from_arrow_schema(data.schema))
+        make = Changelog.of_source_change if change else Changelog.of_arrow
+        return make(views, data, schema=from_arrow_schema(data.schema))
 
     def snapshot(self, views, position: int, columns):
         rel = self.reader(upto=position).table_at(self.spec.table, position, columns)
         z = rel.append_column(WEIGHT, pa.array([1] * rel.num_rows, pa.int64()))
-        return self._changelog(views, z)
+        return self._changelog(views, z, change=False)
 
     def snapshot_arrow(self, position: int) -> pa.Table:
         return self.reader(upto=position).table_at(self.spec.table, position)
@@ -563,4 +552,4 @@ class DebeziumSource:
         from .delta_cdf import SourceChanges
         z = self.reader(upto=end).changes(self.spec.table, start, end, columns)
         ms = self.reader().commit_ms(end) if z.num_rows else None
-        return SourceChanges(self._changelog(views, z), z.num_rows, ms)
+        return SourceChanges(self._changelog(views, z, change=True), z.num_rows, ms)

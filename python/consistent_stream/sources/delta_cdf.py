@@ -111,7 +111,7 @@ class DeltaSource:
         weight = pc.if_else(pc.is_in(kinds, pa.array(["insert", "update_postimage"])), 1, -1).cast(pa.int64())
         keep = [c for c in arrow.column_names if c not in ("_change_type", "_commit_version", "_commit_timestamp")]
         data = arrow.select(keep).append_column(WEIGHT, weight)
-        return SourceChanges(Changelog.of_arrow(views, data, schema=zschema), n, commit_ms)
+        return SourceChanges(Changelog.of_source_change(views, data, schema=zschema), n, commit_ms)
 
 
 def _schema(table: DeltaTableRef, version: int | None, columns: list[str] | None) -> pa.Schema:

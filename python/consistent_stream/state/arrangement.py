@@ -447,24 +447,75 @@ class StateStore:
             targets, level = deltas, "delta"
         else:
             return None
-        df = self.spark.read.schema(arrangement.schema).parquet(*[self.table.file_uri(f.data.path) for f in targets])
+        rows = sum(f.rows for f in targets)
         # only a merge of every file is the whole arrangement: deltas alone are a change, whose
         # rows may fail ``live`` (an update: count 0, sums not 0) and must be kept
-        merged = arrangement.consolidate(df, complete=level == "base")
-        if level == "base":
-            written = self._write_base(arrangement, merged)
-        else:
-            rel = f"{ARRANGEMENT}={arrangement.name}/{new_dir('delta')}"
-            if arrangement.key:
-                merged = merged.coalesce(1).sortWithinPartitions(*[F.col(f"`{c}`") for c in arrangement.key])
-            written = write_spark(merged, self.path, rel, partition_values={ARRANGEMENT: arrangement.name})
-        rows = sum(f.rows for f in targets)
+        complete = level == "base"
+        written = self._compact_local(arrangement, targets, level, complete) if rows <= DRIVER_READ_ROWS else None
+        if written is None:
+            df = self.spark.read.schema(arrangement.schema).parquet(
+                *[self.table.file_uri(f.data.path) for f in targets])
+            merged = arrangement.consolidate(df, complete=complete)
+            if level == "base":
+                written = self._write_base(arrangement, merged)
+            else:
+                rel = f"{ARRANGEMENT}={arrangement.name}/{new_dir('delta')}"
+                if arrangement.key:
+                    merged = merged.coalesce(1).sortWithinPartitions(*[F.col(f"`{c}`") for c in arrangement.key])
+                written = write_spark(merged, self.path, rel, partition_values={ARRANGEMENT: arrangement.name})
         self.metrics.rows_compacted += rows
         self.metrics.compactions.append({"arrangement": arrangement.name, "into": level, "files": len(targets),
                                          "rows": rows})
         log.info("state %s: compacted %d files (%d rows) of %s into %s files", self.path, len(targets), rows,
                  arrangement.name, level)
         return targets, [self._known(f, arrangement) for f in written]
+
+
+    def _compact_local(self, arrangement: Arrangement, targets: list[_File], level: str,
+                       complete: bool) -> list[DataFile] | None:
+        """A change-sized compaction (at most ``DRIVER_READ_ROWS`` rows) on the driver, with
+        Arrow: no Spark job. The files of :meth:`_write_base` or of a delta merge (sorted by
+        key, at most ``file_rows`` rows a file). None when Arrow cannot consolidate it (a
+        ``live`` predicate, which is SQL, on a complete merge; key types Arrow cannot group
+        by): the caller then compacts with Spark."""
+        if complete and arrangement.live:
+            return None
+        try:
+            data = consolidate_additive(self._read_local(arrangement, targets, None), arrangement)
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return None
+        if arrangement.key:
+            data = data.sort_by([(c, "ascending") for c in arrangement.key])
+        rel = f"{ARRANGEMENT}={arrangement.name}/{new_dir(level)}"
+        step = max(1, self.file_rows)
+        return [write_arrow(self.path, rel, data.slice(i, step), {ARRANGEMENT: arrangement.name})
+                for i in range(0, data.num_rows, step)]
+
+
+def consolidate_additive(data: pa.Table, arrangement: Arrangement) -> pa.Table:
+    """:meth:`Arrangement.consolidate` (``complete=False``) on the driver: the ``additive``
+    columns summed per value of the others (NULLs equal), rows where every sum is zero or NULL
+    dropped. In and out: the arrangement's columns (Arrow), sums cast back to their types
+    (an overflow raises). Raises ``pa.ArrowNotImplementedError`` for key types Arrow cannot
+    group by."""
+    g = arrangement.group_columns
+    schema = _arrow_schema(arrangement.schema)
+    if data.num_rows == 0:
+        return data.select(schema.names)
+    aggs = [(c, "sum") for c in arrangement.additive]
+    if g:
+        out = data.group_by(g, use_threads=False).aggregate(aggs)
+    else:
+        out = pa.table({f"{c}_sum": [pc.sum(data.column(c)).as_py()] for c in arrangement.additive})
+    cols = {c: out.column(c) for c in g}
+    keep = None
+    for c in arrangement.additive:
+        col = pc.cast(out.column(f"{c}_sum"), schema.field(c).type)
+        cols[c] = col
+        nz = pc.fill_null(pc.not_equal(col, pa.scalar(0).cast(col.type)), False)
+        keep = nz if keep is None else pc.or_(keep, nz)
+    out = pa.table([cols[c] for c in schema.names], schema=schema)
+    return out.filter(keep)
 
 
 def _typed(values: dict, schema: StructType) -> dict:
