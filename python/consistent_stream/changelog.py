@@ -30,6 +30,12 @@ WEIGHT = "__weight"
 BROADCAST_BYTES = 64 << 20
 """Driver-side changelogs up to this size (Arrow bytes) are broadcast to the joins that use
 them; Spark cannot size a relation made from Arrow batches on its own."""
+SINGLE_PARTITION_ROWS = 100_000
+"""Driver-side changelogs up to this many rows reach Spark as ONE partition: a query over
+such relations only needs no shuffle at all (a single partition satisfies every required
+distribution), so a delta rule's GROUP BYs, joins and UNIONs run as one stage instead of one
+stage per exchange (a q1 aggregate output over a 12k-row change: 7 exchanges -> 1, 0.55 s
+-> 0.3 s on this project's 2-core machine)."""
 
 
 def q(name: str) -> str:
@@ -136,7 +142,8 @@ class Changelog:
     ``sql``: a FROM item (a view name or a parenthesized query) over ``views``. ``arrow``:
     the same rows on the driver, when the change was materialized there. ``rows``: the number
     of rows when known without a job (None: unknown). ``consolidated``: each distinct row
-    once, non-zero weights.
+    once, non-zero weights. ``local``: linear operators over driver-side relations only, so
+    evaluating it again costs less than materializing it.
     """
     sql: str
     columns: list[str]
@@ -144,6 +151,7 @@ class Changelog:
     arrow: pa.Table | None = None
     rows: int | None = None
     consolidated: bool = False
+    local: bool = False
     _df: DataFrame | None = field(default=None, repr=False)
 
     @staticmethod
@@ -153,13 +161,16 @@ class Changelog:
 
     @staticmethod
     def of_frame(views: Views, df: DataFrame, rows: int | None = None, arrow: pa.Table | None = None) -> "Changelog":
-        return Changelog(views.add(df), list(df.columns), views, arrow=arrow, rows=rows, _df=df)
+        return Changelog(views.add(df), list(df.columns), views, arrow=arrow, rows=rows, local=arrow is not None,
+                         _df=df)
 
     @staticmethod
     def of_arrow(views: Views, data: pa.Table, schema: StructType | None = None,
                  consolidated: bool = False) -> "Changelog":
         """A driver-side change (broadcast to the joins that read it when small)."""
         df = arrow_to_spark(views.spark, data, schema)
+        if 0 < data.num_rows <= SINGLE_PARTITION_ROWS:
+            df = df.coalesce(1)
         if data.num_rows and data.nbytes <= BROADCAST_BYTES:
             df = F.broadcast(df)
         ch = Changelog.of_frame(views, df, rows=data.num_rows, arrow=data)

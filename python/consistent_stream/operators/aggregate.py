@@ -97,7 +97,7 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
         return None
     linear = [a for a in spec.aggs if a.func in LINEAR_AGGS]
     multiset_args = list(dict.fromkeys(spec.args[a.name] for a in spec.aggs if a.func in MULTISET_AGGS))
-    if multiset_args and delta.arrow is None and delta.rows is None:
+    if multiset_args and delta.arrow is None and delta.rows is None and not delta.local:
         delta = materialize(f"SELECT * FROM {delta.sql}", delta.columns)  # read by acc and by each multiset
 
     count = f"{spec.op_id}__count"
@@ -144,43 +144,46 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
                      f"(SELECT {all_cols} FROM {acc_old} UNION ALL SELECT {all_cols} FROM {partial.sql})")
     acc_before = summed(acc_old) if acc_old is not None else None
 
-    ext_new: dict[str, str] = {}
-    ext_old: dict[str, str] = {}
+    # per multiset argument, one query of all its aggregates (MIN and MAX of one column share
+    # a scan and a GROUP BY) over the live values: new (old + change) and old
+    ext_new: dict[str, tuple[str, list[str]]] = {}
+    ext_old: dict[str, tuple[str, list[str]]] = {}
     for i, x in enumerate(multiset_args):
         old = old_rows(f"vals{i}")
         vcols = cols_sql(g + [x, WEIGHT])
-        for a in [a for a in spec.aggs if a.func in MULTISET_AGGS and spec.args[a.name] == x]:
-            fn = _MULTISET_FN[a.func]
-            srcs = ((old, ext_old), (vals[x].sql if old is None else
-                                     f"(SELECT {vcols} FROM {old} UNION ALL SELECT {vcols} FROM {vals[x].sql})", ext_new))
-            for src, out in srcs:
-                if src is None:
-                    continue
-                live = f"({consolidate_sql(src, g + [x])})"  # each live (group, value) once
-                out[a.name] = f"(SELECT {gsel}{fn}({q(x)}) AS {q(a.name)} FROM {live} WHERE {W} > 0{group_by})"
+        mine = [a for a in spec.aggs if a.func in MULTISET_AGGS and spec.args[a.name] == x]
+        fns = ", ".join(f"{_MULTISET_FN[a.func]}({q(x)}) AS {q(a.name)}" for a in mine)
+        srcs = ((old, ext_old), (vals[x].sql if old is None else
+                                 f"(SELECT {vcols} FROM {old} UNION ALL SELECT {vcols} FROM {vals[x].sql})", ext_new))
+        for src, out in srcs:
+            if src is None:
+                continue
+            live = f"({consolidate_sql(src, g + [x])})"  # each live (group, value) once
+            out[x] = (f"(SELECT {gsel}{fns} FROM {live} WHERE {W} > 0{group_by})", [a.name for a in mine])
 
-    def rows(acc_rel: str, exts: dict[str, str], weight: int) -> str:
+    def rows(acc_rel: str, exts: dict[str, tuple[str, list[str]]], weight: int) -> str:
         if not g:
             # a global aggregate always has its one row, even over an empty input
             frm = f"(SELECT 1 AS `__one`) base LEFT JOIN {acc_rel} acc ON TRUE"
-            for i, (name, e) in enumerate(exts.items()):
+            for i, (e, _) in enumerate(exts.values()):
                 frm += f" LEFT JOIN {e} e{i} ON TRUE"
             where = ""
         else:
             frm = f"{acc_rel} acc"
-            for i, (name, e) in enumerate(exts.items()):
+            for i, (e, _) in enumerate(exts.values()):
                 frm += f" LEFT JOIN {e} e{i} ON {key_condition('acc', g, f'e{i}', g, True)}"
             where = f" WHERE acc.{q(count)} > 0"
-        ext_alias = {name: f"e{i}" for i, name in enumerate(exts)}
+        ext_alias = {name: f"e{i}" for i, (_, names) in enumerate(exts.values()) for name in names}
         cols = [f"acc.{q(c)}" for c in g]
         for a in spec.aggs:
             if a.func == "count_star":
                 cols.append(f"CAST(COALESCE(acc.{q(count)}, 0) AS BIGINT) AS {q(a.name)}")
             elif a.func == "count_distinct":
-                v = f"{ext_alias[a.name]}.{q(a.name)}" if a.name in exts else "NULL"
+                v = f"{ext_alias[a.name]}.{q(a.name)}" if a.name in ext_alias else "NULL"
                 cols.append(f"CAST(COALESCE({v}, 0) AS BIGINT) AS {q(a.name)}")
             elif a.func in MULTISET_AGGS:
-                v = f"{ext_alias[a.name]}.{q(a.name)}" if a.name in exts else f"CAST(NULL AS {spec.out_types[a.name]})"
+                v = (f"{ext_alias[a.name]}.{q(a.name)}" if a.name in ext_alias
+                     else f"CAST(NULL AS {spec.out_types[a.name]})")
                 cols.append(f"{v} AS {q(a.name)}")
             else:
                 x = spec.args[a.name]

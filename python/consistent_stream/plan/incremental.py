@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
-from ..changelog import WEIGHT, Changelog, Views, consolidate_sql, q
+from ..changelog import SINGLE_PARTITION_ROWS, WEIGHT, Changelog, Views, consolidate_sql, q
 from ..delta.files import new_dir, write_spark
 from ..operators.aggregate import AggregateSpec, aggregate_delta
 from ..operators.dedup import dedup_delta
@@ -68,8 +68,13 @@ GROUP BY: 0.35 s with it, 0.11 s without, on this project's 2-core machine)."""
 def small_query_confs(spark: SparkSession, rows: int) -> dict[str, str]:
     """Session confs for a change-sized query over ``rows`` rows (inputs plus state read):
     shuffle parallelism from the rows, whole-stage code generation only when it pays."""
-    return {"spark.sql.shuffle.partitions": str(shuffle_partitions(spark, rows)),
-            "spark.sql.codegen.wholeStage": "true" if rows >= CODEGEN_ROWS else "false"}
+    confs = {"spark.sql.shuffle.partitions": str(shuffle_partitions(spark, rows)),
+             "spark.sql.codegen.wholeStage": "true" if rows >= CODEGEN_ROWS else "false"}
+    if rows <= SINGLE_PARTITION_ROWS:
+        # every relation is one driver-side partition: a join needs no exchange, and a
+        # broadcast Spark would choose on its own is one more job
+        confs["spark.sql.autoBroadcastJoinThreshold"] = "-1"
+    return confs
 
 
 @contextmanager
@@ -221,7 +226,15 @@ class BatchEvaluator:
             return None
         sel = ", ".join(f"CAST({q(c)} AS {f.dataType.simpleString()}) AS {q(f.name)}"
                         for c, f in zip(columns, schema.fields))
-        return consolidate_sql(f"(SELECT {sel}, {q(WEIGHT)} FROM {d.sql})", schema.fieldNames())
+        typed = f"SELECT {sel}, {q(WEIGHT)} FROM {d.sql}"
+        if d.consolidated and not self.dry and self._same_types(root, columns, schema):
+            return typed  # distinct rows under casts that change nothing: already consolidated
+        return consolidate_sql(f"({typed})", schema.fieldNames())
+
+    def _same_types(self, root: Node, columns: list[str], schema: StructType) -> bool:
+        have = {f.name: f.dataType for f in self.types.nodes[root.id].fields}
+        return len(set(columns)) == len(columns) and all(have.get(c) == f.dataType
+                                                         for c, f in zip(columns, schema.fields))
 
     def output(self, root: Node, columns: list[str], schema: StructType) -> Changelog:
         """The batch's consolidated change of the model's output, materialized."""
@@ -256,16 +269,28 @@ class BatchEvaluator:
             if src.is_empty and not self.dry:
                 return self._empty(node.id)
             sel = ", ".join(f"{q(s)} AS {q(c)}" for s, c in zip(node.source_columns, node.columns))
-            return Changelog.of_query(self.views, f"SELECT {sel}, {q(WEIGHT)} FROM {src.sql}", cols)
+            out = Changelog.of_query(self.views, f"SELECT {sel}, {q(WEIGHT)} FROM {src.sql}", cols)
+            out.consolidated, out.local = src.consolidated and len(set(node.source_columns)) == len(src.data_columns), src.local
+            return out
         if isinstance(node, (Filter, Project, Reweight)):
             child = self.delta(node.child)
             if child.is_empty:
                 return self._empty(node.id)
             if isinstance(node, Filter):
-                return Changelog.of_query(self.views, filter_sql(child.sql, node.predicate), child.columns)
+                out = Changelog.of_query(self.views, filter_sql(child.sql, node.predicate), child.columns)
+                out.consolidated = child.consolidated  # a subset of distinct rows stays distinct
+                out.local = child.local
+                return out
             if isinstance(node, Project):
-                return Changelog.of_query(self.views, project_sql(child.sql, node.columns, node.exprs), cols)
-            return Changelog.of_query(self.views, reweight_sql(child.sql, child.columns, node.count), cols)
+                out = Changelog.of_query(self.views, project_sql(child.sql, node.columns, node.exprs), cols)
+                # only a projection that keeps every column (renamed, reordered) keeps rows distinct
+                kept = {plain_column(e) for e in node.exprs}
+                out.consolidated = child.consolidated and set(child.data_columns) <= kept
+                out.local = child.local
+                return out
+            out = Changelog.of_query(self.views, reweight_sql(child.sql, child.columns, node.count), cols)
+            out.local = child.local
+            return out
         if isinstance(node, Union):
             # linear: d(A union all B) = dA union all dB
             a, b = self.delta(node.left), self.delta(node.right)
@@ -297,7 +322,9 @@ class BatchEvaluator:
             a = self.types.arrangements[f"{st.op_id}_{role}"]
             return Changelog.empty(self.views, a.schema)
         sel = ", ".join([q(c) for c in data] + [f"{e} AS {q(n)}" for n, e in extra] + [q(WEIGHT)])
-        return st.stage(role, f"SELECT {sel} FROM {child.sql}", data + [n for n, _ in extra] + [WEIGHT], key)
+        # computed key columns are functions of the row: a consolidated child stays consolidated
+        return st.stage(role, f"SELECT {sel} FROM {child.sql}", data + [n for n, _ in extra] + [WEIGHT], key,
+                        consolidated=child.consolidated)
 
     def _types_of(self, node: Node) -> dict[str, str]:
         schema = self.delta(node).df.schema if self.dry else self.types.nodes[node.id]
@@ -335,6 +362,7 @@ class BatchEvaluator:
             sel = ", ".join([f"{e} AS {q(n)}" for n, e in zip(node.group_names, node.group_exprs)]
                             + [f"{e} AS {q(n)}" for e, n in arg_cols.items()] + [q(WEIGHT)])
             pre = Changelog.of_query(self.views, f"SELECT {sel} FROM {child.sql}", in_cols)
+            pre.local = child.local
         if self.dry:
             self.memo[input_id] = pre
             in_schema = pre.df.schema
@@ -345,7 +373,9 @@ class BatchEvaluator:
         spec = AggregateSpec(node.id, list(node.group_names), list(node.aggs), args,
                              {f.name: f.dataType for f in in_schema.fields}, out_types)
         out = aggregate_delta(spec, pre, st, self.first, self.materialize)
-        return self._lazy(node, out, list(node.columns) + [WEIGHT])
+        ch = self._lazy(node, out, list(node.columns) + [WEIGHT])
+        ch.consolidated = True  # at most -old and +new per group, distinct (aggregate_delta's contract)
+        return ch
 
 
 def _typed_stand_in(views: Views, schema: StructType) -> Changelog:
