@@ -115,14 +115,18 @@ def test_a_change_larger_than_recompute_threshold_is_recomputed_from_snapshots(s
 @pytest.mark.parametrize("policy", [CompactionPolicy(max_delta_files=2, merge_fraction=1e9, min_merge_rows=10 ** 9),
                                     CompactionPolicy(max_delta_files=100, merge_fraction=0.0, min_merge_rows=1)],
                          ids=["deltas-merged", "all-merged"])
-@pytest.mark.parametrize("where", ["driver", "executors"])
+@pytest.mark.parametrize("where", ["driver", "executors", "too-many-matches"])
 def test_compaction_never_changes_what_state_reads_return(spark, tmp_path, monkeypatch, policy, where):
     """Updates leave an aggregate's accumulators with a zero count and non-zero sums: merging
     delta files must keep them (only a merge of the whole arrangement may drop dead groups).
-    Change-sized compactions run on the driver with Arrow, others with Spark: both checked."""
+    Change-sized compactions and keyed reads run on the driver with Arrow, others with Spark
+    (and a driver-side keyed scan matching too many rows falls back to Spark): all checked."""
     monkeypatch.setattr(arrangement, "DEFAULT_POLICY", policy)
     if where == "executors":
         monkeypatch.setattr(arrangement, "DRIVER_READ_ROWS", 0)
+        monkeypatch.setattr(arrangement, "DRIVER_SCAN_ROWS", 0)
+    if where == "too-many-matches":
+        monkeypatch.setattr(arrangement, "DRIVER_MATCH_ROWS", 0)
     sc = Scenario(spark, tmp_path, {"acct": pa.table({"id": list(range(6)), "br": [i % 2 for i in range(6)],
                                                       "bal": [100] * 6})}, {"acct": ["id"]})
     job = sc.job("select br, sum(bal) as total, count(*) as n, max(bal) as top from src.acct group by br", "br")

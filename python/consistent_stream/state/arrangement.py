@@ -67,7 +67,15 @@ class CompactionPolicy:
 
 DEFAULT_POLICY = CompactionPolicy()
 DRIVER_READ_ROWS = 250_000
-"""A keyed read whose picked files hold at most this many rows is read on the driver."""
+"""A read of whole files (no keys on the driver, an arrangement without a key, a compaction)
+holding at most this many rows runs on the driver."""
+DRIVER_SCAN_ROWS = 50_000_000
+"""A keyed read whose picked files hold at most this many rows is a streaming scan on the
+driver (Arrow, multi-threaded, a batch at a time) that keeps only the rows at the keys: the
+driver holds the matches, never the files. At SF 1, q3's 3.2M-row lineitem arrangement at 3,000
+random order keys: 0.09 s, where Spark's broadcast semi join runs a job over every file."""
+DRIVER_MATCH_ROWS = 1_000_000
+"""Matches a driver-side keyed scan may hold; past it the read goes to Spark's executors."""
 
 
 @dataclass(frozen=True)
@@ -258,9 +266,11 @@ class StateStore:
     def read(self, arrangement: Arrangement, keys: KeySet | None, null_safe: bool = True) -> Changelog:
         """Rows of ``arrangement`` at ``keys`` (all rows when None) as of the previous batch;
         not consolidated across files, and possibly with rows of other keys of the picked
-        files. Counts the picked files' rows as state rows read. Up to ``DRIVER_READ_ROWS``
-        rows are read on the driver (a change-sized local relation); more are read by Spark's
-        executors and kept at the keys by a semi join."""
+        files. Counts the picked files' rows as state rows read. Where it runs: keys on the
+        driver and picked files of at most ``DRIVER_SCAN_ROWS`` rows: a streaming scan on the
+        driver keeping the rows at the keys (up to ``DRIVER_MATCH_ROWS`` of them); whole files
+        of at most ``DRIVER_READ_ROWS`` rows: read on the driver; otherwise Spark's executors
+        read the files and a semi join keeps the rows at the keys."""
         schema = arrangement.schema
         files = self._pick(arrangement, keys, null_safe)
         rows = sum(f.rows for f in files)
@@ -268,7 +278,12 @@ class StateStore:
         self.metrics.files_read += len(files)
         if not files:
             return Changelog.empty(self.views, schema)
-        if rows <= DRIVER_READ_ROWS and (keys is None or keys.arrow is not None):
+        keyed = keys is not None and keys.arrow is not None and bool(arrangement.key)
+        if keyed and rows <= DRIVER_SCAN_ROWS:
+            data = self._read_local(arrangement, files, keys, limit=DRIVER_MATCH_ROWS)
+            if data is not None:
+                return Changelog.of_arrow(self.views, data, schema=schema)
+        elif rows <= DRIVER_READ_ROWS and (keys is None or keys.arrow is not None):
             return Changelog.of_arrow(self.views, self._read_local(arrangement, files, keys), schema=schema)
         df = self.spark.read.schema(schema).parquet(*[self.table.file_uri(f.data.path) for f in files])
         rel = self.views.add(df)
@@ -279,7 +294,11 @@ class StateStore:
                + key_condition("s", list(arrangement.key), "k", keys.columns, null_safe))
         return Changelog.of_query(self.views, sql, schema.fieldNames())
 
-    def _read_local(self, arrangement: Arrangement, files: list[_File], keys: KeySet | None) -> pa.Table:
+    def _read_local(self, arrangement: Arrangement, files: list[_File], keys: KeySet | None,
+                    limit: int | None = None) -> pa.Table | None:
+        """The rows of ``files`` (at ``keys`` when given: per key column, its values; a
+        superset for several columns), read on the driver batch by batch. None when more
+        than ``limit`` rows match."""
         import pyarrow.dataset as pads
         import pyarrow.fs as pafs
         fs, base = pafs.FileSystem.from_uri(self.table.file_uri(""))
@@ -291,7 +310,17 @@ class StateStore:
             for c in arrangement.key:
                 e = pads.field(c).isin(pc.unique(keys.arrow.column(c)))
                 expr = e if expr is None else expr & e
-        return pads.dataset(paths, schema=schema, format="parquet", filesystem=fs).to_table(filter=expr)
+        scanner = pads.dataset(paths, schema=schema, format="parquet", filesystem=fs).scanner(filter=expr)
+        if limit is None:
+            return scanner.to_table()
+        batches, n = [], 0
+        for b in scanner.to_batches():
+            n += b.num_rows
+            if n > limit:
+                return None
+            if b.num_rows:
+                batches.append(b)
+        return pa.Table.from_batches(batches, schema=schema)
 
     def read_all(self, arrangement: Arrangement) -> DataFrame:
         """Every row of ``arrangement`` (compaction, rebuild checks); not counted as a keyed read."""
