@@ -210,6 +210,12 @@ class QueryRuntime:
             return BatchResult(batch_id, True, 0, 0, None, time.time() - t0, end.versions, b.metrics)
         b.first = start.is_initial()
         b.prev = None if b.first else self.previous(app_id, batch_id - 1)
+        if b.prev is not None and b.prev.cut != start.versions:
+            raise CommitError(
+                f"model {self.job.model}: batch {batch_id} was planned to start at cut {start.versions}, but the "
+                f"target's batch {batch_id - 1} ended at {b.prev.cut}; the cut log under "
+                f"{self.job.checkpoint_location}/cuts was read out of order or changed. Nothing was written; "
+                f"run dbt run --full-refresh")
         b.views = Views(self.spark)
         try:
             changes, read, commit_ms = self._read_changes(b)               # step 1

@@ -7,7 +7,7 @@ own file source, one file per micro-batch (``maxFilesPerTrigger`` 1), so Spark's
 records which cut each batch processed, and a replayed batch reads the same cut:
 
 * ``dbt run`` (trigger available-now): the driver plans the batches from the last planned cut
-  to the cut it takes at start (a backlog split by :func:`.backlog.next_cut`), writes them,
+  to the cut it takes at start (a backlog split by :func:`.backlog.plan_cuts`), writes them,
   and the query processes every file present at its start, then stops;
 * continuous (processing-time trigger): a planner thread on the driver appends the next cuts
   as the sources move (checking every trigger interval, and only once the query has
@@ -68,10 +68,12 @@ class CutLog:
         prev = self._files()
         os.replace(tmp, path)
         if prev:
-            last = os.stat(os.path.join(self.directory, prev[-1])).st_mtime_ns
-            now = os.stat(path).st_mtime_ns
-            if now <= last:
-                os.utime(path, ns=(last + 1_000_000, last + 1_000_000))
+            # Spark's file source orders files by modification time in whole milliseconds (a
+            # tie is read in listing order): the new file must be at least 1 ms later
+            ms = 1_000_000
+            last = os.stat(os.path.join(self.directory, prev[-1])).st_mtime_ns // ms
+            if os.stat(path).st_mtime_ns // ms <= last:
+                os.utime(path, ns=((last + 1) * ms, (last + 1) * ms))
 
     def stream(self, spark: SparkSession) -> DataFrame:
         """The streaming DataFrame of planned cuts, one file per micro-batch."""
