@@ -48,6 +48,8 @@ def main() -> int:
     ap.add_argument("--transactions", type=int, default=155_000)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--max-batch-rows", type=int, default=50_000)
+    ap.add_argument("--profile", action="store_true",
+                    help="print the backlog run's Python profile (main thread, cumulative) on stderr")
     a = ap.parse_args()
     import consistent_stream  # noqa: F401
     from consistent_stream.cli import local_spark
@@ -99,8 +101,17 @@ def main() -> int:
         changes = sum(sum(t.counts.get(x, 0) for x in ("public.pgbench_accounts", "public.pgbench_history"))
                       for t in txs)
         forget_reader(landing)
+        import cProfile
+        prof = cProfile.Profile() if a.profile else None
         with PeakRSS(spark) as rss_backlog:
+            if prof:
+                prof.enable()
             s_backlog = run_job(spark, backlog)
+            if prof:
+                prof.disable()
+        if prof:
+            import pstats
+            pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(40)
         ok_backlog = verify_target(spark, backlog.target_path).ok
         forget_reader(landing)
         scratch = job("from_scratch")
@@ -114,6 +125,8 @@ def main() -> int:
                     "events_per_s": round(changes / s_backlog["seconds"]),
                     "max_batch_rows": a.max_batch_rows, "strategies": s_backlog["strategies"],
                     "spark_jobs": s_backlog["totals"]["spark_jobs"], "peak_rss_mb": rss_backlog.peak,
+                    "per_batch": [{k: m.get(k) for k in ("seconds", "changes_read", "spark_jobs", "state_rows_read",
+                                                         "phases")} for m in s_backlog["metrics"]],
                     "verified": ok_backlog},
         "from_scratch": {"events": snapshot_rows + changes, "seconds": s_scratch["seconds"],
                          "batches": s_scratch["batches"],

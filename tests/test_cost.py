@@ -3,6 +3,8 @@ split into bounded batches, large changes recomputed; and every version still eq
 evaluation at its cut."""
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
@@ -95,6 +97,18 @@ def test_a_backlog_is_split_into_batches_of_at_most_max_batch_rows_each_at_a_con
     assert summary["cut"] == {k: DeltaTableRef(s.location).latest_version() for k, s in
                               ((s.key, s) for s in job.sources)}
     assert _versions_equal_batch_evaluation(spark, job) == 1 + summary["batches"]
+
+
+def test_planned_cut_files_are_at_least_a_millisecond_apart_in_order(tmp_path):
+    """Spark's file source reads the cut log ordered by modification time in whole ms, ties in
+    listing order: cuts planned within one millisecond were once processed out of order (a
+    version recording the cut of the batch before it)."""
+    from consistent_stream.sources.stream import CutLog
+    log = CutLog(str(tmp_path / "cuts"))
+    for seq in range(40):
+        log.append(seq, Cut({"a": seq}), Cut({"a": seq + 1}))
+    ms = [os.stat(tmp_path / "cuts" / f"cut-{seq:012d}.json").st_mtime_ns // 1_000_000 for seq in range(40)]
+    assert all(b > a for a, b in zip(ms, ms[1:])), ms
 
 
 def test_a_change_larger_than_recompute_threshold_is_recomputed_from_snapshots(spark, tmp_path):

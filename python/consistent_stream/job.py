@@ -33,7 +33,7 @@ from .plan.incremental import PlanTypes, type_plan
 from .runtime import BatchMeta, BatchResult, QueryRuntime, target_key
 from .sink.catalog import publish, published
 from .sources import Cut
-from .sources.backlog import next_cut
+from .sources.backlog import plan_cuts
 from .sources.formats import latest_cut, open_source
 from .sources.spec import INITIAL
 from .sources.stream import CutLog
@@ -276,7 +276,7 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
 
 def _plan(job: JobSpec, cuts: CutLog, sources: dict, target, upto: Cut) -> None:
     """Append to the cut log the batches from the last planned cut to ``upto``: each ends at
-    :func:`~consistent_stream.sources.backlog.next_cut` (at most ``max_batch_rows`` source
+    :func:`~consistent_stream.sources.backlog.plan_cuts` (at most ``max_batch_rows`` source
     change rows, at a transaction-consistent cut)."""
     last = cuts.last()
     if last is not None:
@@ -287,12 +287,13 @@ def _plan(job: JobSpec, cuts: CutLog, sources: dict, target, upto: Cut) -> None:
         if meta is not None and meta.app_id == _query_id(job) and set(meta.cut) == set(upto.versions):
             seq, start = _last_spark_commit(job) if _last_spark_commit(job) is not None else -1, Cut(meta.cut)
     current = {k: v for k, v in start.versions.items()}
-    while any(current.get(k, INITIAL) < v for k, v in upto.versions.items()):
-        end = next_cut(list(sources.values()), current, upto.versions, max_rows=job.max_batch_rows,
-                       recompute_threshold=job.recompute_threshold)
+    if not any(current.get(k, INITIAL) < v for k, v in upto.versions.items()):
+        return
+    for end in plan_cuts(list(sources.values()), current, upto.versions, max_rows=job.max_batch_rows,
+                         recompute_threshold=job.recompute_threshold):
         end = {k: max(int(v), int(current.get(k, INITIAL))) for k, v in end.items()}
         if end == current:
-            break
+            continue
         seq += 1
         cuts.append(seq, Cut(current), Cut(end))
         current = end

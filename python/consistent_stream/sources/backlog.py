@@ -2,7 +2,7 @@
 
 A query that falls behind (a ``dbt run`` after a day of changes, a continuous model after a
 pause) has a backlog between the last cut and the newest one. Reading it all in one batch
-makes the batch's memory grow with the backlog; instead :func:`next_cut` ends each batch at
+makes the batch's memory grow with the backlog; instead :func:`plan_cuts` ends each batch at
 the newest *transaction-consistent* cut whose change stays within ``max_rows`` source change
 rows, and the batches that follow reach the newest cut:
 
@@ -37,16 +37,18 @@ class SourceCommit:
     rows: int | None
 
 
-def next_cut(sources: list, start: dict[str, int], end: dict[str, int], *, max_rows: int,
-             recompute_threshold: float) -> dict[str, int]:
-    """The cut the next batch after ``start`` ends at, at most ``end`` (see the module
-    docstring). ``sources``: :class:`~consistent_stream.sources.formats.Source` objects, keyed
-    by ``spec.key`` in the cuts."""
+def plan_cuts(sources: list, start: dict[str, int], end: dict[str, int], *, max_rows: int,
+              recompute_threshold: float) -> list[dict[str, int]]:
+    """The cuts the batches after ``start`` end at, in order, the last one ``end`` (see the
+    module docstring); empty when ``start`` is already at ``end``. One pass over the
+    backlog's commits (read once, sorted once), whatever the number of batches.
+    ``sources``: :class:`~consistent_stream.sources.formats.Source` objects, keyed by
+    ``spec.key`` in the cuts."""
     keys = sorted(end)
     if all(start.get(k, INITIAL) >= end[k] for k in keys):
-        return dict(end)
+        return []
     if any(start.get(k, INITIAL) == INITIAL for k in keys):
-        return dict(end)
+        return [dict(end)]
     by_key = {s.spec.key: s for s in sources}
     # one event per transaction: Delta sources alone, Debezium tables grouped by directory
     events: dict[tuple, dict] = {}
@@ -63,22 +65,25 @@ def next_cut(sources: list, start: dict[str, int], end: dict[str, int], *, max_r
                 e["known"] = False
             else:
                 e["rows"] += c.rows
-    sizes = [(e["rows"] if e["known"] else max_rows) for e in events.values()]
-    total = sum(sizes)
+    total = sum((e["rows"] if e["known"] else max_rows) for e in events.values())
     if total <= max_rows:
-        return dict(end)
+        return [dict(end)]
     source_rows = sum(by_key[k].rows(end[k]) for k in keys)
     if total > recompute_threshold * max(source_rows, 1):
         log.info("backlog of %d change rows > recompute_threshold %s x %d source rows: one batch to the cut",
                  total, recompute_threshold, source_rows)
-        return dict(end)
+        return [dict(end)]
+    cuts: list[dict[str, int]] = []
     cut = dict(start)
     acc = 0
-    for (_, _, _), e in sorted(events.items()):
+    for _, e in sorted(events.items()):
         rows = e["rows"] if e["known"] else max_rows
         if acc and acc + rows > max_rows:
-            break
+            cuts.append({k: max(cut[k], start[k]) for k in keys})
+            acc = 0
         acc += rows
         cut.update(e["keys"])
-    log.info("backlog of %d change rows: next batch takes %d of them (max_batch_rows %d)", total, acc, max_rows)
-    return {k: max(cut[k], start[k]) for k in keys}
+    cuts.append(dict(end))
+    log.info("backlog of %d change rows: %d batches of at most max_batch_rows %d each (a commit larger than "
+             "that is a batch of its own)", total, len(cuts), max_rows)
+    return cuts

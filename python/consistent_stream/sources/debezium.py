@@ -38,6 +38,7 @@ changed after it was read.
 """
 from __future__ import annotations
 
+import bisect
 import datetime
 import decimal
 import json
@@ -383,19 +384,21 @@ class LandingReader:
         with self._lock:
             return self._snapshot_pos
 
-    def transactions(self) -> list[TxInfo]:
-        """The complete transactions in commit order (the snapshot first, when there is one)."""
+    def transactions(self, after: int | None = None, upto: int | None = None) -> list[TxInfo]:
+        """The complete transactions in commit order (the snapshot first, when there is one);
+        only those with ``after < position <= upto`` when given (a binary search: positions
+        grow)."""
         with self._lock:
-            return list(self._txs)
+            lo = 0 if after is None else bisect.bisect_right(self._txs, after, key=lambda t: t.position)
+            hi = len(self._txs) if upto is None else bisect.bisect_right(self._txs, upto, key=lambda t: t.position)
+            return self._txs[lo:hi]
 
     def commit_ms(self, position: int) -> int:
         """Commit time (ms since epoch) of the newest transaction at or before ``position``;
         0 when there is none."""
         with self._lock:
-            for tx in reversed(self._txs):
-                if tx.position <= position:
-                    return tx.ts_ms
-            return 0
+            i = bisect.bisect_right(self._txs, position, key=lambda t: t.position)
+            return self._txs[i - 1].ts_ms if i else 0
 
     def _check_upto(self, upto: int) -> None:
         if upto > self._last_pos:
@@ -525,7 +528,7 @@ class DebeziumSource:
         events."""
         from .backlog import SourceCommit
         return [SourceCommit(tx.position, tx.ts_ms, tx.counts.get(self.spec.table, 0))
-                for tx in self.reader(upto=end).transactions() if start < tx.position <= end]
+                for tx in self.reader(upto=end).transactions(start, end)]
 
     def commit_ms(self, position: int) -> int:
         return self.reader(upto=position).commit_ms(position)

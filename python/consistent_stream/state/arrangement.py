@@ -16,17 +16,22 @@ Its files come in two levels, like a two-level LSM tree:
   change-sized), sorted by key.
 
 Keyed reads. ``lookup(name).read(keys)`` picks the files whose min/max statistics may hold one
-of the keys (driver only: no file is opened), lets Spark read just those and keeps the rows at
-the keys (a broadcast semi join). The rows of the picked files are the batch's *state rows
-read*. A key change localized in the key space (new ids above the old ones, one customer)
-reads a few files; keys spread over the whole key space read most files, which is what any
-min/max layout can do.
+of the keys (driver only: no file is opened), then reads just those and keeps the rows at the
+keys: a streaming Arrow scan on the driver that holds only the matches (up to
+``DRIVER_SCAN_ROWS`` picked rows and ``DRIVER_MATCH_ROWS`` matches), else Spark's executors
+and a broadcast semi join. The rows of the picked files are the batch's *state rows read*. A
+key change localized in the key space (new ids above the old ones, one customer) reads a few
+files; keys spread over the whole key space read most files, which is what any min/max layout
+can do (a block of B rows is skipped only when none of the batch's K keys falls in it: with
+random keys, K x B >= the arrangement's rows reads all of it); the scan's cost per row is
+what keeps such a read cheap.
 
-Compaction (in the batch's commit, same txn, on executors): when an arrangement has
-``max_delta_files`` delta files its deltas are merged into one delta file (cost: the deltas);
-when its delta rows reach ``merge_fraction`` of its base rows, everything is merged into new
-base files (cost: the arrangement, amortized over the ``merge_fraction`` x base rows of change
-that triggered it). See :class:`CompactionPolicy`.
+Compaction (in the batch's commit, same txn): when an arrangement has ``max_delta_files``
+delta files its deltas are merged into one delta file (cost: the deltas); when its delta rows
+reach ``merge_fraction`` of its base rows, everything is merged into new base files (cost: the
+arrangement, amortized over the ``merge_fraction`` x base rows of change that triggered it).
+Merges of at most ``DRIVER_READ_ROWS`` rows run on the driver with Arrow, larger ones on
+Spark's executors. See :class:`CompactionPolicy`.
 
 Exactly once: the state table's one commit per batch carries txn ``(app id, batch id)``
 (step 3 of DESIGN.md's protocol); reads happen at the version the target recorded for the
