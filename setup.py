@@ -45,6 +45,7 @@ setup(
         "duckdb>=1.1",
         "tpchgen-cli>=1",
         "psycopg2-binary>=2.9,<3",
+        "orjson>=3.9",
     ],
     extras_require={"test": ["pytest", "hypothesis"]},
     entry_points={"console_scripts": ["consistent-stream = consistent_stream.cli:main"]},

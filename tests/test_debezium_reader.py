@@ -135,6 +135,22 @@ def _names(msg: str, file_no: int, line: int) -> None:
     assert re.search(rf"{event_file_name(file_no)}:{line} \(byte \d+\)", msg), msg
 
 
+def test_decimals_written_as_json_numbers_are_read_exactly(tmp_path):
+    """Debezium's double/precise modes write DECIMALs as JSON numbers: digits past a double's
+    17 are kept (such lines are parsed again with exact decimals), integers past 64 bits too."""
+    wide = TableSchema("public.w", (ColumnSchema("id", "int64", "bigint", False),
+                                    ColumnSchema("amount", "decimal(38,10)", "numeric(38,10)"),
+                                    ColumnSchema("big", "decimal(38,0)", "numeric(38,0)"),
+                                    ColumnSchema("ratio", "float64", "float8")), ("id",))
+    line = ('{"op": "r", "before": null, "after": {"id": 1, "amount": 1234567890123456789.0123456789, '
+            '"big": 123456789012345678901234567890, "ratio": 0.1}, "source": {"schema": "public", "table": "w", '
+            '"lsn": 50, "snapshot": "last"}}')
+    r = LandingReader(landing(tmp_path, [[line]], schemas=(wide,))).refresh()
+    row = r.table_at("public.w", 50).to_pylist()[0]
+    assert row["amount"] == Decimal("1234567890123456789.0123456789")
+    assert row["big"] == Decimal("123456789012345678901234567890") and row["ratio"] == 0.1
+
+
 def test_malformed_line_names_file_line_and_byte_offset(tmp_path):
     msg = _error(tmp_path, [SNAPSHOT, TX1[:2] + ['{"op": "u", "before": {']])
     _names(msg, 2, 3)

@@ -47,6 +47,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -102,6 +103,27 @@ class _Chunk:
 
 def _err(where: str, msg: str) -> SourceError:
     return SourceError(f"{where}: {msg}")
+
+
+def _parse_json(raw: bytes, where: str, exact: bool = False):
+    """One JSON line, unwrapped from Debezium's ``{"schema", "payload"}`` envelope. orjson
+    (C, several times faster than ``json``) unless ``exact`` or orjson refuses the line
+    (integers past 64 bits, NaN): then ``json`` with numbers with a fraction as ``Decimal``,
+    whose error names the position."""
+    obj = None
+    if not exact:
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            exact = True
+    if exact:
+        try:
+            obj = json.loads(raw, parse_float=decimal.Decimal)
+        except ValueError as e:
+            raise _err(where, f"malformed JSON line: {e}") from None
+    if isinstance(obj, dict) and "payload" in obj and "schema" in obj:
+        obj = obj["payload"]
+    return obj
 
 
 def _tx_position(tx_id, where: str) -> int:
@@ -213,12 +235,9 @@ class LandingReader:
             offset += len(raw) + 1
             if not raw.strip():
                 continue
-            try:
-                obj = json.loads(raw, parse_float=decimal.Decimal)
-            except ValueError as e:
-                raise _err(where, f"malformed JSON line: {e}") from None
-            if isinstance(obj, dict) and "payload" in obj and "schema" in obj:
-                obj = obj["payload"]
+            obj = _parse_json(raw, where)
+            if self._inexact(obj):
+                obj = _parse_json(raw, where, exact=True)
             if obj is None:
                 continue  # tombstone
             if not isinstance(obj, dict):
@@ -240,6 +259,19 @@ class LandingReader:
         if positions:
             self._chunks.append(_Chunk(seq, name, min(positions), max(positions), tables))
         self._files.append((seq, name, st.st_size, st.st_mtime_ns))
+
+    def _inexact(self, obj) -> bool:
+        """Whether a change event holds a JSON number with a fraction or exponent (parsed as
+        a float) in a DECIMAL column: such a line is parsed again keeping exact decimals."""
+        if not isinstance(obj, dict) or "op" not in obj or not isinstance(obj.get("source"), dict):
+            return False
+        src = obj["source"]
+        table = f"{src.get('schema')}.{src.get('table')}" if src.get("schema") else str(src.get("table"))
+        ts = self._schemas.get(table)
+        if ts is None or not ts.has_decimal:
+            return False
+        return any(isinstance(img, dict) and any(type(v) is float for v in img.values())
+                   for img in (obj.get("before"), obj.get("after")))
 
     def _metadata(self, obj: dict, where: str) -> _Open | None:
         status = str(obj.get("status")).upper()

@@ -33,6 +33,7 @@ timestamptz               timestamp[us, UTC]   ISO-8601 with offset (ZonedTimest
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -103,6 +104,11 @@ class TableSchema:
     @property
     def column_names(self) -> list[str]:
         return [c.name for c in self.columns]
+
+    @functools.cached_property
+    def has_decimal(self) -> bool:
+        """Whether a column is a DECIMAL (its JSON numbers must be parsed exactly)."""
+        return any(c.type.startswith("decimal") for c in self.columns)
 
     def arrow_schema(self) -> pa.Schema:
         return pa.schema([pa.field(c.name, arrow_type(c.type), nullable=True) for c in self.columns])
