@@ -24,6 +24,10 @@ analyzing the plan over empty sources without running anything.
 
 Each materialization runs with a shuffle parallelism sized from the rows it processes
 (:func:`shuffle_partitions`): a few thousand rows need one task, not Spark's default 200.
+Driver-side changes of up to ``SINGLE_PARTITION_ROWS`` are single partitions, so a query over
+them only runs as one stage with no shuffle. A change known to be consolidated (a source's
+change, an aggregate's output, and filters and column-keeping projections of them) is not
+consolidated again: each consolidation is a shuffle.
 """
 from __future__ import annotations
 
@@ -270,7 +274,9 @@ class BatchEvaluator:
                 return self._empty(node.id)
             sel = ", ".join(f"{q(s)} AS {q(c)}" for s, c in zip(node.source_columns, node.columns))
             out = Changelog.of_query(self.views, f"SELECT {sel}, {q(WEIGHT)} FROM {src.sql}", cols)
-            out.consolidated, out.local = src.consolidated and len(set(node.source_columns)) == len(src.data_columns), src.local
+            # a scan of every column of a consolidated change is consolidated
+            out.consolidated = src.consolidated and len(set(node.source_columns)) == len(src.data_columns)
+            out.local = src.local
             return out
         if isinstance(node, (Filter, Project, Reweight)):
             child = self.delta(node.child)
