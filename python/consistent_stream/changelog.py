@@ -64,19 +64,26 @@ def arrow_to_spark(spark: SparkSession, data: pa.Table, schema=None) -> DataFram
     return spark.createDataFrame(pa.Table.from_batches(batches, schema=data.schema), schema=schema)
 
 
-def consolidate_arrow(z: pa.Table) -> pa.Table:
-    """Sum ``__weight`` per distinct row (nulls equal) and drop zero weights (Arrow, no Spark).
-    Raises ``pa.ArrowNotImplementedError`` for column types Arrow cannot group by (nested)."""
+def consolidate_arrow(z: pa.Table, additive: tuple[str, ...] = (WEIGHT,)) -> pa.Table:
+    """Sum the ``additive`` columns (default ``__weight``) per value of the other columns
+    (nulls equal) and drop rows whose sums are all zero or NULL (Arrow, no Spark). Out: ``z``'s
+    columns and types, sums cast back (an overflow raises). Raises
+    ``pa.ArrowNotImplementedError`` for column types Arrow cannot group by (nested)."""
     import pyarrow.compute as pc
-    cols = [c for c in z.column_names if c != WEIGHT]
     if z.num_rows == 0:
         return z
-    if not cols:
-        total = pc.sum(z.column(WEIGHT)).as_py() or 0
-        return pa.table({WEIGHT: pa.array([total] if total else [], pa.int64())})
-    g = z.group_by(cols, use_threads=False).aggregate([(WEIGHT, "sum")])
-    g = g.rename_columns(cols + [WEIGHT]).select(cols + [WEIGHT])
-    return g.filter(pc.not_equal(g.column(WEIGHT), 0))
+    cols = [c for c in z.column_names if c not in additive]
+    if cols:
+        g = z.group_by(cols, use_threads=False).aggregate([(c, "sum") for c in additive])
+    else:
+        g = pa.table({f"{c}_sum": [pc.sum(z.column(c)).as_py()] for c in additive})
+    out = {c: g.column(c) for c in cols}
+    keep = None
+    for c in additive:
+        out[c] = pc.cast(g.column(f"{c}_sum"), z.schema.field(c).type)
+        nz = pc.fill_null(pc.not_equal(out[c], pa.scalar(0).cast(out[c].type)), False)
+        keep = nz if keep is None else pc.or_(keep, nz)
+    return pa.table([out[c] for c in z.column_names], schema=z.schema).filter(keep)
 
 
 def data_columns(df: DataFrame) -> list[str]:

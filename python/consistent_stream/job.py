@@ -287,8 +287,6 @@ def _plan(job: JobSpec, cuts: CutLog, sources: dict, target, upto: Cut) -> None:
         if meta is not None and meta.app_id == _query_id(job) and set(meta.cut) == set(upto.versions):
             seq, start = _last_spark_commit(job) if _last_spark_commit(job) is not None else -1, Cut(meta.cut)
     current = {k: v for k, v in start.versions.items()}
-    if not any(current.get(k, INITIAL) < v for k, v in upto.versions.items()):
-        return
     for end in plan_cuts(list(sources.values()), current, upto.versions, max_rows=job.max_batch_rows,
                          recompute_threshold=job.recompute_threshold):
         end = {k: max(int(v), int(current.get(k, INITIAL))) for k, v in end.items()}

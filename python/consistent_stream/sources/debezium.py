@@ -126,6 +126,11 @@ def _parse_json(raw: bytes, where: str, exact: bool = False):
     return obj
 
 
+def _table_of(source: dict) -> str:
+    """A change event's table, ``<schema>.<table>`` (``source.table`` alone without a schema)."""
+    return f"{source.get('schema')}.{source.get('table')}" if source.get("schema") else str(source.get("table"))
+
+
 def _tx_position(tx_id, where: str) -> int:
     s = str(tx_id)
     _, sep, lsn = s.rpartition(":")
@@ -265,9 +270,7 @@ class LandingReader:
         a float) in a DECIMAL column: such a line is parsed again keeping exact decimals."""
         if not isinstance(obj, dict) or "op" not in obj or not isinstance(obj.get("source"), dict):
             return False
-        src = obj["source"]
-        table = f"{src.get('schema')}.{src.get('table')}" if src.get("schema") else str(src.get("table"))
-        ts = self._schemas.get(table)
+        ts = self._schemas.get(_table_of(obj["source"]))
         if ts is None or not ts.has_decimal:
             return False
         return any(isinstance(img, dict) and any(type(v) is float for v in img.values())
@@ -325,7 +328,7 @@ class LandingReader:
         src = obj.get("source")
         if not isinstance(src, dict) or "table" not in src:
             raise _err(where, "change event without source.table")
-        table = f"{src.get('schema')}.{src['table']}" if src.get("schema") else str(src["table"])
+        table = _table_of(src)
         if table not in self._schemas:
             raise _err(where, f"event for unknown table {table!r}: no schema file "
                               f"{os.path.join(self.location, '_schemas', table + '.json')} "

@@ -49,7 +49,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
-from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, q
+from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, consolidate_arrow, q
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta.files import new_dir, write_arrow, write_spark
 from ..errors import CommitError
@@ -515,7 +515,7 @@ class StateStore:
         if complete and arrangement.live:
             return None
         try:
-            data = consolidate_additive(self._read_local(arrangement, targets, None), arrangement)
+            data = consolidate_arrow(self._read_local(arrangement, targets, None), arrangement.additive)
         except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
             return None
         if arrangement.key:
@@ -524,32 +524,6 @@ class StateStore:
         step = max(1, self.file_rows)
         return [write_arrow(self.path, rel, data.slice(i, step), {ARRANGEMENT: arrangement.name})
                 for i in range(0, data.num_rows, step)]
-
-
-def consolidate_additive(data: pa.Table, arrangement: Arrangement) -> pa.Table:
-    """:meth:`Arrangement.consolidate` (``complete=False``) on the driver: the ``additive``
-    columns summed per value of the others (NULLs equal), rows where every sum is zero or NULL
-    dropped. In and out: the arrangement's columns (Arrow), sums cast back to their types
-    (an overflow raises). Raises ``pa.ArrowNotImplementedError`` for key types Arrow cannot
-    group by."""
-    g = arrangement.group_columns
-    schema = _arrow_schema(arrangement.schema)
-    if data.num_rows == 0:
-        return data.select(schema.names)
-    aggs = [(c, "sum") for c in arrangement.additive]
-    if g:
-        out = data.group_by(g, use_threads=False).aggregate(aggs)
-    else:
-        out = pa.table({f"{c}_sum": [pc.sum(data.column(c)).as_py()] for c in arrangement.additive})
-    cols = {c: out.column(c) for c in g}
-    keep = None
-    for c in arrangement.additive:
-        col = pc.cast(out.column(f"{c}_sum"), schema.field(c).type)
-        cols[c] = col
-        nz = pc.fill_null(pc.not_equal(col, pa.scalar(0).cast(col.type)), False)
-        keep = nz if keep is None else pc.or_(keep, nz)
-    out = pa.table([cols[c] for c in schema.names], schema=schema)
-    return out.filter(keep)
 
 
 def _typed(values: dict, schema: StructType) -> dict:
