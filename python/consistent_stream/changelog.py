@@ -64,6 +64,17 @@ def arrow_to_spark(spark: SparkSession, data: pa.Table, schema=None) -> DataFram
     return spark.createDataFrame(pa.Table.from_batches(batches, schema=data.schema), schema=schema)
 
 
+def _arrow_has_types(data: pa.Table, schema: StructType) -> bool:
+    """Whether the Arrow columns of ``data`` have the Spark types of ``schema`` (nullability
+    aside)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+    try:
+        have = from_arrow_schema(data.schema)
+    except (TypeError, NotImplementedError):
+        return False
+    return [(f.name, f.dataType) for f in have.fields] == [(f.name, f.dataType) for f in schema.fields]
+
+
 def consolidate_arrow(z: pa.Table, additive: tuple[str, ...] = (WEIGHT,)) -> pa.Table:
     """Sum the ``additive`` columns (default ``__weight``) per value of the other columns
     (nulls equal) and drop rows whose sums are all zero or NULL (Arrow, no Spark). Out: ``z``'s
@@ -129,17 +140,24 @@ class Views:
         self.spark = spark
         self.prefix = f"__cs{next(Views._ids)}_"
         self.names: list[str] = []
+        self.arrow: dict[str, pa.Table] = {}
+        """The views whose rows are on the driver: name -> the same rows as Arrow, with the
+        view's Spark types (what :mod:`consistent_stream.plan.local` may read)."""
 
-    def add(self, df: DataFrame) -> str:
+    def add(self, df: DataFrame, arrow: pa.Table | None = None) -> str:
+        """Register ``df`` as a new view; ``arrow``: the same rows on the driver, if they are."""
         name = f"{self.prefix}{len(self.names)}"
         df.createOrReplaceTempView(name)
         self.names.append(name)
+        if arrow is not None:
+            self.arrow[name] = arrow
         return name
 
     def drop(self) -> None:
         for n in self.names:
             self.spark.catalog.dropTempView(n)
         self.names.clear()
+        self.arrow.clear()
 
 
 @dataclass
@@ -168,8 +186,9 @@ class Changelog:
 
     @staticmethod
     def of_frame(views: Views, df: DataFrame, rows: int | None = None, arrow: pa.Table | None = None) -> "Changelog":
-        return Changelog(views.add(df), list(df.columns), views, arrow=arrow, rows=rows, local=arrow is not None,
-                         _df=df)
+        """A change that is ``df``; ``arrow``: the same rows on the driver, with ``df``'s types."""
+        return Changelog(views.add(df, arrow), list(df.columns), views, arrow=arrow, rows=rows,
+                         local=arrow is not None, _df=df)
 
     @staticmethod
     def of_arrow(views: Views, data: pa.Table, schema: StructType | None = None,
@@ -181,6 +200,8 @@ class Changelog:
         if data.num_rows and data.nbytes <= BROADCAST_BYTES:
             df = F.broadcast(df)
         ch = Changelog.of_frame(views, df, rows=data.num_rows, arrow=data)
+        if schema is not None and not _arrow_has_types(data, schema):
+            views.arrow.pop(ch.sql)  # Spark reads other types than Arrow has: no local query reads it
         ch.consolidated = consolidated
         return ch
 
@@ -279,5 +300,5 @@ class KeySet:
             df = arrow_to_spark(self.views.spark, self.arrow)
             if self.small:
                 df = F.broadcast(df)
-            self.sql = self.views.add(df)
+            self.sql = self.views.add(df, self.arrow)
         return self.sql

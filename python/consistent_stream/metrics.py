@@ -16,7 +16,8 @@ class BatchMetrics:
     ``state_rows_read``/``state_files_read``: rows and files of state the keyed reads opened;
     ``state_rows_compacted``: rows rewritten by state compaction; ``target_rows_rewritten``:
     target rows the commit copied into new files plus the rows it changed;
-    ``strategy``: ``incremental`` or ``recompute``, and ``reason``: why."""
+    ``strategy``: ``incremental`` or ``recompute``, and ``reason``: why; ``local_queries``:
+    delta queries the local engine (DuckDB) ran, ``spark_queries``: those it left to Spark."""
     phases: dict = field(default_factory=dict)
     spark_jobs: int = 0
     state_rows_read: int = 0
@@ -25,6 +26,8 @@ class BatchMetrics:
     target_rows_rewritten: int = 0
     strategy: str = "incremental"
     reason: str = ""
+    local_queries: int = 0
+    spark_queries: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -41,6 +41,7 @@ from .errors import CommitError
 from .metrics import BatchMetrics, Phases, counted_jobs
 from .plan import CompiledModel
 from .plan.incremental import BatchEvaluator, PlanTypes, spark_confs
+from .plan.local import LocalEngine
 from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, sink_changes
 from .sources import Cut
 from .sources.formats import cut_metadata, open_source
@@ -193,10 +194,12 @@ class QueryRuntime:
         m = result.metrics
         if not result.skipped:
             log.info("%s: batch %d committed target version %s (%s%s): %d changes read, %d rows written, "
-                     "%.2fs, %d Spark jobs, %d state rows read, %d target rows rewritten, phases %s",
+                     "%.2fs, %d Spark jobs, %d delta queries local / %d on Spark, %d state rows read, "
+                     "%d target rows rewritten, phases %s",
                      self.job.model, batch_id, result.target_version, m.strategy,
                      f": {m.reason}" if m.reason else "", result.changes_read, result.rows_written,
-                     result.seconds, m.spark_jobs, m.state_rows_read, m.target_rows_rewritten, m.phases)
+                     result.seconds, m.spark_jobs, m.local_queries, m.spark_queries, m.state_rows_read,
+                     m.target_rows_rewritten, m.phases)
         return result
 
     def _process(self, app_id: str, batch_id: int, start: Cut, end: Cut, t0: float) -> BatchResult:
@@ -280,8 +283,9 @@ class QueryRuntime:
         job, spark = self.job, self.spark
         self.store.open(None if b.first else b.prev.state_version, b.views, rebuild=rebuild)
         scratch = os.path.join(job.checkpoint_location, "scratch", f"{b.batch_id}")
+        local = LocalEngine() if job.local_engine == "duckdb" and not rebuild else None
         ev = BatchEvaluator(spark, self.store, changes, b.views, rebuild=rebuild, first=rebuild, scratch=scratch,
-                            types=self.types)
+                            types=self.types, local=local)
         try:
             with spark_confs(spark, {} if rebuild else INCREMENTAL_CONFS):
                 root, cols, schema = self.compiled.root, self.compiled.output_columns, self.output_schema
@@ -295,6 +299,9 @@ class QueryRuntime:
                 b.phases.mark("commit_target")
         finally:
             ev.close()
+            b.metrics.local_queries, b.metrics.spark_queries = ev.local_queries, ev.spark_queries
+            if local is not None:
+                local.close()
         return version, written, rewritten, meta
 
     def _commit_target(self, out, rebuild: bool, txn: Txn, meta: BatchMeta) -> tuple[int, int, int]:

@@ -52,7 +52,9 @@ class JobSpec:
     ``recompute_threshold``: a batch whose source change rows exceed this fraction of the
     sources' rows is recomputed from snapshots; ``state_file_rows``: rows per state (and
     rebuilt target) file; ``max_batch_rows``: source change rows above which a backlog is
-    split into several micro-batches."""
+    split into several micro-batches; ``local_engine``: where change-sized delta queries
+    over driver-side relations run, ``duckdb`` (in-process, exact or not at all, see
+    :mod:`consistent_stream.plan.local`) or ``spark`` (always as Spark jobs)."""
     model: str
     schema: str
     identifier: str
@@ -66,6 +68,7 @@ class JobSpec:
     recompute_threshold: float = RECOMPUTE_THRESHOLD
     state_file_rows: int = STATE_FILE_ROWS
     max_batch_rows: int = MAX_BATCH_ROWS
+    local_engine: str = "duckdb"
 
     @property
     def spec_path(self) -> str:
@@ -127,10 +130,14 @@ class JobSpec:
         threshold = _number(config, "recompute_threshold", RECOMPUTE_THRESHOLD, float, model_name, low=0.0)
         file_rows = _number(config, "state_file_rows", STATE_FILE_ROWS, int, model_name, low=1)
         batch_rows = _number(config, "max_batch_rows", MAX_BATCH_ROWS, int, model_name, low=1)
+        local_engine = str(config.get("local_engine") or "duckdb").lower()
+        if local_engine not in ("duckdb", "spark"):
+            raise ConfigError(f"model {model_name}: config local_engine must be 'duckdb' or 'spark', "
+                              f"got {config.get('local_engine')!r}")
         srcs = [SourceSpec.from_dbt(s, project_root) for s in sources]
         if not srcs:
             raise ConfigError(f"model {model_name}: a consistent_stream model reads at least one source()")
         return JobSpec(model=model_name, schema=schema, identifier=identifier, sql=sql, sources=srcs,
                        unique_key=unique_key, target_path=target, checkpoint_location=os.path.normpath(ckpt),
                        partition_by=partition_by, trigger=trigger, recompute_threshold=threshold,
-                       state_file_rows=file_rows, max_batch_rows=batch_rows)
+                       state_file_rows=file_rows, max_batch_rows=batch_rows, local_engine=local_engine)

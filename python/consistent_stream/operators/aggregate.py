@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from pyspark.sql.types import DataType, DecimalType
+from pyspark.sql.types import DataType, DecimalType, StructField, StructType
 
 from ..changelog import WEIGHT, Changelog, cols_sql, consolidate_sql, q
 from ..plan.logical import LINEAR_AGGS, MULTISET_AGGS, AggCall
@@ -85,12 +85,12 @@ def _avg_sql(s: str, n: str, arg_type: DataType) -> str:
 
 
 def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState, first: bool,
-                    materialize: Callable[[str, list[str]], Changelog]) -> str | None:
+                    materialize: Callable[[str, StructType], Changelog]) -> str | None:
     """The aggregate's output changelog for one batch, as a SELECT; stages its arrangements.
 
     ``first``: no earlier version of the output exists (a global aggregate then has no
-    previous row to retract). ``materialize(sql, columns)``: used for the input when several
-    arrangements are computed from it.
+    previous row to retract). ``materialize(sql, schema)``: used for the input when several
+    arrangements are computed from it (``schema``: the Spark types of the SELECT's result).
     """
     g = spec.group
     if delta.is_empty and not (first and not g):
@@ -98,7 +98,8 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
     linear = [a for a in spec.aggs if a.func in LINEAR_AGGS]
     multiset_args = list(dict.fromkeys(spec.args[a.name] for a in spec.aggs if a.func in MULTISET_AGGS))
     if multiset_args and delta.arrow is None and delta.rows is None and not delta.local:
-        delta = materialize(f"SELECT * FROM {delta.sql}", delta.columns)  # read by acc and by each multiset
+        schema = StructType([StructField(c, spec.arg_types[c], True) for c in delta.columns])
+        delta = materialize(f"SELECT * FROM {delta.sql}", schema)  # read by acc and by each multiset
 
     count = f"{spec.op_id}__count"
     linear_args = list(dict.fromkeys(spec.args[a.name] for a in linear))

@@ -49,6 +49,7 @@ from ..operators.join import JoinSide, join_delta
 from ..operators.keyed import RelationLookup
 from ..operators.linear import filter_sql, project_sql, reweight_sql, union_sql
 from ..state import Arrangement, StateStore
+from .local import LocalEngine
 from .logical import Aggregate, Dedup, Filter, Join, Node, Project, Reweight, Scan, Union, plain_column, walk
 
 MAX_DRIVER_ROWS = 1_000_000
@@ -152,7 +153,7 @@ class _OperatorState:
         if self.ev.rebuild:
             return self.ev.store.rebuild(a, typed)
         change = self.ev.materialize(typed if consolidated else a.consolidate_sql(f"({typed})", complete=False),
-                                     a.schema.fieldNames())
+                                     a.schema)
         change.consolidated = True
         self.ev.store.stage(a, change)
         return change
@@ -179,11 +180,13 @@ class BatchEvaluator:
 
     def __init__(self, spark: SparkSession, store: StateStore | None, sources: dict[str, Changelog], views: Views, *,
                  rebuild: bool, first: bool, scratch: str, types: PlanTypes | None,
-                 max_driver_rows: int = MAX_DRIVER_ROWS):
+                 max_driver_rows: int = MAX_DRIVER_ROWS, local: LocalEngine | None = None):
         self.spark, self.store, self.sources, self.views = spark, store, sources, views
         self.rebuild, self.first, self.scratch, self.types = rebuild, first, scratch, types
         self.dry = types is None
         self.max_driver_rows = max_driver_rows
+        self.local = None if rebuild or self.dry else local
+        self.local_queries = self.spark_queries = 0
         self.memo: dict[str, Changelog] = {}
         self.arrangements: dict[str, Arrangement] = {}   # filled by the dry run
         self._read_at_last = 0
@@ -192,15 +195,24 @@ class BatchEvaluator:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     # ---- materialization ----------------------------------------------------------------------
-    def materialize(self, sql: str, columns: list[str]) -> Changelog:
-        """Run the SELECT ``sql`` once. Incremental batches keep the result on the driver: with
-        ``toArrow`` when the state its operator read is change-sized, else the executors write
-        it to scratch files first and only a result of at most ``max_driver_rows`` rows is then
-        read by the driver. Rebuilds keep it on the executors."""
+    def materialize(self, sql: str, schema: StructType) -> Changelog:
+        """Run the SELECT ``sql`` (whose result has the Spark types ``schema``) once.
+        Incremental batches keep the result on the driver: computed there by the local engine
+        when every relation it reads is on the driver and it is eligible
+        (:mod:`~consistent_stream.plan.local`), else with Spark and ``toArrow`` when the state
+        its operator read is change-sized, else the executors write it to scratch files first
+        and only a result of at most ``max_driver_rows`` rows is then read by the driver.
+        Rebuilds keep it on the executors."""
         if self.dry:
             return _typed_stand_in(self.views, self.spark.sql(sql).schema)
         read = self.store.metrics.rows_read - self._read_at_last
         self._read_at_last = self.store.metrics.rows_read
+        if self.local is not None and self.views.arrow:
+            data = self.local.run(sql, self.views.arrow, schema)
+            if data is not None:
+                self.local_queries += 1
+                return Changelog.of_arrow(self.views, data, schema=schema)
+        self.spark_queries += 1
         rows = read + sum(c.rows or 0 for c in self.sources.values() if c.arrow is not None)
         with spark_confs(self.spark, {} if self.rebuild else small_query_confs(self.spark, rows)):
             df = self.spark.sql(sql)
@@ -249,7 +261,7 @@ class BatchEvaluator:
             from pyspark.sql.pandas.types import to_arrow_schema
             return Changelog.of_arrow(self.views, pa.Table.from_batches([], schema=to_arrow_schema(out_schema)),
                                       schema=out_schema, consolidated=True)
-        ch = self.materialize(sql, out_schema.fieldNames())
+        ch = self.materialize(sql, out_schema)
         ch.consolidated = True
         return ch
 

@@ -1,0 +1,123 @@
+"""The local engine (DuckDB on the driver) gives exactly Spark's result or declines.
+
+Eligible queries are run by both engines over the same Arrow tables and must agree row for
+row, with exact decimals; ineligible constructs (where the two engines' semantics differ)
+must be declined, so that Spark runs them. The end-to-end checks (every model batch equals
+batch evaluation at its cut) run in the property test, whose shapes use both engines.
+"""
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+
+from consistent_stream.changelog import arrow_to_spark
+from consistent_stream.plan.local import LocalEngine, NotLocal, translate
+
+A = pa.table({
+    "k": pa.array([1, 2, 2, None, 5, 7], pa.int64()),
+    "g": pa.array(["x", "y", None, "x", "z", "y"], pa.string()),
+    "p": pa.array([Decimal("1.25"), Decimal("-3.10"), None, Decimal("0.05"), Decimal("99999.99"),
+                   Decimal("2.50")], pa.decimal128(15, 2)),
+    "d": pa.array([Decimal("0.04"), Decimal("0.10"), Decimal("0.00"), None, Decimal("0.07"),
+                   Decimal("0.03")], pa.decimal128(15, 2)),
+    "i": pa.array([3, None, -4, 10, 0, 2], pa.int32()),
+    "__weight": pa.array([1, -1, 2, 1, -1, 1], pa.int64()),
+})
+B = pa.table({
+    "k": pa.array([2, 2, None, 5, 8], pa.int64()),
+    "s": pa.array(["a", "b", "c", None, "e"], pa.string()),
+    "dt": pa.array([18000, 18001, None, 18002, 18003], pa.date32()),
+    "__weight": pa.array([1, 1, 1, -1, 1], pa.int64()),
+})
+F = pa.table({"k": pa.array([1], pa.int64()), "f": pa.array([1.5], pa.float64())})
+TABLES = {"va": A, "vb": B, "vf": F}
+
+AGREE = {
+    "join_group_decimal_product":
+        "SELECT a.g, SUM(a.p * (1 - a.d) * (1 + a.d) * a.__weight) AS rev, CAST(SUM(a.__weight * b.__weight) AS BIGINT) "
+        "AS w FROM va a JOIN vb b ON a.k = b.k GROUP BY a.g HAVING SUM(a.__weight) <> 0",
+    "left_join_nulls_coalesce":
+        "SELECT a.k, COALESCE(b.s, 'none') AS s, COALESCE(a.p, 0) AS p, CASE WHEN b.k IS NULL THEN -a.__weight "
+        "ELSE a.__weight END AS __weight FROM va a LEFT JOIN vb b ON a.k = b.k",
+    "null_safe_full_join":
+        "SELECT a.k AS ak, b.k AS bk, a.i, b.dt FROM va a FULL OUTER JOIN vb b ON a.k <=> b.k",
+    "union_all_consolidate":
+        "SELECT k, CAST(SUM(__weight) AS BIGINT) AS __weight FROM (SELECT k, __weight FROM va UNION ALL "
+        "SELECT k, -__weight FROM vb) GROUP BY k HAVING SUM(__weight) <> 0",
+    "filters_in_between_dates":
+        "SELECT k, g, i FROM va WHERE (g IN ('x', 'z') OR i BETWEEN -5 AND 2) AND NOT (k = 7) AND p IS NOT NULL",
+    "date_literal_and_casts":
+        "SELECT k, s, CAST(k AS DECIMAL(25, 2)) AS kd, CAST(i AS BIGINT) AS ib FROM vb LEFT JOIN va USING (k) "
+        "WHERE dt >= DATE '2019-04-14' OR dt IS NULL",
+    "min_max_count":
+        "SELECT g, MIN(p) AS lo, MAX(d) AS hi, COUNT(*) AS n, COUNT(i) AS ni, SUM(i) AS si FROM va GROUP BY g",
+    "greatest_least_skip_nulls":
+        "SELECT k, GREATEST(i - COALESCE(k, 0), 0) AS gr, LEAST(p, d) AS le, GREATEST(p, d, 1) AS g3 FROM va",
+    "row_number_null_ordering":
+        "SELECT k, g, ROW_NUMBER() OVER (PARTITION BY g ORDER BY k DESC, i) AS r1, "
+        "ROW_NUMBER() OVER (PARTITION BY k ORDER BY g ASC NULLS LAST, i DESC) AS r2 FROM va",
+    "empty_relation":
+        "SELECT * FROM (SELECT CAST(NULL AS BIGINT) AS k, CAST(NULL AS DECIMAL(38, 2)) AS p WHERE FALSE) "
+        "UNION ALL SELECT k, p FROM va",
+}
+
+DECLINE = {
+    "division": "SELECT p / d AS r FROM va",
+    "floating_point_column": "SELECT f FROM vf",
+    "decimal_to_int_cast": "SELECT CAST(p AS INT) AS r FROM va",
+    "decimal_scale_narrowing": "SELECT CAST(p AS DECIMAL(10, 1)) AS r FROM va",
+    "string_number_comparison": "SELECT k FROM va WHERE g = 1",
+    "relation_not_on_driver": "SELECT k FROM some_table",
+    "window_function": "SELECT k, SUM(i) OVER (PARTITION BY g ORDER BY k) AS r FROM va",
+    "like": "SELECT k FROM va WHERE g LIKE 'x%'",
+    "function": "SELECT upper(g) AS u FROM va",
+    "spark_rounds_the_product": "SELECT CAST(p AS DECIMAL(38, 10)) * CAST(d AS DECIMAL(38, 10)) AS r FROM va",
+    "distinct_aggregate": "SELECT COUNT(DISTINCT g) AS n FROM va",
+}
+
+
+@pytest.fixture(scope="module")
+def views(spark):
+    for name, t in TABLES.items():
+        arrow_to_spark(spark, t).createOrReplaceTempView(name)
+    yield
+    for name in TABLES:
+        spark.catalog.dropTempView(name)
+
+
+def _rows(t: pa.Table) -> list[tuple]:
+    return sorted((tuple(r.values()) for r in t.to_pylist()), key=repr)
+
+
+@pytest.mark.parametrize("name", sorted(AGREE))
+def test_an_eligible_query_gives_exactly_sparks_rows(spark, views, name):
+    sql = AGREE[name]
+    df = spark.sql(sql)
+    engine = LocalEngine()
+    try:
+        local = engine.run(sql, TABLES, df.schema)
+    finally:
+        engine.close()
+    assert local is not None, f"{name} should run locally: {translate.__name__} declined it"
+    assert local.schema.names == df.schema.fieldNames()
+    expected = df.toArrow()
+    assert [f.type for f in local.schema] == [f.type for f in expected.schema]
+    assert _rows(local) == _rows(expected), name
+
+
+@pytest.mark.parametrize("name", sorted(DECLINE))
+def test_a_construct_whose_semantics_differ_is_left_to_spark(name):
+    with pytest.raises(NotLocal):
+        translate(DECLINE[name], TABLES)
+
+
+def test_a_duckdb_error_falls_back_instead_of_returning_rows(spark, views):
+    # BIGINT overflow: an error in DuckDB, so the engine declines and Spark decides
+    sql = "SELECT k * 9223372036854775807 AS big FROM va"
+    engine = LocalEngine()
+    try:
+        assert engine.run(sql, TABLES, spark.sql("SELECT CAST(1 AS BIGINT) AS big").schema) is None
+    finally:
+        engine.close()
