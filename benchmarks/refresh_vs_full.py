@@ -10,9 +10,10 @@ variant. Per scale factor: TPC-H is generated as Delta tables (on the fly, under
 ``benchmarks/.data``), every example model is built, then one TPC-H refresh round
 (RF1 + RF2 + updates, 0.1 % of the orders) is applied and each model is run
 
-* incrementally (``run_job``: a `dbt run`'s engine call): seconds, Spark jobs, state rows
-  read, target rows rewritten, source rows changed, strategy; then verified against batch
-  evaluation at its recorded cut (``consistent-stream verify``);
+* incrementally (``run_job``: a `dbt run`'s engine call): seconds, Spark jobs, delta
+  queries run by the local engine and by Spark, state rows read, target rows rewritten,
+  source rows changed, strategy; then verified against batch evaluation at its recorded cut
+  (``consistent-stream verify``);
 * as a dbt ``table`` would be: CREATE TABLE .. USING parquet AS <the SQL> over the sources'
   snapshots;
 * with ``--full-refresh`` (a rebuild from snapshots);
@@ -157,7 +158,9 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
             "ratio_table_to_incremental": round(table_s / inc["seconds"], 2),
             "ratio_full_refresh_to_incremental": round(full["seconds"] / inc["seconds"], 2),
             "incremental_batch_s": m.get("seconds"), "strategy": m.get("strategy"),
-            "spark_jobs_per_batch": m.get("spark_jobs"), "state_rows_read": m.get("state_rows_read"),
+            "spark_jobs_per_batch": m.get("spark_jobs"),
+            "delta_queries": {"local": m.get("local_queries"), "spark": m.get("spark_queries")},
+            "state_rows_read": m.get("state_rows_read"),
             "state_files_read": m.get("state_files_read"), "target_rows_rewritten": m.get("target_rows_rewritten"),
             "source_rows_changed": inc["changes_read"], "target_rows_written": inc["rows_written"],
             "target_rows": target.num_records(target.latest_version()), "phases": m.get("phases"),
@@ -216,7 +219,7 @@ def main() -> int:
             print(json.dumps({"sf": sf, "error": f"exit code {proc.returncode}"}), flush=True)
     print(json.dumps({"summary": [{k: r.get(k) for k in (
         "sf", "model", "incremental_s", "table_model_s", "full_refresh_s", "ratio_table_to_incremental",
-        "spark_jobs_per_batch", "state_rows_read", "target_rows_rewritten", "small_batch_s_median",
+        "spark_jobs_per_batch", "delta_queries", "state_rows_read", "target_rows_rewritten", "small_batch_s_median",
         "peak_rss_mb", "verified")} for r in summary]}))
     return 0
 

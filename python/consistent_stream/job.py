@@ -199,7 +199,9 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
         if stopping.is_set():  # fails the query before the batch's commit point: replayed next run
             raise ConsistentStreamError(f"model {job.model}: stopping at the {timeout_s}s timeout")
         try:
-            planned = CutLog.batch_cut(batch_df)
+            # the batch's file is cut file batch_id (read on the driver); Spark reads the
+            # batch only when that file is gone
+            planned = cuts.read(batch_id) or CutLog.batch_cut(batch_df)
             if planned is not None:
                 results.append(process_batch(runtime, _query_id(job), batch_id, *planned))
         except BaseException as e:  # surfaced after the query stops, with our message

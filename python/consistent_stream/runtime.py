@@ -295,7 +295,7 @@ class QueryRuntime:
                 state_version = self.store.commit(b.txn, {"app_id": b.app_id, "batch_id": str(b.batch_id)})
                 meta = BatchMeta(**{**asdict(meta), "state_version": state_version})
                 b.phases.mark("commit_state")
-                version, written, rewritten = self._commit_target(out, rebuild, b.txn, meta)
+                version, written, rewritten = self._commit_target(out, rebuild, b.txn, meta, b.views)
                 b.phases.mark("commit_target")
         finally:
             ev.close()
@@ -304,7 +304,7 @@ class QueryRuntime:
                 local.close()
         return version, written, rewritten, meta
 
-    def _commit_target(self, out, rebuild: bool, txn: Txn, meta: BatchMeta) -> tuple[int, int, int]:
+    def _commit_target(self, out, rebuild: bool, txn: Txn, meta: BatchMeta, views: Views) -> tuple[int, int, int]:
         """Step 5: a rebuild (``out``: the SELECT of the whole view, or None when empty)
         replaces the target; an incremental change (``out``: the materialized changelog) is
         merged into it."""
@@ -315,7 +315,7 @@ class QueryRuntime:
                 df = spark.createDataFrame([], StructType(list(self.output_schema.fields) +
                                                           [StructField(WEIGHT, LongType(), True)]))
             else:
-                df = spark.sql(out)
+                df = views.sql(out)
             return commit_rebuild(self.target, df, unique_key=self.key, partition_by=job.partition_by,
                                   file_rows=job.state_file_rows, txn=txn, metadata=md, model=job.model)
         prev_version = self.target.version()

@@ -138,7 +138,7 @@ class _OperatorState:
         name = f"{self.op_id}_{role}"
         if not self.ev.dry:
             return self.ev.types.arrangements[name]
-        schema = self.ev.spark.sql(sql).schema
+        schema = self.ev.views.sql(sql).schema
         a = Arrangement(name, _nullable(schema), tuple(key), tuple(additive), live)
         self.ev.arrangements[name] = a
         return a
@@ -204,7 +204,7 @@ class BatchEvaluator:
         and only a result of at most ``max_driver_rows`` rows is then read by the driver.
         Rebuilds keep it on the executors."""
         if self.dry:
-            return _typed_stand_in(self.views, self.spark.sql(sql).schema)
+            return _typed_stand_in(self.views, self.views.sql(sql).schema)
         read = self.store.metrics.rows_read - self._read_at_last
         self._read_at_last = self.store.metrics.rows_read
         if self.local is not None and self.views.arrow:
@@ -215,7 +215,7 @@ class BatchEvaluator:
         self.spark_queries += 1
         rows = read + sum(c.rows or 0 for c in self.sources.values() if c.arrow is not None)
         with spark_confs(self.spark, {} if self.rebuild else small_query_confs(self.spark, rows)):
-            df = self.spark.sql(sql)
+            df = self.views.sql(sql)
             if not self.rebuild and read <= self.max_driver_rows:
                 return Changelog.of_arrow(self.views, df.toArrow(), schema=df.schema)
             files = write_spark(df, self.scratch, new_dir("change"))

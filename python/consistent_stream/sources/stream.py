@@ -81,6 +81,19 @@ class CutLog:
         return (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
                 .option("cleanSource", "delete").json(self.directory))
 
+    def read(self, seq: int) -> tuple[Cut, Cut] | None:
+        """The planned ``(start, end)`` cut of file ``seq`` (None when it is not there: already
+        processed and cleaned up, or never planned). Micro-batch ``n`` reads file ``n`` (one
+        file per batch), so a batch reads its cut here, on the driver, with no Spark job."""
+        try:
+            with open(os.path.join(self.directory, f"cut-{seq:012d}.json")) as f:
+                d = json.load(f)
+        except FileNotFoundError:
+            return None
+        if int(d["seq"]) != seq:
+            raise ValueError(f"cut file {seq} of {self.directory} holds seq {d['seq']}")
+        return Cut({k: int(v) for k, v in d["start"].items()}), Cut({k: int(v) for k, v in d["end"].items()})
+
     @staticmethod
     def batch_cut(batch_df: DataFrame) -> tuple[Cut, Cut] | None:
         """A micro-batch's ``(start, end)`` cut (None for a batch without a file)."""

@@ -350,7 +350,7 @@ class StateStore:
         """Replace ``arrangement`` by the rows of the SELECT ``sql`` (a rebuild from snapshots),
         written now by Spark's executors as base files; returns the written rows as a changelog
         read back from those files (so the caller never computes ``sql`` twice)."""
-        df = self.spark.sql(arrangement.consolidate_sql(f"({sql})"))
+        df = self.views.sql(arrangement.consolidate_sql(f"({sql})"))
         files = self._write_base(arrangement, df)
         self._staged[arrangement.name] = ("replace", files)
         rows = sum(f.num_records for f in files)
@@ -455,7 +455,7 @@ class StateStore:
                 data = data.sort_by([(c, "ascending") for c in arrangement.key])
             files = [write_arrow(self.path, rel, data, {ARRANGEMENT: arrangement.name})]
         else:
-            df = self.spark.sql(f"SELECT {cols_sql(arrangement.schema.fieldNames())} FROM {change.sql}")
+            df = self.views.sql(f"SELECT {cols_sql(arrangement.schema.fieldNames())} FROM {change.sql}")
             if arrangement.key:
                 df = df.sortWithinPartitions(*[F.col(f"`{c}`") for c in arrangement.key])
             files = write_spark(df, self.path, rel, partition_values={ARRANGEMENT: arrangement.name})
