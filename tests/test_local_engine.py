@@ -7,6 +7,7 @@ batch evaluation at its cut) run in the property test, whose shapes use both eng
 """
 from __future__ import annotations
 
+import random
 from decimal import Decimal
 
 import pyarrow as pa
@@ -32,7 +33,14 @@ B = pa.table({
     "__weight": pa.array([1, 1, 1, -1, 1], pa.int64()),
 })
 F = pa.table({"k": pa.array([1], pa.int64()), "f": pa.array([1.5], pa.float64())})
-TABLES = {"va": A, "vb": B, "vf": F}
+_rng = random.Random(8)
+D = pa.table({
+    # sums and counts as an aggregate's accumulators hold them: AVG's exact rounding
+    "s": pa.array([Decimal(_rng.randrange(-10**12, 10**12)).scaleb(-2) for _ in range(3000)], pa.decimal128(38, 2)),
+    "n": pa.array([_rng.choice([1, 3, 6, 7, 11, 12, 13, 97, 1024, 999983]) for _ in range(3000)], pa.int64()),
+    "q": pa.array([Decimal(_rng.randrange(1, 10**6)).scaleb(-4) for _ in range(3000)], pa.decimal128(15, 4)),
+})
+TABLES = {"va": A, "vb": B, "vf": F, "vd": D}
 
 AGREE = {
     "join_group_decimal_product":
@@ -58,16 +66,23 @@ AGREE = {
     "row_number_null_ordering":
         "SELECT k, g, ROW_NUMBER() OVER (PARTITION BY g ORDER BY k DESC, i) AS r1, "
         "ROW_NUMBER() OVER (PARTITION BY k ORDER BY g ASC NULLS LAST, i DESC) AS r2 FROM va",
+    "decimal_division_as_avg":
+        "SELECT s, n, CAST(CAST(s AS DECIMAL(25, 2)) / CAST(n AS DECIMAL(20, 0)) AS DECIMAL(19, 6)) AS avg_like, "
+        "s / n AS plain, s / q AS by_decimal, q / 7 AS by_literal, -q / (n * q) AS nested FROM vd",
+    "decimal_scale_narrowing_rounds_half_up":
+        "SELECT CAST(p AS DECIMAL(10, 1)) AS r1, CAST(-p AS DECIMAL(10, 0)) AS r2, CAST(q AS DECIMAL(12, 1)) AS r3, "
+        "CAST(s AS DECIMAL(38, 0)) AS r4 FROM va, vd WHERE va.k = 5 OR va.k IS NULL",
+    "decimal_division_guarded":
+        "SELECT k, CASE WHEN d <> 0 THEN p / d END AS r, CASE WHEN i <> 0 THEN p / i END AS r2 FROM va",
     "empty_relation":
         "SELECT * FROM (SELECT CAST(NULL AS BIGINT) AS k, CAST(NULL AS DECIMAL(38, 2)) AS p WHERE FALSE) "
         "UNION ALL SELECT k, p FROM va",
 }
 
 DECLINE = {
-    "division": "SELECT p / d AS r FROM va",
+    "integer_division": "SELECT k / i AS r FROM va",
     "floating_point_column": "SELECT f FROM vf",
     "decimal_to_int_cast": "SELECT CAST(p AS INT) AS r FROM va",
-    "decimal_scale_narrowing": "SELECT CAST(p AS DECIMAL(10, 1)) AS r FROM va",
     "string_number_comparison": "SELECT k FROM va WHERE g = 1",
     "relation_not_on_driver": "SELECT k FROM some_table",
     "window_function": "SELECT k, SUM(i) OVER (PARTITION BY g ORDER BY k) AS r FROM va",
@@ -75,6 +90,8 @@ DECLINE = {
     "function": "SELECT upper(g) AS u FROM va",
     "spark_rounds_the_product": "SELECT CAST(p AS DECIMAL(38, 10)) * CAST(d AS DECIMAL(38, 10)) AS r FROM va",
     "distinct_aggregate": "SELECT COUNT(DISTINCT g) AS n FROM va",
+    "date_arithmetic": "SELECT dt - dt AS days FROM vb",
+    "case_branches_of_two_types": "SELECT CASE WHEN k > 1 THEN s ELSE k END AS v FROM vb",
 }
 
 

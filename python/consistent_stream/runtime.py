@@ -41,7 +41,7 @@ from .errors import CommitError
 from .metrics import BatchMetrics, Phases, counted_jobs
 from .plan import CompiledModel
 from .plan.incremental import BatchEvaluator, PlanTypes, spark_confs
-from .plan.local import LocalEngine
+from .plan.local import LocalEngine, session_supported
 from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, sink_changes
 from .sources import Cut
 from .sources.formats import cut_metadata, open_source
@@ -283,7 +283,7 @@ class QueryRuntime:
         job, spark = self.job, self.spark
         self.store.open(None if b.first else b.prev.state_version, b.views, rebuild=rebuild)
         scratch = os.path.join(job.checkpoint_location, "scratch", f"{b.batch_id}")
-        local = LocalEngine() if job.local_engine == "duckdb" and not rebuild else None
+        local = LocalEngine() if job.local_engine == "duckdb" and not rebuild and session_supported(spark) else None
         ev = BatchEvaluator(spark, self.store, changes, b.views, rebuild=rebuild, first=rebuild, scratch=scratch,
                             types=self.types, local=local)
         try:

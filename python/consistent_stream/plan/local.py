@@ -26,12 +26,17 @@ schemas (``qualify`` + ``annotate_types``), and it must pass :func:`check`:
   (sqlglot writes Spark's NULL ordering explicitly), CAST;
 * decimal arithmetic that Spark computes without loss of precision (Spark's
   ``DecimalPrecision`` rules: a result wider than 38 digits only loses scale when its scale
-  exceeds 6; such a query falls back), no division (DuckDB divides decimals as doubles);
-* casts that are exact in both engines: to the same type, widening integers, integers to
-  DECIMAL, DECIMAL to a DECIMAL of no smaller scale, NULL to anything, a 'YYYY-MM-DD'
-  literal to DATE (Spark truncates DECIMAL to INT where DuckDB rounds: such casts fall back);
-* comparisons between operands of one family (numbers, strings, dates, booleans): no
-  implicit casts between families, which the engines resolve differently.
+  exceeds 6; such a query falls back); a decimal division runs as :class:`SparkDivision`,
+  Spark's own rounding re-done in Python (DuckDB divides decimals as doubles); a division of
+  two integers (a double in Spark) falls back;
+* casts with one result in both engines: to the same type, widening integers, integers and
+  DECIMALs to DECIMAL (a smaller scale rounds HALF_UP in both), NULL to anything, a
+  'YYYY-MM-DD' literal to DATE (Spark truncates DECIMAL to INT where DuckDB rounds: such
+  casts fall back);
+* comparisons, and the branches of COALESCE/CASE/IF/GREATEST/LEAST, between operands of
+  one family (numbers, strings, dates, booleans): no implicit casts between families, which
+  the engines resolve differently; arithmetic on numbers only (Spark's ``date - date`` is an
+  interval, DuckDB's a number of days).
 
 Spark's ``CAST`` (which sqlglot reads as TRY_CAST, Spark 3's non-ANSI meaning) runs as a
 strict ``CAST``: an error in DuckDB (an overflow, a failed cast) makes the query fall back to
@@ -39,7 +44,8 @@ Spark, which then raises or not as its own ANSI setting says. The result is cast
 Spark schema the caller expects with Arrow's safe cast (an overflow or a lost digit falls
 back too), so a value DuckDB computes is either exactly Spark's or not used.
 
-Turned off per model with ``local_engine='spark'``.
+Turned off per model with ``local_engine='spark'``, and for a session that sets
+``spark.sql.decimalOperations.allowPrecisionLoss`` to false.
 """
 from __future__ import annotations
 
@@ -55,6 +61,13 @@ LOCAL_ROWS = 2_000_000
 """Input rows (all relations of one query) up to which a query may run on the driver."""
 
 ENGINES = ("duckdb", "spark")
+
+
+def session_supported(spark) -> bool:
+    """Whether the session computes decimals as the local engine reproduces them
+    (``spark.sql.decimalOperations.allowPrecisionLoss``, default true). With it off, every
+    delta query runs on Spark."""
+    return str(spark.conf.get("spark.sql.decimalOperations.allowPrecisionLoss", "true")).lower() == "true"
 
 
 class NotLocal(Exception):
@@ -90,6 +103,7 @@ class LocalEngine:
         import duckdb
         self.con = duckdb.connect()
         self.max_rows = max_rows
+        self._divisions: set = set()
 
     def close(self) -> None:
         self.con.close()
@@ -101,13 +115,16 @@ class LocalEngine:
         exactly: the caller then runs it on Spark."""
         import duckdb
         try:
-            duck_sql, used = translate(sql, tables, self.max_rows)
+            duck_sql, used, divisions = translate(sql, tables, self.max_rows)
         except NotLocal as e:
             log.debug("query runs on Spark: %s", e)
             return None
         from pyspark.sql.pandas.types import to_arrow_schema
         target = to_arrow_schema(schema)
         try:
+            for sig in divisions - self._divisions:
+                SparkDivision.register(self.con, sig)
+                self._divisions.add(sig)
             for name in used:
                 self.con.register(name, tables[name])
             try:
@@ -125,8 +142,9 @@ class LocalEngine:
         return out
 
 
-def translate(sql: str, tables: dict[str, pa.Table], max_rows: int = LOCAL_ROWS) -> tuple[str, list[str]]:
-    """The DuckDB form of the Spark SELECT ``sql`` and the views it reads. Raises NotLocal
+def translate(sql: str, tables: dict[str, pa.Table], max_rows: int = LOCAL_ROWS) -> tuple[str, list[str], set]:
+    """The DuckDB form of the Spark SELECT ``sql``, the views it reads and the decimal
+    divisions it calls (:class:`SparkDivision` signatures). Raises NotLocal
     when a relation is not in ``tables``, the inputs exceed ``max_rows`` rows, or a construct
     is outside what :func:`check` accepts."""
     import sqlglot
@@ -151,10 +169,59 @@ def translate(sql: str, tables: dict[str, pa.Table], max_rows: int = LOCAL_ROWS)
                 raise NotLocal(f"column {f.name} of {n} has type {f.type}")
             cols[f.name] = t
         schema[n] = cols
-    check(tree, schema)
-    for node in list(tree.find_all(exp.TryCast)):
+    typed, divisions = check(tree, schema)
+    for node in list(typed.find_all(exp.TryCast)):
         node.replace(exp.Cast(this=node.this, to=node.args["to"]))
-    return tree.sql(dialect="duckdb"), used
+    return typed.sql(dialect="duckdb"), used, divisions
+
+
+class SparkDivision:
+    """Spark's DECIMAL division ``a / b`` (``Divide`` with ``allowPrecisionLoss``, the default),
+    as a DuckDB scalar function of a DECIMAL(p1, s1) and a DECIMAL(p2, s2) (operands of other
+    numeric types are cast as Spark casts them first). DuckDB's own ``/`` divides decimals as
+    doubles, so the local engine calls this instead.
+
+    Result type: scale ``max(6, s1 + p2 + 1)``, precision ``p1 - s1 + s2 + scale``, bounded
+    to 38 digits keeping at least min(scale, 6) of scale (``DecimalType.adjustPrecisionScale``).
+    Value: the quotient rounded to 38 significant digits, HALF_UP
+    (``BigDecimal.divide(_, MathContext(38, HALF_UP))`` in ``Decimal./``), then to the result
+    scale, HALF_UP (``toPrecision``). A zero divisor or a result that does not fit raises, so
+    the query falls back to Spark, which returns NULL or raises as its ANSI setting says."""
+
+    @staticmethod
+    def result_type(p1: int, s1: int, p2: int, s2: int) -> tuple[int, int]:
+        scale = max(6, s1 + p2 + 1)
+        precision = p1 - s1 + s2 + scale
+        if precision <= 38:
+            return precision, scale
+        return 38, max(38 - (precision - scale), min(scale, 6))
+
+    @staticmethod
+    def name(sig: tuple[int, int, int, int]) -> str:
+        return "__cs_spark_div_" + "_".join(map(str, sig))
+
+    @staticmethod
+    def register(con, sig: tuple[int, int, int, int]) -> None:
+        """Create the function of signature ``(p1, s1, p2, s2)`` on DuckDB connection ``con``."""
+        import decimal
+
+        import duckdb
+        p, s = SparkDivision.result_type(*sig)
+        ctx = decimal.Context(prec=38, rounding=decimal.ROUND_HALF_UP)
+        exact = decimal.Context(prec=200, rounding=decimal.ROUND_HALF_UP)
+        quantum = decimal.Decimal(1).scaleb(-s)
+        limit = decimal.Decimal(10) ** (p - s)
+
+        def divide(a, b):
+            if b == 0:
+                raise ZeroDivisionError("decimal division by zero")
+            r = ctx.divide(a, b).quantize(quantum, context=exact)
+            if abs(r) >= limit:
+                raise OverflowError(f"{a} / {b} does not fit DECIMAL({p}, {s})")
+            return r
+        con.create_function(SparkDivision.name(sig), divide,
+                            [duckdb.decimal_type(sig[0], sig[1]), duckdb.decimal_type(sig[2], sig[3])],
+                            duckdb.decimal_type(p, s))
 
 
 # ---- the check ---------------------------------------------------------------------------------
@@ -166,16 +233,17 @@ def _allowed():
     return (exp.Select, exp.From, exp.Join, exp.Where, exp.Group, exp.Having, exp.Union, exp.Subquery,
             exp.Table, exp.TableAlias, exp.Alias, exp.Column, exp.Identifier, exp.Star, exp.Paren,
             exp.Distinct, exp.DataType, exp.DataTypeParam, exp.Literal, exp.Null, exp.Boolean,
-            exp.Add, exp.Sub, exp.Mul, exp.Neg, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE,
+            exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE,
             exp.NullSafeEQ, exp.And, exp.Or, exp.Not, exp.Is, exp.In, exp.Between, exp.Case, exp.If,
             exp.Coalesce, exp.Greatest, exp.Least, exp.Cast, exp.TryCast, exp.Sum, exp.Count, exp.Min, exp.Max,
             exp.Window, exp.RowNumber, exp.Order, exp.Ordered)
 
 
-def check(tree, schema: dict[str, dict[str, str]]) -> None:
+def check(tree, schema: dict[str, dict[str, str]]):
     """Raise NotLocal unless every construct of the parsed Spark query ``tree`` has the same
     result in DuckDB (the rules of the module docstring). ``schema``: view -> column -> Spark
-    SQL type."""
+    SQL type. Returns the query qualified and typed, each decimal division replaced by a
+    call of its :class:`SparkDivision`, and the set of those divisions' signatures."""
     from sqlglot import exp
     from sqlglot.optimizer.annotate_types import annotate_types
     from sqlglot.optimizer.qualify import qualify
@@ -199,8 +267,13 @@ def check(tree, schema: dict[str, dict[str, str]]) -> None:
         if isinstance(node, (exp.Add, exp.Sub, exp.Mul, exp.Neg, exp.Sum, exp.Coalesce, exp.Case, exp.If,
                              exp.Greatest, exp.Least)):
             _dec(node)
-            if isinstance(node, (exp.Coalesce, exp.Greatest, exp.Least)):
-                _same_family(node, [node.this, *node.expressions])
+            if isinstance(node, (exp.Add, exp.Sub, exp.Mul)):
+                # date arithmetic differs (Spark: date - date is an interval, DuckDB: days)
+                _numbers(node, [node.this, node.expression])
+            elif isinstance(node, exp.Neg):
+                _numbers(node, [node.this])
+            else:
+                _same_family(node, _branches(node))
         elif isinstance(node, (exp.Cast, exp.TryCast)):
             _check_cast(node)
         elif isinstance(node, (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ)):
@@ -209,6 +282,19 @@ def check(tree, schema: dict[str, dict[str, str]]) -> None:
             _same_family(node, [node.this, *node.expressions])
         elif isinstance(node, exp.Between):
             _same_family(node, [node.this, node.args["low"], node.args["high"]])
+    divisions = set()
+    for node in list(typed.find_all(exp.Div)):
+        a, b = node.this, node.expression
+        _numbers(node, [a, b])
+        da, db = _dec(a), _dec(b)
+        if da is None or db is None or (_type(a).this.name in _INT_DIGITS and _type(b).this.name in _INT_DIGITS):
+            raise NotLocal(f"division that Spark computes in floating point: {node.sql('spark')[:80]}")
+        sig = (*da, *db)
+        divisions.add(sig)
+        node.replace(exp.Anonymous(this=SparkDivision.name(sig), expressions=[
+            exp.Cast(this=a.copy(), to=exp.DataType.build(f"DECIMAL({da[0]}, {da[1]})")),
+            exp.Cast(this=b.copy(), to=exp.DataType.build(f"DECIMAL({db[0]}, {db[1]})"))]))
+    return typed, divisions
 
 
 def _type(node):
@@ -235,6 +321,25 @@ def _family(node) -> str:
     if name in ("DATE", "BOOLEAN", "NULL"):
         return name.lower()
     raise NotLocal(f"type {t.sql('spark')} of {node.sql('spark')[:80]}")
+
+
+def _numbers(node, operands) -> None:
+    fams = {_family(o) for o in operands} - {"null", "number"}
+    if fams:
+        raise NotLocal(f"arithmetic on {sorted(fams)} in {node.sql('spark')[:80]}")
+
+
+def _branches(node) -> list:
+    """The value operands of COALESCE, GREATEST, LEAST, CASE, IF (not their conditions)."""
+    from sqlglot import exp
+    if isinstance(node, (exp.Coalesce, exp.Greatest, exp.Least)):
+        return [node.this, *node.expressions]
+    if isinstance(node, exp.Case):
+        return [i.args["true"] for i in node.args.get("ifs", [])] + \
+            ([node.args["default"]] if node.args.get("default") is not None else [])
+    if isinstance(node, exp.If):
+        return [node.args["true"]] + ([node.args["false"]] if node.args.get("false") is not None else [])
+    return [node.this, *getattr(node, "expressions", [])]
 
 
 def _same_family(node, operands) -> None:
@@ -294,20 +399,16 @@ def _dec(node) -> tuple[int, int] | None:
             return _bounded(p1 + p2 + 1, s1 + s2, node)
         s = max(s1, s2)
         return _bounded(max(p1 - s1, p2 - s2) + s + 1, s, node)
+    if isinstance(node, exp.Div):
+        a, b = _dec(node.this), _dec(node.expression)
+        return None if a is None or b is None else SparkDivision.result_type(*a, *b)
     if isinstance(node, exp.Neg):
         return _dec(node.this)
     if isinstance(node, exp.Sum):
         d = _dec(node.this)
         return None if d is None else (min(38, d[0] + 10), d[1])
     if isinstance(node, (exp.Coalesce, exp.Case, exp.If, exp.Greatest, exp.Least)):
-        if isinstance(node, (exp.Coalesce, exp.Greatest, exp.Least)):
-            branches = [node.this, *node.expressions]
-        elif isinstance(node, exp.Case):
-            branches = [i.args["true"] for i in node.args.get("ifs", [])] + \
-                       ([node.args["default"]] if node.args.get("default") is not None else [])
-        else:
-            branches = [node.args["true"]] + ([node.args["false"]] if node.args.get("false") is not None else [])
-        decs = [d for d in (_dec(b) for b in branches) if d is not None]
+        decs = [d for d in (_dec(b) for b in _branches(node)) if d is not None]
         if not decs:
             return None
         s = max(d[1] for d in decs)
@@ -338,9 +439,9 @@ def _check_cast(node) -> None:
         return
     d_src = _dec(src) if s_name in _INT_DIGITS or s_name == "DECIMAL" else None
     if d_src is not None and t_name == "DECIMAL":
-        d_to = _dec_of_type(to, node)
-        if d_to[1] >= d_src[1]:
-            return  # exact, or an overflow (an error in DuckDB: the query falls back)
+        # exact, or rounded HALF_UP (away from zero) to a smaller scale in both engines, or
+        # an overflow (an error in DuckDB: the query falls back)
+        return
     if d_src is not None and t_name in _INT_DIGITS and d_src[1] == 0:
         return      # an integral value: exact, or an overflow error
     raise NotLocal(f"cast {st.sql('spark')} -> {to.sql('spark')}: {node.sql('spark')[:80]}")
