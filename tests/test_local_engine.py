@@ -68,7 +68,8 @@ AGREE = {
         "ROW_NUMBER() OVER (PARTITION BY k ORDER BY g ASC NULLS LAST, i DESC) AS r2 FROM va",
     "decimal_division_as_avg":
         "SELECT s, n, CAST(CAST(s AS DECIMAL(25, 2)) / CAST(n AS DECIMAL(20, 0)) AS DECIMAL(19, 6)) AS avg_like, "
-        "s / n AS plain, s / q AS by_decimal, q / 7 AS by_literal, -q / (n * q) AS nested FROM vd",
+        "s / n AS plain, s / q AS by_decimal, q / 7 AS by_literal, -q / (n * q) AS nested, "
+        "(s / n) / (q / 3) AS division_of_divisions FROM vd",
     "decimal_scale_narrowing_rounds_half_up":
         "SELECT CAST(p AS DECIMAL(10, 1)) AS r1, CAST(-p AS DECIMAL(10, 0)) AS r2, CAST(q AS DECIMAL(12, 1)) AS r3, "
         "CAST(s AS DECIMAL(38, 0)) AS r4 FROM va, vd WHERE va.k = 5 OR va.k IS NULL",

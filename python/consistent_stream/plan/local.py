@@ -282,19 +282,20 @@ def check(tree, schema: dict[str, dict[str, str]]):
             _same_family(node, [node.this, *node.expressions])
         elif isinstance(node, exp.Between):
             _same_family(node, [node.this, node.args["low"], node.args["high"]])
-    divisions = set()
-    for node in list(typed.find_all(exp.Div)):
+    divs = list(typed.find_all(exp.Div))  # outer divisions before the ones inside them
+    sigs = []
+    for node in divs:
         a, b = node.this, node.expression
         _numbers(node, [a, b])
         da, db = _dec(a), _dec(b)
         if da is None or db is None or (_type(a).this.name in _INT_DIGITS and _type(b).this.name in _INT_DIGITS):
             raise NotLocal(f"division that Spark computes in floating point: {node.sql('spark')[:80]}")
-        sig = (*da, *db)
-        divisions.add(sig)
+        sigs.append((*da, *db))
+    for node, sig in reversed(list(zip(divs, sigs))):  # innermost first: each outer one wraps them
         node.replace(exp.Anonymous(this=SparkDivision.name(sig), expressions=[
-            exp.Cast(this=a.copy(), to=exp.DataType.build(f"DECIMAL({da[0]}, {da[1]})")),
-            exp.Cast(this=b.copy(), to=exp.DataType.build(f"DECIMAL({db[0]}, {db[1]})"))]))
-    return typed, divisions
+            exp.Cast(this=node.this, to=exp.DataType.build(f"DECIMAL({sig[0]}, {sig[1]})")),
+            exp.Cast(this=node.expression, to=exp.DataType.build(f"DECIMAL({sig[2]}, {sig[3]})"))]))
+    return typed, set(sigs)
 
 
 def _type(node):
