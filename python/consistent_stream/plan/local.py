@@ -20,7 +20,7 @@ schemas (``qualify`` + ``annotate_types``), and it must pass :func:`check`:
 * column types: integers, DECIMAL, STRING, DATE, BOOLEAN (no floating point: the two engines
   may sum in different orders; no timestamps: time zones);
 * operators: SELECT/JOIN (inner, outer, cross)/WHERE/GROUP BY/HAVING/UNION, column
-  references, literals, ``+ - *`` and unary minus, comparisons, ``<=>``, AND/OR/NOT, IS
+  references, literals, ``+ - * /`` and unary minus, comparisons, ``<=>``, AND/OR/NOT, IS
   [NOT] NULL, IN (list), BETWEEN, CASE, IF, COALESCE, GREATEST, LEAST (both skip NULLs in
   both engines), SUM, COUNT, MIN, MAX, ROW_NUMBER() OVER (PARTITION BY .. ORDER BY ..)
   (sqlglot writes Spark's NULL ordering explicitly), CAST;
