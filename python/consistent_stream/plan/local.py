@@ -191,10 +191,7 @@ class SparkDivision:
     @staticmethod
     def result_type(p1: int, s1: int, p2: int, s2: int) -> tuple[int, int]:
         scale = max(6, s1 + p2 + 1)
-        precision = p1 - s1 + s2 + scale
-        if precision <= 38:
-            return precision, scale
-        return 38, max(38 - (precision - scale), min(scale, 6))
+        return _adjust_precision_scale(p1 - s1 + s2 + scale, scale)
 
     @staticmethod
     def name(sig: tuple[int, int, int, int]) -> str:
@@ -366,15 +363,20 @@ def _dec_of_type(t, node) -> tuple[int, int] | None:
     return None
 
 
-def _bounded(p: int, s: int, node) -> tuple[int, int]:
-    """Spark's ``adjustPrecisionScale`` (allowPrecisionLoss): a result of more than 38 digits
-    keeps at least min(scale, 6) digits of scale. Raises NotLocal where that rounds."""
+def _adjust_precision_scale(p: int, s: int) -> tuple[int, int]:
+    """Spark's ``DecimalType.adjustPrecisionScale`` (allowPrecisionLoss): a result of more
+    than 38 digits keeps at least min(scale, 6) digits of scale."""
     if p <= 38:
         return p, s
-    scale = max(38 - (p - s), min(s, 6))
-    if scale < s:
-        raise NotLocal(f"Spark rounds {node.sql('spark')[:80]} to scale {scale}")
-    return 38, scale
+    return 38, max(38 - (p - s), min(s, 6))
+
+
+def _bounded(p: int, s: int, node) -> tuple[int, int]:
+    """:func:`_adjust_precision_scale`, raising NotLocal where Spark would round."""
+    p2, s2 = _adjust_precision_scale(p, s)
+    if s2 < s:
+        raise NotLocal(f"Spark rounds {node.sql('spark')[:80]} to scale {s2}")
+    return p2, s2
 
 
 def _dec(node) -> tuple[int, int] | None:
@@ -417,10 +419,7 @@ def _dec(node) -> tuple[int, int] | None:
         if p > 38:
             raise NotLocal(f"Spark bounds the decimal type of {node.sql('spark')[:80]}")
         return p, s
-    t = node.type
-    if t is None or t.this == exp.DataType.Type.UNKNOWN:
-        raise NotLocal(f"the type of {node.sql('spark')[:80]} is unknown")
-    return _dec_of_type(t, node)
+    return _dec_of_type(_type(node), node)
 
 
 def _check_cast(node) -> None:

@@ -92,7 +92,7 @@ class CutLog:
             return None
         if int(d["seq"]) != seq:
             raise ValueError(f"cut file {seq} of {self.directory} holds seq {d['seq']}")
-        return Cut({k: int(v) for k, v in d["start"].items()}), Cut({k: int(v) for k, v in d["end"].items()})
+        return Cut.from_json(d["start"]), Cut.from_json(d["end"])
 
     @staticmethod
     def batch_cut(batch_df: DataFrame) -> tuple[Cut, Cut] | None:
@@ -101,4 +101,4 @@ class CutLog:
         if not rows:
             return None
         r = rows[0]
-        return Cut({k: int(v) for k, v in r["start"].items()}), Cut({k: int(v) for k, v in r["end"].items()})
+        return Cut.from_json(r["start"]), Cut.from_json(r["end"])
