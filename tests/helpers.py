@@ -101,14 +101,17 @@ scale s+4 (0.050081 vs 0.0500806..): compare with DuckDB to 1e-6 absolute."""
 
 def assert_target_equals_batch_evaluation(spark, job, label: str = "") -> int:
     """The central contract on the target's latest commit: it equals the model's SQL evaluated
-    in batch over the sources at the recorded cut, in Spark and in DuckDB. Returns its rows."""
+    in batch over the sources at the recorded base cut (upstream models of a ``ref()`` chain
+    recomputed from their SQL), in Spark and in DuckDB. Returns its rows."""
     from consistent_stream.delta import DeltaTableRef
     from consistent_stream.oracle import batch_dataframe, duckdb_result
     from consistent_stream.sources import Cut
     target = DeltaTableRef(job.target_path)
     commit = target.commit_at(target.latest_version())
-    cut = Cut.from_json(commit.metadata["cut"])
+    cut = Cut.from_json(commit.metadata.get("base_cut") or commit.metadata["cut"])
     got = delta_pandas(job.target_path, commit.version)
-    assert_same_rows(got, batch_dataframe(spark, job.sql, job.sources, cut).toPandas(), f"{label} vs Spark")
-    assert_same_rows(got, duckdb_result(job.sql, job.sources, cut), f"{label} vs DuckDB", **DUCKDB_TOL)
+    assert_same_rows(got, batch_dataframe(spark, job.sql, job.sources, cut, chain=True).toPandas(),
+                     f"{label} vs Spark")
+    assert_same_rows(got, duckdb_result(job.sql, job.sources, cut, chain=True), f"{label} vs DuckDB",
+                     **DUCKDB_TOL)
     return len(got)

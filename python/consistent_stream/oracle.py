@@ -4,6 +4,11 @@ contract ``target@v == batch_eval(model SQL, sources@C_v)``.
 The incremental path and the oracle share the SQL, not code: here the SQL runs unchanged
 except that each source relation is replaced by that source's snapshot at the cut, once in
 Spark and once in DuckDB (an independent engine; the SQL is transpiled by sqlglot).
+
+With ``chain=True`` the cut is a *base cut* (base source -> position, as a target version
+records it) and an upstream model (``ref()``) is not read from its target but recomputed the
+same way from its own SQL over the base sources at that cut, recursively: the whole chain in
+batch, which is what a version of a downstream model must equal.
 """
 from __future__ import annotations
 
@@ -34,33 +39,74 @@ def rewrite_relations(sql: str, mapping: dict[tuple[str, ...], str], dialect: st
     return ast.transform(fn).sql(dialect=dialect)
 
 
-def batch_dataframe(spark, sql: str, sources: list[SourceSpec], cut: Cut):
-    """The model's SQL evaluated by Spark over the sources at ``cut`` (a lazy DataFrame).
+def _upstream(source: SourceSpec):
+    from .sources.formats import open_source
+    return open_source(source).job()
+
+
+def _missing(source: SourceSpec, cut: Cut):
+    from .errors import SourceError
+    return SourceError(f"the cut {cut.versions} has no position for source {source.key}")
+
+
+def batch_dataframe(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False):
+    """The model's SQL evaluated by Spark over the sources at ``cut`` (a lazy DataFrame);
+    with ``chain``, upstream models recomputed at base cut ``cut`` (module docstring).
 
     The snapshots are temporary views only while Spark analyzes the query (the analyzed plan
     keeps them), so nothing is left in the caller's session."""
-    mapping = {}
+    created: list[str] = []
     try:
-        for s in sources:
-            v = cut.versions[s.key]
-            name = view_name(s, v)
-            snapshot_dataframe(spark, s, v).createOrReplaceTempView(name)
-            mapping[s.relation_parts] = name
-        return spark.sql(rewrite_relations(sql, mapping))
+        return _spark_sql(spark, sql, sources, cut, chain, created)
     finally:
-        for name in mapping.values():
+        for name in created:
             spark.catalog.dropTempView(name)
 
 
-def duckdb_result(sql: str, sources: list[SourceSpec], cut: Cut):
-    """The model's SQL evaluated by DuckDB over the sources at ``cut``, as a pandas DataFrame."""
+def _spark_sql(spark, sql: str, sources: list[SourceSpec], cut: Cut, chain: bool, created: list[str]):
+    mapping = {}
+    for s in sources:
+        if chain and s.format == "model":
+            up = _upstream(s)
+            df, name = _spark_sql(spark, up.sql, up.sources, cut, True, created), f"__cs_chain_{s.name}"
+        elif s.key not in cut.versions:
+            raise _missing(s, cut)
+        else:
+            v = cut.versions[s.key]
+            df, name = snapshot_dataframe(spark, s, v), view_name(s, v)
+        name = f"{name}_{len(created)}"
+        df.createOrReplaceTempView(name)
+        created.append(name)
+        mapping[s.relation_parts] = name
+    return spark.sql(rewrite_relations(sql, mapping))
+
+
+def duckdb_result(sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False):
+    """The model's SQL evaluated by DuckDB over the sources at ``cut``, as a pandas DataFrame;
+    with ``chain``, upstream models recomputed (by DuckDB) at base cut ``cut``."""
     import duckdb
 
     con = duckdb.connect()
+    try:
+        return con.execute(_duckdb_sql(con, sql, sources, cut, chain)).df()
+    finally:
+        con.close()
+
+
+def _duckdb_sql(con, sql: str, sources: list[SourceSpec], cut: Cut, chain: bool) -> str:
+    """``sql`` in DuckDB's dialect over relations registered in ``con`` (upstream models of a
+    chain as views of their own SQL)."""
     mapping = {}
     for s in sources:
-        v = cut.versions[s.key]
-        name = view_name(s, v)
-        con.register(name, snapshot_arrow(s, v))
+        if chain and s.format == "model":
+            up = _upstream(s)
+            name = f"__cs_chain_{s.name}"   # one cut: the same model is the same relation
+            con.execute(f'CREATE OR REPLACE TEMP VIEW "{name}" AS {_duckdb_sql(con, up.sql, up.sources, cut, True)}')
+        elif s.key not in cut.versions:
+            raise _missing(s, cut)
+        else:
+            v = cut.versions[s.key]
+            name = view_name(s, v)
+            con.register(name, snapshot_arrow(s, v))
         mapping[s.relation_parts] = name
-    return con.execute(rewrite_relations(sql, mapping, dialect="duckdb")).df()
+    return rewrite_relations(sql, mapping, dialect="duckdb")

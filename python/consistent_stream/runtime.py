@@ -44,6 +44,7 @@ from .plan.incremental import BatchEvaluator, PlanTypes, spark_confs
 from .plan.local import LocalEngine, session_supported
 from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, sink_changes
 from .sources import Cut
+from .sources.dag import base_cut
 from .sources.formats import cut_metadata, open_source
 from .sources.spec import INITIAL
 from .spec import JobSpec
@@ -74,6 +75,8 @@ class BatchMeta:
     checkpoint_location: str
     strategy: str = "incremental"
     cut_lsn: dict = field(default_factory=dict)
+    base_cut: dict = field(default_factory=dict)
+    unique_key: list | None = None
 
     def to_metadata(self) -> dict:
         d = asdict(self)
@@ -101,7 +104,9 @@ class BatchMeta:
                          source_commits=js(m.get("source_commits"), {}),
                          state_version=None if sv is None else int(sv),
                          checkpoint_location=m.get("checkpoint_location", ""),
-                         strategy=m.get("strategy", "incremental"), cut_lsn=js(m.get("cut_lsn"), {}))
+                         strategy=m.get("strategy", "incremental"), cut_lsn=js(m.get("cut_lsn"), {}),
+                         base_cut=js(m.get("base_cut"), {}) or js(m["cut"], {}),
+                         unique_key=js(m.get("unique_key"), None))
 
 
 @dataclass
@@ -233,7 +238,8 @@ class QueryRuntime:
                              source_commit_ms=max(commit_ms.values(), default=0), source_commits=commit_ms,
                              state_version=None, checkpoint_location=self.job.checkpoint_location,
                              strategy=b.metrics.strategy,
-                             cut_lsn=cut_metadata(self.job.sources, end).get("cut_lsn", {}))
+                             cut_lsn=cut_metadata(self.job.sources, end).get("cut_lsn", {}),
+                             base_cut=base_cut(list(self.sources.values()), end.versions), unique_key=self.key)
             version, written, rewritten, meta = self._evaluate_and_commit(b, changes, rebuild, meta)  # steps 3-5
         finally:
             b.views.drop()

@@ -43,6 +43,34 @@ def _number(config: dict, key: str, default, typ, model: str, low):
     return n
 
 
+def target_location(project_root: str, schema: str, identifier: str, config: dict, warehouse_dir: str) -> str:
+    """Where a consistent_stream model's target lives: ``<location_root>/<identifier>`` when
+    the model configures ``location_root`` (relative to the project), else
+    ``<warehouse>/consistent_stream/<schema>/<identifier>``."""
+    root = config.get("location_root")
+    if root:
+        if "://" not in root and not os.path.isabs(root):
+            root = os.path.join(project_root, root)
+    else:
+        from urllib.parse import urlparse
+        base = urlparse(warehouse_dir).path if warehouse_dir.startswith("file:") else warehouse_dir
+        if "://" not in base and not os.path.isabs(base):
+            base = os.path.join(project_root, base)
+        root = os.path.join(base, "consistent_stream", schema)
+    return os.path.normpath(os.path.join(root, identifier))
+
+
+def _source_spec(d: dict, project_root: str, warehouse_dir: str) -> SourceSpec:
+    """One input of a model as the materialization describes it: a dbt source
+    (``{source_name, name, relation, meta}``) or, with ``kind: model``, an upstream
+    consistent_stream model (``{name, relation, schema, identifier, config}``)."""
+    if d.get("kind") == "model":
+        from .sources.model import model_spec
+        target = target_location(project_root, d["schema"], d["identifier"], d.get("config") or {}, warehouse_dir)
+        return model_spec(d["name"], d["relation"], target)
+    return SourceSpec.from_dbt(d, project_root)
+
+
 @dataclass
 class JobSpec:
     """One consistent_stream model: its SQL, sources, target and checkpoint.
@@ -106,17 +134,7 @@ class JobSpec:
         """Validate the materialization's config (keys named as in dbt / dbt-spark)."""
         unique_key = [c.lower() for c in _as_list(config.get("unique_key"), "unique_key")]
         partition_by = [c.lower() for c in _as_list(config.get("partition_by"), "partition_by")]
-        root = config.get("location_root")
-        if root:
-            if "://" not in root and not os.path.isabs(root):
-                root = os.path.join(project_root, root)
-        else:
-            from urllib.parse import urlparse
-            base = urlparse(warehouse_dir).path if warehouse_dir.startswith("file:") else warehouse_dir
-            if "://" not in base and not os.path.isabs(base):
-                base = os.path.join(project_root, base)
-            root = os.path.join(base, "consistent_stream", schema)
-        target = os.path.normpath(os.path.join(root, identifier))
+        target = target_location(project_root, schema, identifier, config, warehouse_dir)
         ckpt = config.get("checkpoint_location")
         if ckpt:
             if "://" not in ckpt and not os.path.isabs(ckpt):
@@ -134,9 +152,10 @@ class JobSpec:
         if local_engine not in ("duckdb", "spark"):
             raise ConfigError(f"model {model_name}: config local_engine must be 'duckdb' or 'spark', "
                               f"got {config.get('local_engine')!r}")
-        srcs = [SourceSpec.from_dbt(s, project_root) for s in sources]
+        srcs = [_source_spec(s, project_root, warehouse_dir) for s in sources]
         if not srcs:
-            raise ConfigError(f"model {model_name}: a consistent_stream model reads at least one source()")
+            raise ConfigError(f"model {model_name}: a consistent_stream model reads at least one source() "
+                              f"or ref() of a consistent_stream model")
         return JobSpec(model=model_name, schema=schema, identifier=identifier, sql=sql, sources=srcs,
                        unique_key=unique_key, target_path=target, checkpoint_location=os.path.normpath(ckpt),
                        partition_by=partition_by, trigger=trigger, recompute_threshold=threshold,

@@ -1,7 +1,8 @@
 """``consistent-stream verify``: check the central contract on a target's latest commit.
 
-Reads the cut from the target's latest consistent_stream commit, evaluates the model's SQL
-in batch (Spark) over the sources at that cut, and diffs the result against the target at
+Reads the base cut from the target's latest consistent_stream commit, evaluates the model's
+SQL in batch (Spark) over the sources at that cut (an upstream model of a ``ref()`` chain
+recomputed from its own SQL at the same base cut, recursively), and diffs the result against the target at
 that version as multisets. Floating-point columns are compared at 9 significant digits
 (sums of doubles depend on the order of addition); every other type exactly.
 """
@@ -43,6 +44,7 @@ class VerifyResult:
     target_version: int
     batch_id: int
     cut: dict
+    base_cut: dict
     rows_target: int
     rows_expected: int
     missing: int      # rows batch evaluation has that the target lacks
@@ -74,13 +76,15 @@ def latest_commit(target: DeltaTableRef):
 
 
 def verify_target(spark: SparkSession, target_path: str, examples: int = 5) -> VerifyResult:
-    """Diff the target's latest committed version against batch evaluation at its cut."""
+    """Diff the target's latest committed version against batch evaluation of the whole
+    chain at its base cut."""
     target = DeltaTableRef(target_path)
     commit = latest_commit(target)
     meta = commit.metadata
     job = JobSpec.load(os.path.join(meta["checkpoint_location"], "_consistent_stream", "job.json"))
     cut = Cut.from_json(meta["cut"])
-    expected = _normalized(batch_dataframe(spark, job.sql, job.sources, cut))
+    base = Cut.from_json(meta.get("base_cut") or meta["cut"])
+    expected = _normalized(batch_dataframe(spark, job.sql, job.sources, base, chain=True))
     got = _normalized(target.read_snapshot(spark, commit.version).select(*[f"`{c}`" for c in expected.columns]))
     missing = expected.exceptAll(got).persist()
     unexpected = got.exceptAll(expected).persist()
@@ -90,6 +94,6 @@ def verify_target(spark: SparkSession, target_path: str, examples: int = 5) -> V
     missing.unpersist()
     unexpected.unpersist()
     return VerifyResult(model=job.model, target_version=commit.version, batch_id=int(meta.get("batch_id", -1)),
-                        cut=cut.versions, rows_target=got.count(), rows_expected=expected.count(),
+                        cut=cut.versions, base_cut=base.versions, rows_target=got.count(), rows_expected=expected.count(),
                         missing=n_missing, unexpected=n_unexpected, ok=(n_missing == 0 and n_unexpected == 0),
                         examples=ex)

@@ -197,8 +197,9 @@ class _Compiler:
                 continue
             if parts not in self.sources:
                 raise _err(f"relation {t.sql(dialect='spark')}",
-                           "it is not a source with meta.consistent_stream (declare it as a dbt source "
-                           "with meta.consistent_stream; ref() of other models is not supported yet)", t, self.sql)
+                           "it is neither a source with meta.consistent_stream nor ref() of a "
+                           "consistent_stream, view or ephemeral model (declare it as a dbt source with "
+                           "meta.consistent_stream, or read it through ref())", t, self.sql)
 
     # ---- relations ---------------------------------------------------------------------------
     def _plan_relation(self, rel: exp.Expression, ctes: dict[str, exp.Expression],

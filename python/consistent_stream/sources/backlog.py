@@ -11,6 +11,8 @@ rows, and the batches that follow reach the newest cut:
   each table is its own transaction), and a batch takes a prefix of that order, at least
   one commit, so a batch never splits a transaction and the tables never disagree about
   what happened before what;
+* a model that reads upstream models (``ref()``) is not split: its cut must agree with the
+  upstream versions' base cuts (:mod:`.dag`), which an intermediate cut would not;
 * a first batch (a rebuild from snapshots, whose cost does not depend on the backlog) and a
   backlog larger than ``recompute_threshold`` x the sources' rows (which the batch will
   recompute from snapshots, as Enzyme would) go to the newest cut in one batch.
@@ -50,6 +52,10 @@ def plan_cuts(sources: list, start: dict[str, int], end: dict[str, int], *, max_
     if any(start.get(k, INITIAL) == INITIAL for k in keys):
         return [dict(end)]
     by_key = {s.spec.key: s for s in sources}
+    if any(s.spec.format == "model" for s in sources):
+        # an intermediate cut would have to be consistent across the DAG too (an upstream
+        # version and the base positions it reflects): not split, one batch to the cut
+        return [dict(end)]
     # one event per transaction: Delta sources alone, Debezium tables grouped by directory
     events: dict[tuple, dict] = {}
     for k in keys:

@@ -568,6 +568,10 @@ class DebeziumSource:
     def commit_ms(self, position: int) -> int:
         return self.reader(upto=position).commit_ms(position)
 
+    def base_positions(self, position: int) -> dict[str, int]:
+        """A base source reflects itself: ``{key: position}``."""
+        return {self.spec.key: position}
+
     def _changelog(self, views, data: pa.Table, *, change: bool):
         from ..changelog import Changelog
         from pyspark.sql.pandas.types import from_arrow_schema

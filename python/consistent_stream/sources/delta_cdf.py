@@ -68,6 +68,10 @@ class DeltaSource:
     def commit_ms(self, position: int) -> int:
         return self._require().commit_at(position).timestamp_ms
 
+    def base_positions(self, position: int) -> dict[str, int]:
+        """A base source reflects itself: ``{key: position}``."""
+        return {self.spec.key: position}
+
     def commits(self, start: int, end: int) -> list:
         """The versions in ``(start, end]`` with their commit times and change rows (from the
         commit's operation metrics; None when it has none)."""

@@ -11,6 +11,10 @@ Formats (``meta.consistent_stream.format``):
   landing directory is cut at the same position, so a cut never splits a transaction. The
   table as of position X is the snapshot (at P0) plus every change up to X: the
   snapshot-then-CDC source (``snapshot_then_cdc`` macro).
+* ``model``: the target of an upstream consistent_stream model (``ref()``,
+  :class:`.model.ModelSource`); positions are the target's versions, each one batch of the
+  upstream that records the base cut it reflects. A cut over several inputs is chosen by the
+  DAG cut rule (:mod:`.dag`) so that they agree on every base source they share.
 
 Positions are ints; -1 (INITIAL) is "nothing read yet".
 """
@@ -52,12 +56,17 @@ class Source(Protocol):
 
     def commits(self, start: int, end: int) -> list: ...
 
+    def base_positions(self, position: int) -> dict[str, int]: ...
+
 
 def open_source(spec: SourceSpec) -> Source:
     """The :class:`Source` of ``spec``'s format."""
     if spec.format == "debezium":
         from .debezium import DebeziumSource
         return DebeziumSource(spec)
+    if spec.format == "model":
+        from .model import ModelSource
+        return ModelSource(spec)
     return DeltaSource(spec)
 
 
@@ -67,9 +76,10 @@ def column_names(source: SourceSpec) -> list[str]:
 
 
 def latest_cut(sources: list[Source]) -> dict[str, int]:
-    """The newest complete position of every source: Delta's latest version; for Debezium
+    """The newest consistent cut of ``sources``: Delta's latest version; for Debezium
     sources the last complete transaction of their landing directory, read once per directory
-    so that all its tables share one transaction-consistent position."""
+    so that all its tables share one transaction-consistent position; with upstream models,
+    the newest cut on which they and the base sources agree (:func:`.dag.aligned_cut`)."""
     out, landings = {}, {}
     for s in sources:
         if s.spec.format == "debezium":
@@ -78,7 +88,8 @@ def latest_cut(sources: list[Source]) -> dict[str, int]:
             out[s.spec.key] = landings[s.spec.location]
         else:
             out[s.spec.key] = s.latest_position()
-    return out
+    from .dag import aligned_cut
+    return aligned_cut(sources, out)
 
 
 def snapshot_arrow(source: SourceSpec, position: int) -> pa.Table:
