@@ -119,11 +119,27 @@ class ConsistentSparkAdapter(SparkAdapter):
         except DbtRuntimeError:
             raise
         except Exception as exc:
-            logger.debug(traceback.format_exc())
-            raise DbtRuntimeError(
-                f"consistent_stream model {model_name} failed: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise _engine_error(f"consistent_stream model {model_name}", exc) from exc
         return dict(summary or {})
+
+    @available
+    def consistent_stream_publish_sources(self, sources: List[Dict[str, Any]]) -> List[int]:
+        """Publish ``format: delta`` sources (``{"source_name", "name", "relation", "meta"}``)
+        in Spark's catalog at their latest versions, for a dbt view that reads them. Returns
+        the versions published."""
+        spark = self._spark_session()
+        project_root = os.path.abspath(self.config.project_root)
+        try:
+            from consistent_stream.job import publish_sources
+
+            return publish_sources(spark, project_root, [_plain(source) for source in sources])
+        except Exception as exc:
+            raise _engine_error("publishing consistent_stream sources for a view", exc) from exc
+
+
+def _engine_error(what: str, exc: Exception) -> DbtRuntimeError:
+    logger.debug(traceback.format_exc())
+    return DbtRuntimeError(f"{what} failed: {type(exc).__name__}: {exc}")
 
 
 def _plain(value: Any) -> Union[Dict[str, Any], List[Any], Any]:

@@ -364,8 +364,18 @@ def _summary(job: JobSpec, t0: float, results: list[BatchResult], cut: Cut, vers
 
 
 def run_model(spark, *, project_root, schema, identifier, model_name, sql, sources, config, full_refresh):
-    """Entry point of the dbt adapter (``adapter.consistent_stream_run``); see ``run_job``."""
+    """Entry point of the dbt adapter (``adapter.consistent_stream_run``); see ``run_job``.
+
+    ``sources``: the model's inputs as the materialization collects them, through ephemeral
+    and view models: dbt sources, upstream consistent_stream models (``kind: model``) and
+    views (``kind: view``), whose SQL is expanded into the model's here
+    (:mod:`consistent_stream.plan.expand`)."""
     warehouse = spark.conf.get("spark.sql.warehouse.dir", os.path.join(project_root, "spark-warehouse"))
+    views = [s for s in sources if s.get("kind") == "view"]
+    if views:
+        from .plan.expand import expand_view_refs
+        sql = expand_view_refs(spark, sql, views)
+        sources = [s for s in sources if s.get("kind") != "view"]
     job = JobSpec.from_dbt(project_root=project_root, schema=schema, identifier=identifier,
                            model_name=model_name, sql=sql, sources=sources, config=config,
                            warehouse_dir=warehouse)
@@ -373,3 +383,15 @@ def run_model(spark, *, project_root, schema, identifier, model_name, sql, sourc
     summary = run_job(spark, job, full_refresh=bool(full_refresh))
     record_model(project_root, job)
     return summary
+
+
+def publish_sources(spark, project_root: str, sources: list[dict]) -> list[int]:
+    """Entry point of the adapter's view support: publish each dbt source (``{source_name,
+    name, relation, meta}``) at its latest version as its relation in Spark's catalog
+    (:func:`~consistent_stream.sink.catalog.publish_source`). Returns the versions."""
+    from .sink.catalog import publish_source
+    from .sources import SourceSpec
+    from .spec import warehouse_path
+    base = warehouse_path(project_root, spark.conf.get("spark.sql.warehouse.dir",
+                                                       os.path.join(project_root, "spark-warehouse")))
+    return [publish_source(spark, SourceSpec.from_dbt(s, project_root), base) for s in sources]

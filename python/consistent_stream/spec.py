@@ -43,6 +43,16 @@ def _number(config: dict, key: str, default, typ, model: str, low):
     return n
 
 
+def warehouse_path(project_root: str, warehouse_dir: str) -> str:
+    """``spark.sql.warehouse.dir`` as an absolute path (a ``file:`` URI's path; a relative
+    directory is relative to the project)."""
+    from urllib.parse import urlparse
+    base = urlparse(warehouse_dir).path if warehouse_dir.startswith("file:") else warehouse_dir
+    if "://" not in base and not os.path.isabs(base):
+        base = os.path.join(project_root, base)
+    return base
+
+
 def target_location(project_root: str, schema: str, identifier: str, config: dict, warehouse_dir: str) -> str:
     """Where a consistent_stream model's target lives: ``<location_root>/<identifier>`` when
     the model configures ``location_root`` (relative to the project), else
@@ -52,11 +62,7 @@ def target_location(project_root: str, schema: str, identifier: str, config: dic
         if "://" not in root and not os.path.isabs(root):
             root = os.path.join(project_root, root)
     else:
-        from urllib.parse import urlparse
-        base = urlparse(warehouse_dir).path if warehouse_dir.startswith("file:") else warehouse_dir
-        if "://" not in base and not os.path.isabs(base):
-            base = os.path.join(project_root, base)
-        root = os.path.join(base, "consistent_stream", schema)
+        root = os.path.join(warehouse_path(project_root, warehouse_dir), "consistent_stream", schema)
     return os.path.normpath(os.path.join(root, identifier))
 
 

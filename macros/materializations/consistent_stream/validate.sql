@@ -53,36 +53,75 @@ A consistent_stream target is a Delta table: set file_format='delta' or leave it
 
 
 {% macro consistent_stream_model_sources(model) %}
-  {#-- One {source_name, name, relation, meta} per dbt source the model reads: relation is
-       source(a, b) exactly as it renders in the compiled SQL, meta the table's
-       meta.consistent_stream. --#}
-  {%- set sources = [] -%}
-  {%- set seen = [] -%}
-  {%- for source_name, table_name in model.sources if (source_name ~ '.' ~ table_name) not in seen -%}
-    {%- do seen.append(source_name ~ '.' ~ table_name) -%}
-    {%- set node = graph.sources.values() | selectattr('source_name', 'equalto', source_name)
-                                          | selectattr('name', 'equalto', table_name) | first -%}
-    {%- set config_meta = node.config.meta if node.config is defined and node.config.meta else {} -%}
-    {%- set stream_meta = node.meta.get('consistent_stream') or config_meta.get('consistent_stream') -%}
-    {%- if not stream_meta -%}
-      {%- set msg -%}
-Source '{{ source_name }}.{{ table_name }}' (read by consistent_stream model {{ model.name }}) has no
+  {#-- The model's inputs, through the ephemeral and view models it refs (dbt inlines an
+       ephemeral model as a CTE; the engine expands a view's SQL), one dict each:
+       * a dbt source: {source_name, name, relation, meta}, meta being the table's
+         meta.consistent_stream, relation source(a, b) as it renders;
+       * an upstream consistent_stream model: {kind: 'model', name, relation, schema,
+         identifier, config: {location_root, checkpoint_location}};
+       * a view model: {kind: 'view', name, relation}.
+       ref() of any other materialization is a compiler error naming it. --#}
+  {%- set inputs = [] -%}
+  {%- do consistent_stream_collect_inputs(model, model, inputs, []) -%}
+  {%- do return(inputs) -%}
+{% endmacro %}
+
+
+{% macro consistent_stream_collect_inputs(model, node, inputs, seen) %}
+  {%- for uid in node.depends_on.nodes if uid not in seen -%}
+    {%- do seen.append(uid) -%}
+    {%- if uid.startswith('source.') -%}
+      {%- do inputs.append(consistent_stream_source_input(model, graph.sources[uid])) -%}
+    {%- else -%}
+      {%- set up = graph.nodes.get(uid) -%}
+      {%- set materialized = up.config.materialized if up is not none else none -%}
+      {%- set relation = api.Relation.create(database=up.database, schema=up.schema, identifier=up.alias) | string
+          if up is not none else '' -%}
+      {%- if materialized == 'consistent_stream' -%}
+        {%- do inputs.append({'kind': 'model', 'name': up.name, 'relation': relation, 'schema': up.schema,
+                              'identifier': up.alias,
+                              'config': {'location_root': up.config.get('location_root'),
+                                         'checkpoint_location': up.config.get('checkpoint_location')}}) -%}
+      {%- elif materialized in ('ephemeral', 'view') -%}
+        {%- do consistent_stream_collect_inputs(model, up, inputs, seen) -%}
+        {%- if materialized == 'view' -%}
+          {%- do inputs.append({'kind': 'view', 'name': up.name, 'relation': relation}) -%}
+        {%- endif -%}
+      {%- else -%}
+        {%- set msg -%}
+consistent_stream model {{ model.name }} reads {{ uid }}{{ (', a `' ~ materialized ~ '` model') if materialized else '' }}.
+A consistent_stream model is maintained from changelogs, and a {{ materialized or 'seed or snapshot' }} has none:
+make {{ up.name if up is not none else uid }} ephemeral or a view (its SQL is then maintained over the
+sources underneath), or a consistent_stream model (read through its Change Data Feed), or read
+its data as a dbt source with meta.consistent_stream.
+        {%- endset -%}
+        {%- do exceptions.raise_compiler_error(msg) -%}
+      {%- endif -%}
+    {%- endif -%}
+  {%- endfor -%}
+{% endmacro %}
+
+
+{% macro consistent_stream_source_input(model, node) %}
+  {%- set config_meta = node.config.meta if node.config is defined and node.config.meta else {} -%}
+  {%- set stream_meta = node.meta.get('consistent_stream') or config_meta.get('consistent_stream') -%}
+  {%- if not stream_meta -%}
+    {%- set msg -%}
+Source '{{ node.source_name }}.{{ node.name }}' (read by consistent_stream model {{ model.name }}) has no
 `meta.consistent_stream`. Say how to read it as a changelog in its YAML, under the table, e.g.
-  - name: {{ table_name }}
+  - name: {{ node.name }}
     meta:
       consistent_stream:
         format: delta
-        location: data/{{ table_name }}
+        location: data/{{ node.name }}
         primary_key: [...]
-      {%- endset -%}
-      {%- do exceptions.raise_compiler_error(msg) -%}
-    {%- endif -%}
-    {%- do sources.append({
-        'source_name': source_name,
-        'name': table_name,
-        'relation': source(source_name, table_name) | string,
-        'meta': stream_meta,
-    }) -%}
-  {%- endfor -%}
-  {%- do return(sources) -%}
+    {%- endset -%}
+    {%- do exceptions.raise_compiler_error(msg) -%}
+  {%- endif -%}
+  {%- do return({
+      'source_name': node.source_name,
+      'name': node.name,
+      'relation': source(node.source_name, node.name) | string,
+      'meta': stream_meta,
+  }) -%}
 {% endmacro %}

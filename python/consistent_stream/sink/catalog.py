@@ -6,6 +6,10 @@ holds every version's files. So after each commit we publish the version: a dire
 links to exactly that version's data files, registered as an external Parquet table
 (``ALTER TABLE .. SET LOCATION``). Readers always see one whole committed version; the two
 newest snapshot directories are kept so a reader in flight is not cut off.
+
+Sources are published the same way (:func:`publish_source`) when a dbt ``view`` model reads
+them, so that Spark can create and query the view; their snapshot directories live under the
+warehouse (``consistent_stream_sources/<schema>/<table>``), never inside the source table.
 """
 from __future__ import annotations
 
@@ -25,20 +29,21 @@ def _ddl(schema) -> str:
     return ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema.fields)
 
 
-def snapshot_dir(table_path: str, version: int) -> str:
-    return os.path.join(table_path, SNAPSHOTS, f"v{version:020d}")
+def snapshot_dir(home: str, version: int) -> str:
+    return os.path.join(home, SNAPSHOTS, f"v{version:020d}")
 
 
-def _marker(table_path: str) -> str:
-    return os.path.join(table_path, "_consistent_stream", "published.json")
+def _marker(home: str) -> str:
+    return os.path.join(home, "_consistent_stream", "published.json")
 
 
-def published(spark: SparkSession, schema: str, identifier: str, table_path: str, version: int) -> bool:
+def published(spark: SparkSession, schema: str, identifier: str, table_path: str, version: int,
+              home: str | None = None) -> bool:
     """Whether ``schema.identifier`` already shows ``version`` of the table (our last publish
-    recorded it, and the catalog has the table)."""
+    recorded it under ``home``, the table's directory by default, and the catalog has it)."""
     import json
     try:
-        with open(_marker(table_path)) as f:
+        with open(_marker(home or table_path)) as f:
             m = json.load(f)
     except (OSError, ValueError):
         return False
@@ -48,12 +53,13 @@ def published(spark: SparkSession, schema: str, identifier: str, table_path: str
 
 
 def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, version: int,
-            partition_by: list[str]) -> str:
+            partition_by: list[str], home: str | None = None) -> str:
     """Register ``table_path`` at ``version`` as ``schema.identifier``; returns the
-    snapshot directory. Creates the schema when missing, re-creates the table when its
-    columns changed."""
+    snapshot directory (under ``home``, the table's directory by default). Creates the schema
+    when missing, re-creates the table when its columns changed."""
+    home = home or table_path
     table = DeltaTableRef(table_path)
-    snap = snapshot_dir(table_path, version)
+    snap = snapshot_dir(home, version)
     if not os.path.isdir(snap):
         tmp = snap + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -65,7 +71,10 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
             parts = [f"{c}={_hive_escape(a.get(f'partition.{c}'))}" for c in partition_by]
             dst = os.path.join(tmp, *parts, f"{i:06d}-{os.path.basename(rel)}")
             os.makedirs(os.path.dirname(dst), exist_ok=True)
-            os.link(os.path.join(table_path, rel), dst)
+            try:
+                os.link(os.path.join(table_path, rel), dst)
+            except OSError:   # another file system (a source outside the warehouse's)
+                shutil.copyfile(os.path.join(table_path, rel), dst)
         os.makedirs(tmp, exist_ok=True)
         os.replace(tmp, snap)
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -90,13 +99,33 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
     if partition_by:
         spark.sql(f"ALTER TABLE {fq} RECOVER PARTITIONS")
     spark.sql(f"REFRESH TABLE {fq}")
-    _cleanup(table_path)
+    _cleanup(home)
     import json
-    os.makedirs(os.path.dirname(_marker(table_path)), exist_ok=True)
-    with open(_marker(table_path) + ".tmp", "w") as f:
+    os.makedirs(os.path.dirname(_marker(home)), exist_ok=True)
+    with open(_marker(home) + ".tmp", "w") as f:
         json.dump({"version": version, "table": f"{schema}.{identifier}"}, f)
-    os.replace(_marker(table_path) + ".tmp", _marker(table_path))
+    os.replace(_marker(home) + ".tmp", _marker(home))
     return snap
+
+
+def publish_source(spark: SparkSession, source, warehouse_dir: str) -> int:
+    """Register a ``format: delta`` source (a :class:`~consistent_stream.sources.SourceSpec`)
+    at its latest version as its dbt relation (``schema.table``), for a dbt ``view`` model
+    that reads it. Returns the version published. Raises ConfigError for other formats (a
+    Debezium table is a changelog, not a table Spark can read)."""
+    from ..errors import ConfigError
+    if source.format != "delta":
+        raise ConfigError(f"source {source.key} (format: {source.format}) cannot be read by a dbt view: Spark "
+                          f"reads only Delta sources' snapshots; make the view model ephemeral, or a "
+                          f"consistent_stream model")
+    parts = source.relation_parts
+    schema, identifier = parts[-2] if len(parts) > 1 else "default", parts[-1]
+    table = DeltaTableRef(source.location)
+    version = table.latest_version()
+    home = os.path.join(warehouse_dir, "consistent_stream_sources", schema, identifier)
+    if not published(spark, schema, identifier, source.location, version, home):
+        publish(spark, schema, identifier, source.location, version, table.partition_columns(), home)
+    return version
 
 
 def _hive_escape(value) -> str:
