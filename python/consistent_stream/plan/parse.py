@@ -1,0 +1,173 @@
+"""Pass 1: parse the model SQL (Spark dialect), reject what is not maintained incrementally,
+check its relations and qualify its columns, before anything is planned.
+
+:func:`parse` turns the text into one query AST and rejects unsupported constructs anywhere
+in it (:func:`reject_unsupported`); :func:`resolve` checks that every relation is a source
+or a CTE (:func:`check_relations`) and qualifies every column with its relation (sqlglot's
+``qualify``), which is what lowering (:mod:`.lower`) expects. Every error is a CompileError
+naming the construct and, when known, its line and column (:func:`position`).
+
+Example::
+
+    select oid from src.orders
+    order by oid
+
+raises ``CompileError: line 2, col 12: ORDER BY is not supported by consistent_stream: a
+materialized view has no row order; sort when you read it``.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import OptimizeError, ParseError
+from sqlglot.optimizer.qualify import qualify
+
+from ..errors import CompileError
+from ..sources import SourceSpec
+
+AGGREGATES: dict[type, str] = {exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max", exp.Count: "count"}
+"""The supported aggregate functions and their names in :class:`~.logical.AggCall`."""
+
+# constructs with their readable names; any of these anywhere in the query is rejected
+_UNSUPPORTED: list[tuple[type, str, str]] = [
+    (exp.Order, "ORDER BY", "a materialized view has no row order; sort when you read it"),
+    (exp.Limit, "LIMIT", "a top-N view is not maintained incrementally yet"),
+    (exp.Offset, "OFFSET", "not maintained incrementally"),
+    (exp.Lateral, "LATERAL VIEW", "not supported"),
+    (exp.Pivot, "PIVOT", "not supported"),
+    (exp.Qualify, "QUALIFY", "filter ROW_NUMBER() = 1 in an enclosing query instead"),
+    (exp.Cube, "CUBE", "not supported"),
+    (exp.Rollup, "ROLLUP", "not supported"),
+    (exp.GroupingSets, "GROUPING SETS", "not supported"),
+    (exp.TableSample, "TABLESAMPLE", "a sample has no incremental meaning"),
+    (exp.Rand, "rand()", "non-deterministic functions have no meaning at a cut"),
+    (exp.CurrentTimestamp, "current_timestamp()", "non-deterministic functions have no meaning at a cut"),
+    (exp.CurrentDate, "current_date()", "non-deterministic functions have no meaning at a cut"),
+    (exp.Uuid, "uuid()", "non-deterministic functions have no meaning at a cut"),
+]
+_NONDETERMINISTIC_NAMES = {"rand", "random", "randn", "uuid", "now", "current_timestamp", "current_date",
+                           "monotonically_increasing_id", "spark_partition_id", "shuffle", "input_file_name"}
+
+
+def position(node: exp.Expression, sql: str) -> tuple[int | None, int | None]:
+    """``(line, col)`` (1-based) of ``node`` in ``sql``: from the parser's positions of the
+    node or its first descendant that has one (for a set operation, of its right-hand query,
+    which its keyword precedes), else of the first occurrence of the construct's first
+    keyword in the text; ``(None, None)`` when neither is found."""
+    if isinstance(node, exp.SetOperation):  # the keyword stands before its right-hand query
+        node = node.expression
+    for n in [node, *node.walk()]:
+        m = getattr(n, "meta", None) or {}
+        if "line" in m:
+            return m["line"], m.get("col")
+        if isinstance(n, exp.Identifier) and n.meta.get("line"):
+            return n.meta["line"], n.meta.get("col")
+    # fall back to the first keyword of the construct in the text
+    word = re.escape(node.sql(dialect="spark").split("(")[0].split()[0]) if node.sql() else None
+    if word:
+        m = re.search(word, sql, re.IGNORECASE)
+        if m:
+            line = sql.count("\n", 0, m.start()) + 1
+            return line, m.start() - (sql.rfind("\n", 0, m.start()) + 1) + 1
+    return None, None
+
+
+def err(construct: str, detail: str, node: exp.Expression | None, sql: str) -> CompileError:
+    """The CompileError for ``construct`` (with ``detail``: why, what to do instead) located
+    at ``node`` in ``sql`` (see :func:`position`); unlocated when ``node`` is None."""
+    line, col = position(node, sql) if node is not None else (None, None)
+    return CompileError(construct, detail, line, col)
+
+
+def parse(sql: str) -> exp.Expression:
+    """The AST of the model ``sql``: exactly one query (a SELECT or a set operation of
+    queries) in which :func:`reject_unsupported` found nothing.
+
+    Raises CompileError for a syntax error (with the parser's line and column), for more or
+    fewer than one statement, for a statement that is not a query, and for every construct
+    :func:`reject_unsupported` rejects.
+    """
+    try:
+        statements = [s for s in sqlglot.parse(sql, read="spark") if s is not None]
+    except ParseError as e:
+        error = e.errors[0] if e.errors else {}
+        raise CompileError("SQL syntax", error.get("description", str(e)), error.get("line"), error.get("col")) from e
+    if len(statements) != 1:
+        raise CompileError("multiple statements", "a model is exactly one SELECT")
+    ast = statements[0]
+    reject_unsupported(ast, sql)
+    if not isinstance(ast, (exp.Select, exp.SetOperation)):
+        raise err(type(ast).__name__.upper(), "a model is one query (SELECT, or a UNION, INTERSECT "
+                  "or EXCEPT of queries)", ast, sql)
+    return ast
+
+
+def reject_unsupported(ast: exp.Expression, sql: str) -> None:
+    """Raise CompileError at the first node of ``ast`` (parsed from ``sql``) that is not
+    maintained incrementally: the constructs of ``_UNSUPPORTED`` (ORDER BY outside a window,
+    LIMIT, QUALIFY, ..), non-deterministic functions, window functions other than ROW_NUMBER(),
+    aggregates outside :data:`AGGREGATES`, DISTINCT in aggregates of several arguments and
+    DISTINCT ON."""
+    for node in ast.walk():
+        if isinstance(node, exp.Distinct) and isinstance(node.parent, exp.AggFunc):
+            if type(node.parent) not in AGGREGATES or len(node.expressions) != 1:
+                raise err(f"{type(node.parent).__name__.upper()}(DISTINCT ..)",
+                          "DISTINCT is supported in COUNT, SUM, AVG, MIN and MAX of one argument",
+                          node.parent, sql)
+        if isinstance(node, exp.Distinct) and node.args.get("on"):
+            raise err("DISTINCT ON", "not supported; use ROW_NUMBER() .. = 1 (dedup_before_join)", node, sql)
+        for typ, name, hint in _UNSUPPORTED:
+            if isinstance(node, typ) and not (isinstance(node, exp.Order) and isinstance(node.parent, exp.Window)):
+                raise err(name, hint, node, sql)
+        if isinstance(node, exp.Window) and not isinstance(node.this, exp.RowNumber):
+            fname = node.this.sql_name() if isinstance(node.this, exp.Func) else type(node.this).__name__
+            raise err(f"window function {fname.upper()}()", "only ROW_NUMBER() OVER (PARTITION BY .. ORDER BY ..) "
+                      "filtered to = 1 by an enclosing query is maintained (dedup); use GROUP BY "
+                      "aggregates for the rest", node, sql)
+        if isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC_NAMES:
+            raise err(f"{node.name}()", "non-deterministic functions have no meaning at a cut", node, sql)
+        if isinstance(node, exp.AggFunc) and type(node) not in AGGREGATES:
+            raise err(f"aggregate {node.sql_name() if hasattr(node, 'sql_name') else type(node).__name__}",
+                      "supported aggregates: SUM, COUNT, COUNT(*), AVG, MIN, MAX (also with DISTINCT "
+                      "and FILTER)", node, sql)
+
+
+def check_relations(ast: exp.Expression, relations: Collection[tuple[str, ...]], sql: str) -> None:
+    """Raise CompileError at the first table of ``ast`` that is neither a CTE name nor one of
+    ``relations`` (the sources' lower-case name parts, e.g. ``("src", "orders")``)."""
+    ctes = {c.alias_or_name.lower() for c in ast.find_all(exp.CTE)}
+    for t in ast.find_all(exp.Table):
+        parts = tuple(p.name.lower() for p in t.parts)
+        if len(parts) == 1 and parts[0] in ctes:
+            continue
+        if parts not in relations:
+            raise err(f"relation {t.sql(dialect='spark')}",
+                      "it is neither a source with meta.consistent_stream nor ref() of a "
+                      "consistent_stream, view or ephemeral model (declare it as a dbt source with "
+                      "meta.consistent_stream, or read it through ref())", t, sql)
+
+
+def resolve(ast: exp.Expression, sources: dict[tuple[str, ...], SourceSpec], schemas: dict[str, list[str]],
+            sql: str) -> exp.Expression:
+    """``ast`` (from :func:`parse`) with every column qualified by its relation's alias
+    (``select oid from src.orders`` -> ``SELECT orders.oid AS oid FROM src.orders AS orders``)
+    and every select-list item named. ``sources``: the sources by their lower-case name parts;
+    ``schemas[source.key]``: their columns.
+
+    Raises CompileError for an unknown relation (:func:`check_relations`) or column.
+    """
+    schema: dict = {}
+    for parts, src in sources.items():
+        d = schema
+        for p in parts[:-1]:
+            d = d.setdefault(p, {})
+        d[parts[-1]] = {c: "string" for c in schemas[src.key]}
+    check_relations(ast, sources, sql)
+    try:
+        return qualify(ast, schema=schema, dialect="spark", quote_identifiers=False,
+                       validate_qualify_columns=True, identify=False)
+    except OptimizeError as e:
+        raise CompileError("column reference", f"{e} (check the column names against the sources)") from e
