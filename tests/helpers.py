@@ -21,20 +21,31 @@ TPCH_PK = {"customer": ["c_custkey"], "orders": ["o_orderkey"], "lineitem": ["l_
            "supplier": ["s_suppkey"], "partsupp": ["ps_partkey", "ps_suppkey"]}
 
 
-def render_model(path: Path) -> tuple[str, dict, list[tuple[str, str]]]:
-    """Render a dbt model's Jinja the way dbt does for source() and config():
-    returns (compiled SQL, config, [(source_name, table)])."""
-    config, used = {}, []
+def render_model(path: Path) -> tuple[str, dict, list[tuple[str, str]], list[str]]:
+    """Render a dbt model's Jinja the way dbt does for source(), ref() and config():
+    returns (compiled SQL, config, [(source_name, table)], [ref'd model]); ``ref(m)``
+    renders as ``tests.m`` (the schema of :func:`job_for`)."""
+    config, used, refs = {}, [], []
 
     def source(s, t):
         used.append((s, t))
         return f"{s}.{t}"
 
+    def ref(m):
+        refs.append(m)
+        return f"tests.{m}"
+
     def cfg(**kw):
         config.update(kw)
         return ""
-    sql = jinja2.Template(path.read_text()).render(source=source, config=cfg)
-    return sql, config, used
+    sql = jinja2.Template(path.read_text()).render(source=source, ref=ref, config=cfg)
+    return sql, config, used, refs
+
+
+def model_ref(name: str, root: Path) -> dict:
+    """The materialization's description of ``ref(name)`` for a model built by :func:`job_for`."""
+    return {"kind": "model", "name": name, "relation": f"tests.{name}", "schema": "tests", "identifier": name,
+            "config": {"location_root": str(root / "targets")}}
 
 
 def expand_macro(path: Path, call: str) -> str:

@@ -21,14 +21,8 @@ from consistent_stream.delta import DeltaTableRef
 from consistent_stream.errors import SourceError
 from consistent_stream.job import run_job
 from consistent_stream.sources import Cut
-from helpers import assert_target_equals_batch_evaluation, job_for
+from helpers import assert_target_equals_batch_evaluation, job_for, model_ref as ref
 from test_properties import Sources, seeded_stream
-
-
-def ref(name: str, root: Path) -> dict:
-    """The materialization's description of ``ref(name)`` for a model built by ``job_for``."""
-    return {"kind": "model", "name": name, "relation": f"tests.{name}", "schema": "tests", "identifier": name,
-            "config": {"location_root": str(root / "targets")}}
 
 
 def base_sources(src: Sources, *names: str) -> list[dict]:

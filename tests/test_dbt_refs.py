@@ -6,6 +6,8 @@ compile time, naming the model and what to do."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 
 import pyarrow as pa
@@ -52,6 +54,12 @@ MODELS = {
               - name: cid
                 data_tests: [unique, not_null]
         """,
+    "tests/cut_views_agree.sql": """
+        -- at one cut, every customer with a positive order has a row in doubled
+        {% set at = consistent_stream_cut(['doubled', 'positive']) %}
+        select p.cid from {{ at['positive'] }} p left join {{ at['doubled'] }} d on d.cid = p.cid
+        where d.cid is null
+        """,
     "models/a_table.sql": """
         {{ config(materialized='table') }}
         select 1 as cid
@@ -96,6 +104,20 @@ def test_ref_chains_through_ephemeral_view_and_consistent_stream_models(spark, t
     meta = DeltaTable(json.load(open(index_path(str(tmp_path), "mart")))["target_path"]).history(1)[0]
     base = json.loads(meta["consistent_stream.base_cut"])
     assert base == {"shop.orders": DeltaTable(str(src)).version()}
+
+    # a new customer reaches positive but not (yet) doubled: read together at one cut, they
+    # are the versions before it, where they agree
+    write_deltalake(str(src), pa.table({"oid": [6], "cid": [9], "amount": [3]}), mode="append")
+    r = dbt(tmp_path, "run", "-s", "positive")
+    assert r.success, messages(r)
+    assert (9, 1) in rows("positive")
+    cli = [sys.executable, "-m", "consistent_stream.cli", "cut", "doubled", "positive", "--project-dir", str(tmp_path)]
+    out = json.loads(subprocess.run(cli, check=True, capture_output=True, text=True).stdout)
+    versions = {m["model"]: m["version"] for m in out["models"]}
+    assert out["base_cut"] == {"shop.orders": DeltaTable(str(src)).version() - 1}
+    assert versions == {"doubled": 1, "positive": 1}
+    r = dbt(tmp_path, "test", "-s", "cut_views_agree")
+    assert r.success, messages(r)
 
     r = dbt(tmp_path, "run", "-s", "+over_table")
     assert not r.success

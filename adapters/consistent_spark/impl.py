@@ -136,6 +136,19 @@ class ConsistentSparkAdapter(SparkAdapter):
         except Exception as exc:
             raise _engine_error("publishing consistent_stream sources for a view", exc) from exc
 
+    @available
+    def consistent_stream_cut(self, models: List[str]) -> Dict[str, str]:
+        """Temporary views of consistent_stream ``models`` at the newest versions that share
+        one base cut (``consistent_stream.cut.register_cut_views``): model -> view name."""
+        spark = self._spark_session()
+        project_root = os.path.abspath(self.config.project_root)
+        try:
+            from consistent_stream.cut import register_cut_views
+
+            return register_cut_views(spark, project_root, list(models))
+        except Exception as exc:
+            raise _engine_error(f"reading models {list(models)} at one cut", exc) from exc
+
 
 def _engine_error(what: str, exc: Exception) -> DbtRuntimeError:
     logger.debug(traceback.format_exc())

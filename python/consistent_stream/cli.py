@@ -1,12 +1,15 @@
 """The ``consistent-stream`` command.
 
     consistent-stream verify MODEL [--project-dir DIR]   # or --target-path PATH
+    consistent-stream cut MODEL [MODEL ...] [--project-dir DIR]
     consistent-stream tpch-generate --sf 0.1 --dir data/tpch
     consistent-stream tpch-refresh --dir data/tpch --round 1
     consistent-stream capture postgres --dsn DSN --tables public.a,public.b --slot NAME --landing DIR
 
 ``verify`` prints one JSON line and exits 1 when the target differs from batch evaluation
-of the model's SQL over the sources at the target's recorded cut, 2 on an error.
+of the model's SQL over the sources at the target's recorded cut, 2 on an error. ``cut``
+prints the newest versions of the models that share one base cut (JSON), 2 when there is
+none.
 """
 from __future__ import annotations
 
@@ -58,6 +61,17 @@ def _cmd_verify(args) -> int:
     return 0 if res.ok else 1
 
 
+def _cmd_cut(args) -> int:
+    from .cut import cut_json, models_at_one_cut
+    try:
+        models = models_at_one_cut(os.path.abspath(args.project_dir), args.models)
+    except ConsistentStreamError as e:
+        print(f"cut: error: {e}", file=sys.stderr)
+        return 2
+    print(cut_json(models))
+    return 0
+
+
 def _cmd_capture_postgres(args) -> int:
     import logging
     from .capture.postgres import CaptureConfig, capture_postgres, summary_json
@@ -84,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--project-dir", default=".", help="the dbt project directory (default: .)")
     v.add_argument("--target-path", default=None, help="the target Delta table (instead of a model lookup)")
     v.set_defaults(func=_cmd_verify)
+    cu = sub.add_parser("cut", help="the newest versions of several models that share one base cut")
+    cu.add_argument("models", nargs="+", help="dbt model names (consistent_stream models)")
+    cu.add_argument("--project-dir", default=".", help="the dbt project directory (default: .)")
+    cu.set_defaults(func=_cmd_cut)
     add_tpch_commands(sub)
     c = sub.add_parser("capture", help="capture a database's changes into a landing directory (Debezium JSON)")
     csub = c.add_subparsers(dest="database", required=True)
