@@ -121,3 +121,54 @@ def test_debezium_source_config_names_the_missing_key(tmp_path):
            "meta": {"format": "debezium", "location": str(tmp_path)}}
     with pytest.raises(ConfigError, match=r"meta.consistent_stream.table is required .* table: public.accounts"):
         SourceSpec.from_dbt(bad, str(tmp_path))
+
+
+def test_chain_over_one_landing_directory_reads_every_table_at_the_upstreams_transaction(spark, tmp_path):
+    """An upstream model over transfers, a downstream joining it with accounts read directly
+    from the same landing directory, while transactions keep landing: the downstream reads
+    accounts at the transaction position its upstream version reflects (one clock), never a
+    newer one, and equals batch evaluation of the chain there."""
+    from helpers import model_ref
+    db = Database()
+    db.execute(f"""create table accounts (id int primary key, branch int, balance bigint);
+                   create table transfers (tid serial primary key, src int, dst int, amount int);
+                   alter table accounts replica identity full; alter table transfers replica identity full;
+                   insert into accounts select g, g % 4, 1000 from generate_series(0, {N_ACCOUNTS - 1}) g;""")
+    landing = str(tmp_path / "landing")
+    cap = start_capture(db.dsn, "public.accounts,public.transfers", "s_chain", landing,
+                        log_path=str(tmp_path / "cap.log"))
+    stop = threading.Event()
+    writer = threading.Thread(target=lambda: [(_transfers(db, 5, i), time.sleep(0.05))
+                                              for i in range(10_000) if not stop.is_set()])
+    try:
+        accounts, transfers = _sources(landing)
+        up = job_for("received", "select dst, count(*) as n, sum(amount) as received from bank.transfers "
+                                 "group by dst", [transfers], None, tmp_path)
+        wait_for(lambda: reader_for(landing).latest_position() > 0, what="the snapshot")
+        writer.start()
+        down = None
+        for round_ in range(3):
+            run_job(spark, up, full_refresh=(round_ == 0))
+            time.sleep(0.3)   # transactions land between the upstream's run and the downstream's
+            wait_for(lambda: reader_for(landing).latest_position() >
+                     json.loads(DeltaTableRef(up.target_path).latest_commit().metadata["cut"])["bank.transfers"],
+                     what="a transaction after the upstream's cut")
+            if down is None:
+                down = job_for("branch_received", "select a.branch, sum(a.balance) as balance, "
+                               "sum(coalesce(u.received, 0)) as received from bank.accounts a "
+                               "left join tests.received u on u.dst = a.id group by a.branch",
+                               [accounts, model_ref("received", tmp_path)], "branch", tmp_path)
+            run_job(spark, down, full_refresh=(round_ == 0))
+            meta = DeltaTableRef(down.target_path).latest_commit().metadata
+            cut, base = json.loads(meta["cut"]), json.loads(meta["base_cut"])
+            up_base = json.loads(DeltaTableRef(up.target_path).commit_at(cut["model.received"]).metadata["base_cut"])
+            assert base["bank.accounts"] == base["bank.transfers"] == up_base["bank.transfers"] \
+                == cut["bank.accounts"], (cut, base, up_base)
+            assert cut["bank.accounts"] < reader_for(landing).latest_position()
+            assert_target_equals_batch_evaluation(spark, down, f"chain round {round_}")
+            assert delta_pandas(down.target_path)["balance"].sum() == N_ACCOUNTS * 1000
+    finally:
+        stop.set()
+        if writer.is_alive():
+            writer.join()
+        stop_capture(cap)

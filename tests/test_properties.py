@@ -83,7 +83,9 @@ SHAPES = {
     "except_all": "select k from src.c except all select k from src.a",
     # subqueries
     "correlated_scalar": "select b.id, b.k, (select count(*) from src.a a where a.k = b.k) as n, "
-                         "(select max(a.x) from src.a a where a.k = b.k) + 1 as mx from src.b b",
+                         "(select max(a.x) from src.a a where a.k = b.k) + 1 as mx, "
+                         "(select count(*) filter (where a.x > 1) from src.a a where a.k = b.k) as n1 "
+                         "from src.b b",
     "scalar_in_where": "select a.id, a.x from src.a a where a.x > (select avg(b.y) from src.b b)",
     # dedup
     "dedup_latest": "select id, k, x, seq from (select a.*, row_number() over "

@@ -238,7 +238,7 @@ class QueryRuntime:
                              source_commit_ms=max(commit_ms.values(), default=0), source_commits=commit_ms,
                              state_version=None, checkpoint_location=self.job.checkpoint_location,
                              strategy=b.metrics.strategy,
-                             cut_lsn=cut_metadata(self.job.sources, end).get("cut_lsn", {}),
+                             cut_lsn=cut_metadata(list(self.sources.values()), end).get("cut_lsn", {}),
                              base_cut=base_cut(list(self.sources.values()), end.versions), unique_key=self.key)
             version, written, rewritten, meta = self._evaluate_and_commit(b, changes, rebuild, meta)  # steps 3-5
         finally:

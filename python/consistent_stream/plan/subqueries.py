@@ -217,9 +217,11 @@ def _scalar_subquery(lw: Lowering, sq: exp.Subquery, current: Node, scope: dict[
                        right_keys=[quote(od[f"__k{n}"]) for n in range(len(eqs))])
 
         def empty(n):
-            if isinstance(n, exp.Count):
+            # the aggregate over no rows (a FILTER clause with it: COUNT(..) FILTER (..) is 0)
+            agg = n.this if isinstance(n, exp.Filter) else n
+            if isinstance(agg, exp.Count):
                 return exp.Literal.number(0)
-            if isinstance(n, exp.AggFunc):
+            if isinstance(agg, exp.AggFunc):
                 return exp.null()
             return n
         empty_sql = value.copy().transform(empty).sql(dialect="spark")

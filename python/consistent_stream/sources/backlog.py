@@ -52,15 +52,16 @@ def plan_cuts(sources: list, start: dict[str, int], end: dict[str, int], *, max_
     if any(start.get(k, INITIAL) == INITIAL for k in keys):
         return [dict(end)]
     by_key = {s.spec.key: s for s in sources}
-    if any(s.spec.format == "model" for s in sources):
+    if not all(s.splits_backlog for s in sources):
         # an intermediate cut would have to be consistent across the DAG too (an upstream
         # version and the base positions it reflects): not split, one batch to the cut
         return [dict(end)]
-    # one event per transaction: Delta sources alone, Debezium tables grouped by directory
+    # one event per transaction: the commits of one clock (a Delta table alone, the tables
+    # of a Debezium landing directory together) at one position are one transaction
     events: dict[tuple, dict] = {}
     for k in keys:
         s = by_key[k]
-        group = s.spec.location if s.spec.format == "debezium" else k
+        group = s.clock
         last_ts = 0
         for c in s.commits(start[k], end[k]):
             ts = max(c.ts_ms, last_ts)  # a table's commits stay in order

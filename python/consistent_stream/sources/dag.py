@@ -26,13 +26,6 @@ upstreams from the same source versions, or of their common ancestors first).
 from __future__ import annotations
 
 from ..errors import SourceError
-from .spec import SourceSpec
-
-
-def clock(spec: SourceSpec) -> str:
-    """The position clock of a base source: its landing directory for Debezium tables (one
-    transaction log), else the source itself."""
-    return f"landing:{spec.location}" if spec.format == "debezium" else f"source:{spec.key}"
 
 
 def aligned_cut(sources: list, newest: dict[str, int]) -> dict[str, int]:
@@ -40,16 +33,17 @@ def aligned_cut(sources: list, newest: dict[str, int]) -> dict[str, int]:
     :class:`~.model.ModelSource`) given each one's ``newest`` position (source key ->
     position). Returns source key -> position. Raises SourceError when no consistent cut
     exists, naming the upstream models and the base cuts of their newest versions."""
+    from .formats import open_source
     from .model import ModelSource
     models = [s for s in sources if isinstance(s, ModelSource)]
     if not models:
         return dict(newest)
     clocks: dict[str, str] = {}                      # base source key -> clock
     for m in models:
-        clocks.update({k: clock(s) for k, s in m.base_sources().items()})
+        clocks.update({k: open_source(s).clock for k, s in m.base_sources().items()})
     for s in sources:
         if not isinstance(s, ModelSource):
-            clocks[s.spec.key] = clock(s.spec)
+            clocks[s.spec.key] = s.clock
 
     def positions(m, version: int) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -532,10 +532,14 @@ class DebeziumSource:
     """One captured table of a landing directory (``format: debezium``), through the
     process-wide :class:`LandingReader` of its directory. Positions are transaction positions;
     the table as of position X is the snapshot plus every change up to X. Everything is read
-    on the driver (the landing reader parses JSON there), the snapshot of a first batch too."""
+    on the driver (the landing reader parses JSON there), the snapshot of a first batch too.
+    Every table of the directory shares its clock (the transaction log); a backlog may end a
+    batch after any transaction."""
+    splits_backlog = True
 
     def __init__(self, spec):
         self.spec = spec
+        self.clock = f"landing:{spec.location}"
         self._reader: LandingReader | None = None
 
     def reader(self, refresh: bool = False, upto: int | None = None) -> LandingReader:
@@ -571,6 +575,11 @@ class DebeziumSource:
     def base_positions(self, position: int) -> dict[str, int]:
         """A base source reflects itself: ``{key: position}``."""
         return {self.spec.key: position}
+
+    def cut_metadata(self, position: int) -> dict[str, dict]:
+        """``cut_lsn``: the landing directory -> the position as a PostgreSQL LSN."""
+        from .landing import format_lsn
+        return {"cut_lsn": {self.spec.location: format_lsn(position)}}
 
     def _changelog(self, views, data: pa.Table, *, change: bool):
         from ..changelog import Changelog

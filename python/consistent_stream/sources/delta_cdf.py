@@ -38,11 +38,14 @@ class SourceChanges:
 
 
 class DeltaSource:
-    """A Delta table with the Change Data Feed on, read through one handle per run."""
+    """A Delta table with the Change Data Feed on, read through one handle per run. Each
+    table is its own clock (its versions), and a backlog may end a batch at any version."""
+    splits_backlog = True
 
     def __init__(self, spec: SourceSpec):
         self.spec = spec
         self.table = DeltaTableRef(spec.location)
+        self.clock = f"source:{spec.key}"
 
     def _require(self) -> DeltaTableRef:
         if not self.table.exists():
@@ -71,6 +74,10 @@ class DeltaSource:
     def base_positions(self, position: int) -> dict[str, int]:
         """A base source reflects itself: ``{key: position}``."""
         return {self.spec.key: position}
+
+    def cut_metadata(self, position: int) -> dict[str, dict]:
+        """Nothing beyond the cut's version."""
+        return {}
 
     def commits(self, start: int, end: int) -> list:
         """The versions in ``(start, end]`` with their commit times and change rows (from the

@@ -33,8 +33,14 @@ from .spec import INITIAL, Cut, SourceSpec
 
 class Source(Protocol):
     """What the engine asks of a source, whatever its format. A Source object lives as long
-    as the run (or the continuous query) and keeps its handles open."""
+    as the run (or the continuous query) and keeps its handles open.
+
+    ``clock``: the transaction clock its positions belong to (sources of one clock are cut
+    at one position together and their commits interleave as one log); ``splits_backlog``:
+    whether a backlog may end a batch at any of its commits (:mod:`.backlog`)."""
     spec: SourceSpec
+    clock: str
+    splits_backlog: bool
 
     def columns(self) -> list[str]: ...
 
@@ -58,6 +64,8 @@ class Source(Protocol):
 
     def base_positions(self, position: int) -> dict[str, int]: ...
 
+    def cut_metadata(self, position: int) -> dict[str, dict]: ...
+
 
 def open_source(spec: SourceSpec) -> Source:
     """The :class:`Source` of ``spec``'s format."""
@@ -76,18 +84,15 @@ def column_names(source: SourceSpec) -> list[str]:
 
 
 def latest_cut(sources: list[Source]) -> dict[str, int]:
-    """The newest consistent cut of ``sources``: Delta's latest version; for Debezium
-    sources the last complete transaction of their landing directory, read once per directory
-    so that all its tables share one transaction-consistent position; with upstream models,
-    the newest cut on which they and the base sources agree (:func:`.dag.aligned_cut`)."""
-    out, landings = {}, {}
+    """The newest consistent cut of ``sources``: each clock's newest position, read once per
+    clock so that all its sources share it (Delta's latest version; for Debezium sources the
+    last complete transaction of their landing directory); with upstream models, the newest
+    cut on which they and the base sources agree (:func:`.dag.aligned_cut`)."""
+    out, clocks = {}, {}
     for s in sources:
-        if s.spec.format == "debezium":
-            if s.spec.location not in landings:
-                landings[s.spec.location] = s.latest_position()
-            out[s.spec.key] = landings[s.spec.location]
-        else:
-            out[s.spec.key] = s.latest_position()
+        if s.clock not in clocks:
+            clocks[s.clock] = s.latest_position()
+        out[s.spec.key] = clocks[s.clock]
     from .dag import aligned_cut
     return aligned_cut(sources, out)
 
@@ -102,10 +107,14 @@ def snapshot_dataframe(spark: SparkSession, source: SourceSpec, position: int) -
     return open_source(source).snapshot_dataframe(spark, position)
 
 
-def cut_metadata(sources: list[SourceSpec], cut: Cut) -> dict:
-    """Extra commit metadata describing ``cut``: ``cut_lsn`` = landing directory -> the cut's
-    LSN in PostgreSQL notation (only when the model reads Debezium sources)."""
-    from .landing import format_lsn
-    lsn = {s.location: format_lsn(cut.versions[s.key]) for s in sources
-           if s.format == "debezium" and cut.versions.get(s.key, INITIAL) >= 0}
-    return {"cut_lsn": lsn} if lsn else {}
+def cut_metadata(sources: list[Source], cut: Cut) -> dict:
+    """Extra commit metadata describing ``cut``, merged from every source's
+    :meth:`Source.cut_metadata` (e.g. ``cut_lsn``: landing directory -> the cut's LSN in
+    PostgreSQL notation, for Debezium sources)."""
+    out: dict[str, dict] = {}
+    for s in sources:
+        position = cut.versions.get(s.spec.key, INITIAL)
+        if position >= 0:
+            for k, v in s.cut_metadata(position).items():
+                out.setdefault(k, {}).update(v)
+    return out

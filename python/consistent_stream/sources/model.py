@@ -50,11 +50,14 @@ def model_spec(name: str, relation: str, target_path: str) -> SourceSpec:
 
 
 class ModelSource(DeltaSource):
-    """An upstream model's target read as a changelog (see the module docstring).
+    """An upstream model's target read as a changelog (see the module docstring). Its clock
+    is its own versions; a backlog is not split (an intermediate cut would have to agree
+    with the upstream version's base cut).
 
-    Beyond :class:`~consistent_stream.sources.formats.Source`: :meth:`base_positions` (the
-    base cut a version reflects), :meth:`versions_newest_first` and :meth:`base_sources`
-    (every base source under the upstream, by key), which the DAG cut rule uses."""
+    Beyond :class:`~consistent_stream.sources.formats.Source`: :meth:`versions_newest_first`,
+    :meth:`base_sources` (every base source under the upstream, by key) and :meth:`job`, which
+    the DAG cut rule and the oracle use."""
+    splits_backlog = False
 
     def __init__(self, spec: SourceSpec):
         super().__init__(spec)
