@@ -55,15 +55,21 @@ def _transfers(db: Database, n: int, seed: int) -> int:
     return last
 
 
-def test_model_over_captured_postgres_tables_equals_batch_evaluation_at_every_cut(spark, tmp_path):
+def _bank(tmp_path, slot: str):
+    """A database with N_ACCOUNTS accounts of 1000 and no transfers, captured into
+    ``tmp_path/landing`` through replication slot ``slot``: (database, landing, capture)."""
     db = Database()
     db.execute(f"""create table accounts (id int primary key, branch int, balance bigint);
                    create table transfers (tid serial primary key, src int, dst int, amount int);
                    alter table accounts replica identity full; alter table transfers replica identity full;
                    insert into accounts select g, g % 4, 1000 from generate_series(0, {N_ACCOUNTS - 1}) g;""")
     landing = str(tmp_path / "landing")
-    cap = start_capture(db.dsn, "public.accounts,public.transfers", "s_model", landing,
-                        log_path=str(tmp_path / "cap.log"))
+    cap = start_capture(db.dsn, "public.accounts,public.transfers", slot, landing, log_path=str(tmp_path / "cap.log"))
+    return db, landing, cap
+
+
+def test_model_over_captured_postgres_tables_equals_batch_evaluation_at_every_cut(spark, tmp_path):
+    db, landing, cap = _bank(tmp_path, "s_model")
     try:
         job = job_for("bank_branches", SQL, _sources(landing), "branch", tmp_path)
         # writes keep going while the model runs: cuts land between transactions, never inside
@@ -129,14 +135,7 @@ def test_chain_over_one_landing_directory_reads_every_table_at_the_upstreams_tra
     accounts at the transaction position its upstream version reflects (one clock), never a
     newer one, and equals batch evaluation of the chain there."""
     from helpers import model_ref
-    db = Database()
-    db.execute(f"""create table accounts (id int primary key, branch int, balance bigint);
-                   create table transfers (tid serial primary key, src int, dst int, amount int);
-                   alter table accounts replica identity full; alter table transfers replica identity full;
-                   insert into accounts select g, g % 4, 1000 from generate_series(0, {N_ACCOUNTS - 1}) g;""")
-    landing = str(tmp_path / "landing")
-    cap = start_capture(db.dsn, "public.accounts,public.transfers", "s_chain", landing,
-                        log_path=str(tmp_path / "cap.log"))
+    db, landing, cap = _bank(tmp_path, "s_chain")
     stop = threading.Event()
     writer = threading.Thread(target=lambda: [(_transfers(db, 5, i), time.sleep(0.05))
                                               for i in range(10_000) if not stop.is_set()])
