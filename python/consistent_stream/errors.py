@@ -33,3 +33,7 @@ class CommitError(ConsistentStreamError):
 
 class UniqueKeyViolation(ConsistentStreamError):
     """The model's output has two rows for one ``unique_key`` value."""
+
+
+class ConcurrentWriterError(ConsistentStreamError):
+    """Another run (another process) is writing the same model now."""

@@ -157,7 +157,17 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
     """Run ``job`` to the cut taken now (trigger available-now) and stop; or, with a
     processing-time trigger, keep running (until ``timeout_s`` when given). Returns the
     run summary (``batches``, ``changes_read``, ``rows_written``, ``seconds``,
-    ``target_version``, ``freshness_s``, ``up_to_date``, ``metrics`` per batch, ...)."""
+    ``target_version``, ``freshness_s``, ``up_to_date``, ``metrics`` per batch, ...).
+
+    The run holds the model's writer lock throughout (:mod:`consistent_stream.sink.lock`):
+    a second run of the model raises ConcurrentWriterError before reading or writing
+    anything."""
+    from .sink.lock import WriterLock
+    with WriterLock(job.checkpoint_location, job.model):
+        return _run_job(spark, job, full_refresh=full_refresh, timeout_s=timeout_s)
+
+
+def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s: float | None) -> dict:
     t0 = time.time()
     sources = {s.key: open_source(s) for s in job.sources}
     cut = Cut(latest_cut(list(sources.values())))
