@@ -45,11 +45,13 @@ class Database:
         return localpg.execute(self.dsn, sql, params)
 
 
-def start_capture(dsn: str, tables: str, slot: str, landing: str, *extra: str, env: dict | None = None,
+def start_capture(dsn: str | None, tables: str, slot: str, landing: str, *extra: str, env: dict | None = None,
                   log_path: str | None = None) -> subprocess.Popen:
-    """``consistent-stream capture postgres`` as a subprocess (stdout: its JSON summary)."""
+    """``consistent-stream capture postgres`` as a subprocess (stdout: its JSON summary);
+    without ``dsn``, no ``--dsn`` (the connection comes from the environment)."""
     err = open(log_path, "ab") if log_path else subprocess.DEVNULL
-    return subprocess.Popen([CLI, "capture", "postgres", "--dsn", dsn, "--tables", tables, "--slot", slot,
+    dsn_args = ["--dsn", dsn] if dsn is not None else []
+    return subprocess.Popen([CLI, "capture", "postgres", *dsn_args, "--tables", tables, "--slot", slot,
                              "--landing", landing, "--flush-interval", "0.1", *extra],
                             stdout=subprocess.PIPE, stderr=err, env={**os.environ, **(env or {})})
 

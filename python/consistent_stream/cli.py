@@ -76,7 +76,8 @@ def _cmd_capture_postgres(args) -> int:
     import logging
     from .capture.postgres import CaptureConfig, capture_postgres, summary_json
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = CaptureConfig(dsn=args.dsn, tables=tuple(t for t in args.tables.split(",") if t.strip()),
+    dsn = args.dsn if args.dsn is not None else os.environ.get("CONSISTENT_STREAM_PG_DSN", "")
+    cfg = CaptureConfig(dsn=dsn, tables=tuple(t for t in args.tables.split(",") if t.strip()),
                         slot=args.slot, landing=args.landing, max_seconds=args.max_seconds,
                         flush_interval_s=args.flush_interval,
                         set_replica_identity_full=args.set_replica_identity_full)
@@ -107,7 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     csub = c.add_subparsers(dest="database", required=True)
     pg = csub.add_parser("postgres", help="PostgreSQL logical replication (wal2json): snapshot, then committed "
                                           "transactions, resumable after a crash")
-    pg.add_argument("--dsn", required=True, help="libpq connection string, e.g. 'host=.. port=.. dbname=.. user=..'")
+    pg.add_argument("--dsn", default=None,
+                    help="libpq connection string, e.g. 'host=.. port=.. dbname=.. user=..' (default: "
+                         "$CONSISTENT_STREAM_PG_DSN, else libpq's PGHOST/PGPORT/PGUSER/PGDATABASE/PGPASSWORD, "
+                         "~/.pgpass or PGSERVICE; keep passwords out of --dsn, where `ps` shows them)")
     pg.add_argument("--tables", required=True, help="comma-separated schema.table names")
     pg.add_argument("--slot", required=True, help="logical replication slot name (created on the first run)")
     pg.add_argument("--landing", required=True, help="landing directory for event files and table schemas")

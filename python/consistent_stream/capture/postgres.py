@@ -111,7 +111,9 @@ def _ts_ms(pg_timestamp: str) -> int:
 
 @dataclass(frozen=True)
 class CaptureConfig:
-    """``dsn``: libpq connection string; ``tables``: ``schema.table`` names; ``slot``: the
+    """``dsn``: libpq connection string (may be empty: libpq then reads ``PGHOST``,
+    ``PGPASSWORD``, ``~/.pgpass``, ``PGSERVICE`` ...; it is never written anywhere, and
+    messages show it with the password redacted); ``tables``: ``schema.table`` names; ``slot``: the
     logical replication slot; ``landing``: the landing directory; ``max_seconds``: stop after
     this many seconds of streaming (None: until SIGTERM/SIGINT); ``flush_interval_s``: how long
     transactions are gathered into one file; ``set_replica_identity_full``: run
@@ -143,6 +145,21 @@ class CaptureSummary:
     seconds: float = 0.0
 
 
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` (libpq key/value string or URI) with its password replaced by ``***``, for
+    messages and logs; a DSN that does not parse is not echoed at all."""
+    from psycopg2.extensions import make_dsn, parse_dsn
+    if not dsn:
+        return ""
+    try:
+        params = parse_dsn(dsn)
+    except Exception:
+        return "<a DSN that libpq cannot parse>"
+    if "password" in params:
+        params["password"] = "***"
+    return make_dsn(**params)
+
+
 def normalize_table(name: str) -> str:
     name = name.strip()
     return name if "." in name else f"public.{name}"
@@ -172,7 +189,8 @@ class PostgresCapture:
             conn.autocommit = True
             return conn
         except psycopg2.Error as e:
-            raise CaptureError(f"cannot connect to PostgreSQL with --dsn {self.cfg.dsn!r}: {e}") from e
+            raise CaptureError(f"cannot connect to PostgreSQL with DSN {redact_dsn(self.cfg.dsn)!r} (and libpq's "
+                               f"PG* environment): {e}") from e
 
     def _describe(self, conn) -> None:
         with conn.cursor() as cur:
@@ -333,7 +351,7 @@ class PostgresCapture:
                 signal.signal(sig, lambda *_: setattr(self, "_stop", True))
             except ValueError:  # not the main thread
                 pass
-        os.makedirs(self.landing, exist_ok=True)
+        os.makedirs(self.landing, mode=0o700, exist_ok=True)  # change data: owner only
         conn = self._connect()
         self._describe(conn)
         for ts in self.schemas.values():
