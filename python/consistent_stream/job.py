@@ -380,7 +380,7 @@ def run_model(spark, *, project_root, schema, identifier, model_name, sql, sourc
     and view models: dbt sources, upstream consistent_stream models (``kind: model``) and
     views (``kind: view``), whose SQL is expanded into the model's here
     (:mod:`consistent_stream.plan.expand`)."""
-    warehouse = spark.conf.get("spark.sql.warehouse.dir", os.path.join(project_root, "spark-warehouse"))
+    warehouse = _warehouse_dir(spark, project_root)
     views = [s for s in sources if s.get("kind") == "view"]
     if views:
         from .plan.expand import expand_view_refs
@@ -395,6 +395,12 @@ def run_model(spark, *, project_root, schema, identifier, model_name, sql, sourc
     return summary
 
 
+def _warehouse_dir(spark, project_root: str) -> str:
+    """The session's ``spark.sql.warehouse.dir`` (Spark's default: ``spark-warehouse`` in the
+    project)."""
+    return spark.conf.get("spark.sql.warehouse.dir", os.path.join(project_root, "spark-warehouse"))
+
+
 def publish_sources(spark, project_root: str, sources: list[dict]) -> list[int]:
     """Entry point of the adapter's view support: publish each dbt source (``{source_name,
     name, relation, meta}``) at its latest version as its relation in Spark's catalog
@@ -402,6 +408,5 @@ def publish_sources(spark, project_root: str, sources: list[dict]) -> list[int]:
     from .sink.catalog import publish_source
     from .sources import SourceSpec
     from .spec import warehouse_path
-    base = warehouse_path(project_root, spark.conf.get("spark.sql.warehouse.dir",
-                                                       os.path.join(project_root, "spark-warehouse")))
+    base = warehouse_path(project_root, _warehouse_dir(spark, project_root))
     return [publish_source(spark, SourceSpec.from_dbt(s, project_root), base) for s in sources]

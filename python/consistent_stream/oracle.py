@@ -17,6 +17,7 @@ from sqlglot import exp
 
 from .sources import Cut, SourceSpec
 from .sources.formats import snapshot_arrow, snapshot_dataframe
+from .sources.model import MODEL_FORMAT
 
 
 def view_name(source: SourceSpec, version: int) -> str:
@@ -44,9 +45,12 @@ def _upstream(source: SourceSpec):
     return open_source(source).job()
 
 
-def _missing(source: SourceSpec, cut: Cut):
-    from .errors import SourceError
-    return SourceError(f"the cut {cut.versions} has no position for source {source.key}")
+def _position(source: SourceSpec, cut: Cut) -> int:
+    """``source``'s position in ``cut``; SourceError when the cut has none."""
+    if source.key not in cut.versions:
+        from .errors import SourceError
+        raise SourceError(f"the cut {cut.versions} has no position for source {source.key}")
+    return cut.versions[source.key]
 
 
 def batch_dataframe(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False):
@@ -66,13 +70,11 @@ def batch_dataframe(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, cha
 def _spark_sql(spark, sql: str, sources: list[SourceSpec], cut: Cut, chain: bool, created: list[str]):
     mapping = {}
     for s in sources:
-        if chain and s.format == "model":
+        if chain and s.format == MODEL_FORMAT:
             up = _upstream(s)
             df, name = _spark_sql(spark, up.sql, up.sources, cut, True, created), f"__cs_chain_{s.name}"
-        elif s.key not in cut.versions:
-            raise _missing(s, cut)
         else:
-            v = cut.versions[s.key]
+            v = _position(s, cut)
             df, name = snapshot_dataframe(spark, s, v), view_name(s, v)
         name = f"{name}_{len(created)}"
         df.createOrReplaceTempView(name)
@@ -98,14 +100,12 @@ def _duckdb_sql(con, sql: str, sources: list[SourceSpec], cut: Cut, chain: bool)
     chain as views of their own SQL)."""
     mapping = {}
     for s in sources:
-        if chain and s.format == "model":
+        if chain and s.format == MODEL_FORMAT:
             up = _upstream(s)
             name = f"__cs_chain_{s.name}"   # one cut: the same model is the same relation
             con.execute(f'CREATE OR REPLACE TEMP VIEW "{name}" AS {_duckdb_sql(con, up.sql, up.sources, cut, True)}')
-        elif s.key not in cut.versions:
-            raise _missing(s, cut)
         else:
-            v = cut.versions[s.key]
+            v = _position(s, cut)
             name = view_name(s, v)
             con.register(name, snapshot_arrow(s, v))
         mapping[s.relation_parts] = name

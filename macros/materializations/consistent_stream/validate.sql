@@ -102,9 +102,26 @@ its data as a dbt source with meta.consistent_stream.
 {% endmacro %}
 
 
-{% macro consistent_stream_source_input(model, node) %}
+{% macro consistent_stream_source_meta(node) %}
+  {#-- A source node's meta.consistent_stream (under meta or config.meta), or none --#}
   {%- set config_meta = node.config.meta if node.config is defined and node.config.meta else {} -%}
-  {%- set stream_meta = node.meta.get('consistent_stream') or config_meta.get('consistent_stream') -%}
+  {%- do return(node.meta.get('consistent_stream') or config_meta.get('consistent_stream')) -%}
+{% endmacro %}
+
+
+{% macro consistent_stream_source_dict(node, stream_meta) %}
+  {#-- The engine's description of a dbt source: {source_name, name, relation, meta} --#}
+  {%- do return({
+      'source_name': node.source_name,
+      'name': node.name,
+      'relation': source(node.source_name, node.name) | string,
+      'meta': stream_meta,
+  }) -%}
+{% endmacro %}
+
+
+{% macro consistent_stream_source_input(model, node) %}
+  {%- set stream_meta = consistent_stream_source_meta(node) -%}
   {%- if not stream_meta -%}
     {%- set msg -%}
 Source '{{ node.source_name }}.{{ node.name }}' (read by consistent_stream model {{ model.name }}) has no
@@ -118,10 +135,5 @@ Source '{{ node.source_name }}.{{ node.name }}' (read by consistent_stream model
     {%- endset -%}
     {%- do exceptions.raise_compiler_error(msg) -%}
   {%- endif -%}
-  {%- do return({
-      'source_name': node.source_name,
-      'name': node.name,
-      'relation': source(node.source_name, node.name) | string,
-      'meta': stream_meta,
-  }) -%}
+  {%- do return(consistent_stream_source_dict(node, stream_meta)) -%}
 {% endmacro %}

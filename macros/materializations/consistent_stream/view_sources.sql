@@ -22,12 +22,9 @@
   {%- for uid in node.depends_on.nodes if uid not in seen -%}
     {%- do seen.append(uid) -%}
     {%- if uid.startswith('source.') -%}
-      {%- set src = graph.sources[uid] -%}
-      {%- set config_meta = src.config.meta if src.config is defined and src.config.meta else {} -%}
-      {%- set stream_meta = src.meta.get('consistent_stream') or config_meta.get('consistent_stream') -%}
+      {%- set stream_meta = consistent_stream_source_meta(graph.sources[uid]) -%}
       {%- if stream_meta -%}
-        {%- do sources.append({'source_name': src.source_name, 'name': src.name,
-                               'relation': source(src.source_name, src.name) | string, 'meta': stream_meta}) -%}
+        {%- do sources.append(consistent_stream_source_dict(graph.sources[uid], stream_meta)) -%}
       {%- endif -%}
     {%- elif graph.nodes.get(uid) is not none and graph.nodes[uid].config.materialized == 'ephemeral' -%}
       {%- do consistent_stream_view_sources(graph.nodes[uid], sources, seen) -%}
