@@ -38,6 +38,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from .changelog import WEIGHT, Views, arrow_to_spark
 from .delta import Commit, DeltaTableRef, Txn
 from .errors import CommitError
+from .faults import fault_point
 from .metrics import BatchMetrics, Phases, counted_jobs
 from .plan import CompiledModel
 from .plan.incremental import BatchEvaluator, PlanTypes, spark_confs
@@ -227,6 +228,7 @@ class QueryRuntime:
         b.views = Views(self.spark)
         try:
             changes, read, commit_ms = self._read_changes(b)               # step 1
+            fault_point("changes_read")
             rebuild = self._choose_strategy(b, read)                        # step 2
             if rebuild:
                 changes = {key: self.sources[key].snapshot(b.views, end.versions[key], cols)
@@ -299,9 +301,11 @@ class QueryRuntime:
                 b.phases.mark("evaluate")
                 # the state first, the target last: the target's commit is the batch's commit point
                 state_version = self.store.commit(b.txn, {"app_id": b.app_id, "batch_id": str(b.batch_id)})
+                fault_point("state_committed")
                 meta = BatchMeta(**{**asdict(meta), "state_version": state_version})
                 b.phases.mark("commit_state")
                 version, written, rewritten = self._commit_target(out, rebuild, b.txn, meta, b.views)
+                fault_point("target_committed")
                 b.phases.mark("commit_target")
         finally:
             ev.close()

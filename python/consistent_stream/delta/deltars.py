@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from ..errors import CommitError, SourceError
+from ..faults import fault_point
 
 META_PREFIX = "consistent_stream."
 
@@ -303,6 +304,7 @@ class DeltaTableRef:
         and replaces its schema with ``schema`` when every file is removed and it differs.
         Returns the new version."""
         schema = plain_arrow(schema.empty_table()).schema
+        fault_point("files_written")
         if not self.exists():
             from deltalake import Schema
             from deltalake.transaction import create_table_with_add_actions

@@ -20,6 +20,7 @@ from urllib.parse import unquote
 from pyspark.sql import SparkSession
 
 from ..delta import DeltaTableRef
+from ..faults import fault_point
 
 SNAPSHOTS = "_consistent_stream/snapshots"
 KEEP = 2
@@ -76,12 +77,14 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
             except OSError:   # another file system (a source outside the warehouse's)
                 shutil.copyfile(os.path.join(table_path, rel), dst)
         os.makedirs(tmp, exist_ok=True)
+        fault_point("publishing")
         os.replace(tmp, snap)
     from pyspark.sql.pandas.types import from_arrow_schema
     from ..delta.deltars import plain_arrow
     spark_schema = from_arrow_schema(plain_arrow(table.arrow_schema(version).empty_table()).schema)
     fq = f"`{schema}`.`{identifier}`"
     spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
+    fault_point("publishing")
     exists = spark.catalog.tableExists(f"{schema}.{identifier}")
     if exists:
         current = spark.table(fq).schema

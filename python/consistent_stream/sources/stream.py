@@ -28,6 +28,7 @@ import os
 
 from pyspark.sql import DataFrame, SparkSession
 
+from ..faults import fault_point
 from .spec import Cut
 
 SCHEMA = "seq bigint, start map<string, bigint>, `end` map<string, bigint>"
@@ -67,6 +68,7 @@ class CutLog:
             os.fsync(f.fileno())
         prev = self._files()
         os.replace(tmp, path)
+        fault_point("cut_planned")
         if prev:
             # Spark's file source orders files by modification time in whole milliseconds (a
             # tie is read in listing order): the new file must be at least 1 ms later

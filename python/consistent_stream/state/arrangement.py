@@ -53,6 +53,7 @@ from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, consolidate_
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta.files import new_dir, write_arrow, write_spark
 from ..errors import CommitError
+from ..faults import fault_point
 from ..spec import STATE_FILE_ROWS
 
 log = logging.getLogger(__name__)
@@ -497,6 +498,7 @@ class StateStore:
                 if arrangement.key:
                     merged = merged.coalesce(1).sortWithinPartitions(*[F.col(f"`{c}`") for c in arrangement.key])
                 written = write_spark(merged, self.path, rel, partition_values={ARRANGEMENT: arrangement.name})
+        fault_point("compacted")
         self.metrics.rows_compacted += rows
         self.metrics.compactions.append({"arrangement": arrangement.name, "into": level, "files": len(targets),
                                          "rows": rows})
