@@ -2,6 +2,7 @@
 nothing applied twice.
 
     .venv/bin/python benchmarks/crash_campaign.py --trials 300 [--seed 1] [--runner engine|dbt]
+        [--restart here|child] [--keep DIR]
 
 Three models over two Delta sources (``orders`` keyed by ``oid``, ``customers`` keyed by
 ``cid``, the Change Data Feed on):
@@ -25,7 +26,9 @@ state compacts every few batches. Each trial:
    either at a named step of the protocol, through the fault-injection point
    ``CONSISTENT_STREAM_FAULT`` (:mod:`consistent_stream.faults`; the points are taken in
    turn, at a random hit), or after a random delay;
-4. restarts: a run of every model without a fault, which must succeed;
+4. restarts: a run of every model without a fault, which must succeed (``--restart here``:
+   ``run_job`` in this process's own Spark session, which only reads what is on disk;
+   ``child``: a new child process like the killed run);
 5. checks every model: each target version committed since the last check equals the
    model's SQL evaluated in batch by DuckDB (upstreams recomputed from their SQL) at the
    base cut it records; the latest version's base cut is the sources' latest versions; and
@@ -528,12 +531,22 @@ def main(argv=None) -> int:
     ap.add_argument("--trials", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--runner", choices=["engine", "dbt"], default="engine")
+    ap.add_argument("--restart", choices=["here", "child"], default="here",
+                    help="restart in this process's Spark session (engine runner; faster) or in a child process "
+                         "like the killed run (always so for the dbt runner)")
     ap.add_argument("--keep", help="keep the working directory here instead of a temporary one")
     args = ap.parse_args(argv)
+    spark = None
+    if args.restart == "here" and args.runner == "engine":
+        import consistent_stream  # noqa: F401  (PYSPARK_PYTHON for the workers)
+        from pyspark.sql import SparkSession
+        spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+                 .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
     root = Path(args.keep or tempfile.mkdtemp(prefix="cs-crash-"))
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    campaign = Campaign(root, args.seed, args.runner)
+    campaign = Campaign(root, args.seed, args.runner, spark=spark)
     campaign.setup()
     for _ in range(args.trials):
         r = campaign.trial()

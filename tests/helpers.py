@@ -71,38 +71,103 @@ def delta_pandas(path: str, version: int | None = None) -> pd.DataFrame:
     return pa.table(DeltaTable(path, version=version).to_pyarrow_table()).to_pandas()
 
 
-def _norm(s: pd.Series) -> pd.Series:
-    vals = s.dropna()
-    if len(vals) and isinstance(vals.iloc[0], decimal.Decimal):
-        return s.map(lambda v: None if v is None or (isinstance(v, float) and np.isnan(v)) else float(v)).astype(float)
-    if pd.api.types.is_numeric_dtype(s) and not pd.api.types.is_bool_dtype(s):
-        return s.astype(float)
-    if len(vals) and isinstance(vals.iloc[0], (datetime.date, datetime.datetime)):
-        s = pd.to_datetime(s)
-    if pd.api.types.is_datetime64_any_dtype(s):
-        return s.dt.strftime("%Y-%m-%d %H:%M:%S").where(s.notna(), None)
-    return s.map(lambda v: None if v is None or (isinstance(v, float) and np.isnan(v)) else str(v))
+def _py(v):
+    """A cell as a plain Python value: None for NULL, NaN and NaT; numpy scalars unwrapped;
+    pandas Timestamps as datetimes; time-zone-aware datetimes as naive UTC (full microsecond
+    precision, nothing truncated). Decimals stay Decimals."""
+    if v is None or v is pd.NaT or (isinstance(v, float) and v != v):
+        return None
+    if isinstance(v, pd.Timestamp):
+        v = v.to_pydatetime()
+    elif isinstance(v, np.generic):
+        v = v.item()
+        if isinstance(v, float) and v != v:
+            return None
+    if isinstance(v, datetime.datetime) and v.tzinfo is not None:
+        v = v.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    return v
 
 
-def assert_same_rows(got: pd.DataFrame, expected: pd.DataFrame, what: str, rtol: float = 1e-9,
-                     atol: float = 1e-9) -> None:
-    """Multiset equality of two results, numbers compared as floats (relative ``rtol``)."""
-    got = got[[c for c in expected.columns]] if set(expected.columns) <= set(got.columns) else got
-    assert list(got.columns) == list(expected.columns), f"{what}: columns {list(got.columns)} != {list(expected.columns)}"
-    assert len(got) == len(expected), f"{what}: {len(got)} rows != {len(expected)} expected"
-    g = pd.DataFrame({c: _norm(got[c]) for c in got.columns})
-    e = pd.DataFrame({c: _norm(expected[c]) for c in expected.columns})
-    keys = list(g.columns)
-    g = g.sort_values(keys, na_position="first").reset_index(drop=True)
-    e = e.sort_values(keys, na_position="first").reset_index(drop=True)
-    for c in keys:
-        a, b = g[c], e[c]
-        if a.dtype == float or b.dtype == float:
-            ok = np.isclose(a.astype(float), b.astype(float), rtol=rtol, atol=atol, equal_nan=True)
-        else:
-            ok = (a == b) | (a.isna() & b.isna())
-        bad = np.flatnonzero(~np.asarray(ok))
-        assert len(bad) == 0, f"{what}: column {c} differs at {len(bad)} rows, first:\n{g.iloc[bad[0]]}\n!=\n{e.iloc[bad[0]]}"
+def _table(data) -> tuple[list[str], list[tuple]]:
+    """(columns, rows as tuples of :func:`_py` values) of an Arrow table or pandas DataFrame."""
+    if isinstance(data, pa.Table):
+        cols = [c.to_pylist() for c in data.columns]
+        return data.column_names, [tuple(_py(v) for v in r) for r in zip(*cols)] if cols else []
+    return list(data.columns), [tuple(_py(v) for v in r) for r in data.itertuples(index=False, name=None)]
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float, decimal.Decimal)) and not isinstance(v, bool)
+
+
+def _sort_key(row: tuple) -> tuple:
+    return tuple((0, "", 0) if v is None else (1, "number", float(v)) if _is_number(v) else
+                 (1, type(v).__name__, v) for v in row)
+
+
+def _same_value(a, b, rtol: float, atol: float) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if _is_number(a) and _is_number(b):
+        if isinstance(a, float) or isinstance(b, float):
+            return bool(np.isclose(float(a), float(b), rtol=rtol, atol=atol))
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def assert_same_rows(got, expected, what: str, rtol: float = 1e-9, atol: float = 1e-9) -> None:
+    """Multiset equality of two results (Arrow tables or pandas DataFrames): the same columns
+    in the same order (none dropped), the same number of rows, and row by row (both sorted)
+    the same values: exact for integers, decimals, strings, booleans, dates and timestamps
+    (to the microsecond; a date never equals a timestamp, a string never a number), to
+    ``rtol``/``atol`` where either side is floating point."""
+    gcols, g = _table(got)
+    ecols, e = _table(expected)
+    assert gcols == ecols, f"{what}: columns {gcols} != {ecols}"
+    assert len(g) == len(e), f"{what}: {len(g)} rows != {len(e)} expected"
+    g.sort(key=_sort_key)
+    e.sort(key=_sort_key)
+    for i, (a, b) in enumerate(zip(g, e)):
+        bad = [c for c, x, y in zip(gcols, a, b) if not _same_value(x, y, rtol, atol)]
+        assert not bad, f"{what}: row {i} (sorted) differs in {bad}:\n{dict(zip(gcols, a))}\n!=\n{dict(zip(ecols, b))}"
+
+
+def _family(t: pa.DataType) -> str:
+    """A type's family across engines: DuckDB widens sums (HUGEINT, DECIMAL(38, s)) and
+    averages decimals as DOUBLE where Spark keeps DECIMAL, so numbers are one family."""
+    if pa.types.is_integer(t) or pa.types.is_decimal(t) or pa.types.is_floating(t):
+        return "number"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    if pa.types.is_date(t):
+        return "date"
+    return str(t)
+
+
+def assert_same_types(target: pa.Schema, spark_schema, duckdb_schema: pa.Schema, what: str) -> None:
+    """The target's column types are Spark's types of the batch evaluation exactly (as Spark
+    reads the Delta table: ``from_arrow_schema``), and DuckDB's in family (:func:`_family`)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+    from consistent_stream.delta.deltars import plain_arrow
+    plain = plain_arrow(target.empty_table()).schema
+    got = [(f.name, f.dataType) for f in from_arrow_schema(plain).fields]
+    want = [(f.name, f.dataType) for f in spark_schema.fields]
+    assert got == want, f"{what}: target types {got} != Spark's {want}"
+    got_f = [(f.name, _family(f.type)) for f in plain]
+    duck_f = [(f.name, _family(f.type)) for f in duckdb_schema]
+    assert got_f == duck_f, f"{what}: target type families {got_f} != DuckDB's {duck_f}"
+
+
+def latest_cut(job) -> dict:
+    """The cut a run of ``job`` started now takes (the engine's rule over its inputs'
+    newest positions; for a Delta source, checked against the table's own latest version)."""
+    from consistent_stream.sources.formats import latest_cut as engine_latest_cut, open_source
+    cut = engine_latest_cut([open_source(s) for s in job.sources])
+    if all(s.format == "delta" for s in job.sources):   # no upstream model to align with
+        assert cut == {s.key: DeltaTable(s.location).version() for s in job.sources}, cut
+    return cut
 
 
 DUCKDB_TOL = {"rtol": 1e-9, "atol": 1e-6}
@@ -110,19 +175,30 @@ DUCKDB_TOL = {"rtol": 1e-9, "atol": 1e-6}
 scale s+4 (0.050081 vs 0.0500806..): compare with DuckDB to 1e-6 absolute."""
 
 
-def assert_target_equals_batch_evaluation(spark, job, label: str = "") -> int:
+def assert_target_equals_batch_evaluation(spark, job, label: str = "", *, at_latest: bool = True) -> int:
     """The central contract on the target's latest commit: it equals the model's SQL evaluated
     in batch over the sources at the recorded base cut (upstream models of a ``ref()`` chain
-    recomputed from their SQL), in Spark and in DuckDB. Returns its rows."""
+    recomputed from their SQL), in Spark and in DuckDB, with the same column types; and
+    (``at_latest``, after a run that should have taken in every change) the recorded cut is
+    the one a run started now would take, so an engine that stalls fails here. Returns the
+    target's rows."""
     from consistent_stream.delta import DeltaTableRef
     from consistent_stream.oracle import batch_dataframe, duckdb_result
+    from consistent_stream.runtime import BatchMeta
     from consistent_stream.sources import Cut
     target = DeltaTableRef(job.target_path)
     commit = target.commit_at(target.latest_version())
-    cut = Cut.from_json(commit.metadata.get("base_cut") or commit.metadata["cut"])
-    got = delta_pandas(job.target_path, commit.version)
-    assert_same_rows(got, batch_dataframe(spark, job.sql, job.sources, cut, chain=True).toPandas(),
-                     f"{label} vs Spark")
-    assert_same_rows(got, duckdb_result(job.sql, job.sources, cut, chain=True), f"{label} vs DuckDB",
-                     **DUCKDB_TOL)
-    return len(got)
+    meta = BatchMeta.from_commit(commit)
+    assert meta is not None, f"{label}: the target's version {commit.version} was not written by consistent_stream"
+    if at_latest:
+        want = latest_cut(job)
+        assert meta.cut == want, (f"{label}: the target's latest version {commit.version} is at cut {meta.cut}, "
+                                  f"the sources are at {want}: changes were not taken in")
+    cut = Cut(meta.base_cut)
+    got = DeltaTable(job.target_path, version=commit.version).to_pyarrow_table()
+    spark_df = batch_dataframe(spark, job.sql, job.sources, cut, chain=True)
+    duck = duckdb_result(job.sql, job.sources, cut, chain=True, arrow=True)
+    assert_same_types(got.schema, spark_df.schema, duck.schema, label)
+    assert_same_rows(got, spark_df.toArrow(), f"{label} vs Spark")
+    assert_same_rows(got, duck, f"{label} vs DuckDB", **DUCKDB_TOL)
+    return got.num_rows

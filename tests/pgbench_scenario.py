@@ -86,6 +86,7 @@ class Outcome:
     spark_checked: int = 0
     foil_violations: int = 0          # versions whose per-table-cut sums differ
     foil_versions: int = 0
+    control_violations: int = 0       # the foil's check with zero skew (one cut): must be 0
     cut_positions: list = field(default_factory=list)
     freshness_s: list = field(default_factory=list)
     final_matches_database: bool = False   # the last version equals PostgreSQL's own sums
@@ -174,16 +175,21 @@ def run(spark, tmp_path, *, seconds: float, clients: int = 4, rate: int | None =
             o.spark_checked += 1
             if _rows(batch_dataframe(spark, m.sql, job.sources, cut).collect()) != got:
                 o.oracle_mismatches += 1
-        # the foil: per-table cuts on the same data
+        # the foil: per-table cuts on the same data; its control: the same construction with
+        # zero skew, which must give one cut and keep the invariant (so the foil's
+        # violations come from the skew, not from how the foil builds or checks its cuts)
         ts = reader.commit_ms(x)
-        per_table = {}
-        for i, s in enumerate(job.sources):
-            limit = ts + i * foil_skew_ms
-            per_table[s.key] = max([t.position for t in txs if t.ts_ms <= limit] + [x])
-        foil = _rows(duckdb_result(m.sql, job.sources, Cut(per_table)).itertuples(index=False))
-        o.foil_versions += 1
-        if not m.consistent(foil):
-            o.foil_violations += 1
+        for skew in (foil_skew_ms, 0):
+            per_table = {}
+            for i, s in enumerate(job.sources):
+                limit = ts + i * skew
+                per_table[s.key] = max([t.position for t in txs if t.ts_ms <= limit] + [x])
+            result = _rows(duckdb_result(m.sql, job.sources, Cut(per_table)).itertuples(index=False))
+            if skew:
+                o.foil_versions += 1
+                o.foil_violations += not m.consistent(result)
+            else:
+                o.control_violations += not m.consistent(result)
     o.seconds = round(time.time() - t0, 1)
     return o
 

@@ -63,21 +63,34 @@ def test_snapshot_plus_streamed_transactions_equal_the_tables(tmp_path):
     cur = conn.cursor()
     rng = random.Random(7)
     committed = 0
+    exists = set(range(1, 501))
+    items_events = {}   # committed transaction i -> its change events on items
     for i in range(60):
+        if i == 30:   # the rest after the snapshot: streamed transactions for the checks below
+            wait_for(lambda: json.load(open(os.path.join(landing, "_capture.json"))).get("snapshot_done")
+                     if os.path.exists(os.path.join(landing, "_capture.json")) else False, what="snapshot")
         a = rng.randint(1, 500)
+        now = set(exists)
+        events = int(a in now)
         cur.execute("update items set price = price + 1.01, qty = qty - 1, ratio = ratio * 2, name = %s, "
                     "active = not active, day = day + 1, at = at + interval '1 second', atz = atz - interval '1 day', "
                     "note = null where id = %s", (f"upd{i}", a))
         cur.execute("insert into moves (item, delta) values (%s, %s)", (a, i))
         if i % 7 == 0:
-            cur.execute("delete from items where id = %s", (rng.randint(1, 500),))
+            d = rng.randint(1, 500)
+            cur.execute("delete from items where id = %s", (d,))
+            events += int(d in now)
+            now.discard(d)
         if i % 11 == 0:
             cur.execute("insert into items (id, price, name) values (%s, 0.01, 'new')", (1000 + i,))
+            events += 1
+            now.add(1000 + i)
         if i % 13 == 0:
             conn.rollback()
         else:
             conn.commit()
             committed += 1
+            exists, items_events[i] = now, events
         cur.execute("insert into ignored values (%s)", (i,))
         conn.commit()
         time.sleep(0.01)
@@ -99,12 +112,21 @@ def test_snapshot_plus_streamed_transactions_equal_the_tables(tmp_path):
     for table in ("items", "moves"):
         cols = [c.name for c in TableSchema.load(schema_path(landing, f"public.{table}")).columns]
         assert _landing_rows(r, f"public.{table}", cols, pos) == _pg_rows(db, table, cols), table
-    # every streamed transaction is whole: its moves insert and its items update are together
+    # every streamed transaction is whole: the transaction of its moves insert (delta = i) has
+    # exactly the items changes transaction i made (an update of a deleted id changes nothing)
     streamed = [t for t in r.transactions() if not t.snapshot]
     assert len(streamed) == summary["transactions"]
+    prev, checked = r.snapshot_position(), 0
     for t in streamed:
-        if t.counts.get("public.moves") == 1 and "public.items" in t.counts:
-            assert t.counts["public.items"] >= 1
+        moves = r.changes("public.moves", prev, t.position, ["delta"]).column("delta").to_pylist()
+        prev = t.position
+        assert len(moves) == t.counts.get("public.moves", 0) <= 1, (t, moves)
+        if moves and moves[0] != -1:   # -1: the marker
+            assert t.counts.get("public.items", 0) == items_events[moves[0]], (t, moves)
+            checked += 1
+        else:
+            assert "public.items" not in t.counts, t
+    assert checked >= 20, checked
     assert all(b.position > a.position for a, b in zip(r.transactions(), r.transactions()[1:]))
     assert r.snapshot_position() < streamed[0].position
 
@@ -142,7 +164,7 @@ def test_capture_killed_with_sigkill_resumes_without_loss_or_duplicates(tmp_path
              json.load(open(os.path.join(landing, "_capture.json"))).get("snapshot_done"), what="snapshot")
     w.start()
     if how == "random_sigkill":
-        time.sleep(1.0 + random.random())
+        time.sleep(1.0 + random.Random(11).random())
         cap.send_signal(signal.SIGKILL)
     cap.wait(timeout=60)
     assert cap.returncode == -signal.SIGKILL

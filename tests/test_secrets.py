@@ -62,7 +62,9 @@ def test_a_planted_password_is_found_nowhere(spark, tmp_path):
                         log_path=str(tmp_path / "capture.log"))
     try:
         wait_for(lambda: reader_for(landing).latest_position() > 0, what="the snapshot")
+        p0 = reader_for(landing).latest_position()
         db.execute("update items set v = v + 1 where id < 5")
+        wait_for(lambda: reader_for(landing).latest_position() > p0, what="the update to land")
         sources = [{"source_name": "pg", "name": "items", "relation": "pg.items",
                     "meta": {"format": "debezium", "location": landing, "table": "public.items",
                              "primary_key": ["id"]}}]

@@ -26,10 +26,15 @@ def view_name(source: SourceSpec, version: int) -> str:
 
 def rewrite_relations(sql: str, mapping: dict[tuple[str, ...], str], dialect: str = "spark") -> str:
     """Replace every table reference whose (lower-cased) parts are in ``mapping`` by the
-    unqualified name ``mapping[parts]``, keeping its alias. Returns SQL in ``dialect``."""
+    unqualified name ``mapping[parts]``, keeping its alias. Returns SQL in ``dialect``.
+
+    Spark's ``date_add``/``date_sub`` return a DATE; sqlglot writes them for DuckDB as
+    ``DATE + INTERVAL``, a TIMESTAMP there, so for DuckDB they are cast back to DATE."""
     ast = sqlglot.parse_one(sql, read="spark")
 
     def fn(n):
+        if dialect == "duckdb" and isinstance(n, exp.TsOrDsAdd) and not isinstance(n.parent, exp.Cast):
+            return exp.cast(n.copy(), exp.DataType.build("date"))
         if isinstance(n, exp.Table):
             parts = tuple(p.name.lower() for p in n.parts)
             if parts in mapping:
@@ -83,14 +88,16 @@ def _spark_sql(spark, sql: str, sources: list[SourceSpec], cut: Cut, chain: bool
     return spark.sql(rewrite_relations(sql, mapping))
 
 
-def duckdb_result(sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False):
-    """The model's SQL evaluated by DuckDB over the sources at ``cut``, as a pandas DataFrame;
-    with ``chain``, upstream models recomputed (by DuckDB) at base cut ``cut``."""
+def duckdb_result(sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False, arrow: bool = False):
+    """The model's SQL evaluated by DuckDB over the sources at ``cut``, as a pandas DataFrame
+    (``arrow``: a pyarrow Table, DuckDB's own types); with ``chain``, upstream models
+    recomputed (by DuckDB) at base cut ``cut``."""
     import duckdb
 
     con = duckdb.connect()
     try:
-        return con.execute(_duckdb_sql(con, sql, sources, cut, chain)).df()
+        query = _duckdb_sql(con, sql, sources, cut, chain)
+        return con.sql(query).to_arrow_table() if arrow else con.execute(query).df()
     finally:
         con.close()
 

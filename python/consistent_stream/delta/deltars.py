@@ -67,6 +67,13 @@ class DataFile:
         return RemoveAction(self.path, True, int(time.time() * 1000), self.size, dict(self.partition_values))
 
 
+def arrow_schema(schema) -> pa.Schema:
+    """A Spark schema (``StructType``) in Arrow as Delta stores it: a TIMESTAMP is
+    UTC-adjusted microseconds (``timestamp[us, tz=UTC]``), every other type as pyspark maps it."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    return to_arrow_schema(schema, timezone="UTC")
+
+
 def plain_arrow(table: pa.Table) -> pa.Table:
     """Cast Arrow view and large string/binary types (delta-rs emits views, and rejects
     some of what Spark emits) to plain string/binary."""

@@ -171,5 +171,6 @@ def write_spark(df: DataFrame, table_path: str, rel_dir: str, *, partition_by: l
 
 
 def _arrow_schema(df: DataFrame) -> pa.Schema:
-    from pyspark.sql.pandas.types import to_arrow_schema
-    return to_arrow_schema(df.schema)
+    """``df``'s schema in Arrow; a TIMESTAMP is UTC-adjusted microseconds, as Delta stores it."""
+    from .deltars import arrow_schema
+    return arrow_schema(df.schema)

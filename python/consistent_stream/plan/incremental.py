@@ -226,9 +226,9 @@ class BatchEvaluator:
         uris = [as_uri(os.path.join(self.scratch, f.path)) for f in files]
         if not self.rebuild and n <= self.max_driver_rows:
             import pyarrow.dataset as pads
-            from pyspark.sql.pandas.types import to_arrow_schema
+            from ..delta.deltars import arrow_schema
             data = pads.dataset([os.path.join(self.scratch, f.path) for f in files], format="parquet",
-                                schema=to_arrow_schema(df.schema)).to_table()
+                                schema=arrow_schema(df.schema)).to_table()
             return Changelog.of_arrow(self.views, data, schema=df.schema)
         return Changelog.of_frame(self.views, self.spark.read.schema(df.schema).parquet(*uris), rows=n)
 
@@ -258,8 +258,8 @@ class BatchEvaluator:
         out_schema = StructType(list(schema.fields) + [StructField(WEIGHT, LongType(), True)])
         if sql is None:
             import pyarrow as pa
-            from pyspark.sql.pandas.types import to_arrow_schema
-            return Changelog.of_arrow(self.views, pa.Table.from_batches([], schema=to_arrow_schema(out_schema)),
+            from ..delta.deltars import arrow_schema
+            return Changelog.of_arrow(self.views, pa.Table.from_batches([], schema=arrow_schema(out_schema)),
                                       schema=out_schema, consolidated=True)
         ch = self.materialize(sql, out_schema)
         ch.consolidated = True

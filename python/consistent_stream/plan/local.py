@@ -119,8 +119,8 @@ class LocalEngine:
         except NotLocal as e:
             log.debug("query runs on Spark: %s", e)
             return None
-        from pyspark.sql.pandas.types import to_arrow_schema
-        target = to_arrow_schema(schema)
+        from ..delta.deltars import arrow_schema
+        target = arrow_schema(schema)
         try:
             for sig in divisions - self._divisions:
                 SparkDivision.register(self.con, sig)

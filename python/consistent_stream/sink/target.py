@@ -185,8 +185,8 @@ def commit_rebuild(target: DeltaTableRef, output: DataFrame, *, unique_key: list
     if target.exists():
         target.refresh()
         removes = _current_files(target)
-    from pyspark.sql.pandas.types import to_arrow_schema
-    schema = to_arrow_schema(output.select(*[F.col(f"`{c}`") for c in data_cols]).schema)
+    from ..delta.deltars import arrow_schema
+    schema = arrow_schema(output.select(*[F.col(f"`{c}`") for c in data_cols]).schema)
     version = target.commit_files(files, removes, schema=schema, txn=txn, metadata=metadata,
                                   partition_by=partition_by,
                                   configuration={"delta.enableChangeDataFeed": "true"})

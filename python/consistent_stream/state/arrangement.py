@@ -545,5 +545,5 @@ def _string():
 
 
 def _arrow_schema(schema: StructType) -> pa.Schema:
-    from pyspark.sql.pandas.types import to_arrow_schema
-    return to_arrow_schema(schema)
+    from ..delta.deltars import arrow_schema
+    return arrow_schema(schema)
