@@ -199,7 +199,10 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
     _plan(job, cuts, planner_sources, target, cut)
 
     results: list[BatchResult] = []
+    folded = _no_totals()   # results dropped from ``results`` (a long continuous run)
     failure: list[BaseException] = []
+    from .sink.maintenance import Maintenance
+    maintenance = Maintenance(job)
     stopping = threading.Event()  # no new batch starts (timeout_s reached, or the run ends)
     timed_out = threading.Event()
 
@@ -213,7 +216,12 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
             # batch only when that file is gone
             planned = cuts.read(batch_id) or CutLog.batch_cut(batch_df)
             if planned is not None:
-                results.append(process_batch(runtime, _query_id(job), batch_id, *planned))
+                result = process_batch(runtime, _query_id(job), batch_id, *planned)
+                results.append(result)
+                if len(results) > KEEP_BATCH_RESULTS:
+                    _fold(folded, results.pop(0))
+                if not result.skipped:  # the batch is committed: logs, old versions, files it superseded
+                    maintenance.after_batch(batch_id, runtime.last.state_version if runtime.last else None)
         except BaseException as e:  # surfaced after the query stops, with our message
             failure.append(e)
             raise
@@ -281,7 +289,7 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
     if committed and version is not None:
         c = target.latest_commit()
         freshness = _freshness(target, BatchMeta.from_commit(c), c.timestamp_ms)
-    summary = _summary(job, t0, results, cut, version, freshness, full_refresh, key)
+    summary = _summary(job, t0, results, cut, version, freshness, full_refresh, key, folded=folded)
     summary["progress"] = progress
     return summary
 
@@ -347,27 +355,51 @@ def _publish(spark: SparkSession, job: JobSpec, target, version: int) -> None:
     publish(spark, job.schema, job.identifier, job.target_path, version, job.partition_by)
 
 
+KEEP_BATCH_RESULTS = 1000
+"""A run keeps the results of its last this many batches (the summary's ``metrics``); older
+ones only count in the summary's totals, so a continuous run's driver memory does not grow
+with the number of its batches."""
+_METRICS = ("spark_jobs", "state_rows_read", "state_files_read", "state_rows_compacted", "target_rows_rewritten")
+
+
+def _fold(acc: dict, r: BatchResult) -> dict:
+    """Add batch result ``r`` to the running totals ``acc`` (see :func:`_summary`)."""
+    if r.skipped:
+        acc["skipped_batches"] += 1
+        return acc
+    acc["batches"] += 1
+    acc["changes_read"] += r.changes_read
+    acc["rows_written"] += r.rows_written
+    acc["strategies"].add(r.metrics.strategy)
+    for k in _METRICS:
+        acc["totals"][k] += getattr(r.metrics, k)
+    for p, s in r.metrics.phases.items():
+        acc["totals"]["phases"][p] = round(acc["totals"]["phases"].get(p, 0.0) + s, 3)
+    return acc
+
+
+def _no_totals() -> dict:
+    return {"batches": 0, "skipped_batches": 0, "changes_read": 0, "rows_written": 0, "strategies": set(),
+            "totals": {**{k: 0 for k in _METRICS}, "phases": {}}}
+
+
 def _summary(job: JobSpec, t0: float, results: list[BatchResult], cut: Cut, version, freshness,
-             full_refresh: bool, key, up_to_date: bool = False) -> dict:
+             full_refresh: bool, key, up_to_date: bool = False, folded: dict | None = None) -> dict:
+    """The run summary of ``results`` (plus ``folded``: the totals of older results the run
+    dropped, see ``KEEP_BATCH_RESULTS``)."""
+    import copy
+    acc = copy.deepcopy(folded) if folded else _no_totals()
+    for r in results:
+        _fold(acc, r)
     committed = [r for r in results if not r.skipped]
-    totals: dict = {"spark_jobs": 0, "state_rows_read": 0, "state_files_read": 0, "state_rows_compacted": 0,
-                    "target_rows_rewritten": 0, "phases": {}}
-    for r in committed:
-        m = r.metrics
-        for k in ("spark_jobs", "state_rows_read", "state_files_read", "state_rows_compacted",
-                  "target_rows_rewritten"):
-            totals[k] += getattr(m, k)
-        for p, s in m.phases.items():
-            totals["phases"][p] = round(totals["phases"].get(p, 0.0) + s, 3)
     return {
-        "model": job.model, "batches": len(committed), "skipped_batches": len(results) - len(committed),
-        "changes_read": sum(r.changes_read for r in committed),
-        "rows_written": sum(r.rows_written for r in committed),
+        "model": job.model, "batches": acc["batches"], "skipped_batches": acc["skipped_batches"],
+        "changes_read": acc["changes_read"], "rows_written": acc["rows_written"],
         "seconds": round(time.time() - t0, 3), "target_version": version, "target_path": job.target_path,
         "cut": cut.versions, "freshness_s": freshness, "full_refresh": bool(full_refresh),
         "unique_key": key, "up_to_date": up_to_date,
-        "strategies": sorted({r.metrics.strategy for r in committed}),
-        "totals": totals,
+        "strategies": sorted(acc["strategies"]),
+        "totals": acc["totals"],
         "metrics": [{"batch_id": r.batch_id, "seconds": round(r.seconds, 3), "changes_read": r.changes_read,
                      **r.metrics.to_dict()} for r in committed],
     }

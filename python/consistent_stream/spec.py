@@ -16,6 +16,17 @@ STATE_FILE_ROWS = 1_000_000
 """Default ``state_file_rows``: rows per state (and rebuilt target) file."""
 MAX_BATCH_ROWS = 500_000
 """Default ``max_batch_rows``: source change rows above which a backlog is split."""
+LOG_RETENTION_HOURS = 720.0
+"""Default ``log_retention_hours``: the target's log entries are kept this long (Delta's
+``delta.logRetentionDuration``, 30 days); see :mod:`consistent_stream.sink.maintenance`."""
+DELETED_FILE_RETENTION_HOURS = 168.0
+"""Default ``deleted_file_retention_hours``: the target's superseded data files and Change
+Data Feed files are kept this long (Delta's ``delta.deletedFileRetentionDuration``, 7 days)."""
+STATE_RETENTION_VERSIONS = 2
+"""Default ``state_retention_versions``: state table versions kept (the newest ones)."""
+CHECKPOINT_INTERVAL = 100
+"""Default ``checkpoint_interval``: commits between Delta checkpoints (delta-rs' default
+``delta.checkpointInterval``)."""
 
 
 def _as_list(value, key: str) -> list[str]:
@@ -88,7 +99,9 @@ class JobSpec:
     rebuilt target) file; ``max_batch_rows``: source change rows above which a backlog is
     split into several micro-batches; ``local_engine``: where change-sized delta queries
     over driver-side relations run, ``duckdb`` (in-process, exact or not at all, see
-    :mod:`consistent_stream.plan.local`) or ``spark`` (always as Spark jobs)."""
+    :mod:`consistent_stream.plan.local`) or ``spark`` (always as Spark jobs).
+    ``log_retention_hours``, ``deleted_file_retention_hours``, ``state_retention_versions``,
+    ``checkpoint_interval``: what table maintenance keeps (:mod:`.sink.maintenance`)."""
     model: str
     schema: str
     identifier: str
@@ -103,6 +116,10 @@ class JobSpec:
     state_file_rows: int = STATE_FILE_ROWS
     max_batch_rows: int = MAX_BATCH_ROWS
     local_engine: str = "duckdb"
+    log_retention_hours: float = LOG_RETENTION_HOURS
+    deleted_file_retention_hours: float = DELETED_FILE_RETENTION_HOURS
+    state_retention_versions: int = STATE_RETENTION_VERSIONS
+    checkpoint_interval: int = CHECKPOINT_INTERVAL
 
     @property
     def spec_path(self) -> str:
@@ -155,6 +172,13 @@ class JobSpec:
         file_rows = _number(config, "state_file_rows", STATE_FILE_ROWS, int, model_name, low=1)
         batch_rows = _number(config, "max_batch_rows", MAX_BATCH_ROWS, int, model_name, low=1)
         local_engine = str(config.get("local_engine") or "duckdb").lower()
+        retention = dict(
+            log_retention_hours=_number(config, "log_retention_hours", LOG_RETENTION_HOURS, float, model_name, low=0.0),
+            deleted_file_retention_hours=_number(config, "deleted_file_retention_hours", DELETED_FILE_RETENTION_HOURS,
+                                                 float, model_name, low=0.0),
+            state_retention_versions=_number(config, "state_retention_versions", STATE_RETENTION_VERSIONS, int,
+                                             model_name, low=1),
+            checkpoint_interval=_number(config, "checkpoint_interval", CHECKPOINT_INTERVAL, int, model_name, low=1))
         if local_engine not in ("duckdb", "spark"):
             raise ConfigError(f"model {model_name}: config local_engine must be 'duckdb' or 'spark', "
                               f"got {config.get('local_engine')!r}")
@@ -165,4 +189,5 @@ class JobSpec:
         return JobSpec(model=model_name, schema=schema, identifier=identifier, sql=sql, sources=srcs,
                        unique_key=unique_key, target_path=target, checkpoint_location=os.path.normpath(ckpt),
                        partition_by=partition_by, trigger=trigger, recompute_threshold=threshold,
-                       state_file_rows=file_rows, max_batch_rows=batch_rows, local_engine=local_engine)
+                       state_file_rows=file_rows, max_batch_rows=batch_rows, local_engine=local_engine,
+                       **retention)

@@ -1,0 +1,372 @@
+"""Table maintenance of a model: what a long run keeps on disk, and what it deletes.
+
+Every micro-batch commits one version of the target and one of the state table, writes a cut
+file and a scratch directory; left alone, the Delta logs, the superseded data files and the
+Change Data Feed files grow with the run's history. A *maintenance pass* (:func:`maintain`),
+run by the model's one writer after a committed batch (the first of a run, then every
+``EVERY_BATCHES`` batches or ``EVERY_SECONDS`` seconds, see :class:`Maintenance`), keeps:
+
+* the target (read by ``ref()`` downstream through its Change Data Feed, by time travel, by
+  the catalog's snapshot of a version): everything Delta's own retention keeps. Log entries
+  (commit files, old checkpoints) are deleted once older than ``log_retention_hours`` (Delta's
+  ``delta.logRetentionDuration``, 30 days), and only below a checkpoint, so every version from
+  that checkpoint on stays readable; data files removed from the table, and Change Data Feed
+  files, are deleted once removed (written) longer than ``deleted_file_retention_hours`` ago
+  (``delta.deletedFileRetentionDuration``, 7 days). A downstream model must consume a version
+  within those windows, as with any Delta table. The target gets no commit from maintenance:
+  the files are deleted directly (delta-rs' VACUUM would commit "VACUUM START/END" versions,
+  and the target's newest commit must be a batch's, which the protocol reads);
+* the state table (internal: only the model's writer reads it, at the version the target's
+  last commit records): the versions from the ``state_retention_versions``-th newest up to
+  that one. A crashed batch's replay reads the state at the version the target's last commit
+  recorded, and finds the target's txn there; both are kept, and nothing newer than the
+  target's last commit is touched (a pass runs after the target commit, before the next batch
+  starts, under the model's writer lock). Files of older versions, and files no version
+  references (a crashed attempt's), are vacuumed (delta-rs, ``full``), and the log below the
+  newest checkpoint at or under the oldest kept version is deleted. Its tombstones expire
+  from its checkpoints after ``STATE_TOMBSTONE_RETENTION`` (a table property set once), so
+  its checkpoints stay the size of its live files;
+* Delta checkpoints: delta-rs writes one every ``delta.checkpointInterval`` commits (100, its
+  default, which we keep: our handles follow a table by reading only the newer commits, so a
+  full log replay from the last checkpoint happens only when a run opens a table, and a
+  checkpoint rewrites every live file's entry); a pass writes one when the newest is more
+  than ``checkpoint_interval`` versions old (a table written by a writer without that hook);
+* scratch directories of batches before the running one (left by a crashed batch).
+
+Spark's checkpoint is Spark's own business: it keeps the last
+``spark.sql.streaming.minBatchesToRetain`` (100) batches' offsets and commits, and the cut
+files are deleted by the file source once processed (``cleanSource``).
+
+Only local file systems are cleaned (URIs get checkpoints only, logged once).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from urllib.parse import unquote
+
+log = logging.getLogger(__name__)
+
+EVERY_BATCHES = 10
+"""A running model's maintenance pass runs after the first committed batch of a run, then
+after every this many committed batches ..."""
+EVERY_SECONDS = 60.0
+"""... or once this many seconds passed since the previous pass, whichever comes first."""
+STATE_TOMBSTONE_RETENTION = "interval 1 hours"
+"""The state table's ``delta.deletedFileRetentionDuration``: how long its removed files stay
+listed (as tombstones) in its checkpoints. Maintenance vacuums them long before."""
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What a model keeps (see the module docstring). Hours may be fractions."""
+    log_retention_hours: float = 720.0
+    deleted_file_retention_hours: float = 168.0
+    state_retention_versions: int = 2
+    checkpoint_interval: int = 100
+
+
+@dataclass
+class MaintenanceReport:
+    """What one pass did: files deleted per kind, checkpoints written, seconds taken."""
+    seconds: float = 0.0
+    checkpoints: int = 0
+    target_log_files: int = 0
+    target_data_files: int = 0
+    target_cdc_files: int = 0
+    state_log_files: int = 0
+    state_data_files: int = 0
+    scratch_dirs: int = 0
+    errors: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _fs_path(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def _log_name(version: int, suffix: str) -> str:
+    return f"{version:020d}.{suffix}"
+
+
+def _last_checkpoint(table: str) -> int | None:
+    """The version of the table's newest checkpoint (``_delta_log/_last_checkpoint``), or None."""
+    try:
+        with open(os.path.join(_fs_path(table), "_delta_log", "_last_checkpoint")) as f:
+            return int(json.load(f)["version"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def ensure_checkpoint(dt, interval: int) -> bool:
+    """Write a checkpoint of ``dt`` (a deltalake DeltaTable, at its latest version) when its
+    newest is more than ``interval`` versions old. Returns whether one was written."""
+    last = _last_checkpoint(dt.table_uri) if _local(dt.table_uri) else None
+    if last is not None and dt.version() - last < interval:
+        return False
+    if last is None and dt.version() < interval:
+        return False
+    dt.create_checkpoint()
+    return True
+
+
+class LogCleaner:
+    """Deletes a table's log entries below a checkpoint, oldest first; remembers how far it
+    got, so a pass stats only the entries it may delete (never lists a long log twice)."""
+
+    def __init__(self, table: str):
+        self.log_dir = os.path.join(_fs_path(table), "_delta_log")
+        self.floor: int | None = None   # the lowest version whose entries may still exist
+
+    def _lowest(self) -> int:
+        versions = [int(n[:20]) for n in os.listdir(self.log_dir) if n[:20].isdigit() and n.endswith(".json")]
+        return min(versions) if versions else 0
+
+    def clean(self, keep_version: int, cutoff_s: float | None) -> int:
+        """Delete the entries (commit files, checkpoints, checksums) of the versions below
+        ``c``, the newest checkpoint at or below ``keep_version`` whose commit file is older
+        than ``cutoff_s`` (seconds since epoch; None: any age). Every version from ``c`` on stays
+        readable. Returns the number of files deleted."""
+        if self.floor is None:
+            self.floor = self._lowest()
+        c, v = None, self.floor
+        while v <= keep_version:
+            try:
+                mtime = os.stat(os.path.join(self.log_dir, _log_name(v, "json"))).st_mtime
+            except FileNotFoundError:
+                mtime = None
+            if cutoff_s is not None and mtime is not None and mtime >= cutoff_s:
+                break
+            if os.path.exists(os.path.join(self.log_dir, _log_name(v, "checkpoint.parquet"))):
+                c = v
+            v += 1
+        if c is None or c <= self.floor:
+            return 0
+        deleted = 0
+        for old in range(self.floor, c):
+            for suffix in ("json", "crc", "checkpoint.parquet"):
+                try:
+                    os.remove(os.path.join(self.log_dir, _log_name(old, suffix)))
+                    deleted += 1
+                except FileNotFoundError:
+                    pass
+        self.floor = c
+        return deleted
+
+
+class Tombstones:
+    """A table's removed files still listed in its log: relative path (decoded) -> removal time
+    (ms since epoch). Read from its newest checkpoint (again only when a newer one is written)
+    and the commit files after it (each read once). Only a single-file checkpoint is read
+    (ValueError for another kind)."""
+
+    def __init__(self, table: str):
+        self.log_dir = os.path.join(_fs_path(table), "_delta_log")
+        self.checkpoint: int | None = None
+        self.next_version = 0
+        self.removed: dict[str, int] = {}
+
+    def refresh(self) -> dict[str, int]:
+        import pyarrow.parquet as pq
+        with open(os.path.join(self.log_dir, "_last_checkpoint")) as f:
+            last = json.load(f)
+        version = int(last["version"])
+        if last.get("parts"):
+            raise ValueError(f"multi-part checkpoint {version} in {self.log_dir}")
+        if version != self.checkpoint:
+            cp = pq.read_table(os.path.join(self.log_dir, _log_name(version, "checkpoint.parquet")),
+                               columns=["remove"])
+            self.removed = {unquote(r["path"]): int(r.get("deletionTimestamp") or 0)
+                            for r in cp.column("remove").to_pylist() if r is not None}
+            self.checkpoint, self.next_version = version, version + 1
+        while True:
+            try:
+                with open(os.path.join(self.log_dir, _log_name(self.next_version, "json"))) as f:
+                    lines = f.readlines()
+            except FileNotFoundError:
+                break
+            for line in lines:
+                a = json.loads(line)
+                if "remove" in a:
+                    self.removed[unquote(a["remove"]["path"])] = int(a["remove"].get("deletionTimestamp") or 0)
+                elif "add" in a:
+                    self.removed.pop(unquote(a["add"]["path"]), None)
+            self.next_version += 1
+        return self.removed
+
+
+def vacuum_target(dt, retention_hours: float, now_s: float, tombstones: Tombstones | None = None) -> tuple[int, int]:
+    """Delete the target's data files removed more than ``retention_hours`` ago and its Change
+    Data Feed files written more than ``retention_hours`` ago, without a commit (``dt``: a
+    deltalake DeltaTable at its latest version; files of that version are never deleted;
+    ``tombstones``: a :class:`Tombstones` kept across passes). Returns ``(data files, CDF
+    files)`` deleted."""
+    root = _fs_path(dt.table_uri)
+    if _last_checkpoint(root) is None:
+        return 0, 0   # fewer than checkpoint_interval commits: too few removed files to matter
+    tombstones = tombstones or Tombstones(root)
+    cutoff_ms = (now_s - retention_hours * 3600.0) * 1000.0
+    live = {unquote(p) for p in dt.get_add_actions(flatten=True).column("path").to_pylist()}
+    data = 0
+    removed = tombstones.refresh()
+    for path, removed_ms in list(removed.items()):
+        if removed_ms < cutoff_ms and path not in live:
+            try:
+                os.remove(os.path.join(root, path))
+                data += 1
+            except FileNotFoundError:
+                pass
+            del removed[path]   # gone: not tried again (a newer checkpoint may list it until it expires)
+    cdc = 0
+    for dirpath, _, names in os.walk(os.path.join(root, "_change_data")):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            try:
+                if os.stat(p).st_mtime * 1000.0 < cutoff_ms:
+                    os.remove(p)
+                    cdc += 1
+            except FileNotFoundError:
+                pass
+    return data, cdc
+
+
+def vacuum_state(dt, keep_from: int, keep_to: int) -> int:
+    """Delete every file of the state table (``dt``, a deltalake DeltaTable) that no version in
+    ``[keep_from, keep_to]`` references: superseded files and a crashed attempt's files (a full
+    vacuum, listed by delta-rs and deleted here, so the state gets no VACUUM commit). Only
+    safe between batches, under the model's writer lock. Returns the files deleted."""
+    root = _fs_path(dt.table_uri)
+    files = dt.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False, full=True,
+                      keep_versions=list(range(max(0, keep_from), keep_to + 1)))
+    deleted = 0
+    for f in files:
+        p = f if os.path.isabs(f) else os.path.join(root, unquote(f))
+        try:
+            os.remove(_fs_path(p))
+            deleted += 1
+        except FileNotFoundError:
+            pass
+    return deleted
+
+
+def clean_scratch(checkpoint_location: str, before_batch: int) -> int:
+    """Remove ``<checkpoint>/scratch/<batch>`` directories of batches before ``before_batch``
+    (left by a batch that crashed). Returns how many."""
+    d = os.path.join(checkpoint_location, "scratch")
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return 0
+    n = 0
+    for name in names:
+        if name.isdigit() and int(name) < before_batch:
+            shutil.rmtree(os.path.join(d, name), ignore_errors=True)
+            n += 1
+    return n
+
+
+class Maintenance:
+    """The maintenance of one model for one run: decides when a pass is due and runs it with
+    handles (and log positions) kept across passes.
+
+    ``after_batch(batch_id, state_version)`` is called once a batch is committed (the target
+    holds it); it returns the pass's :class:`MaintenanceReport`, or None when no pass was due.
+    A pass never raises: a failure is logged and reported, the committed batch stands."""
+
+    def __init__(self, job, retention: Retention | None = None):
+        self.job = job
+        self.retention = retention or retention_of(job)
+        self.batches = 0                # committed batches since the last pass
+        self.last_pass = 0.0            # 0: no pass in this run yet
+        self._target = None
+        self._state = None
+        self._target_log = LogCleaner(job.target_path)
+        self._tombstones = Tombstones(job.target_path)
+        self._state_log = LogCleaner(job.state_root)
+        self._warned = False
+
+    def after_batch(self, batch_id: int, state_version: int | None) -> MaintenanceReport | None:
+        self.batches += 1
+        if self.last_pass and self.batches < EVERY_BATCHES and time.time() - self.last_pass < EVERY_SECONDS:
+            return None
+        report = self.run(batch_id, state_version)
+        self.batches, self.last_pass = 0, time.time()
+        return report
+
+    def _handle(self, attr: str, path: str):
+        from deltalake import DeltaTable
+        dt = getattr(self, attr)
+        if dt is None:
+            dt = DeltaTable(path)
+            setattr(self, attr, dt)
+        else:
+            dt.update_incremental()
+        return dt
+
+    def run(self, batch_id: int, state_version: int | None) -> MaintenanceReport:
+        """One pass after batch ``batch_id`` committed (its state at ``state_version``)."""
+        t0 = time.time()
+        r, job, ret = MaintenanceReport(), self.job, self.retention
+        steps = [("target", lambda: self._target_pass(r, t0))]
+        if state_version is not None and os.path.isdir(os.path.join(job.state_root, "_delta_log")):
+            steps.append(("state", lambda: self._state_pass(r, state_version)))
+        steps.append(("scratch", lambda: setattr(r, "scratch_dirs", clean_scratch(job.checkpoint_location, batch_id))))
+        for name, step in steps:
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 (maintenance never fails a committed batch)
+                r.errors.append(f"{name}: {type(e).__name__}: {e}")
+                log.warning("%s: maintenance of the %s failed (retried at the next pass): %s", job.model, name, e)
+        r.seconds = round(time.time() - t0, 3)
+        log.info("%s: maintenance after batch %d in %.3fs: %s", job.model, batch_id, r.seconds,
+                 {k: v for k, v in r.to_dict().items() if v and k != "seconds"})
+        return r
+
+    def _target_pass(self, r: MaintenanceReport, now: float) -> None:
+        job, ret = self.job, self.retention
+        dt = self._handle("_target", job.target_path)
+        r.checkpoints += ensure_checkpoint(dt, ret.checkpoint_interval)
+        if not _local(job.target_path):
+            if not self._warned:
+                log.warning("%s: the target %s is not on a local file system: only checkpoints are written",
+                            job.model, job.target_path)
+                self._warned = True
+            return
+        r.target_log_files = self._target_log.clean(dt.version(), now - ret.log_retention_hours * 3600.0)
+        r.target_data_files, r.target_cdc_files = vacuum_target(dt, ret.deleted_file_retention_hours, now, self._tombstones)
+
+    def _state_pass(self, r: MaintenanceReport, state_version: int) -> None:
+        job, ret = self.job, self.retention
+        dt = self._handle("_state", job.state_root)
+        conf = dt.metadata().configuration
+        if conf.get("delta.deletedFileRetentionDuration") != STATE_TOMBSTONE_RETENTION:
+            dt.alter.set_table_properties({"delta.deletedFileRetentionDuration": STATE_TOMBSTONE_RETENTION})
+            dt.update_incremental()
+        r.checkpoints += ensure_checkpoint(dt, ret.checkpoint_interval)
+        if not _local(job.state_root):
+            return
+        keep_from = state_version - ret.state_retention_versions + 1
+        r.state_data_files = vacuum_state(dt, keep_from, dt.version())
+        r.state_log_files = self._state_log.clean(max(0, keep_from), None)
+
+
+def retention_of(job) -> Retention:
+    """The model's :class:`Retention`, from its config (``JobSpec`` fields of the same names;
+    Delta's defaults when the spec has none)."""
+    d = Retention()
+    return Retention(**{k: getattr(job, k, getattr(d, k)) for k in asdict(d)})
+
+
+__all__ = ["Maintenance", "MaintenanceReport", "Retention", "EVERY_BATCHES", "EVERY_SECONDS",
+           "Tombstones", "ensure_checkpoint", "vacuum_target", "vacuum_state", "clean_scratch", "retention_of"]
