@@ -46,6 +46,7 @@ setup(
         "tpchgen-cli>=1",
         "psycopg2-binary>=2.9,<3",
         "orjson>=3.9",
+        "matplotlib>=3.8",
     ],
     extras_require={"test": ["pytest", "hypothesis"]},
     entry_points={"console_scripts": ["consistent-stream = consistent_stream.cli:main"]},
