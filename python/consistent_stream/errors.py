@@ -37,3 +37,12 @@ class UniqueKeyViolation(ConsistentStreamError):
 
 class ConcurrentWriterError(ConsistentStreamError):
     """Another run (another process) is writing the same model now."""
+
+
+class StorageError(ConsistentStreamError):
+    """A file of the model (target, checkpoint, state, lock) cannot be written: its file
+    system is read-only or full."""
+
+
+class SessionLostError(ConsistentStreamError):
+    """The Spark session (its JVM) went away while a run was under way."""

@@ -162,9 +162,16 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
     The run holds the model's writer lock throughout (:mod:`consistent_stream.sink.lock`):
     a second run of the model raises ConcurrentWriterError before reading or writing
     anything."""
+    from .preflight import explain_failure
     from .sink.lock import WriterLock
-    with WriterLock(job.checkpoint_location, job.model):
-        return _run_job(spark, job, full_refresh=full_refresh, timeout_s=timeout_s)
+    try:
+        with WriterLock(job.checkpoint_location, job.model):
+            return _run_job(spark, job, full_refresh=full_refresh, timeout_s=timeout_s)
+    except Exception as e:  # a full or read-only disk, a lost session: say so (README "Bad inputs")
+        explained = explain_failure(job, e)
+        if explained is None:
+            raise
+        raise explained from e
 
 
 def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s: float | None) -> dict:
@@ -174,6 +181,10 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
     fp = fingerprint(job.sql, job.sources)
     from .delta import DeltaTableRef
     target = DeltaTableRef(job.target_path)
+    from . import preflight
+    preflight.check_checkpoint_owner(job, full_refresh)
+    if not full_refresh:
+        preflight.check_checkpoint_files(job)
 
     if not full_refresh and job.trigger == "available_now" and _fingerprint_is(job, fp):
         meta = _up_to_date(job, cut, target)
@@ -185,6 +196,9 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
             return _summary(job, t0, [], cut, commit.version, _freshness(target, meta, commit.timestamp_ms),
                             full_refresh, _cached_key(job), up_to_date=True)
 
+    if not full_refresh:  # the target deleted or written by someone else, a source column changed
+        preflight.check_target(job, target, _query_id(job), _last_spark_commit(job))
+        preflight.check_source_schemas(job, fp, _plan_path(job), {k: s.schema() for k, s in sources.items()})
     compiled, out_schema, types = compile_job(spark, job, cut, sources)  # raises before anything is written
     key = target_key(job, compiled, out_schema)
     log.info("%s: target %s", job.model, f"merged by unique_key {key}" + ("" if job.unique_key else " (inferred)")

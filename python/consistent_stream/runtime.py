@@ -44,6 +44,7 @@ from .plan import CompiledModel
 from .plan.incremental import BatchEvaluator, PlanTypes, spark_confs
 from .plan.local import LocalEngine, session_supported
 from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, sink_changes
+from .sink.unique import check_new_keys
 from .sources import Cut
 from .sources.dag import base_cut
 from .sources.formats import cut_metadata, open_source
@@ -335,6 +336,7 @@ class QueryRuntime:
                                      metadata=md, model=job.model)
         if self.key is not None:
             changes = sink_changes(out.arrow, self.key, job.model, first=False)
+            check_new_keys(self.target, prev_version, out.arrow, self.key, job.model)
         else:
             changes = bag_changes(out.arrow, _multiplicities(spark, self.target, prev_version, out.arrow),
                                   job.model, first=False)

@@ -15,6 +15,8 @@ Out: the source's columns (or the requested subset) plus ``__weight`` bigint.
 """
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -49,9 +51,13 @@ class DeltaSource:
 
     def _require(self) -> DeltaTableRef:
         if not self.table.exists():
-            raise SourceError(f"source {self.spec.key}: no Delta table at {self.spec.location} "
-                              f"(meta.consistent_stream.location of source('{self.spec.source_name}', "
-                              f"'{self.spec.name}'))")
+            where = (f"meta.consistent_stream.location of source('{self.spec.source_name}', '{self.spec.name}')")
+            if os.path.isdir(self.spec.location):
+                raise SourceError(f"source {self.spec.key}: {self.spec.location} is not a Delta table (it has no "
+                                  f"_delta_log directory; plain Parquet or other files are not a changelog). Point "
+                                  f"{where} at the root of a Delta table with the Change Data Feed on")
+            raise SourceError(f"source {self.spec.key}: no Delta table at {self.spec.location} ({where}). Restore "
+                              f"the table there or fix the location; nothing was read or written")
         return self.table
 
     def columns(self) -> list[str]:
@@ -62,7 +68,17 @@ class DeltaSource:
         return from_arrow_schema(plain_arrow(self._require().arrow_schema().empty_table()).schema)
 
     def latest_position(self) -> int:
-        return self._require().latest_version()
+        """The table's latest version. Raises SourceError when the table is missing or its
+        Change Data Feed is off (checked at every run's start, before anything is written)."""
+        table = self._require()
+        version = table.latest_version()
+        if not table.change_data_feed_enabled():
+            raise SourceError(
+                f"source {self.spec.key}: the Delta table {self.spec.location} does not have the Change Data Feed "
+                f"on: set its table property delta.enableChangeDataFeed = true (ALTER TABLE ... SET TBLPROPERTIES), "
+                f"then run with --full-refresh (changes made while it was off are not in the feed). Nothing was "
+                f"read or written")
+        return version
 
     def rows(self, position: int) -> int:
         """Rows of the table at ``position`` (from the log's statistics)."""

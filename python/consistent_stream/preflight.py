@@ -1,0 +1,269 @@
+"""What a run checks before it reads or writes anything, and how it explains failures that
+come from outside the engine (README "Bad inputs and recovery").
+
+Before a run (:func:`~consistent_stream.job.run_job`):
+
+* :func:`check_checkpoint_owner`: the checkpoint belongs to this model (its ``job.json``
+  names the model and target), so that two models configured with one
+  ``checkpoint_location`` never replay each other's batches, and ``--full-refresh`` of one
+  never deletes the other's checkpoint;
+* :func:`check_checkpoint_files`: the files the run is about to read (the pending cut files,
+  Spark's ``metadata`` and its newest ``offsets`` / ``commits`` / source log entries) are
+  whole; a file cut short or emptied is named instead of failing deep inside Spark;
+* :func:`check_target`: once the query has committed a batch, the target exists and its
+  newest version is that query's (not deleted, not written by anyone else);
+* :func:`check_source_schemas`: the columns the model reads have the names and types they had
+  when the checkpoint was made.
+
+Each raises an error naming the file, table or config key and saying what to do; none of them
+writes. After a failure, :func:`explain_failure` turns a failure of the machine (a read-only
+or full disk, the Spark session's JVM gone) into an error that says so.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+from pyspark.sql.types import StructType
+
+from .errors import (CommitError, CompileError, ConfigError, ConsistentStreamError, SessionLostError, StorageError,
+                     UniqueKeyViolation)
+from .spec import JobSpec
+
+_FULL_REFRESH = "run dbt run --full-refresh -s {model}"
+
+
+# ---- the checkpoint ---------------------------------------------------------------------------
+def check_checkpoint_owner(job: JobSpec, full_refresh: bool) -> None:
+    """Raise ConfigError when the checkpoint at ``job.checkpoint_location`` was made for another
+    model (its ``job.json`` names another model, whatever ``full_refresh`` says) or for another
+    target of this model (unless ``full_refresh``, which starts it over)."""
+    try:
+        with open(job.spec_path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return
+    model, target = saved.get("model"), saved.get("target_path")
+    if model and model != job.model:
+        raise ConfigError(
+            f"model {job.model}: config checkpoint_location {job.checkpoint_location} holds the checkpoint of "
+            f"model {model} (target {target}); each model needs its own checkpoint_location. Nothing was read "
+            f"or written, and model {model}'s checkpoint was left as it is: change checkpoint_location of "
+            f"{job.model} (or unset it: the default is <target>__checkpoint)")
+    if target and os.path.normpath(target) != os.path.normpath(job.target_path) and not full_refresh:
+        raise ConfigError(
+            f"model {job.model}: the checkpoint at {job.checkpoint_location} was made for the target {target}, "
+            f"but the target is now {job.target_path} (location_root or the alias changed). Nothing was "
+            f"written; {_FULL_REFRESH.format(model=job.model)} to build the new target")
+
+
+def _damaged(job: JobSpec, path: str, why: str) -> CommitError:
+    return CommitError(
+        f"model {job.model}: the checkpoint file {path} is damaged ({why}); it was changed or cut short "
+        f"outside consistent_stream. The target {job.target_path} was not touched; "
+        f"{_FULL_REFRESH.format(model=job.model)} to start the checkpoint over (the target is rebuilt from "
+        f"the sources' snapshots)")
+
+
+def _spark_log_entries(directory: str, newest: int = 2) -> list[str]:
+    """The newest ``newest`` entries of one of Spark's metadata logs (``offsets``, ``commits``,
+    a file source's log): files named by batch id, possibly ``<id>.compact``."""
+    try:
+        names = [n for n in os.listdir(directory) if n.split(".")[0].isdigit() and not n.endswith(".tmp")]
+    except OSError:
+        return []
+    names.sort(key=lambda n: int(n.split(".")[0]))
+    return [os.path.join(directory, n) for n in names[-newest:]]
+
+
+def _check_spark_log_file(job: JobSpec, path: str) -> None:
+    """A Spark metadata log file: a version line (``v1``) then one JSON document per line."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise _damaged(job, path, e.strerror or str(e)) from None
+    lines = text.split("\n")
+    if not text.strip():
+        raise _damaged(job, path, "empty")
+    if not (lines[0].startswith("v") and lines[0][1:].isdigit()):
+        raise _damaged(job, path, "no version line")
+    for line in lines[1:]:
+        if line.strip() and line.strip() != "-":  # "-": a source without an offset
+            try:
+                json.loads(line)
+            except ValueError:
+                raise _damaged(job, path, "a line is not whole JSON") from None
+
+
+def check_checkpoint_files(job: JobSpec) -> None:
+    """Raise CommitError naming the first damaged file among those the run reads first: the
+    planned cut files, Spark's ``metadata``, and the newest entries of its ``offsets``,
+    ``commits`` and source logs."""
+    cuts = os.path.join(job.checkpoint_location, "cuts")
+    try:
+        names = sorted(n for n in os.listdir(cuts) if n.startswith("cut-") and n.endswith(".json"))
+    except OSError:
+        names = []
+    for n in names:
+        path = os.path.join(cuts, n)
+        try:
+            with open(path) as f:
+                d = json.load(f)
+            if not isinstance(d, dict) or not {"seq", "start", "end"} <= set(d):
+                raise ValueError
+        except ValueError:
+            raise _damaged(job, path, "not a whole cut: JSON with seq, start and end") from None
+        except OSError as e:
+            raise _damaged(job, path, e.strerror or str(e)) from None
+    spark = job.spark_checkpoint
+    meta = os.path.join(spark, "metadata")
+    if os.path.exists(meta):
+        try:
+            with open(meta) as f:
+                d = json.loads(f.read() or "null")
+            if not isinstance(d, dict) or "id" not in d:
+                raise ValueError
+        except ValueError:
+            raise _damaged(job, meta, "not Spark's query metadata: JSON with the query id") from None
+    logs = [os.path.join(spark, "offsets"), os.path.join(spark, "commits")]
+    sources = os.path.join(spark, "sources")
+    if os.path.isdir(sources):
+        logs += [os.path.join(sources, n) for n in sorted(os.listdir(sources))]
+    for d in logs:
+        for path in _spark_log_entries(d):
+            _check_spark_log_file(job, path)
+
+
+# ---- the target -------------------------------------------------------------------------------
+def check_target(job: JobSpec, target, query_id: str | None, last_batch: int | None) -> None:
+    """Once the query ``query_id`` has committed batch ``last_batch`` (Spark's checkpoint),
+    the target must exist and its newest version must be one of that query's batches.
+    Raises CommitError otherwise (the target was deleted or moved, or someone else wrote to
+    it); a query that committed no batch yet rebuilds the target in its first batch."""
+    if last_batch is None or query_id is None:
+        return
+    again = (f"Nothing was read or written; {_FULL_REFRESH.format(model=job.model)} to rebuild the target from "
+             f"the sources")
+    if not target.exists():
+        raise CommitError(
+            f"model {job.model}: the target {job.target_path} does not exist, but the checkpoint at "
+            f"{job.checkpoint_location} has committed batches up to {last_batch}: the target was deleted or "
+            f"moved. {again}")
+    commit = target.latest_commit()
+    if commit.metadata.get("app_id") == query_id:
+        return
+    op = (target.table().history(1) or [{}])[0].get("operation", "?")
+    who = (f"by query {commit.metadata['app_id']} of model {commit.metadata.get('model', '?')}"
+           if commit.metadata.get("app_id") else f"by another writer (operation {op})")
+    raise CommitError(
+        f"model {job.model}: the target {job.target_path}'s newest version {commit.version} was not written by "
+        f"this model's query {query_id} but {who}: its rows no longer follow from the sources. {again} "
+        f"(earlier versions stay readable by time travel)")
+
+
+# ---- the sources' schemas ---------------------------------------------------------------------
+def _fields(schema_json: dict) -> dict[str, str]:
+    return {f.name.lower(): f.dataType.simpleString() for f in StructType.fromJson(schema_json).fields}
+
+
+def check_source_schemas(job: JobSpec, fingerprint: str, plan_path: str, schemas: dict[str, StructType]) -> None:
+    """Compare each source's schema now (``schemas``: source key -> StructType) with the one
+    recorded in the checkpoint's plan (``plan_path``) for this ``fingerprint``. A column the
+    model reads that was dropped, renamed or changed type, or a new column the model reads
+    (``select *``), raises ConfigError naming the source, the columns and ``--full-refresh``;
+    a change to columns the model does not read is carried on."""
+    try:
+        with open(plan_path) as f:
+            saved = json.load(f)
+        if saved.get("fingerprint") != fingerprint:
+            return
+        before = {k: _fields(v) for k, v in json.loads(saved["source_schemas"]).items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    now = {k: {f.name.lower(): f.dataType.simpleString() for f in s.fields} for k, s in schemas.items()}
+    changed = [k for k in now if k in before and before[k] != now[k]]
+    if not changed:
+        return
+    from .plan import compile_model
+    from .runtime import scan_columns
+
+    def read(columns: dict[str, dict[str, str]]) -> dict[str, set[str]] | None:
+        try:
+            compiled = compile_model(job.sql, job.sources, {k: list(v) for k, v in columns.items()})
+        except CompileError:
+            return None
+        return {k: {c.lower() for c in cols} for k, cols in scan_columns(compiled).items()}
+    read_before = read({**now, **before}) or {}
+    read_now = read(now)
+    problems = []
+    for key in changed:
+        old, new = before[key], now[key]
+        added = [c for c in new if c not in old]
+        for c in old:
+            if c not in read_before.get(key, ()):
+                continue
+            if c not in new:
+                hint = f"; its new columns: {', '.join(added)}" if added else ""
+                problems.append(f"column {c} ({old[c]}) is gone (dropped or renamed{hint})")
+            elif new[c] != old[c]:
+                problems.append(f"column {c} changed type from {old[c]} to {new[c]}")
+        for c in added:
+            if read_now is not None and c in read_now.get(key, ()):
+                problems.append(f"column {c} ({new[c]}) was added and the model reads it")
+        if problems:
+            location = next((s.location for s in job.sources if s.key == key), "?")
+            raise ConfigError(
+                f"model {job.model}: the schema of source {key} ({location}) changed since the checkpoint at "
+                f"{job.checkpoint_location} was made: {'; '.join(problems)}. Nothing was read or written; "
+                f"update the model SQL if it names a column that is gone, then "
+                f"{_FULL_REFRESH.format(model=job.model)}")
+
+
+# ---- failures from outside --------------------------------------------------------------------
+_STORAGE = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded",
+            errno.EFBIG: "File too large", errno.EROFS: "Read-only file system",
+            errno.EACCES: "Permission denied", errno.EPERM: "Operation not permitted"}
+_SESSION_LOST = ("Answer from Java side is empty", "Error while sending or receiving",
+                 "An error occurred while trying to connect to the Java server", "SparkContext was shut down",
+                 "Cannot call methods on a stopped SparkContext", "Connection refused")
+
+
+def explain_failure(job: JobSpec, e: BaseException) -> BaseException | None:
+    """The error to raise instead of ``e``, a failure of a run of ``job``, when ``e`` comes
+    from the machine rather than from the model: a file that cannot be written (read-only or
+    full file system: :class:`StorageError`), the Spark session lost
+    (:class:`SessionLostError`); and a unique key violation of a key inferred from the
+    sources' primary keys, which names them. None when ``e`` needs no explaining."""
+    if isinstance(e, UniqueKeyViolation) and not job.unique_key:
+        keyed = [f"{s.key} {list(s.primary_key)}" for s in job.sources if s.primary_key]
+        if keyed and "primary_key" not in str(e):
+            return UniqueKeyViolation(
+                f"{e} The model configures no unique_key: its key is inferred from the declared primary keys "
+                f"of {', '.join(keyed)} (meta.consistent_stream.primary_key). If a source has two rows with one "
+                f"primary key, fix its data or its primary_key, then {_FULL_REFRESH.format(model=job.model)} "
+                f"(the failed batch would be replayed as planned)")
+        return None
+    if isinstance(e, ConsistentStreamError):
+        return None
+    text = str(e)
+    reason = _STORAGE.get(getattr(e, "errno", None)) if isinstance(e, OSError) else None
+    reason = reason or next((r for r in _STORAGE.values() if r in text and r not in ("Permission denied",
+                                                                                     "Operation not permitted")), None)
+    if reason:
+        where = getattr(e, "filename", None) or f"{job.target_path} or {job.checkpoint_location}"
+        return StorageError(
+            f"model {job.model}: cannot write {where}: {reason}. Nothing after the target's last commit was "
+            f"made visible (a batch commits whole or not at all). Make the target's location (config "
+            f"location_root) and checkpoint_location writable, with free space, then run again: an "
+            f"unfinished batch is replayed")
+    from py4j.protocol import Py4JError
+    if isinstance(e, ConnectionRefusedError) or (
+            isinstance(e, (Py4JError, ConnectionError)) and any(s in text for s in _SESSION_LOST)):
+        return SessionLostError(
+            f"model {job.model}: the Spark session was lost while the run was under way (its JVM stopped or "
+            f"died: {text.strip().splitlines()[0] if text.strip() else type(e).__name__}). Nothing after the "
+            f"target's last commit was made visible (a batch commits whole or not at all); start a new "
+            f"session and run again: an unfinished batch is replayed")
+    return None
