@@ -1,7 +1,8 @@
 """One writer per model, with real processes: while a continuous run of a model is up in
 another process, a `dbt run`-style run of the same model fails at once naming the holder and
-writes nothing; once that process is killed with SIGKILL, the next run takes the stale lock
-over and commits."""
+writes nothing, and so does a second continuous run; once that process is killed with
+SIGKILL, the next run takes the stale lock over and commits. The same with two real
+``dbt run`` processes."""
 from __future__ import annotations
 
 import os
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -19,7 +21,7 @@ from consistent_stream.errors import ConcurrentWriterError
 from consistent_stream.job import run_job
 from consistent_stream.sink.lock import WriterLock
 from consistent_stream.spec import JobSpec
-from helpers import delta_pandas
+from helpers import REPO, delta_pandas
 from scenario import Scenario
 
 CONTINUOUS = textwrap.dedent("""
@@ -71,3 +73,69 @@ def test_a_second_writer_fails_naming_the_holder_and_a_killed_holders_lock_is_ta
     got = delta_pandas(job.target_path).sort_values("k")
     assert list(zip(got["k"], got["s"])) == [(1, 10), (2, 20), (3, 30)]
     assert lock.holder() == {}                              # released at the end of the run
+
+
+def _dbt_project(root):
+    """A dbt project (the crash campaign's profile and sources) with one model, ``totals``,
+    whose trigger comes from ``--vars``; its sources written by the campaign's ``Shop``."""
+    import random
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import crash_campaign as cc
+    shop = cc.Shop(root, random.Random(20261123))
+    sql, key = cc.MODELS["totals"]
+    cfg = (f"materialized='consistent_stream', unique_key='{key}', location_root='{root / 'targets'}', "
+           f"trigger=var('trigger', 'available_now')")
+    files = {"dbt_project.yml": cc.PROJECT, "profiles.yml": cc.PROFILE.format(schema=cc.SCHEMA, root=root),
+             "models/sources.yml": cc.SOURCES.format(root=root),
+             "models/totals.sql": "{{ config(" + cfg + ") }}\n" + sql.format(
+                 orders="{{ source('shop', 'orders') }}", customers="{{ source('shop', 'customers') }}") + "\n"}
+    project = root / "project"
+    for rel, text in files.items():
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_text(text)
+    other = root / "other_scheduler"      # its own Spark catalog: embedded Derby admits one JVM
+    other.mkdir()
+    (other / "profiles.yml").write_text(cc.PROFILE.format(schema=cc.SCHEMA, root=other))
+    return shop, project, other
+
+
+def test_two_dbt_runs_of_one_model_at_once_the_second_fails_naming_the_first(tmp_path):
+    """Two ``dbt run`` processes of one model: the first (a continuous model, so it keeps the
+    lock) runs; the second fails at once naming the first's pid and writes nothing; after the
+    first is killed with SIGKILL, a ``dbt run`` takes its stale lock over and commits. The
+    second scheduler has its own Spark catalog (a profile of its own): two JVMs cannot share
+    one embedded Derby metastore, whose second session fails before any model runs."""
+    shop, project, other = _dbt_project(tmp_path)
+    dbt = [str(Path(sys.executable).parent / "dbt"), "run", "--project-dir", str(project), "-s", "totals",
+           "--profiles-dir"]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    first = subprocess.Popen(dbt + [str(project), "--vars", "{trigger: 'processing_time:1'}"], env=env,
+                             cwd=str(project), start_new_session=True, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    targets = tmp_path / "targets"
+    try:
+        def holder() -> dict:
+            locks = list(targets.rglob("*.lock"))
+            return WriterLock(str(locks[0])[:-len(".lock")], "totals").holder() if locks else {}
+        _wait(lambda: holder().get("pid") == first.pid, "the first dbt run to take the lock", timeout=240)
+        lock = next(targets.rglob("*.lock"))
+        target = DeltaTableRef(str(lock)[:-len("__checkpoint.lock")])    # the default checkpoint_location
+        _wait(lambda: target.exists(), "the first dbt run's first commit", timeout=240)
+        version = target.latest_version()
+        second = subprocess.run(dbt + [str(other)], env=env, cwd=str(project), capture_output=True, text=True,
+                                timeout=600)
+        out = second.stdout + second.stderr
+        assert second.returncode != 0, out[-3000:]
+        assert f"pid {first.pid} on host" in out and "Nothing was read" in out, out[-3000:]
+        assert target.latest_version() == version           # nothing written by the refused run
+        assert holder().get("pid") == first.pid             # the first still holds the lock
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)                # dbt, the JVM, Python workers: all of it
+        first.wait()
+    assert holder().get("pid") == first.pid                 # left behind by the killed process
+    shop.change(3)
+    again = subprocess.run(dbt + [str(other)], env=env, cwd=str(project), capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert target.latest_version() > version                # the stale lock taken over, the change committed
+    assert holder() == {}
