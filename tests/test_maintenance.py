@@ -10,6 +10,7 @@ import threading
 import time
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -73,7 +74,8 @@ def test_many_small_batches_leave_checkpointed_logs_and_no_superseded_files(spar
     w.start()
     summary = run_job(spark, continuous, timeout_s=12)
     w.join()
-    run_job(spark, job)  # the rest, and a pass after it
+    sc.insert("orders", pa.table({"oid": [99], "cid": [3], "amount": [9]}))
+    run_job(spark, job)  # the rest: at least one batch, and a pass after it
     target, state = job.target_path, job.state_root
     versions = DeltaTableRef(target).latest_version()
     assert summary["batches"] >= 4, summary["batches"]
@@ -88,6 +90,15 @@ def test_many_small_batches_leave_checkpointed_logs_and_no_superseded_files(spar
     # the last pass (at most EVERY_BATCHES of them) superseded, none older
     superseded = _data_files(target) - _files_of(target, versions)
     assert len(superseded) <= maintenance.EVERY_BATCHES, (superseded, versions)
+    # the target was created with the model's retention as Delta's, so its checkpoints list only
+    # the tombstones of files removed within deleted_file_retention_hours (0: about a second),
+    # not every file the run ever removed
+    conf = DeltaTable(target).metadata().configuration
+    assert conf["delta.deletedFileRetentionDuration"] == "interval 1 seconds", conf
+    assert conf["delta.logRetentionDuration"] == "interval 1 seconds", conf
+    newest = os.path.join(target, "_delta_log", max(_checkpoints(target)))
+    tombstones = sum(1 for r in pq.read_table(newest, columns=["remove"]).column("remove").to_pylist() if r)
+    assert tombstones < max(3, versions // 3), (tombstones, versions)
     # processed cut files are gone, and no scratch directory is left
     assert len(os.listdir(os.path.join(job.checkpoint_location, "cuts"))) <= 1
     assert not os.listdir(os.path.join(job.checkpoint_location, "scratch")) \

@@ -187,9 +187,11 @@ class Tombstones:
         if version != self.checkpoint:
             cp = pq.read_table(os.path.join(self.log_dir, _log_name(version, "checkpoint.parquet")),
                                columns=["remove"])
-            self.removed = {unquote(r["path"]): int(r.get("deletionTimestamp") or 0)
-                            for r in cp.column("remove").to_pylist() if r is not None}
-            self.checkpoint, self.next_version = version, version + 1
+            # merged: a checkpoint leaves out tombstones older than the table's
+            # deletedFileRetentionDuration, which this process may not have vacuumed yet
+            self.removed.update({unquote(r["path"]): int(r.get("deletionTimestamp") or 0)
+                                 for r in cp.column("remove").to_pylist() if r is not None})
+            self.checkpoint, self.next_version = version, max(self.next_version, version + 1)
         while True:
             try:
                 with open(os.path.join(self.log_dir, _log_name(self.next_version, "json"))) as f:
@@ -210,8 +212,10 @@ def vacuum_target(dt, retention_hours: float, now_s: float, tombstones: Tombston
     """Delete the target's data files removed more than ``retention_hours`` ago and its Change
     Data Feed files written more than ``retention_hours`` ago, without a commit (``dt``: a
     deltalake DeltaTable at its latest version; files of that version are never deleted;
-    ``tombstones``: a :class:`Tombstones` kept across passes). Returns ``(data files, CDF
-    files)`` deleted."""
+    ``tombstones``: a :class:`Tombstones` kept across passes). As Delta's VACUUM, a data file
+    that neither the latest version nor a tombstone lists (its tombstone expired from the
+    checkpoints, or a crashed batch wrote it) is deleted once its modification time is older
+    than the retention. Returns ``(data files, CDF files)`` deleted."""
     root = _fs_path(dt.table_uri)
     if _last_checkpoint(root) is None:
         return 0, 0   # fewer than checkpoint_interval commits: too few removed files to matter
@@ -228,6 +232,18 @@ def vacuum_target(dt, retention_hours: float, now_s: float, tombstones: Tombston
             except FileNotFoundError:
                 pass
             del removed[path]   # gone: not tried again (a newer checkpoint may list it until it expires)
+    for dirpath, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", ".")) or "=" in d]   # partitions; not the log,
+        for n in names:                                                           # CDF, catalog snapshots
+            path = os.path.relpath(os.path.join(dirpath, n), root)
+            if not n.endswith(".parquet") or path in live or path in removed:
+                continue
+            try:
+                if os.stat(os.path.join(dirpath, n)).st_mtime * 1000.0 < cutoff_ms:
+                    os.remove(os.path.join(dirpath, n))
+                    data += 1
+            except FileNotFoundError:
+                pass
     cdc = 0
     for dirpath, _, names in os.walk(os.path.join(root, "_change_data")):
         for n in names:
@@ -361,6 +377,18 @@ class Maintenance:
         r.state_log_files = self._state_log.clean(max(0, keep_from), None)
 
 
+def table_properties(retention: Retention) -> dict[str, str]:
+    """The Delta table properties a target is created with so that Delta's own retention
+    agrees with the model's: ``delta.logRetentionDuration`` and
+    ``delta.deletedFileRetentionDuration`` (whole seconds). The second also decides how long
+    the target's checkpoints keep the tombstones of removed files: without it a checkpoint
+    would list every file removed in the last 7 days, growing with the run's history."""
+    def interval(hours: float) -> str:
+        return f"interval {max(1, round(hours * 3600))} seconds"
+    return {"delta.logRetentionDuration": interval(retention.log_retention_hours),
+            "delta.deletedFileRetentionDuration": interval(retention.deleted_file_retention_hours)}
+
+
 def retention_of(job) -> Retention:
     """The model's :class:`Retention`, from its config (``JobSpec`` fields of the same names;
     Delta's defaults when the spec has none)."""
@@ -369,4 +397,4 @@ def retention_of(job) -> Retention:
 
 
 __all__ = ["Maintenance", "MaintenanceReport", "Retention", "EVERY_BATCHES", "EVERY_SECONDS",
-           "Tombstones", "ensure_checkpoint", "vacuum_target", "vacuum_state", "clean_scratch", "retention_of"]
+           "Tombstones", "ensure_checkpoint", "table_properties", "vacuum_target", "vacuum_state", "clean_scratch", "retention_of"]

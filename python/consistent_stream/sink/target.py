@@ -158,11 +158,12 @@ def _check_rebuilt(df: DataFrame, unique_key: list[str] | None, model: str) -> N
 
 def commit_rebuild(target: DeltaTableRef, output: DataFrame, *, unique_key: list[str] | None,
                    partition_by: list[str], file_rows: int, txn: Txn, metadata: dict,
-                   model: str) -> tuple[int, int, int]:
+                   model: str, properties: dict[str, str] | None = None) -> tuple[int, int, int]:
     """A rebuilt view (first batch, full refresh, a recomputed batch) replaces the target in
     ONE commit: ``output`` (the view's rows + ``__weight``, consolidated) is written by
     Spark's executors, clustered by the unique key, as files of at most ``file_rows`` rows;
-    the commit removes every file of the current version and adds these, with ``txn``.
+    the commit removes every file of the current version and adds these, with ``txn``. A
+    target created by this commit gets the Change Data Feed on and the table ``properties``.
     Returns ``(new version, rows written, target rows rewritten)``.
 
     Raises UniqueKeyViolation (a key with two rows) or CommitError (a retraction) before
@@ -189,7 +190,7 @@ def commit_rebuild(target: DeltaTableRef, output: DataFrame, *, unique_key: list
     schema = arrow_schema(output.select(*[F.col(f"`{c}`") for c in data_cols]).schema)
     version = target.commit_files(files, removes, schema=schema, txn=txn, metadata=metadata,
                                   partition_by=partition_by,
-                                  configuration={"delta.enableChangeDataFeed": "true"})
+                                  configuration={**(properties or {}), "delta.enableChangeDataFeed": "true"})
     written = sum(f.num_records for f in files)
     return version, written, written
 
