@@ -99,16 +99,27 @@ def test_a_backlog_is_split_into_batches_of_at_most_max_batch_rows_each_at_a_con
     assert _versions_equal_batch_evaluation(spark, job) == 1 + summary["batches"]
 
 
-def test_planned_cut_files_are_at_least_a_millisecond_apart_in_order(tmp_path):
+def test_planned_cut_files_are_at_least_a_millisecond_apart_in_order(tmp_path, monkeypatch):
     """Spark's file source reads the cut log ordered by modification time in whole ms, ties in
     listing order: cuts planned within one millisecond were once processed out of order (a
-    version recording the cut of the batch before it)."""
-    from consistent_stream.sources.stream import CutLog
-    log = CutLog(str(tmp_path / "cuts"))
+    version recording the cut of the batch before it). And a file is in order as soon as it
+    appears: a process killed right after planning it (the fault point ``cut_planned``, where
+    the crash campaign kills) once left a tie, and a batch's cut was lost."""
+    import consistent_stream.sources.stream as stream
+    log = stream.CutLog(str(tmp_path / "cuts"))
+
+    def mtime_ms(seq: int) -> int:
+        return os.stat(tmp_path / "cuts" / f"cut-{seq:012d}.json").st_mtime_ns // 1_000_000
+    seen = []
+
+    def at_the_kill(point):                      # what a SIGKILL at this point would leave behind
+        seen.append(mtime_ms(len(seen)))
+        assert len(seen) == 1 or seen[-1] > seen[-2], seen
+    monkeypatch.setattr(stream, "fault_point", at_the_kill)
     for seq in range(40):
         log.append(seq, Cut({"a": seq}), Cut({"a": seq + 1}))
-    ms = [os.stat(tmp_path / "cuts" / f"cut-{seq:012d}.json").st_mtime_ns // 1_000_000 for seq in range(40)]
-    assert all(b > a for a, b in zip(ms, ms[1:])), ms
+    ms = [mtime_ms(seq) for seq in range(40)]
+    assert len(seen) == 40 and seen == ms
 
 
 def test_a_change_larger_than_recompute_threshold_is_recomputed_from_snapshots(spark, tmp_path):

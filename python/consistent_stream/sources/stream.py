@@ -57,8 +57,14 @@ class CutLog:
         return int(d["seq"]), Cut.from_json(d["end"])
 
     def append(self, seq: int, start: Cut, end: Cut) -> None:
-        """Plan one batch ``(start, end]`` as file ``seq`` (atomically; its modification time
-        after every earlier file's, so the file source reads them in order)."""
+        """Plan one batch ``(start, end]`` as file ``seq``, atomically: the file appears whole
+        and with its final modification time, at least 1 ms after every earlier file's.
+
+        Spark's file source orders files by modification time in whole milliseconds, a tie in
+        listing order, and deletes each file once processed (``cleanSource``). The time is set
+        on the temporary file before the rename: set after it, a process killed in between
+        (the crash campaign's ``cut_planned``) left two files in one millisecond, the later
+        one was processed first and deleted, and the next batch's cut was lost."""
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, f"cut-{seq:012d}.json")
         tmp = os.path.join(self.directory, f".cut-{seq:012d}.tmp")
@@ -66,16 +72,14 @@ class CutLog:
             json.dump({"seq": seq, "start": start.versions, "end": end.versions}, f, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
+        ms = 1_000_000
+        stamp = os.stat(tmp).st_mtime_ns // ms
         prev = self._files()
+        if prev:
+            stamp = max(stamp, os.stat(os.path.join(self.directory, prev[-1])).st_mtime_ns // ms + 1)
+        os.utime(tmp, ns=(stamp * ms, stamp * ms))
         os.replace(tmp, path)
         fault_point("cut_planned")
-        if prev:
-            # Spark's file source orders files by modification time in whole milliseconds (a
-            # tie is read in listing order): the new file must be at least 1 ms later
-            ms = 1_000_000
-            last = os.stat(os.path.join(self.directory, prev[-1])).st_mtime_ns // ms
-            if os.stat(path).st_mtime_ns // ms <= last:
-                os.utime(path, ns=((last + 1) * ms, (last + 1) * ms))
 
     def stream(self, spark: SparkSession) -> DataFrame:
         """The streaming DataFrame of planned cuts, one file per micro-batch."""
