@@ -61,7 +61,7 @@ EVERY_BATCHES = 10
 after every this many committed batches ..."""
 EVERY_SECONDS = 60.0
 """... or once this many seconds passed since the previous pass, whichever comes first."""
-STATE_TOMBSTONE_RETENTION = "interval 1 hours"
+STATE_TOMBSTONE_RETENTION = "interval 10 minutes"
 """The state table's ``delta.deletedFileRetentionDuration``: how long its removed files stay
 listed (as tombstones) in its checkpoints. Maintenance vacuums them long before."""
 

@@ -107,7 +107,7 @@ def _target_keys(target: DeltaTableRef, version: int, new: pa.Table, unique_key:
         t = plain_arrow(pq.read_table(where, columns=stored))
         for c in unique_key:
             if c in parts:  # a partition column: its value is in the log, not in the file
-                value = actions.column(f"partition.{c}")[i].as_py()
-                t = t.append_column(c, pa.array([value] * t.num_rows, pa.string()).cast(new.schema.field(c).type))
+                value = actions.column(f"partition.{c}")[i].as_py()   # typed by delta-rs, or a string
+                t = t.append_column(c, pa.array([value] * t.num_rows).cast(new.schema.field(c).type))
         tables.append(t.select(unique_key))
     return pa.concat_tables(tables) if tables else new.select(unique_key).slice(0, 0)
