@@ -33,13 +33,15 @@ run by the model's one writer after a committed batch (the first of a run, then 
   than ``checkpoint_interval`` versions old (a table written by a writer without that hook);
 * scratch directories of batches before the running one (left by a crashed batch).
 
-Spark's checkpoint is Spark's own business: it keeps the last
-``spark.sql.streaming.minBatchesToRetain`` (100) batches' offsets and commits, and the cut
-files are deleted by the file source once processed (``cleanSource``). One part of it grows
-with the run's history: the file source's metadata log (``spark/sources/0``) lists every cut
-file ever processed in its ``.compact`` file, about 120 bytes per micro-batch (measured by
-``benchmarks/long_run.py``: 75 KB after 620 batches), rewritten every 10 batches; Spark
-offers no retention for it.
+Spark's checkpoint keeps the last ``spark.sql.streaming.minBatchesToRetain`` (100) batches'
+offsets and commits, and the cut files are deleted by the file source once processed
+(``cleanSource``). One part of it grows with the run's history and Spark offers no retention
+for it (SPARK-30462 and the ``latestFirst`` discussion in apache/spark#28363): the file
+source's metadata log (``spark/sources/0``) lists every cut file ever processed in its
+``.compact`` file, about 120 bytes per micro-batch, read and rewritten whole every
+``spark.sql.streaming.fileSource.log.compactInterval`` (10) batches (measured by
+``benchmarks/long_run.py``: 1.1 MB of a 1.7 MB checkpoint after 600 batches). A pass trims
+the newest ``.compact`` file to the entries still needed (:func:`trim_file_source_log`).
 
 Only local file systems are cleaned (URIs get checkpoints only, logged once).
 """
@@ -86,6 +88,7 @@ class MaintenanceReport:
     state_log_files: int = 0
     state_data_files: int = 0
     scratch_dirs: int = 0
+    source_log_entries: int = 0
     errors: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -296,6 +299,76 @@ def clean_scratch(checkpoint_location: str, before_batch: int) -> int:
     return n
 
 
+FILE_SOURCE_LOG_VERSION = "v1"
+"""The header of Spark's file source metadata log files (``FileStreamSourceLog.VERSION``)."""
+
+
+def trim_file_source_log(spark_checkpoint: str, before_batch: int) -> int:
+    """Drop from the newest ``.compact`` file of the cut log's file source metadata log
+    (``<spark checkpoint>/sources/0``) the entries of batches before ``before_batch`` whose
+    cut file is gone. Returns how many were dropped (0 when the log is not the format this
+    knows, with a warning).
+
+    The log (Spark's ``FileStreamSourceLog``): one file per batch, the header line ``v1``,
+    then one JSON line per file the batch took (``{"path", "timestamp", "batchId"}``); every
+    ``compactInterval`` batches a ``<batch>.compact`` file holds the previous compact file's
+    entries plus the newer batches', so it lists every file ever processed. Spark reads it in
+    two places: at start, every entry goes into the set of files already seen (a file listed
+    again is skipped); and a replayed batch (one whose offsets are logged but not committed)
+    reads its own entries. An entry of a batch before ``before_batch`` (a committed batch: the
+    caller runs inside batch ``before_batch``, after its commit) whose file no longer exists
+    (``cleanSource`` deleted it) serves neither: no listing finds the file again, and the
+    batch is never replayed. Spark's next compaction reads the trimmed file from disk, so the
+    log stays the size of the batches since the last pass. The caller must be the query's own
+    micro-batch thread (``foreachBatch``): Spark writes this log only while planning a batch.
+
+    The file is replaced atomically; its Hadoop checksum (``.<name>.crc``) is removed first
+    (a file without one is read unchecked; one with a stale checksum would fail the read)."""
+    d = os.path.join(_fs_path(spark_checkpoint), "sources", "0")
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return 0
+    for n in names:   # a pass killed before its rename
+        if n.endswith(".trim.tmp"):
+            os.remove(os.path.join(d, n))
+    compacts = [n for n in names if n.endswith(".compact") and n.split(".")[0].isdigit()]
+    if not compacts:
+        return 0
+    name = max(compacts, key=lambda n: int(n.split(".")[0]))   # the one Spark's next compaction reads
+    path = os.path.join(d, name)
+    with open(path) as f:
+        lines = f.read().splitlines()
+    if not lines or lines[0] != FILE_SOURCE_LOG_VERSION:
+        log.warning("%s: not a file source log of version %s (Spark changed its format?); left as it is",
+                    path, FILE_SOURCE_LOG_VERSION)
+        return 0
+    keep = [lines[0]]
+    for line in lines[1:]:
+        try:
+            entry = json.loads(line)
+            batch, entry_path = int(entry["batchId"]), _fs_path(unquote(entry["path"]))
+        except (ValueError, KeyError, TypeError):
+            log.warning("%s: an entry this does not understand (%r); the log is left as it is", path, line[:200])
+            return 0
+        if batch >= before_batch or os.path.exists(entry_path):
+            keep.append(line)
+    dropped = len(lines) - len(keep)
+    if not dropped:
+        return 0
+    tmp = os.path.join(d, f".{name}.trim.tmp")
+    with open(tmp, "w") as f:
+        f.write("\n".join(keep))   # as Spark writes it: no newline after the last entry
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.remove(os.path.join(d, f".{name}.crc"))
+    except FileNotFoundError:
+        pass
+    os.replace(tmp, path)
+    return dropped
+
+
 class Maintenance:
     """The maintenance of one model for one run: decides when a pass is due and runs it with
     handles (and log positions) kept across passes.
@@ -342,6 +415,9 @@ class Maintenance:
         if state_version is not None and os.path.isdir(os.path.join(job.state_root, "_delta_log")):
             steps.append(("state", lambda: self._state_pass(r, state_version)))
         steps.append(("scratch", lambda: setattr(r, "scratch_dirs", clean_scratch(job.checkpoint_location, batch_id))))
+        if _local(job.spark_checkpoint):
+            steps.append(("Spark file source log",
+                          lambda: setattr(r, "source_log_entries", trim_file_source_log(job.spark_checkpoint, batch_id))))
         for name, step in steps:
             try:
                 step()
