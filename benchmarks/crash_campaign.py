@@ -476,6 +476,7 @@ class Campaign:
             f.write(f"\n=== trial {n}: {runner.name}{' continuous' if continuous else ''}, kill {kill}\n")
         proc = _run(runner.command(continuous), env, self.log)
         t0 = time.time()
+        trial_start = t0
         killed, outcome = False, "finished"
         while True:
             if continuous and time.time() - t0 > 3 and rnd.random() < 0.3:
@@ -507,10 +508,12 @@ class Campaign:
             outcome = f"finished before {kill} (exit {rc})"
         if rc not in (0, -signal.SIGKILL) and not killed:
             outcome += f" with exit status {rc}"
+        run_end = time.time()
         err = self._recover(runner)
         problems = [err] if err else self.check()
         result = {"trial": n, "runner": runner.name, "continuous": continuous, "kill": kill, "outcome": outcome,
-                  "ok": not problems}
+                  "ok": not problems, "seconds": round(time.time() - trial_start, 1),
+                  "run_seconds": round(run_end - trial_start, 1)}
         if problems:
             result["problems"] = problems[:5]
             self.failures.append(result)

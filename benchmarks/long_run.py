@@ -16,7 +16,9 @@ Creates two Delta source tables with the Change Data Feed on under ``DIR/src`` (
   constant);
 * a sampler records every ``--sample`` seconds: elapsed seconds, the target's version, the
   batches' seconds since the previous sample (from the run log), the RSS of the run's process
-  tree (Python driver + JVM + Python workers, from /proc), the state table's live rows,
+  tree (Python driver + JVM + Python workers, from /proc) and of the driver and the JVM
+  apart, the JVM's heap (used, committed, old generation used: the JDK's ``jstat -gc``),
+  the state table's live rows,
   live files, files and bytes on disk and log files, the target's log files and bytes, data
   files on disk and Change Data Feed files, the checkpoint directory's files and bytes, the
   cut files.
@@ -94,6 +96,52 @@ def tree_rss_bytes(pid: int) -> int:
         except (OSError, IndexError, ValueError):
             pass
     return total
+
+
+def jvm_sample(pid: int) -> dict:
+    """The Spark JVM among ``pid``'s descendants: its RSS, and its heap from the JDK's
+    ``jstat -gc`` (bytes: used and committed, and the old generation's used part, whose
+    floor is what a leak would raise); None where the JVM or ``jstat`` is missing. Also the
+    RSS of ``pid`` itself (the Python driver)."""
+    out: dict = {"driver_rss_bytes": None, "jvm_rss_bytes": None, "jvm_heap_used_bytes": None,
+                 "jvm_heap_committed_bytes": None, "jvm_old_used_bytes": None}
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def rss(p: int) -> int | None:
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                return int(f.read().split()[1]) * page
+        except (OSError, IndexError, ValueError):
+            return None
+    out["driver_rss_bytes"] = rss(pid)
+    java = None
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if "(java)" in stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            java = int(d)
+            break
+    if java is None:
+        return out
+    out["jvm_rss_bytes"] = rss(java)
+    jstat = shutil.which("jstat")
+    if jstat is None:
+        return out
+    try:
+        lines = subprocess.run([jstat, "-gc", str(java)], capture_output=True, text=True, timeout=10).stdout.split("\n")
+        row = dict(zip(lines[0].split(), (float(x) for x in lines[1].split())))
+        kib = 1024
+        out["jvm_heap_used_bytes"] = int((row["S0U"] + row["S1U"] + row["EU"] + row["OU"]) * kib)
+        out["jvm_heap_committed_bytes"] = int((row["S0C"] + row["S1C"] + row["EC"] + row["OC"]) * kib)
+        out["jvm_old_used_bytes"] = int(row["OU"] * kib)
+    except (OSError, subprocess.SubprocessError, IndexError, KeyError, ValueError):
+        pass
+    return out
 
 
 def dir_stats(path: str, skip: tuple[str, ...] = ()) -> tuple[int, int]:
@@ -284,7 +332,12 @@ def plot(samples: list[dict], path: str, title: str) -> None:
     def series(k, scale=1.0):
         return [None if s.get(k) is None else s[k] / scale for s in samples]
     panels = [
-        ("run process tree RSS (MiB)", [("rss", series("rss_bytes", 2**20))]),
+        ("memory (MiB)", [("process tree RSS", series("rss_bytes", 2**20)),
+                          ("JVM RSS", series("jvm_rss_bytes", 2**20)),
+                          ("JVM heap committed", series("jvm_heap_committed_bytes", 2**20)),
+                          ("JVM heap used", series("jvm_heap_used_bytes", 2**20)),
+                          ("JVM old gen used", series("jvm_old_used_bytes", 2**20)),
+                          ("Python driver RSS", series("driver_rss_bytes", 2**20))]),
         ("batch seconds (median per sample)", [("batch s", series("batch_s"))]),
         ("state table", [("live rows / 100", series("state_rows", 100)), ("live files", series("state_files")),
                          ("files on disk", series("state_disk_files")), ("log files", series("state_log_files"))]),
@@ -364,6 +417,7 @@ def main() -> int:
                  "batches": len(batches), "batch_s": round(statistics.median(batches), 3) if batches else None,
                  "batch_s_max": max(batches) if batches else None,
                  "maintenance_s": round(sum(maint), 3) if maint else None, "source_commits": gen.commits}
+            s.update(jvm_sample(proc.pid))
             s.update(table_sample(job.target_path, "target", live=True))
             s.update(table_sample(job.state_root, "state", live=True))
             s["checkpoint_files"], s["checkpoint_bytes"] = dir_stats(job.checkpoint_location)
@@ -383,7 +437,8 @@ def main() -> int:
                     "source_commits": gen.commits}
     batches, maint = tail.read()
     window = min(300.0, seconds / 3)
-    keys = ["rss_bytes", "batch_s", "state_rows", "state_files", "state_disk_files", "state_disk_bytes",
+    keys = ["rss_bytes", "driver_rss_bytes", "jvm_rss_bytes", "jvm_heap_used_bytes", "jvm_heap_committed_bytes",
+            "jvm_old_used_bytes", "batch_s", "state_rows", "state_files", "state_disk_files", "state_disk_bytes",
             "state_log_files", "state_log_bytes", "target_log_files", "target_log_bytes", "target_disk_files",
             "target_disk_bytes", "target_cdc_files", "target_files", "checkpoint_files", "checkpoint_bytes",
             "cut_files", "spark_checkpoint_files"]

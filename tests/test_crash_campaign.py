@@ -25,7 +25,7 @@ def test_short_crash_campaign_loses_nothing_and_applies_nothing_twice(spark, tmp
     campaign.setup()
     while campaign.trials < MIN_TRIALS or (campaign.summary(0)["points_never_killed"]
                                            and campaign.trials < MAX_TRIALS):
-        campaign.trial()
+        print(json.dumps(campaign.trial()), flush=True)
     summary = campaign.summary(0)
     print(json.dumps(summary))
     assert summary["failures"] == 0, json.dumps(summary["failed_trials"], indent=1)
