@@ -63,6 +63,23 @@ RUNNER = textwrap.dedent("""
     logging.getLogger("py4j").setLevel(logging.WARNING)
     spark = SparkSession.builder.master("local[*]").appName("long_run").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if len(sys.argv) > 4 and float(sys.argv[4]) > 0:   # --python-memory: what the driver's Python holds
+        import gc, threading, tracemalloc
+        import pyarrow as pa
+        tracemalloc.start(8)
+        def python_memory(every=float(sys.argv[4]), mem=logging.getLogger("long_run.memory")):
+            first = None
+            while True:
+                __import__("time").sleep(every)
+                snap = tracemalloc.take_snapshot()
+                first = first or snap
+                top = [f"{d.size_diff / 1024:+.0f} KiB in {d.count_diff:+d} blocks at "
+                       + " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in reversed(d.traceback[-4:]))
+                       for d in snap.compare_to(first, "traceback")[:5]]
+                mem.info("PYTHON_MEMORY %s", __import__("json").dumps({
+                    "traced_bytes": tracemalloc.get_traced_memory()[0], "arrow_bytes": pa.total_allocated_bytes(),
+                    "gc_objects": len(gc.get_objects()), "growth_since_first": top}))
+        threading.Thread(target=python_memory, daemon=True).start()
     summary = run_job(spark, JobSpec.load(sys.argv[1]), timeout_s=float(sys.argv[3]))
     summary.pop("metrics", None); summary.pop("progress", None)
     logging.getLogger("long_run").info("SUMMARY %s", __import__("json").dumps(summary, default=str))
@@ -375,6 +392,10 @@ def main() -> int:
     ap.add_argument("--churn", type=int, default=10)
     ap.add_argument("--sample", type=float, default=15.0)
     ap.add_argument("--config", action="append", default=[], help="model config KEY=VALUE (JSON value)")
+    ap.add_argument("--python-memory", type=float, default=0.0,
+                    help="every this many seconds, log what the run's Python holds (tracemalloc: traced bytes and "
+                         "the allocations grown most since the first such log; Arrow's pool; gc objects) as "
+                         "PYTHON_MEMORY lines of run.log; 0: off (tracemalloc slows the driver)")
     args = ap.parse_args()
     import consistent_stream  # noqa: F401
     from consistent_stream.spec import JobSpec
@@ -395,7 +416,7 @@ def main() -> int:
     spec.write_text(job.to_json())
     run_log = out / "run.log"
     seconds = args.minutes * 60
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(spec), str(run_log), str(seconds)],
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(spec), str(run_log), str(seconds), str(args.python_memory)],
                             cwd=str(out), stdout=open(out / "run.stdout", "w"), stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONPATH": str(REPO / "python")})
     gen = ChangeGenerator(src, args.customers, n_orders, args.change_every, args.updates, args.churn)
