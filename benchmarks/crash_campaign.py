@@ -75,6 +75,7 @@ BATCH_END_POINTS = ("publishing",)
 
 ENGINE_RUNNER = textwrap.dedent("""
     import logging
+    import os
     import sys
     import consistent_stream
     from pyspark.sql import SparkSession
@@ -85,6 +86,8 @@ ENGINE_RUNNER = textwrap.dedent("""
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
+    if os.environ.get("CRASH_CAMPAIGN_WAIT") and sys.stdin.readline().strip() != "go":
+        sys.exit(0)   # started ahead of its trial (JVM up, nothing read); the campaign ended instead
     timeout = float(sys.argv[1]) or None
     for path in sys.argv[2:]:
         run_job(spark, JobSpec.load(path), timeout_s=timeout)
@@ -392,12 +395,15 @@ def _kill_group(proc: subprocess.Popen) -> None:
         time.sleep(0.1)
 
 
-def _run(cmd: list[str], env: dict, log_path: Path) -> subprocess.Popen:
+def _run(cmd: list[str], env: dict, log_path: Path, wait_for_go: bool = False) -> subprocess.Popen:
     """``cmd`` started in a session of its own (its process group is what a kill kills),
-    output appended to ``log_path``."""
+    output appended to ``log_path``. With ``wait_for_go`` (the engine runner only), it starts
+    its Spark session and then waits for the line ``go`` on its stdin before it reads anything."""
+    if wait_for_go:
+        env = {**env, "CRASH_CAMPAIGN_WAIT": "1"}
     with open(log_path, "ab") as log:
         return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                cwd=str(log_path.parent))
+                                cwd=str(log_path.parent), stdin=subprocess.PIPE if wait_for_go else None)
 
 
 class Campaign:
@@ -421,6 +427,7 @@ class Campaign:
         self.spark = spark                # restarts in this process's session when given
         self.random_kills = random_kills  # the share of kills after a random delay
         self.run_seconds = 15.0           # the last unkilled run's length: the random delay's range
+        self._next: dict | None = None    # the next trial's plan, its process started ahead
 
     def _recover(self, runner) -> str | None:
         """The restart (no fault): a child process like the killed run, or, with a session
@@ -452,29 +459,56 @@ class Campaign:
         if problems:
             raise SystemExit(f"the first build failed: {problems}")
 
-    def trial(self) -> dict:
-        rnd = self.rnd
-        self.trials += 1
-        n = self.trials
-        runner = self.runner
+    def _plan(self) -> dict:
+        """The next trial's run and kill (every random choice but the source changes), and
+        its process started ahead (its Spark session up, waiting to be told to go) when it
+        is the engine's runner: the JVM starts while this process restarts and checks the
+        trial before, and the kill happens after the go like any other."""
+        rnd, n = self.rnd, self.trials + 1
         continuous = n % 4 == 0
-        self.shop.change(rnd.randint(1, 12))
         env = dict(self.env)
-        by_point = rnd.random() >= self.random_kills
-        if by_point:
+        plan = {"continuous": continuous, "by_point": rnd.random() >= self.random_kills, "delay": None}
+        if plan["by_point"]:
             point = self.points[self._next_point % len(self.points)]
             if continuous and point in BATCH_END_POINTS:   # a continuous query publishes when it stops
                 point = rnd.choice([p for p in self.points if p not in BATCH_END_POINTS])
             # a continuous query reaches each point once per batch; a run's later batches too
             hit = rnd.randint(1, 3)
             env["CONSISTENT_STREAM_FAULT"] = f"{point}@{hit}"
-            kill = f"{point}@{hit}"
+            plan["kill"] = f"{point}@{hit}"
         else:
-            delay = rnd.uniform(1.0, max(self.run_seconds, 2.0))
-            kill = f"after {delay:.1f}s"
+            plan["delay"] = rnd.uniform(1.0, max(self.run_seconds, 2.0))
+            plan["kill"] = f"after {plan['delay']:.1f}s"
+        cmd = self.runner.command(continuous)
+        plan["cmd"], plan["env"] = cmd, env
+        plan["proc"] = _run(cmd, env, self.log, wait_for_go=True) if ENGINE_RUNNER in cmd else None
+        return plan
+
+    def close(self) -> None:
+        """Stop a process started ahead for a trial that will not run."""
+        plan, self._next = self._next, None
+        if plan and plan["proc"] is not None:
+            _kill_group(plan["proc"])
+
+    def trial(self) -> dict:
+        rnd = self.rnd
+        plan, self._next = self._next or self._plan(), None
+        self.trials += 1
+        n = self.trials
+        runner = self.runner
+        continuous, by_point, delay, kill = plan["continuous"], plan["by_point"], plan["delay"], plan["kill"]
+        self.shop.change(rnd.randint(1, 12))
         with open(self.log, "a") as f:
             f.write(f"\n=== trial {n}: {runner.name}{' continuous' if continuous else ''}, kill {kill}\n")
-        proc = _run(runner.command(continuous), env, self.log)
+        proc = plan["proc"]
+        if proc is None:
+            proc = _run(plan["cmd"], plan["env"], self.log)
+        else:
+            try:
+                proc.stdin.write(b"go\n")
+                proc.stdin.close()
+            except BrokenPipeError:   # it died while waiting: its exit status tells
+                pass
         t0 = time.time()
         trial_start = t0
         killed, outcome = False, "finished"
@@ -509,6 +543,7 @@ class Campaign:
         if rc not in (0, -signal.SIGKILL) and not killed:
             outcome += f" with exit status {rc}"
         run_end = time.time()
+        self._next = self._plan()   # its JVM starts during the restart and the check
         err = self._recover(runner)
         problems = [err] if err else self.check()
         result = {"trial": n, "runner": runner.name, "continuous": continuous, "kill": kill, "outcome": outcome,
@@ -554,6 +589,7 @@ def main(argv=None) -> int:
     for _ in range(args.trials):
         r = campaign.trial()
         print(json.dumps(r), file=sys.stderr, flush=True)
+    campaign.close()
     print(json.dumps(campaign.summary(time.time() - t0)))
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)

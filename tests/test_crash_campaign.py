@@ -1,4 +1,4 @@
-"""The short crash campaign (``benchmarks/crash_campaign.py``): at least 21 trials, each a run
+"""The short crash campaign (``benchmarks/crash_campaign.py``): at least 20 trials, each a run
 of three models (a join + aggregate, a bag, a ``ref()`` chain) in a child process killed with
 SIGKILL of its whole process group at a fault-injection point (every point of
 :data:`consistent_stream.faults.POINTS` killed at least once; every fourth trial a continuous
@@ -16,16 +16,19 @@ from helpers import REPO
 sys.path.insert(0, str(REPO / "benchmarks"))
 import crash_campaign  # noqa: E402
 
-MIN_TRIALS = 21
+MIN_TRIALS = 20
 MAX_TRIALS = 40
 
 
 def test_short_crash_campaign_loses_nothing_and_applies_nothing_twice(spark, tmp_path):
     campaign = crash_campaign.Campaign(tmp_path, seed=20261123, spark=spark, random_kills=0.1)
     campaign.setup()
-    while campaign.trials < MIN_TRIALS or (campaign.summary(0)["points_never_killed"]
-                                           and campaign.trials < MAX_TRIALS):
-        print(json.dumps(campaign.trial()), flush=True)
+    try:
+        while campaign.trials < MIN_TRIALS or (campaign.summary(0)["points_never_killed"]
+                                               and campaign.trials < MAX_TRIALS):
+            print(json.dumps(campaign.trial()), flush=True)
+    finally:
+        campaign.close()
     summary = campaign.summary(0)
     print(json.dumps(summary))
     assert summary["failures"] == 0, json.dumps(summary["failed_trials"], indent=1)
