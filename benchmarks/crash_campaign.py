@@ -510,7 +510,6 @@ class Campaign:
             except BrokenPipeError:   # it died while waiting: its exit status tells
                 pass
         t0 = time.time()
-        trial_start = t0
         killed, outcome = False, "finished"
         while True:
             if continuous and time.time() - t0 > 3 and rnd.random() < 0.3:
@@ -547,8 +546,8 @@ class Campaign:
         err = self._recover(runner)
         problems = [err] if err else self.check()
         result = {"trial": n, "runner": runner.name, "continuous": continuous, "kill": kill, "outcome": outcome,
-                  "ok": not problems, "seconds": round(time.time() - trial_start, 1),
-                  "run_seconds": round(run_end - trial_start, 1)}
+                  "ok": not problems, "seconds": round(time.time() - t0, 1),
+                  "run_seconds": round(run_end - t0, 1)}
         if problems:
             result["problems"] = problems[:5]
             self.failures.append(result)

@@ -90,62 +90,54 @@ MAINT_LINE = re.compile(r"maintenance .*? in ([0-9.]+)s")
 
 
 # ---- measurements ----------------------------------------------------------------------------
-def tree_rss_bytes(pid: int) -> int:
-    """Resident set size of ``pid`` and all its descendants (bytes, from /proc; 0 once gone)."""
-    children: dict[int, list[int]] = {}
+def processes() -> dict[int, tuple[int, str]]:
+    """Every process: pid -> (parent pid, command name), from /proc."""
+    out = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             with open(f"/proc/{d}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                name, rest = f.read().split("(", 1)[1].rsplit(")", 1)
+            out[int(d)] = (int(rest.split()[1]), name)
         except (OSError, IndexError, ValueError):
             continue
-        children.setdefault(ppid, []).append(int(d))
+    return out
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident set size of ``pid`` (bytes, from /proc; None once gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def tree_rss_bytes(pid: int, procs: dict[int, tuple[int, str]]) -> int:
+    """Resident set size of ``pid`` and all its descendants among ``procs`` (:func:`processes`)."""
+    children: dict[int, list[int]] = {}
+    for p, (ppid, _) in procs.items():
+        children.setdefault(ppid, []).append(p)
     total, todo = 0, [pid]
-    page = os.sysconf("SC_PAGE_SIZE")
     while todo:
         p = todo.pop()
         todo.extend(children.get(p, []))
-        try:
-            with open(f"/proc/{p}/statm") as f:
-                total += int(f.read().split()[1]) * page
-        except (OSError, IndexError, ValueError):
-            pass
+        total += rss_bytes(p) or 0
     return total
 
 
-def jvm_sample(pid: int) -> dict:
-    """The Spark JVM among ``pid``'s descendants: its RSS, and its heap from the JDK's
-    ``jstat -gc`` (bytes: used and committed, and the old generation's used part, whose
-    floor is what a leak would raise); None where the JVM or ``jstat`` is missing. Also the
-    RSS of ``pid`` itself (the Python driver)."""
-    out: dict = {"driver_rss_bytes": None, "jvm_rss_bytes": None, "jvm_heap_used_bytes": None,
+def jvm_sample(pid: int, procs: dict[int, tuple[int, str]]) -> dict:
+    """The Spark JVM among ``pid``'s children in ``procs`` (:func:`processes`): its RSS, and
+    its heap from the JDK's ``jstat -gc`` (bytes: used and committed, and the old
+    generation's used part, whose floor is what a leak would raise); None where the JVM or
+    ``jstat`` is missing. Also the RSS of ``pid`` itself (the Python driver)."""
+    out: dict = {"driver_rss_bytes": rss_bytes(pid), "jvm_rss_bytes": None, "jvm_heap_used_bytes": None,
                  "jvm_heap_committed_bytes": None, "jvm_old_used_bytes": None}
-    page = os.sysconf("SC_PAGE_SIZE")
-
-    def rss(p: int) -> int | None:
-        try:
-            with open(f"/proc/{p}/statm") as f:
-                return int(f.read().split()[1]) * page
-        except (OSError, IndexError, ValueError):
-            return None
-    out["driver_rss_bytes"] = rss(pid)
-    java = None
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if "(java)" in stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            java = int(d)
-            break
+    java = next((p for p, (ppid, name) in procs.items() if ppid == pid and name == "java"), None)
     if java is None:
         return out
-    out["jvm_rss_bytes"] = rss(java)
+    out["jvm_rss_bytes"] = rss_bytes(java)
     jstat = shutil.which("jstat")
     if jstat is None:
         return out
@@ -434,11 +426,12 @@ def main() -> int:
                     gen.start()
                 continue
             batches, maint = tail.read()
-            s = {"elapsed_s": round(time.time() - t0, 1), "rss_bytes": tree_rss_bytes(proc.pid),
+            procs = processes()
+            s = {"elapsed_s": round(time.time() - t0, 1), "rss_bytes": tree_rss_bytes(proc.pid, procs),
                  "batches": len(batches), "batch_s": round(statistics.median(batches), 3) if batches else None,
                  "batch_s_max": max(batches) if batches else None,
                  "maintenance_s": round(sum(maint), 3) if maint else None, "source_commits": gen.commits}
-            s.update(jvm_sample(proc.pid))
+            s.update(jvm_sample(proc.pid, procs))
             s.update(table_sample(job.target_path, "target", live=True))
             s.update(table_sample(job.state_root, "state", live=True))
             s["checkpoint_files"], s["checkpoint_bytes"] = dir_stats(job.checkpoint_location)
