@@ -196,19 +196,20 @@ def test_source_column_added_goes_on_unless_the_model_reads_it(spark, tmp_path):
     summary = run_job(spark, job)                              # does not read w: incremental
     assert summary["batches"] == 1 and summary["strategies"] == ["incremental"]
     _assert_recovered(spark, job, before)
-    with pytest.raises(ConfigError, match=r"src\.t.*column w.*added.*--full-refresh -s star"):
-        run_job(spark, star)
+    with pytest.raises(ConfigError, match=r"(?s)on_schema_change is 'fail'.*src\.t.*column w.*added.*"
+                                          r"--full-refresh -s star"):
+        run_job(spark, _with(star, on_schema_change="fail"))
     _assert_intact(star, star_before)
-    run_job(spark, star, full_refresh=True)
+    assert run_job(spark, star)["configuration_change"]["action"] == "apply"   # dbt's default: rebuilt
     _assert_recovered(spark, star, star_before)
 
 
 def test_source_column_dropped_names_the_column_and_full_refresh(spark, tmp_path):
     sc, job, before = _model(spark, tmp_path)
     _overwrite(sc, "t", pa.table({"k": [1, 2, 3], "g": ["a", "a", "b"]}))
-    with pytest.raises(ConfigError, match=r"src\.t .*column v \(bigint\) is gone \(dropped or renamed\).*"
+    with pytest.raises(ConfigError, match=r"(?s)src\.t .*column v \(bigint\) is gone \(dropped or renamed\).*"
                                           r"--full-refresh -s m"):
-        run_job(spark, job)
+        run_job(spark, _with(job, on_schema_change="fail"))
     _assert_intact(job, before)
     fixed = _with(job, sql="select g, count(*) as n from src.t group by g")
     run_job(spark, fixed, full_refresh=True)
@@ -218,8 +219,8 @@ def test_source_column_dropped_names_the_column_and_full_refresh(spark, tmp_path
 def test_source_column_type_changed_names_both_types_and_full_refresh(spark, tmp_path):
     sc, job, before = _model(spark, tmp_path)
     _overwrite(sc, "t", pa.table({"k": [1, 2, 3], "g": ["a", "a", "b"], "v": [10.5, 20.0, 30.25]}))
-    with pytest.raises(ConfigError, match=r"src\.t.*column v.*bigint.*double.*--full-refresh -s m"):
-        run_job(spark, job)
+    with pytest.raises(ConfigError, match=r"(?s)src\.t.*column v.*bigint.*double.*--full-refresh -s m"):
+        run_job(spark, _with(job, on_schema_change="fail"))
     _assert_intact(job, before)
     run_job(spark, job, full_refresh=True)
     _assert_recovered(spark, job, before)
@@ -228,9 +229,9 @@ def test_source_column_type_changed_names_both_types_and_full_refresh(spark, tmp
 def test_source_column_renamed_names_the_old_and_new_column(spark, tmp_path):
     sc, job, before = _model(spark, tmp_path)
     _overwrite(sc, "t", pa.table({"k": [1, 2, 3], "g": ["a", "a", "b"], "amount": [10, 20, 30]}))
-    with pytest.raises(ConfigError, match=r"src\.t .*column v \(bigint\) is gone \(dropped or renamed; its new "
+    with pytest.raises(ConfigError, match=r"(?s)src\.t .*column v \(bigint\) is gone \(dropped or renamed; its new "
                                           r"columns: amount\).*--full-refresh -s m"):
-        run_job(spark, job)
+        run_job(spark, _with(job, on_schema_change="fail"))
     _assert_intact(job, before)
     fixed = _with(job, sql="select g, count(*) as n, sum(amount) as s from src.t group by g")
     run_job(spark, fixed, full_refresh=True)
@@ -355,8 +356,9 @@ def test_changed_sql_or_sources_without_full_refresh_name_the_model_and_full_ref
     shutil.copytree(sc.path("t"), str(tmp_path / "copy"))
     moved = [s.__class__(**{**s.__dict__, "location": str(tmp_path / "copy")}) for s in job.sources]
     for changed in (changed_sql, _with(job, sources=moved)):
-        with pytest.raises(ConfigError, match=r"model m: its SQL or sources .*changed.*--full-refresh -s m"):
-            run_job(spark, changed)
+        with pytest.raises(ConfigError, match=r"(?s)model m: its definition changed .*on_configuration_change is "
+                                              r"'fail'.*--full-refresh -s m"):
+            run_job(spark, _with(changed, on_configuration_change="fail"))
         _assert_intact(job, before)
     run_job(spark, changed_sql, full_refresh=True)
     _assert_recovered(spark, changed_sql, before)

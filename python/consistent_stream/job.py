@@ -130,17 +130,13 @@ def _up_to_date(job: JobSpec, cut: Cut, target) -> BatchMeta | None:
     return meta if _last_spark_commit(job) == meta.batch_id else None
 
 
-def _check_fingerprint(job: JobSpec, fp: str, full_refresh: bool) -> None:
+def _start_checkpoint(job: JobSpec, fp: str, full_refresh: bool) -> None:
+    """Record in the checkpoint the definition the run maintains (``job.json``) and its
+    fingerprint ``fp``; a full refresh removes the checkpoint (state, cut log, Spark's
+    query) first."""
     path = os.path.join(job.checkpoint_location, "_consistent_stream", "fingerprint")
     if full_refresh and os.path.exists(job.checkpoint_location):
         shutil.rmtree(job.checkpoint_location)
-    if os.path.exists(path):
-        with open(path) as f:
-            old = f.read().strip()
-        if old != fp:
-            raise ConfigError(f"model {job.model}: its SQL or sources (or the engine's checkpoint format) changed "
-                              f"since the checkpoint at {job.checkpoint_location} was made; run "
-                              f"dbt run --full-refresh -s {job.model}")
     job.save()
     with open(path, "w") as f:
         f.write(fp)
@@ -181,29 +177,50 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
     fp = fingerprint(job.sql, job.sources)
     from .delta import DeltaTableRef
     target = DeltaTableRef(job.target_path)
-    from . import preflight
-    preflight.check_checkpoint_owner(job, full_refresh)
-    if not full_refresh:
+    from . import config_change, preflight
+    preflight.check_checkpoint_owner(job)
+    changes = [] if full_refresh else config_change.definition_changes(job, fp)
+    if not full_refresh and not changes:
         preflight.check_checkpoint_files(job)
-
-    if not full_refresh and job.trigger == "available_now" and _fingerprint_is(job, fp):
-        meta = _up_to_date(job, cut, target)
-        if meta is not None:
-            _publish(spark, job, target, target.version())
-            commit = target.latest_commit()
-            log.info("%s: up to date (target version %d reflects the sources' latest versions)",
-                     job.model, commit.version)
-            return _summary(job, t0, [], cut, commit.version, _freshness(target, meta, commit.timestamp_ms),
-                            full_refresh, _cached_key(job), up_to_date=True)
-
-    if not full_refresh:  # the target deleted or written by someone else, a source column changed
+        if job.trigger == "available_now" and _fingerprint_is(job, fp):
+            meta = _up_to_date(job, cut, target)
+            if meta is not None:
+                _publish(spark, job, target, target.version())
+                commit = target.latest_commit()
+                log.info("%s: up to date (target version %d reflects the sources' latest versions)",
+                         job.model, commit.version)
+                return _summary(job, t0, [], cut, commit.version, _freshness(target, meta, commit.timestamp_ms),
+                                full_refresh, _cached_key(job), up_to_date=True)
+        # the target deleted or written by someone else; a column the model reads changed
         preflight.check_target(job, target, _query_id(job), _last_spark_commit(job))
-        preflight.check_source_schemas(job, fp, _plan_path(job), {k: s.schema() for k, s in sources.items()})
-    compiled, out_schema, types = compile_job(spark, job, cut, sources)  # raises before anything is written
+        drift = preflight.source_schema_drift(job, fp, _plan_path(job), {k: s.schema() for k, s in sources.items()})
+        changes = config_change.schema_changes(drift, job)
+    action = config_change.action(job, changes) if target.exists() else ("apply" if changes else "none")
+    if action == "fail":
+        raise config_change.failure(job, changes)
+    if action == "continue":
+        log.warning("%s: its definition changed since the checkpoint was made, and on_configuration_change is "
+                    "'continue': the view is kept as it is, at target version %d, and not refreshed:\n%s",
+                    job.model, target.version(), config_change.describe(changes))
+        _publish(spark, job, target, target.version())
+        summary = _summary(job, t0, [], cut, target.version(), None, False, _cached_key(job))
+        summary["configuration_change"] = {"action": action, "changes": [str(c) for c in changes]}
+        return summary
+    if action == "apply":
+        log.warning("%s: its definition changed since the checkpoint was made; rebuilding the view (a full "
+                    "refresh):\n%s", job.model, config_change.describe(changes))
+        full_refresh = True
+    try:
+        compiled, out_schema, types = compile_job(spark, job, cut, sources)  # raises before anything is written
+    except (CompileError, ConfigError) as e:
+        if action != "apply":
+            raise
+        raise ConfigError(f"model {job.model}: rebuilding the view after its definition changed failed, and "
+                          f"nothing was read or written:\n{config_change.describe(changes)}\n{e}") from e
     key = target_key(job, compiled, out_schema)
     log.info("%s: target %s", job.model, f"merged by unique_key {key}" + ("" if job.unique_key else " (inferred)")
              if key else "kept as a bag (no unique key configured or inferred)")
-    _check_fingerprint(job, compiled.fingerprint, full_refresh)
+    _start_checkpoint(job, compiled.fingerprint, full_refresh)
     _save_plan(job, compiled, out_schema, types)
     runtime = QueryRuntime(spark, job, compiled, out_schema, types)
     runtime.sources = sources
@@ -305,6 +322,8 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
         freshness = _freshness(target, BatchMeta.from_commit(c), c.timestamp_ms)
     summary = _summary(job, t0, results, cut, version, freshness, full_refresh, key, folded=folded)
     summary["progress"] = progress
+    if action == "apply":
+        summary["configuration_change"] = {"action": action, "changes": [str(c) for c in changes]}
     return summary
 
 

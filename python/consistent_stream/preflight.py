@@ -4,7 +4,7 @@ come from outside the engine (README "Bad inputs and recovery").
 Before a run (:func:`~consistent_stream.job.run_job`):
 
 * :func:`check_checkpoint_owner`: the checkpoint belongs to this model (its ``job.json``
-  names the model and target), so that two models configured with one
+  names the model), so that two models configured with one
   ``checkpoint_location`` never replay each other's batches, and ``--full-refresh`` of one
   never deletes the other's checkpoint;
 * :func:`check_checkpoint_files`: the files the run is about to read (the pending cut files,
@@ -12,8 +12,8 @@ Before a run (:func:`~consistent_stream.job.run_job`):
   whole; a file cut short or emptied is named instead of failing deep inside Spark;
 * :func:`check_target`: once the query has committed a batch, the target exists and its
   newest version is that query's (not deleted, not written by anyone else);
-* :func:`check_source_schemas`: the columns the model reads have the names and types they had
-  when the checkpoint was made.
+* :func:`source_schema_drift`: what changed in the names and types of the columns the model
+  reads since the checkpoint was made (what a run does about it: :mod:`.config_change`).
 
 Each raises an error naming the file, table or config key and saying what to do; none of them
 writes. After a failure, :func:`explain_failure` turns a failure of the machine (a read-only
@@ -35,15 +35,12 @@ _FULL_REFRESH = "run dbt run --full-refresh -s {model}"
 
 
 # ---- the checkpoint ---------------------------------------------------------------------------
-def check_checkpoint_owner(job: JobSpec, full_refresh: bool) -> None:
+def check_checkpoint_owner(job: JobSpec) -> None:
     """Raise ConfigError when the checkpoint at ``job.checkpoint_location`` was made for another
-    model (its ``job.json`` names another model, whatever ``full_refresh`` says) or for another
-    target of this model (unless ``full_refresh``, which starts it over)."""
-    try:
-        with open(job.spec_path) as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
-        return
+    model (its ``job.json`` names another model), whatever ``--full-refresh`` says. (Another
+    target of this model is a change of its definition: :mod:`consistent_stream.config_change`.)"""
+    from .config_change import saved_definition
+    saved = saved_definition(job) or {}
     model, target = saved.get("model"), saved.get("target_path")
     if model and model != job.model:
         raise ConfigError(
@@ -51,11 +48,6 @@ def check_checkpoint_owner(job: JobSpec, full_refresh: bool) -> None:
             f"model {model} (target {target}); each model needs its own checkpoint_location. Nothing was read "
             f"or written, and model {model}'s checkpoint was left as it is: change checkpoint_location of "
             f"{job.model} (or unset it: the default is <target>__checkpoint)")
-    if target and os.path.normpath(target) != os.path.normpath(job.target_path) and not full_refresh:
-        raise ConfigError(
-            f"model {job.model}: the checkpoint at {job.checkpoint_location} was made for the target {target}, "
-            f"but the target is now {job.target_path} (location_root or the alias changed). Nothing was "
-            f"written; {_FULL_REFRESH.format(model=job.model)} to build the new target")
 
 
 def _damaged(job: JobSpec, path: str, why: str) -> CommitError:
@@ -168,24 +160,27 @@ def _fields(schema_json: dict) -> dict[str, str]:
     return {f.name.lower(): f.dataType.simpleString() for f in StructType.fromJson(schema_json).fields}
 
 
-def check_source_schemas(job: JobSpec, fingerprint: str, plan_path: str, schemas: dict[str, StructType]) -> None:
+def source_schema_drift(job: JobSpec, fingerprint: str, plan_path: str,
+                        schemas: dict[str, StructType]) -> dict[str, list[str]]:
     """Compare each source's schema now (``schemas``: source key -> StructType) with the one
-    recorded in the checkpoint's plan (``plan_path``) for this ``fingerprint``. A column the
-    model reads that was dropped, renamed or changed type, or a new column the model reads
-    (``select *``), raises ConfigError naming the source, the columns and ``--full-refresh``;
-    a change to columns the model does not read is carried on."""
+    recorded in the checkpoint's plan (``plan_path``) for this ``fingerprint``. Returns, per
+    source key, what changed in the columns the model reads: one dropped, renamed or retyped,
+    or a new column the model reads (``select *``); a change to columns the model does not
+    read is no drift. Empty when nothing the model reads changed, or when the plan was made
+    for another fingerprint (then the definition changed anyway:
+    :mod:`consistent_stream.config_change`)."""
     try:
         with open(plan_path) as f:
             saved = json.load(f)
         if saved.get("fingerprint") != fingerprint:
-            return
+            return {}
         before = {k: _fields(v) for k, v in json.loads(saved["source_schemas"]).items()}
     except (OSError, ValueError, KeyError, TypeError):
-        return
+        return {}
     now = {k: {f.name.lower(): f.dataType.simpleString() for f in s.fields} for k, s in schemas.items()}
     changed = [k for k in now if k in before and before[k] != now[k]]
     if not changed:
-        return
+        return {}
     from .plan import compile_model
     from .runtime import scan_columns
 
@@ -197,10 +192,11 @@ def check_source_schemas(job: JobSpec, fingerprint: str, plan_path: str, schemas
         return {k: {c.lower() for c in cols} for k, cols in scan_columns(compiled).items()}
     read_before = read({**now, **before}) or {}
     read_now = read(now)
-    problems = []
+    drift: dict[str, list[str]] = {}
     for key in changed:
         old, new = before[key], now[key]
         added = [c for c in new if c not in old]
+        problems = []
         for c in old:
             if c not in read_before.get(key, ()):
                 continue
@@ -213,12 +209,8 @@ def check_source_schemas(job: JobSpec, fingerprint: str, plan_path: str, schemas
             if read_now is not None and c in read_now.get(key, ()):
                 problems.append(f"column {c} ({new[c]}) was added and the model reads it")
         if problems:
-            location = next((s.location for s in job.sources if s.key == key), "?")
-            raise ConfigError(
-                f"model {job.model}: the schema of source {key} ({location}) changed since the checkpoint at "
-                f"{job.checkpoint_location} was made: {'; '.join(problems)}. Nothing was read or written; "
-                f"update the model SQL if it names a column that is gone, then "
-                f"{_FULL_REFRESH.format(model=job.model)}")
+            drift[key] = problems
+    return drift
 
 
 # ---- failures from outside --------------------------------------------------------------------

@@ -24,6 +24,11 @@ DELETED_FILE_RETENTION_HOURS = 168.0
 Data Feed files are kept this long (Delta's ``delta.deletedFileRetentionDuration``, 7 days)."""
 STATE_RETENTION_VERSIONS = 2
 """Default ``state_retention_versions``: state table versions kept (the newest ones)."""
+ON_CONFIGURATION_CHANGE = ("apply", "continue", "fail")
+"""Values of dbt's ``on_configuration_change`` (the first is dbt's default); see
+:mod:`consistent_stream.config_change`."""
+ON_SCHEMA_CHANGE = ("ignore", "fail", "append_new_columns", "sync_all_columns")
+"""Values of dbt's ``on_schema_change`` (the first is dbt's default)."""
 CHECKPOINT_INTERVAL = 100
 """Default ``checkpoint_interval``: commits between Delta checkpoints (delta-rs' default
 ``delta.checkpointInterval``)."""
@@ -101,7 +106,9 @@ class JobSpec:
     over driver-side relations run, ``duckdb`` (in-process, exact or not at all, see
     :mod:`consistent_stream.plan.local`) or ``spark`` (always as Spark jobs).
     ``log_retention_hours``, ``deleted_file_retention_hours``, ``state_retention_versions``,
-    ``checkpoint_interval``: what table maintenance keeps (:mod:`.sink.maintenance`)."""
+    ``checkpoint_interval``: what table maintenance keeps (:mod:`.sink.maintenance`).
+    ``on_configuration_change``, ``on_schema_change``: what a run does when the definition
+    or the sources' schemas changed since the checkpoint (:mod:`.config_change`)."""
     model: str
     schema: str
     identifier: str
@@ -120,6 +127,8 @@ class JobSpec:
     deleted_file_retention_hours: float = DELETED_FILE_RETENTION_HOURS
     state_retention_versions: int = STATE_RETENTION_VERSIONS
     checkpoint_interval: int = CHECKPOINT_INTERVAL
+    on_configuration_change: str = ON_CONFIGURATION_CHANGE[0]
+    on_schema_change: str = ON_SCHEMA_CHANGE[0]
 
     @property
     def spec_path(self) -> str:
@@ -182,6 +191,13 @@ class JobSpec:
         if local_engine not in ("duckdb", "spark"):
             raise ConfigError(f"model {model_name}: config local_engine must be 'duckdb' or 'spark', "
                               f"got {config.get('local_engine')!r}")
+        policies = {}
+        for key, allowed in (("on_configuration_change", ON_CONFIGURATION_CHANGE),
+                             ("on_schema_change", ON_SCHEMA_CHANGE)):
+            policies[key] = str(config.get(key) or allowed[0]).lower()
+            if policies[key] not in allowed:
+                raise ConfigError(f"model {model_name}: config {key} must be one of {', '.join(allowed)}; "
+                                  f"got {config.get(key)!r}")
         srcs = [_source_spec(s, project_root, warehouse_dir) for s in sources]
         if not srcs:
             raise ConfigError(f"model {model_name}: a consistent_stream model reads at least one source() "
@@ -190,4 +206,4 @@ class JobSpec:
                        unique_key=unique_key, target_path=target, checkpoint_location=os.path.normpath(ckpt),
                        partition_by=partition_by, trigger=trigger, recompute_threshold=threshold,
                        state_file_rows=file_rows, max_batch_rows=batch_rows, local_engine=local_engine,
-                       **retention)
+                       **retention, **policies)

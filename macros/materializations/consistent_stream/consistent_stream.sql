@@ -23,6 +23,8 @@
       'recompute_threshold': config.get('recompute_threshold', none),
       'max_batch_rows': config.get('max_batch_rows', none),
       'state_file_rows': config.get('state_file_rows', none),
+      'on_configuration_change': config.get('on_configuration_change', none),
+      'on_schema_change': config.get('on_schema_change', none),
   } -%}
 
   {{ run_hooks(pre_hooks) }}
@@ -31,6 +33,17 @@
       compiled_code, sources, stream_config,
       target_relation.schema, target_relation.identifier, model['name'], full_refresh) -%}
 
+  {%- set change = summary.get('configuration_change') -%}
+  {%- if change and change.get('action') == 'continue' -%}
+    {% do exceptions.warn('Configuration changes were identified and `on_configuration_change` was set to `continue` for `'
+                          ~ target_relation.render() ~ '`: the view is kept as it is, at version '
+                          ~ summary.get('target_version') ~ ', and not refreshed. Changes:\n  - '
+                          ~ change.get('changes') | join('\n  - ')) %}
+  {%- elif change -%}
+    {% do log('consistent_stream ' ~ model['name'] ~ ': configuration changes were identified; rebuilt the view '
+              ~ '(a full refresh, on_configuration_change ' ~ config.get('on_configuration_change') ~ '). Changes:\n  - '
+              ~ change.get('changes') | join('\n  - '), info=True) %}
+  {%- endif -%}
   {%- if summary.get('up_to_date') -%}
     {% do log('consistent_stream ' ~ summary.get('model', model['name']) ~ ': up to date, target version '
                ~ summary.get('target_version') ~ ', freshness ' ~ summary.get('freshness_s') ~ ' s, '
@@ -55,8 +68,9 @@
   {% for progress in summary.get('progress', []) %}
     {% do log('consistent_stream ' ~ model['name'] ~ ' StreamingQueryProgress ' ~ tojson(progress), info=False) %}
   {% endfor %}
-  {% do store_raw_result(name='main', message=('up to date, version ' if summary.get('up_to_date') else 'OK version ')
-                                            ~ summary.get('target_version'),
+  {% do store_raw_result(name='main', message=('up to date, version ' if summary.get('up_to_date')
+                                             else 'kept (configuration changed), version ' if change and change.get('action') == 'continue'
+                                             else 'OK version ') ~ summary.get('target_version'),
                          code='OK', rows_affected=summary.get('rows_written')) %}
 
   {{ run_hooks(post_hooks) }}

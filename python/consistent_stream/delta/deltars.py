@@ -308,13 +308,13 @@ class DeltaTableRef:
         """ONE commit that adds ``adds`` (files already written under the table root) and
         removes ``removes``, recording ``txn`` and ``metadata``; creates the table (with
         ``schema``, ``partition_by`` and table properties ``configuration``) when missing,
-        and replaces its schema with ``schema`` when every file is removed and it differs.
-        Returns the new version."""
+        and replaces its schema and partitioning with ``schema`` and ``partition_by`` (every
+        file removed: a rebuild) when they differ. Returns the new version."""
         schema = plain_arrow(schema.empty_table()).schema
         fault_point("files_written")
+        from deltalake import Schema
+        from deltalake.transaction import create_table_with_add_actions
         if not self.exists():
-            from deltalake import Schema
-            from deltalake.transaction import create_table_with_add_actions
             create_table_with_add_actions(self.path, Schema.from_arrow(schema), [a.add_action() for a in adds],
                                           partition_by=partition_by or None, configuration=configuration,
                                           commit_properties=self._props(txn, metadata))
@@ -323,13 +323,18 @@ class DeltaTableRef:
         dt = self.table()
         current = pa.schema(dt.schema().to_arrow())
         same = [(f.name, f.type) for f in plain_arrow(current.empty_table()).schema] == \
-               [(f.name, f.type) for f in schema]
+               [(f.name, f.type) for f in schema] and \
+               list(dt.metadata().partition_columns) == list(partition_by or [])
         before = dt.version()
         if not same:
-            # a new schema (a full refresh that changed the output): overwrite every file
-            dt.create_write_transaction([a.add_action() for a in adds], "overwrite", schema,
-                                        partition_by=partition_by or None,
-                                        commit_properties=self._props(txn, metadata))
+            # a new schema or partitioning (a full refresh that changed the output or
+            # partition_by): CREATE OR REPLACE in one commit, every file removed. (An
+            # "overwrite" write transaction keeps the old partition columns in the metadata
+            # while the new files carry partition values: they would read as NULL.)
+            create_table_with_add_actions(self.path, Schema.from_arrow(schema), [a.add_action() for a in adds],
+                                          mode="overwrite", partition_by=partition_by or None,
+                                          configuration={**dt.metadata().configuration, **(configuration or {})},
+                                          commit_properties=self._props(txn, metadata))
         else:
             dt.create_write_transaction([a.add_action() for a in adds] + [r.remove_action() for r in removes],
                                         "append", current, partition_by=partition_by or None,
