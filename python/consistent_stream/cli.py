@@ -1,6 +1,9 @@
 """The ``consistent-stream`` command.
 
-    consistent-stream verify MODEL [--project-dir DIR]   # or --target-path PATH
+    consistent-stream verify MODEL [--project-dir DIR] [--version N]   # or --target-path PATH
+    consistent-stream status [MODEL ...] [--project-dir DIR] [--json]
+    consistent-stream plot MODEL [--project-dir DIR] [--out PNG]
+    consistent-stream explain MODEL [--project-dir DIR]
     consistent-stream cut MODEL [MODEL ...] [--project-dir DIR]
     consistent-stream tpch-generate --sf 0.1 --dir data/tpch
     consistent-stream tpch-refresh --dir data/tpch --round 1
@@ -49,7 +52,7 @@ def _cmd_verify(args) -> int:
         with open(idx) as f:
             path = json.load(f)["target_path"]
     try:
-        res = verify_target(local_spark(), path)
+        res = verify_target(local_spark(), path, version=args.version)
     except ConsistentStreamError as e:
         print(f"verify: error: {e}", file=sys.stderr)
         return 2
@@ -59,6 +62,75 @@ def _cmd_verify(args) -> int:
     print(f"verify {res.model} version {res.target_version} (batch {res.batch_id}, "
           f"{res.rows_target} rows): {status}", file=sys.stderr)
     return 0 if res.ok else 1
+
+
+def _model_jobs(args, models: list[str]):
+    from .observe import load_model, project_models
+    root = os.path.abspath(args.project_dir)
+    names = models or project_models(root)
+    if not names:
+        raise ConsistentStreamError(f"no consistent_stream model has been run in project {args.project_dir} "
+                                    f"(nothing under .consistent_stream/models): run dbt run first")
+    return [load_model(root, m) for m in names]
+
+
+def _cmd_status(args) -> int:
+    from .observe import model_status
+    try:
+        statuses = [model_status(job) for job in _model_jobs(args, args.models)]
+    except ConsistentStreamError as e:
+        print(f"status: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        for s in statuses:
+            print(json.dumps(s.to_dict(), default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title=f"consistent_stream models in {args.project_dir}")
+    for column, justify in (("model", "left"), ("version", "right"), ("batch", "right"), ("cut", "left"),
+                            ("lag (versions)", "right"), ("lag (s)", "right"), ("freshness (s)", "right"),
+                            ("age (s)", "right"), ("last batch", "right")):
+        table.add_column(column, justify=justify, overflow="fold")
+
+    def num(v) -> str:
+        return "-" if v is None else f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"
+    for s in statuses:
+        if s.error and s.target_version is None:
+            table.add_row(s.model, "-", "-", s.error, "-", "-", "-", "-", "-")
+            continue
+        cut = "\n".join(f"{k}@{v}" for k, v in sorted(s.cut.items()))
+        last = "-" if s.last_batch_changes is None else \
+            f"{s.last_batch_changes:,} changes" + (f" in {s.last_batch_s:.1f} s" if s.last_batch_s is not None else "")
+        table.add_row(s.model, num(s.target_version), num(s.batch_id), cut + (f" ({s.error})" if s.error else ""),
+                      num(s.lag_versions), num(s.lag_s), num(s.freshness_s), num(s.age_s), last)
+    console = Console()
+    (console if console.is_terminal else Console(width=160)).print(table)
+    return 0
+
+
+def _cmd_plot(args) -> int:
+    from .observe import plot_history
+    try:
+        [job] = _model_jobs(args, [args.model])
+        out = args.out or f"{args.model}_history.png"
+        points = plot_history(job, out, limit=args.versions)
+    except ConsistentStreamError as e:
+        print(f"plot: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({"model": args.model, "png": os.path.abspath(out), "versions": len(points)}))
+    return 0
+
+
+def _cmd_explain(args) -> int:
+    from .observe import explain_model
+    try:
+        [job] = _model_jobs(args, [args.model])
+        print(explain_model(job))
+    except ConsistentStreamError as e:
+        print(f"explain: error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _cmd_cut(args) -> int:
@@ -98,7 +170,25 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("model", help="the dbt model name")
     v.add_argument("--project-dir", default=".", help="the dbt project directory (default: .)")
     v.add_argument("--target-path", default=None, help="the target Delta table (instead of a model lookup)")
+    v.add_argument("--version", type=int, default=None,
+                   help="check this retained version of the target instead of the latest")
     v.set_defaults(func=_cmd_verify)
+    st = sub.add_parser("status", help="every consistent_stream model of a project: version, cut, lag, freshness, "
+                                       "last batch")
+    st.add_argument("models", nargs="*", help="dbt model names (default: every model run in the project)")
+    st.add_argument("--project-dir", default=".", help="the dbt project directory (default: .)")
+    st.add_argument("--json", action="store_true", help="one JSON line per model instead of a table")
+    st.set_defaults(func=_cmd_status)
+    pl = sub.add_parser("plot", help="a PNG of a model's freshness and batch time over its target's versions")
+    pl.add_argument("model", help="the dbt model name")
+    pl.add_argument("--project-dir", default=".", help="the dbt project directory (default: .)")
+    pl.add_argument("--out", default=None, help="the PNG to write (default: <model>_history.png)")
+    pl.add_argument("--versions", type=int, default=1000, help="the newest this many versions (default 1000)")
+    pl.set_defaults(func=_cmd_plot)
+    ex = sub.add_parser("explain", help="a model's incremental plan: operators, their state and keys")
+    ex.add_argument("model", help="the dbt model name")
+    ex.add_argument("--project-dir", default=".", help="the dbt project directory (default: .)")
+    ex.set_defaults(func=_cmd_explain)
     cu = sub.add_parser("cut", help="the newest versions of several models that share one base cut")
     cu.add_argument("models", nargs="+", help="dbt model names (consistent_stream models)")
     cu.add_argument("--project-dir", default=".", help="the dbt project directory (default: .)")

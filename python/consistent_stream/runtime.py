@@ -67,7 +67,8 @@ class BatchMeta:
     """The commit metadata of a target version (``consistent_stream.*`` keys): which query and
     batch wrote it, the cut it reflects, when the cut's newest source commit happened (per
     source and overall, ms since epoch), the state version the next batch reads, and how the
-    batch was computed."""
+    batch was computed: ``changes_read`` source change rows (snapshot rows when recomputed),
+    from ``started_ms`` (ms since epoch; 0 in commits of older versions) to the commit."""
     app_id: str
     batch_id: int
     model: str
@@ -80,11 +81,13 @@ class BatchMeta:
     cut_lsn: dict = field(default_factory=dict)
     base_cut: dict = field(default_factory=dict)
     unique_key: list | None = None
+    changes_read: int = 0
+    started_ms: int = 0
 
     def to_metadata(self) -> dict:
         d = asdict(self)
-        d["batch_id"] = str(self.batch_id)
-        d["source_commit_ms"] = str(self.source_commit_ms)
+        for k in ("batch_id", "source_commit_ms", "changes_read", "started_ms"):
+            d[k] = str(d[k])
         if not self.cut_lsn:
             d.pop("cut_lsn")
         if self.state_version is None:
@@ -109,7 +112,8 @@ class BatchMeta:
                          checkpoint_location=m.get("checkpoint_location", ""),
                          strategy=m.get("strategy", "incremental"), cut_lsn=js(m.get("cut_lsn"), {}),
                          base_cut=js(m.get("base_cut"), {}) or js(m["cut"], {}),
-                         unique_key=js(m.get("unique_key"), None))
+                         unique_key=js(m.get("unique_key"), None),
+                         changes_read=int(m.get("changes_read", 0)), started_ms=int(m.get("started_ms", 0)))
 
 
 @dataclass
@@ -243,7 +247,8 @@ class QueryRuntime:
                              state_version=None, checkpoint_location=self.job.checkpoint_location,
                              strategy=b.metrics.strategy,
                              cut_lsn=cut_metadata(list(self.sources.values()), end).get("cut_lsn", {}),
-                             base_cut=base_cut(list(self.sources.values()), end.versions), unique_key=self.key)
+                             base_cut=base_cut(list(self.sources.values()), end.versions), unique_key=self.key,
+                             changes_read=read, started_ms=int(t0 * 1000))
             version, written, rewritten, meta = self._evaluate_and_commit(b, changes, rebuild, meta)  # steps 3-5
         finally:
             b.views.drop()

@@ -1,4 +1,5 @@
-"""``consistent-stream verify``: check the central contract on a target's latest commit.
+"""``consistent-stream verify``: check the central contract on a target's latest commit (or
+any retained version).
 
 Reads the base cut from the target's latest consistent_stream commit, evaluates the model's
 SQL in batch (Spark) over the sources at that cut (an upstream model of a ``ref()`` chain
@@ -75,11 +76,30 @@ def latest_commit(target: DeltaTableRef):
     raise ConsistentStreamError(f"{target.path} has no consistent_stream commit in its last 100 versions")
 
 
-def verify_target(spark: SparkSession, target_path: str, examples: int = 5) -> VerifyResult:
-    """Diff the target's latest committed version against batch evaluation of the whole
-    chain at its base cut."""
+def commit_of_version(target: DeltaTableRef, version: int):
+    """The commit of ``version`` of ``target``, which must be a consistent_stream batch still
+    in the log. Raises ConsistentStreamError naming the version otherwise."""
+    latest = target.latest_version()
+    if not 0 <= version <= latest:
+        raise ConsistentStreamError(f"{target.path} has versions 0..{latest}, not {version}")
+    try:
+        commit = target.commit_at(version)
+    except ConsistentStreamError as e:
+        raise ConsistentStreamError(f"version {version} of {target.path} is no longer retained: {e} (the model's "
+                                    f"log_retention_hours decides how long versions stay)") from e
+    if "cut" not in commit.metadata:
+        raise ConsistentStreamError(f"version {version} of {target.path} was not written by a consistent_stream "
+                                    f"batch (no cut in its commit)")
+    return commit
+
+
+def verify_target(spark: SparkSession, target_path: str, examples: int = 5,
+                  version: int | None = None) -> VerifyResult:
+    """Diff the target's latest committed version (or ``version``, any retained one) against
+    batch evaluation of the whole chain at its base cut. The sources' versions of that cut
+    must still be readable (not vacuumed)."""
     target = DeltaTableRef(target_path)
-    commit = latest_commit(target)
+    commit = latest_commit(target) if version is None else commit_of_version(target, version)
     meta = commit.metadata
     job = JobSpec.load(os.path.join(meta["checkpoint_location"], "_consistent_stream", "job.json"))
     cut = Cut.from_json(meta["cut"])
