@@ -47,6 +47,7 @@ setup(
         "psycopg2-binary>=2.9,<3",
         "orjson>=3.9",
         "matplotlib>=3.8",
+        "rich>=13",
     ],
     extras_require={"test": ["pytest", "hypothesis"]},
     entry_points={"console_scripts": ["consistent-stream = consistent_stream.cli:main"]},
