@@ -200,7 +200,9 @@ def test_consistent_stream_model_calls_the_engine_with_its_sql_sources_and_confi
     ]
     assert call["config"] == {"unique_key": ["customer_id"], "location_root": None, "checkpoint_location": "/tmp/chk",
                               "partition_by": "region", "trigger": "availableNow", "max_batch_rows": 1000,
-                              "recompute_threshold": None, "state_file_rows": None}
+                              "recompute_threshold": None, "state_file_rows": None,
+                              "on_configuration_change": "apply", "on_schema_change": "ignore",
+                              "contract": [], "constraints": []}
     assert call["full_refresh"] is False
     assert result.result.results[0].message == "OK version 4"
 
@@ -269,3 +271,80 @@ def test_adapter_run_info_names_the_plugin_module():
 
     info = ConsistentSparkAdapter.get_adapter_run_info(None)
     assert (info.adapter_name, info.adapter_version) == ("consistent_spark", "0.1.0")
+
+
+CONTRACTED = """
+    version: 2
+    sources:
+      - name: shop
+        tables:
+          - name: orders
+            meta:
+              consistent_stream: {format: delta, location: data/orders, primary_key: [order_id]}
+    models:
+      - name: totals
+        config:
+          contract: {enforced: true}
+          grants: {select: [analysts]}
+        constraints:
+          - type: check
+            expression: "amount >= 0"
+            name: no_refunds
+          - type: unique
+            columns: [customer_id]
+        columns:
+          - name: customer_id
+            data_type: %s
+            constraints: [{type: not_null}]
+          - name: amount
+            data_type: bigint
+    """
+
+
+def test_contract_constraints_grants_and_configuration_changes_through_dbt(project):
+    """Real engine: an enforced contract checked before anything is written (dbt's table of
+    mismatches), constraints enforced at each batch (not_null, check; unique warned about),
+    grants warned about, and on_configuration_change continue / fail on a changed SQL."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+    root, schema, _ = project
+    write_deltalake(str(root / "data" / "orders"), pa.table({"order_id": [1, 2, 3], "customer_id": [7, 7, 8],
+                                                             "amount": [5, 6, 7]}),
+                    configuration={"delta.enableChangeDataFeed": "true"})
+    model = ("{{ config(materialized='consistent_stream', on_configuration_change='%s') }}\n"
+             "select customer_id, sum(amount) as amount from {{ source('shop', 'orders') }} group by customer_id")
+    write(root, {"models/schema.yml": CONTRACTED % "string", "models/totals.sql": model % "fail"})
+    result = dbt(root, "run")
+    assert not result.success
+    assert "| customer_id | bigint | string | data type mismatch |" in messages(result)
+
+    write(root, {"models/schema.yml": CONTRACTED % "bigint"})
+    logs: list[str] = []
+    result = dbtRunner(callbacks=[lambda e: logs.append(e.info.msg)]).invoke(
+        ["run", "--project-dir", str(root), "--profiles-dir", str(root)])
+    assert result.success, messages(result)
+    assert any("`grants`" in m and "not applied" in m for m in logs)
+    assert any("unique constraint on customer_id is not enforced" in m for m in logs)
+    assert spark_session().table(f"{schema}.totals").count() == 2
+
+    write_deltalake(str(root / "data" / "orders"), pa.table({"order_id": [4], "customer_id": [None],
+                                                             "amount": [1]}).cast(
+        pa.schema([("order_id", pa.int64()), ("customer_id", pa.int64()), ("amount", pa.int64())])), mode="append")
+    result = dbt(root, "run")
+    assert not result.success and "not_null on ['customer_id']" in messages(result)
+
+    import json
+    target = DeltaTable(json.loads((root / ".consistent_stream" / "models" / "totals.json").read_text())["target_path"])
+    version = target.version()
+    write(root, {"models/totals.sql": (model % "continue").replace("sum(amount)", "max(amount)")})
+    logs.clear()
+    result = dbtRunner(callbacks=[lambda e: logs.append(e.info.msg)]).invoke(
+        ["run", "--project-dir", str(root), "--profiles-dir", str(root)])
+    assert result.success, messages(result)
+    assert result.result.results[0].message == f"kept (configuration changed), version {version}"
+    assert any("on_configuration_change` was set to `continue`" in m and "+select customer_id, max(amount)" in m
+               for m in logs)
+    write(root, {"models/totals.sql": (model % "fail").replace("sum(amount)", "max(amount)")})
+    result = dbt(root, "run")
+    assert not result.success and "on_configuration_change is 'fail'" in messages(result)
+    assert DeltaTable(target.table_uri).version() == version

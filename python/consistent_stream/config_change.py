@@ -1,8 +1,8 @@
 """What changed since a model's checkpoint was made, and what a run does about it.
 
 A checkpoint (its state, its cut log, its Spark query) holds the view of one definition: the
-model's SQL, its sources (key, location, primary key), ``unique_key``, ``partition_by`` and
-target, saved as ``_consistent_stream/job.json`` when a run starts, and the columns the plan
+model's SQL, its sources (key, location, primary key), ``unique_key``, ``partition_by``,
+its enforced constraints and target, saved as ``_consistent_stream/job.json`` when a run starts, and the columns the plan
 reads from each source, with their types (``_consistent_stream/plan.json``). When the next
 run's definition differs, the state no longer follows from the sources by the new
 definition, and the run does what the model's config says, as dbt's materialized views do:
@@ -37,8 +37,8 @@ _SQL_DIFF_LINES = 40
 @dataclass(frozen=True)
 class Change:
     """One difference between the checkpoint's definition and the run's: ``what`` is
-    ``sql``, ``sources``, ``unique_key``, ``partition_by``, ``target``, ``state_format`` or
-    ``source_schema``; ``detail`` says how, for a person (the SQL as a unified diff)."""
+    ``sql``, ``sources``, ``unique_key``, ``partition_by``, ``constraints``, ``target``,
+    ``state_format`` or ``source_schema``; ``detail`` says how, for a person (the SQL as a unified diff)."""
     what: str
     detail: str
 
@@ -98,6 +98,11 @@ def definition_changes(job: JobSpec, fingerprint: str) -> list[Change]:
         old, new = list(saved.get(key) or []), list(getattr(job, key))
         if old != new:
             changes.append(Change(key, f"{old or 'none'} -> {new or 'none'}"))
+    from .sink.constraints import describe as constraint_text
+    old_c = sorted(constraint_text(c) for c in saved.get("constraints") or [] if c["type"] in ("not_null", "check"))
+    new_c = sorted(constraint_text(c) for c in job.constraints if c["type"] in ("not_null", "check"))
+    if old_c != new_c:   # rows committed before were not checked against a new constraint
+        changes.append(Change("constraints", f"{old_c or 'none'} -> {new_c or 'none'}"))
     old_target = saved.get("target_path")
     if old_target and os.path.normpath(old_target) != os.path.normpath(job.target_path):
         changes.append(Change("target", f"{old_target} -> {job.target_path} (location_root or the alias changed; "

@@ -35,6 +35,10 @@ class UniqueKeyViolation(ConsistentStreamError):
     """The model's output has two rows for one ``unique_key`` value."""
 
 
+class ConstraintViolation(ConsistentStreamError):
+    """Rows of a batch violate a ``not_null`` or ``check`` constraint of the model."""
+
+
 class ConcurrentWriterError(ConsistentStreamError):
     """Another run (another process) is writing the same model now."""
 

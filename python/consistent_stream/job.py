@@ -68,6 +68,8 @@ def compile_job(spark: SparkSession, job: JobSpec, cut: Cut, sources=None):
         except Exception as e:  # AnalysisException: the SQL is not valid Spark SQL
             raise CompileError("model SQL", f"Spark cannot analyze it: {e}") from e
         types = type_plan(spark, compiled.root, schemas)
+    from .sink.constraints import check_contract
+    check_contract(out_schema, job.contract, job.model)
     missing = [k for k in job.unique_key if k not in [f.name.lower() for f in out_schema.fields]]
     if missing:
         raise ConfigError(f"model {job.model}: config unique_key {job.unique_key} names columns "

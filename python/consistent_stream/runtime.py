@@ -44,6 +44,7 @@ from .plan import CompiledModel
 from .plan.incremental import BatchEvaluator, PlanTypes, spark_confs
 from .plan.local import LocalEngine, session_supported
 from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, sink_changes
+from .sink.constraints import check_constraints
 from .sink.maintenance import retention_of, table_properties
 from .sink.unique import check_new_keys
 from .sources import Cut
@@ -333,9 +334,11 @@ class QueryRuntime:
                                                           [StructField(WEIGHT, LongType(), True)]))
             else:
                 df = views.sql(out)
+            check_constraints(spark, df, job.constraints, job.model)
             return commit_rebuild(self.target, df, unique_key=self.key, partition_by=job.partition_by,
                                   file_rows=job.state_file_rows, txn=txn, metadata=md, model=job.model,
                                   properties=table_properties(retention_of(job)))
+        check_constraints(spark, out.df if out.arrow is None else out.arrow, job.constraints, job.model)
         prev_version = self.target.version()
         if out.arrow is None:
             return commit_bulk_merge(self.target, prev_version, out.df, unique_key=self.key,

@@ -59,6 +59,19 @@ def _number(config: dict, key: str, default, typ, model: str, low):
     return n
 
 
+def _constraint(c: dict, model: str) -> dict:
+    """One dbt constraint as the engine keeps it: ``{type, columns, expression, name}``."""
+    out = {"type": str(c.get("type") or "").lower(), "columns": [str(x) for x in c.get("columns") or []],
+           "expression": c.get("expression"), "name": c.get("name")}
+    if out["type"] == "check" and not (out["expression"] or "").strip():
+        raise ConfigError(f"model {model}: a check constraint{' ' + out['name'] if out['name'] else ''} has no "
+                          f"expression; give it `expression: <Spark SQL over the model's columns>`")
+    if out["type"] == "not_null" and not out["columns"]:
+        raise ConfigError(f"model {model}: a model-level not_null constraint names no columns; give it "
+                          f"`columns: [...]` or put it under the column")
+    return out
+
+
 def warehouse_path(project_root: str, warehouse_dir: str) -> str:
     """``spark.sql.warehouse.dir`` as an absolute path (a ``file:`` URI's path; a relative
     directory is relative to the project)."""
@@ -108,7 +121,10 @@ class JobSpec:
     ``log_retention_hours``, ``deleted_file_retention_hours``, ``state_retention_versions``,
     ``checkpoint_interval``: what table maintenance keeps (:mod:`.sink.maintenance`).
     ``on_configuration_change``, ``on_schema_change``: what a run does when the definition
-    or the sources' schemas changed since the checkpoint (:mod:`.config_change`)."""
+    or the sources' schemas changed since the checkpoint (:mod:`.config_change`).
+    ``contract``: the enforced dbt contract, ``[{name, data_type}]`` (empty when not
+    enforced); ``constraints``: ``[{type, columns, expression, name}]``, dbt's column and
+    model constraints (:mod:`.sink.constraints`)."""
     model: str
     schema: str
     identifier: str
@@ -129,6 +145,8 @@ class JobSpec:
     checkpoint_interval: int = CHECKPOINT_INTERVAL
     on_configuration_change: str = ON_CONFIGURATION_CHANGE[0]
     on_schema_change: str = ON_SCHEMA_CHANGE[0]
+    contract: list[dict] = field(default_factory=list)
+    constraints: list[dict] = field(default_factory=list)
 
     @property
     def spec_path(self) -> str:
@@ -198,6 +216,8 @@ class JobSpec:
             if policies[key] not in allowed:
                 raise ConfigError(f"model {model_name}: config {key} must be one of {', '.join(allowed)}; "
                                   f"got {config.get(key)!r}")
+        contract = [{"name": str(c["name"]), "data_type": c.get("data_type")} for c in config.get("contract") or []]
+        constraints = [_constraint(c, model_name) for c in config.get("constraints") or []]
         srcs = [_source_spec(s, project_root, warehouse_dir) for s in sources]
         if not srcs:
             raise ConfigError(f"model {model_name}: a consistent_stream model reads at least one source() "
@@ -206,4 +226,4 @@ class JobSpec:
                        unique_key=unique_key, target_path=target, checkpoint_location=os.path.normpath(ckpt),
                        partition_by=partition_by, trigger=trigger, recompute_threshold=threshold,
                        state_file_rows=file_rows, max_batch_rows=batch_rows, local_engine=local_engine,
-                       **retention, **policies)
+                       contract=contract, constraints=constraints, **retention, **policies)

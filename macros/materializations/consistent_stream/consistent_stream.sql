@@ -11,6 +11,8 @@
   {%- set partition_by = consistent_stream_validate_partition_by(config.get('partition_by', none)) -%}
   {%- do consistent_stream_validate_file_format(config.get('file_format', none)) -%}
   {%- set sources = consistent_stream_model_sources(model) -%}
+  {%- set contract = consistent_stream_contract(model) -%}
+  {%- do consistent_stream_warn_grants(config.get('grants', none)) -%}
 
   {%- set target_relation = this.incorporate(type='table') -%}
   {%- set full_refresh = should_full_refresh() -%}
@@ -25,6 +27,8 @@
       'state_file_rows': config.get('state_file_rows', none),
       'on_configuration_change': config.get('on_configuration_change', none),
       'on_schema_change': config.get('on_schema_change', none),
+      'contract': contract.columns,
+      'constraints': contract.constraints,
   } -%}
 
   {{ run_hooks(pre_hooks) }}

@@ -137,3 +137,46 @@ Source '{{ node.source_name }}.{{ node.name }}' (read by consistent_stream model
   {%- endif -%}
   {%- do return(consistent_stream_source_dict(node, stream_meta)) -%}
 {% endmacro %}
+
+
+{% macro consistent_stream_contract(model) %}
+  {#-- The model's enforced contract: {columns: [{name, data_type}], constraints: [{type,
+       columns, expression, name}]}, both empty when `contract: {enforced: true}` is not set
+       (dbt applies constraints only under an enforced contract). The engine checks the
+       columns against the SQL's output before anything is written and enforces not_null and
+       check constraints at every batch; other constraint types get a warning. --#}
+  {%- set out = {'columns': [], 'constraints': []} -%}
+  {%- if not (model.get('contract') or {}).get('enforced') -%}
+    {%- do return(out) -%}
+  {%- endif -%}
+  {#-- the model (a dict here) and its columns and constraints are dicts: .get(), not attributes --#}
+  {%- for column in model.get('columns', {}).values() -%}
+    {%- do out.columns.append({'name': column.get('name'), 'data_type': column.get('data_type')}) -%}
+    {%- for c in column.get('constraints') or [] -%}
+      {%- do out.constraints.append({'type': c.get('type'), 'columns': [column.get('name')],
+                                     'expression': c.get('expression'), 'name': c.get('name')}) -%}
+    {%- endfor -%}
+  {%- endfor -%}
+  {%- for c in model.get('constraints') or [] -%}
+    {%- do out.constraints.append({'type': c.get('type'), 'columns': c.get('columns') or [],
+                                   'expression': c.get('expression'), 'name': c.get('name')}) -%}
+  {%- endfor -%}
+  {%- for c in out.constraints if c.type not in ('not_null', 'check') -%}
+    {%- do exceptions.warn('consistent_stream model ' ~ model.name ~ ': its ' ~ c.type ~ ' constraint'
+                           ~ (' ' ~ c.name if c.name else '') ~ ' on ' ~ (c.columns | join(', '))
+                           ~ ' is not enforced (consistent_stream enforces not_null and check; unique_key is the key '
+                           ~ 'every batch checks for uniqueness)') -%}
+  {%- endfor -%}
+  {%- do return(out) -%}
+{% endmacro %}
+
+
+{% macro consistent_stream_warn_grants(grants) %}
+  {#-- Open-source Spark has no GRANT: say so (once per model run) instead of ignoring
+       `grants` silently. --#}
+  {%- if grants -%}
+    {%- do exceptions.warn('consistent_stream model ' ~ model.name ~ ': `grants` (' ~ (grants | tojson) ~ ') are not applied: open-source Spark '
+                           ~ 'has no GRANT (its catalog has no access control). Apply them in the catalog that '
+                           ~ 'governs these tables (Unity Catalog, Ranger, ...), or remove the config') -%}
+  {%- endif -%}
+{% endmacro %}
