@@ -10,6 +10,13 @@ import consistent_stream  # noqa: F401  (sets PYSPARK_PYTHON for Spark's Python 
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# dbt's functional-test fixtures (``project``, ``unique_schema``, ``models``, ...) for the
+# adapter conformance suite in tests/functional. pytest refuses ``pytest_plugins`` in a
+# conftest it finds while collecting (``pytest tests`` finds tests/functional/conftest.py so),
+# so it is declared here. They are only fixtures: a module that defines one of the same name
+# (test_dbt_plugin.py's ``project``) uses its own.
+pytest_plugins = ["dbt.tests.fixtures.project"]
+
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):

@@ -102,6 +102,7 @@ class ConsistentSparkAdapter(SparkAdapter):
         spark = self._spark_session()
         # dbt keeps the invocation's working directory: a relative --project-dir is relative to it.
         project_root = os.path.abspath(self.config.project_root)
+        self._drop_relation_of_another_materialization(spark, schema, identifier)
         try:
             from consistent_stream.job import run_model
 
@@ -121,6 +122,36 @@ class ConsistentSparkAdapter(SparkAdapter):
         except Exception as exc:
             raise _engine_error(f"consistent_stream model {model_name}", exc) from exc
         return dict(summary or {})
+
+    def _drop_relation_of_another_materialization(self, spark: Any, schema: str, identifier: str) -> None:
+        """Drop ``schema.identifier`` when it is a view, or a table that is not a published
+        consistent_stream target (an external table whose location is one of the engine's
+        snapshot directories): the model's materialization was changed to consistent_stream.
+
+        The engine registers the target under that name, by ``ALTER TABLE .. SET LOCATION``
+        when the name exists, which fails on a view, and on a table dbt built would leave a
+        managed table whose ``DROP`` deletes the snapshot directory. dbt-spark's ``table``
+        materialization likewise drops an existing view or non-Delta table before it builds.
+        """
+        from consistent_stream.sink.catalog import SNAPSHOTS
+
+        name = f"`{schema}`.`{identifier}`"
+        if not spark.catalog.tableExists(f"{schema}.{identifier}"):
+            return
+        details = {
+            row.col_name: row.data_type
+            for row in spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect()
+            if row.col_name in ("Type", "Location")
+        }
+        kind = details.get("Type", "")
+        if kind == "EXTERNAL" and f"/{SNAPSHOTS}/v" in details.get("Location", ""):
+            return
+        relation_type = "view" if kind == "VIEW" else "table"
+        logger.info(f"consistent_stream: dropping the {relation_type} {schema}.{identifier} (another "
+                    f"materialization made it) before the model's target replaces it")
+        self.drop_relation(
+            self.Relation.create(schema=schema, identifier=identifier, type=relation_type)
+        )
 
     @available
     def consistent_stream_publish_sources(self, sources: List[Dict[str, Any]]) -> List[int]:
