@@ -1,10 +1,12 @@
-"""`dbt run`, `dbt test` and `dbt run --full-refresh` on a consistent_stream model, for real:
+"""`dbt run`, `dbt test`, `dbt run --full-refresh`, `dbt docs generate` and `dbt source
+freshness` on a consistent_stream model, for real:
 dbt in this process, the real engine, real Delta tables, the target read back through the
 Spark catalog as `<schema>.<model>`."""
 from __future__ import annotations
 
 import json
 import uuid
+from datetime import datetime
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -20,6 +22,7 @@ sources:
     schema: shop
     tables:
       - name: orders
+        freshness: {{warn_after: {{count: 1, period: day}}}}
         meta:
           consistent_stream: {{format: delta, location: "{loc}", primary_key: [oid]}}
 """
@@ -98,4 +101,26 @@ def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(spark, tmp_p
     assert table() == {1: (1, 6), 2: (1, 7), 3: (1, 1)}
     meta = target.commit_at(target.latest_version()).metadata
     assert meta["app_id"] != app_before and meta["batch_id"] == "0"
+
+    # dbt docs generate: the relation's type and its statistics from the Delta log
+    r = dbt(tmp_path, "docs", "generate")
+    assert r.success, messages(r)
+    catalog = json.loads((tmp_path / "target" / "catalog.json").read_text())
+    node = catalog["nodes"]["model.plugin_test.totals"]
+    assert node["metadata"]["type"] == "consistent_stream"
+    # the types as dbt-spark lists any table's (SHOW TABLE EXTENDED: bigint is "long")
+    assert {c["name"]: c["type"] for c in node["columns"].values()} == {"cid": "long", "n": "long", "total": "long"}
+    stats = {k: v["value"] for k, v in node["stats"].items()}
+    assert stats["consistent_stream_version"] == target.latest_version() and stats["num_rows"] == 3
+    assert json.loads(stats["consistent_stream_cut"]) == {"shop.orders": DeltaTable(str(src)).version()}
+    assert stats["consistent_stream_freshness"] >= 0
+
+    # dbt source freshness with no loaded_at_field: the source's newest Delta commit
+    r = dbt(tmp_path, "source", "freshness")
+    assert r.success, messages(r)
+    [result] = json.loads((tmp_path / "target" / "sources.json").read_text())["results"]
+    assert result["status"] == "pass" and result["max_loaded_at_time_ago_in_s"] < 3600
+    newest = DeltaTableRef(str(src)).latest_commit().timestamp_ms
+    loaded = datetime.fromisoformat(result["max_loaded_at"].replace("Z", "+00:00"))
+    assert abs(loaded.timestamp() * 1000 - newest) < 1000
     spark.sql(f"drop schema if exists {schema} cascade")

@@ -7,13 +7,16 @@ calls :meth:`ConsistentSparkAdapter.consistent_stream_run`, which hands the mode
 """
 
 import os
+import re
 import traceback
+from datetime import datetime, timezone
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, Iterable, List, Optional, Union
 
 from dbt.adapters.base import available
-from dbt.adapters.base.relation import AdapterTrackingRelationInfo
+from dbt.adapters.base.relation import AdapterTrackingRelationInfo, BaseRelation
+from dbt.adapters.capability import Capability, CapabilityDict, CapabilitySupport, Support
 from dbt.adapters.contracts.relation import RelationConfig
 from dbt.adapters.events.logging import AdapterLogger
 from dbt.adapters.spark.connections import SparkConnectionMethod
@@ -25,6 +28,7 @@ from dbt.adapters.consistent_spark.connections import ConsistentSparkConnectionM
 logger = AdapterLogger("ConsistentSpark")
 
 ADAPTER_NAME = "consistent_spark"
+ADAPTER_MATERIALIZATION = "consistent_stream"
 
 
 @dataclass
@@ -38,6 +42,11 @@ class ConsistentSparkConfig(SparkConfig):
 class ConsistentSparkAdapter(SparkAdapter):
     ConnectionManager = ConsistentSparkConnectionManager
     AdapterSpecificConfigs = ConsistentSparkConfig
+    # dbt-spark's, plus freshness from the sources' Delta logs (get_relation_last_modified)
+    _capabilities = CapabilityDict({
+        **SparkAdapter._capabilities,
+        Capability.TableLastModifiedMetadata: CapabilitySupport(support=Support.Full),
+    })
 
     @classmethod
     def get_adapter_run_info(cls, config: RelationConfig) -> AdapterTrackingRelationInfo:
@@ -167,6 +176,52 @@ class ConsistentSparkAdapter(SparkAdapter):
         except Exception as exc:
             raise _engine_error("publishing consistent_stream sources for a view", exc) from exc
 
+    def _get_columns_for_catalog(self, relation: BaseRelation) -> Iterable[Dict[str, Any]]:
+        """dbt-spark's catalog rows; a consistent_stream target's say so (``table_type``
+        ``consistent_stream``) and carry its target version, cut, freshness, commit time
+        and row count from the Delta log (``consistent_stream.observe.catalog_stats``)."""
+        rows = list(super()._get_columns_for_catalog(relation))
+        target = consistent_stream_target(getattr(relation, "information", "") or "")
+        if target is None:
+            return rows
+        from consistent_stream.observe import catalog_stats
+
+        try:
+            stats = catalog_stats(target)
+        except Exception as exc:  # the catalog still lists the relation
+            logger.warning(f"consistent_stream: no statistics for {relation} ({target}): {exc}")
+            stats = {}
+        for row in rows:
+            row["table_type"] = ADAPTER_MATERIALIZATION
+            for key, (label, value, description) in stats.items():
+                row.update({f"stats:{key}:label": label, f"stats:{key}:value": value,
+                            f"stats:{key}:description": description, f"stats:{key}:include": True})
+        return rows
+
+    @available
+    def consistent_stream_last_modified(self, sources: List[Dict[str, Any]], names: List[List[str]]) -> Any:
+        """The result of ``get_relation_last_modified`` for metadata-based ``dbt source
+        freshness``: one row ``(schema, identifier, last_modified, snapshotted_at)`` per
+        source (``{"source_name", "name", "relation", "meta"}``, named ``[schema,
+        identifier]`` in ``names``), ``last_modified`` its newest commit (UTC)."""
+        import agate
+        from dbt.adapters.contracts.connection import AdapterResponse
+        from dbt_common.utils import AttrDict
+
+        project_root = os.path.abspath(self.config.project_root)
+        try:
+            from consistent_stream.job import sources_last_modified
+
+            commits = sources_last_modified(project_root, [_plain(source) for source in sources])
+        except Exception as exc:
+            raise _engine_error("reading the sources' commit times for freshness", exc) from exc
+        now = datetime.now(timezone.utc)
+        rows = [[schema, identifier, datetime.fromtimestamp(ms / 1000, tz=timezone.utc), now]
+                for (schema, identifier), ms in zip(names, commits)]
+        table = agate.Table(rows, ["schema", "identifier", "last_modified", "snapshotted_at"],
+                            [agate.Text(), agate.Text(), agate.DateTime(), agate.DateTime()])
+        return AttrDict({"response": AdapterResponse(_message="OK"), "table": table})
+
     @available
     def consistent_stream_cut(self, models: List[str]) -> Dict[str, str]:
         """Temporary views of consistent_stream ``models`` at the newest versions that share
@@ -179,6 +234,24 @@ class ConsistentSparkAdapter(SparkAdapter):
             return register_cut_views(spark, project_root, list(models))
         except Exception as exc:
             raise _engine_error(f"reading models {list(models)} at one cut", exc) from exc
+
+
+_LOCATION = re.compile(r"^Location: (\S+)$", re.MULTILINE)
+
+
+def consistent_stream_target(information: str) -> Optional[str]:
+    """The target path of a relation published by consistent_stream, from its ``DESCRIBE``
+    / ``SHOW TABLE EXTENDED`` text (its location is one of the target's snapshot
+    directories, ``<target>/_consistent_stream/snapshots/v<version>``), else None."""
+    from consistent_stream.sink.catalog import SNAPSHOTS
+
+    match = _LOCATION.search(information or "")
+    if not match or f"/{SNAPSHOTS}/v" not in match.group(1):
+        return None
+    location = match.group(1)
+    if location.startswith("file:"):
+        location = location[len("file:"):]
+    return location[: location.index(f"/{SNAPSHOTS}/v")]
 
 
 def _engine_error(what: str, exc: Exception) -> DbtRuntimeError:

@@ -253,3 +253,32 @@ def _preorder(node):
     yield node
     for c in node.children:
         yield from _preorder(c)
+
+
+def catalog_stats(target_path: str) -> dict[str, tuple[str, object, str]]:
+    """The statistics ``dbt docs generate`` shows for a consistent_stream target, from its
+    Delta log: stat id -> (label, value, description). Empty when the target has no
+    consistent_stream commit."""
+    from datetime import datetime, timezone
+
+    from .delta import DeltaTableRef
+    from .runtime import BatchMeta
+    target = DeltaTableRef(target_path)
+    if not target.exists():
+        return {}
+    commit = target.latest_commit()
+    meta = BatchMeta.from_commit(commit)
+    if meta is None:
+        return {}
+    rows = sum(int(n or 0) for n in target.add_actions(commit.version).column("num_records").to_pylist())
+    committed = datetime.fromtimestamp(commit.timestamp_ms / 1000, tz=timezone.utc).isoformat(timespec="seconds")
+    return {
+        "consistent_stream_version": ("Target version", commit.version,
+                                      "The Delta version of the target this catalog describes"),
+        "consistent_stream_cut": ("Cut", json.dumps(meta.cut, sort_keys=True),
+                                  "The source versions this version equals the model's SQL over"),
+        "consistent_stream_freshness": ("Freshness (s)", _freshness(commit.timestamp_ms, meta),
+                                        "Commit time minus the newest source commit in the cut"),
+        "consistent_stream_committed": ("Committed at", committed, "When this version was committed (UTC)"),
+        "num_rows": ("# Rows", rows, "Rows in this version (Delta log statistics)"),
+    }
