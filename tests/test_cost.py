@@ -99,6 +99,35 @@ def test_a_backlog_is_split_into_batches_of_at_most_max_batch_rows_each_at_a_con
     assert _versions_equal_batch_evaluation(spark, job) == 1 + summary["batches"]
 
 
+def test_a_backlog_is_planned_one_cut_at_a_time_so_a_micro_batch_is_one_cut(spark, tmp_path, monkeypatch):
+    """Spark's file source may admit two planned files into one micro-batch (a batch's offset
+    spanning two offset requests), and cleanSource then deletes the later file unprocessed:
+    the crash campaign once left a model stuck so. So a cut is planned only when the query has
+    processed every earlier one: when cut file n is written, Spark has committed batch n - 1
+    and no other cut file is waiting."""
+    import consistent_stream.job as job_module
+    from consistent_stream.sources.stream import CutLog
+    sc = Scenario(spark, tmp_path, {"o": pa.table({"id": [0], "amt": [1]})}, {"o": ["id"]})
+    job = sc.job("select count(*) as n, sum(amt) as total from src.o", None)
+    job.max_batch_rows = 10
+    job.recompute_threshold = 1000.0
+    sc.run(job, full_refresh=True)
+    for i in range(4):
+        sc.insert("o", pa.table({"id": list(range(1 + 10 * i, 11 + 10 * i)), "amt": list(range(10))}))
+    planned = []
+    append = CutLog.append
+
+    def checked_append(self, seq, start, end):
+        done = job_module._last_spark_commit(job)
+        waiting = [n for n in self._files() if int(n[4:-5]) > (-1 if done is None else done)]
+        planned.append((seq, done, waiting))
+        append(self, seq, start, end)
+    monkeypatch.setattr(CutLog, "append", checked_append)
+    summary = sc.run(job)
+    assert summary["batches"] == 4 and len(planned) == 4, (summary, planned)
+    assert all(seq == done + 1 and not waiting for seq, done, waiting in planned), planned
+
+
 def test_planned_cut_files_are_at_least_a_millisecond_apart_in_order(tmp_path, monkeypatch):
     """Spark's file source reads the cut log ordered by modification time in whole ms, ties in
     listing order: cuts planned within one millisecond were once processed out of order (a

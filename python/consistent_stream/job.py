@@ -26,7 +26,7 @@ import time
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from .errors import CompileError, ConfigError, ConsistentStreamError
+from .errors import CommitError, CompileError, ConfigError, ConsistentStreamError
 from .oracle import batch_dataframe
 from .plan import compile_model, fingerprint
 from .plan.incremental import PlanTypes, type_plan
@@ -259,60 +259,82 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
             failure.append(e)
             raise
 
-    writer = (cuts.stream(spark).writeStream.foreachBatch(on_batch)
-              .option("checkpointLocation", job.spark_checkpoint)
-              .queryName(f"consistent_stream_{job.schema}_{job.identifier}"))
-    planner = None
-    if job.trigger == "available_now":
-        writer = writer.trigger(availableNow=True)
-    else:
-        interval = float(job.trigger.split(':', 1)[1])
-        writer = writer.trigger(processingTime=f"{interval} seconds")
+    def start_query(trigger: dict):
+        return (cuts.stream(spark).writeStream.foreachBatch(on_batch)
+                .option("checkpointLocation", job.spark_checkpoint)
+                .queryName(f"consistent_stream_{job.schema}_{job.identifier}")
+                .trigger(**trigger).start())
 
-        def plan_forever():
-            while not stopping.wait(interval):
-                if _pending(job, cuts):
-                    # the query has not processed every planned cut yet: planning one more
-                    # small cut per interval would queue them (one file per micro-batch) and
-                    # the view would fall further behind at every batch; the next plan, once
-                    # the query caught up, takes everything that arrived meanwhile
-                    continue
-                try:
-                    _plan(job, cuts, planner_sources, target_for_planner, Cut(latest_cut(list(planner_sources.values()))))
-                except Exception as e:  # surfaced by the next batch (or the run's end)
-                    log.warning("%s: planning the next cut failed: %s", job.model, e)
-        from .delta import DeltaTableRef as _Ref
-        target_for_planner = _Ref(job.target_path)
-        planner = threading.Thread(target=plan_forever, name=f"consistent_stream planner {job.model}", daemon=True)
-    query = writer.start()
-    if planner is not None:
-        planner.start()
-    try:
-        if not timeout_s:
-            query.awaitTermination()
-        elif not query.awaitTermination(timeout_s):
-            # Stop between batches, never inside one: query.stop() interrupts a running batch,
-            # and Spark 4.2 can die with a StackOverflowError while classifying the (long)
-            # interruption message of a Python foreachBatch.
-            timed_out.set()
-            stopping.set()
-            while query.isActive and query.status.get("isTriggerActive"):
-                time.sleep(0.1)
-    except Exception as e:
-        if not timed_out.is_set():
+    progress: list[dict] = []
+    if job.trigger == "available_now":
+        # One planned cut at a time (see CutLog): plan the next cut, run an available-now
+        # query that processes it, repeat until the cut taken at the start is reached.
+        while True:
+            _plan(job, cuts, planner_sources, target, cut)
+            if not _pending(job, cuts):
+                break
+            before = _last_spark_commit(job)
+            query = start_query({"availableNow": True})
+            try:
+                query.awaitTermination()
+            except Exception as e:
+                if failure:
+                    raise failure[0]
+                raise ConsistentStreamError(f"model {job.model}: streaming query failed: {e}") from e
+            finally:
+                progress += _progress(query)
             if failure:
                 raise failure[0]
-            raise ConsistentStreamError(f"model {job.model}: streaming query failed: {e}") from e
-    finally:
-        stopping.set()
-        if query.isActive:
-            query.stop()
-        progress = [{k: p[k] for k in ("batchId", "numInputRows", "durationMs", "timestamp") if k in p}
-                    for p in query.recentProgress]
-        for p in progress:
-            log.debug("StreamingQueryProgress %s", json.dumps(p, default=str))
-    if failure and not timed_out.is_set():
-        raise failure[0]
+            if _pending(job, cuts) and _last_spark_commit(job) == before:
+                raise CommitError(
+                    f"model {job.model}: Spark's file source did not pick up the planned cut {cuts.last()} under "
+                    f"{cuts.directory} (no micro-batch ran). Nothing was written; run again, or dbt run "
+                    f"--full-refresh -s {job.model} if this repeats")
+    else:
+        interval = float(job.trigger.split(':', 1)[1])
+        from .delta import DeltaTableRef as _Ref
+        target_for_planner = _Ref(job.target_path)
+
+        def plan_forever():
+            backlog = False
+            while not stopping.wait(0.05 if backlog else interval):
+                if _pending(job, cuts):
+                    # the query has not processed the planned cut yet: the next plan, once it
+                    # has, takes everything that arrived meanwhile (at once while a backlog
+                    # is being worked off, else at the next interval)
+                    continue
+                try:
+                    backlog = not _plan(job, cuts, planner_sources, target_for_planner,
+                                        Cut(latest_cut(list(planner_sources.values()))))
+                except Exception as e:  # surfaced by the next batch (or the run's end)
+                    log.warning("%s: planning the next cut failed: %s", job.model, e)
+        _plan(job, cuts, planner_sources, target, cut)
+        query = start_query({"processingTime": f"{interval} seconds"})
+        planner = threading.Thread(target=plan_forever, name=f"consistent_stream planner {job.model}", daemon=True)
+        planner.start()
+        try:
+            if not timeout_s:
+                query.awaitTermination()
+            elif not query.awaitTermination(timeout_s):
+                # Stop between batches, never inside one: query.stop() interrupts a running batch,
+                # and Spark 4.2 can die with a StackOverflowError while classifying the (long)
+                # interruption message of a Python foreachBatch.
+                timed_out.set()
+                stopping.set()
+                while query.isActive and query.status.get("isTriggerActive"):
+                    time.sleep(0.1)
+        except Exception as e:
+            if not timed_out.is_set():
+                if failure:
+                    raise failure[0]
+                raise ConsistentStreamError(f"model {job.model}: streaming query failed: {e}") from e
+        finally:
+            stopping.set()
+            if query.isActive:
+                query.stop()
+            progress += _progress(query)
+        if failure and not timed_out.is_set():
+            raise failure[0]
 
     version = target.latest_version() if target.exists() else None
     if version is not None:
@@ -329,10 +351,31 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
     return summary
 
 
-def _plan(job: JobSpec, cuts: CutLog, sources: dict, target, upto: Cut) -> None:
-    """Append to the cut log the batches from the last planned cut to ``upto``: each ends at
+def _progress(query) -> list[dict]:
+    """The query's recent ``StreamingQueryProgress`` (batch id, input rows, durations), each
+    logged at debug level."""
+    progress = [{k: p[k] for k in ("batchId", "numInputRows", "durationMs", "timestamp") if k in p}
+                for p in query.recentProgress]
+    for p in progress:
+        log.debug("StreamingQueryProgress %s", json.dumps(p, default=str))
+    return progress
+
+
+def _plan(job: JobSpec, cuts: CutLog, sources: dict, target, upto: Cut) -> bool:
+    """Append to the cut log the next batch from the last planned cut towards ``upto``, when
+    the query has processed every planned cut: it ends at the first cut of
     :func:`~consistent_stream.sources.backlog.plan_cuts` (at most ``max_batch_rows`` source
-    change rows, at a transaction-consistent cut)."""
+    change rows, at a transaction-consistent cut). Returns whether the log reaches ``upto``
+    (nothing is left to plan after this batch).
+
+    One planned cut at a time: Spark's file source may admit every file it sees into one
+    micro-batch (``maxFilesPerTrigger`` limits the files of one offset request, and a batch's
+    offset can span two requests), and ``cleanSource`` then deletes the batch's last file
+    only; with two files planned ahead, a batch processed cut ``n`` while the file of cut
+    ``n + 1`` was deleted unprocessed (crash campaign, seed 5, trial 39). With one file, a
+    micro-batch is exactly one planned cut."""
+    if _pending(job, cuts):
+        return False
     last = cuts.last()
     if last is not None:
         seq, start = last
@@ -347,9 +390,9 @@ def _plan(job: JobSpec, cuts: CutLog, sources: dict, target, upto: Cut) -> None:
         end = {k: max(int(v), int(current.get(k, INITIAL))) for k, v in end.items()}
         if end == current:
             continue
-        seq += 1
-        cuts.append(seq, Cut(current), Cut(end))
-        current = end
+        cuts.append(seq + 1, Cut(current), Cut(end))
+        return all(int(end.get(k, INITIAL)) >= int(v) for k, v in upto.versions.items())
+    return True
 
 
 def _pending(job: JobSpec, cuts: CutLog) -> bool:

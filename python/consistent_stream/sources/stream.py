@@ -6,13 +6,20 @@ written atomically, never rewritten). The streaming query reads that directory w
 own file source, one file per micro-batch (``maxFilesPerTrigger`` 1), so Spark's checkpoint
 records which cut each batch processed, and a replayed batch reads the same cut:
 
-* ``dbt run`` (trigger available-now): the driver plans the batches from the last planned cut
-  to the cut it takes at start (a backlog split by :func:`.backlog.plan_cuts`), writes them,
-  and the query processes every file present at its start, then stops;
-* continuous (processing-time trigger): a planner thread on the driver appends the next cuts
-  as the sources move (checking every trigger interval, and only once the query has
-  processed every planned cut, so a batch slower than the interval takes everything that
-  arrived meanwhile instead of queueing one small cut per interval), the query picks them up.
+* ``dbt run`` (trigger available-now): the driver plans the next batch towards the cut it
+  takes at start (a backlog is split by :func:`.backlog.plan_cuts`), writes its file, and an
+  available-now query processes it and stops; repeated until that cut is reached;
+* continuous (processing-time trigger): a planner thread on the driver appends the next cut
+  as the sources move (checking every trigger interval, or at once while a backlog is worked
+  off), and only once the query has processed the planned cut, so a batch slower than the
+  interval takes everything that arrived meanwhile; the query picks it up.
+
+At most one planned cut is unprocessed at any time. Spark's file source admits up to
+``maxFilesPerTrigger`` files per offset request, but a micro-batch's offset may span two
+requests, and ``cleanSource`` deletes only the files of the batch's last request: with two
+files planned ahead, batch ``n`` processed cut ``n`` and the unprocessed file of cut ``n + 1``
+was deleted (found by the crash campaign: a model stuck until ``--full-refresh``). With one
+file at a time, micro-batch ``n`` is exactly cut file ``n``.
 
 Processed files are deleted by Spark (``cleanSource``). A cut is source key -> position
 (:class:`~consistent_stream.sources.spec.Cut`).
