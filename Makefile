@@ -15,9 +15,12 @@ $(STAMP): setup.py
 	$(PYTHON) -m pip install -e '.[test]'
 	touch $@
 
+# Two pytest workers (pytest-xdist), each test file on one of them: each worker has its own
+# SparkSession (and PostgreSQL server when its files need one); the 2-core machine's idle time
+# (JVM starts, dbt's parsing, waits on subprocesses) goes to the other worker.
 test: .venv
 	scripts/ensure_postgres.sh
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q -n 2 --dist loadfile tests
 
 demo: .venv
 	scripts/demo.sh

@@ -49,7 +49,7 @@ setup(
         "matplotlib>=3.8",
         "rich>=13",
     ],
-    extras_require={"test": ["pytest", "hypothesis", "dbt-tests-adapter==1.20.0"]},
+    extras_require={"test": ["pytest", "pytest-xdist", "hypothesis", "dbt-tests-adapter==1.20.0"]},
     entry_points={"console_scripts": ["consistent-stream = consistent_stream.cli:main"]},
     zip_safe=False,
 )

@@ -146,8 +146,11 @@ def failure(job: JobSpec, changes: list[Change]) -> ConfigError:
     drift_only = all(c.what == "source_schema" for c in changes)
     key = ("on_schema_change", job.on_schema_change) if drift_only and job.on_schema_change == "fail" else \
         ("on_configuration_change", job.on_configuration_change)
+    # dbt's words for a materialized view, when on_configuration_change decided
+    dbt = (f"Configuration changes were identified and `on_configuration_change` was set to `fail` for "
+           f"`{job.schema}.{job.identifier}`. " if key[0] == "on_configuration_change" else "")
     return ConfigError(
-        f"model {job.model}: its definition changed since the checkpoint at {job.checkpoint_location} was made, "
-        f"and config {key[0]} is '{key[1]}':\n{describe(changes)}\nNothing was read or written. Update the "
+        f"{dbt}model {job.model}: its definition changed since the checkpoint at {job.checkpoint_location} was "
+        f"made, and config {key[0]} is '{key[1]}':\n{describe(changes)}\nNothing was read or written. Update the "
         f"model if a column it names is gone, then run dbt run --full-refresh -s {job.model} (or set "
         f"{key[0]}='{'sync_all_columns' if key[0] == 'on_schema_change' else 'apply'}') to rebuild the view")

@@ -29,11 +29,15 @@ def _spark_started_by_the_tests(spark):
 
 
 @pytest.fixture(scope="package", autouse=True)
-def _dbt_test_caching_off_afterwards():
+def _dbt_test_caching_off_afterwards(spark):
     """dbt's ``project`` fixture turns on its parse caches for the process; the tests after
-    this directory run dbt as users do."""
+    this directory run dbt as users do. And the temporary views dbt's unit tests leave in the
+    session (``<test>__dbt_tmp``) are dropped: every later ``listTables`` would show them."""
     yield
     disable_test_caching()
+    for table in spark.catalog.listTables():
+        if table.isTemporary:
+            spark.catalog.dropTempView(table.name)
 
 
 @pytest.fixture(scope="class")

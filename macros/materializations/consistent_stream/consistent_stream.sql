@@ -43,7 +43,12 @@
                           ~ target_relation.render() ~ '`: the view is kept as it is, at version '
                           ~ summary.get('target_version') ~ ', and not refreshed. Changes:\n  - '
                           ~ change.get('changes') | join('\n  - ')) %}
-  {%- elif change -%}
+  {%- endif -%}
+  {%- if full_refresh or (change and change.get('action') == 'apply') -%}
+    {#-- dbt's words for a materialized view that is rebuilt (every change of a consistent_stream model is) --#}
+    {% do log('Applying REPLACE to: ' ~ target_relation) %}
+  {%- endif -%}
+  {%- if change and change.get('action') == 'apply' -%}
     {% do log('consistent_stream ' ~ model['name'] ~ ': configuration changes were identified; rebuilt the view '
               ~ '(a full refresh, on_configuration_change ' ~ config.get('on_configuration_change') ~ '). Changes:\n  - '
               ~ change.get('changes') | join('\n  - '), info=True) %}
