@@ -144,12 +144,6 @@ def _start_checkpoint(job: JobSpec, fp: str, full_refresh: bool) -> None:
         f.write(fp)
 
 
-def _freshness(target, meta: BatchMeta | None, commit_ms: int | None) -> float | None:
-    if meta is None or not meta.source_commit_ms or commit_ms is None:
-        return None
-    return round((commit_ms - meta.source_commit_ms) / 1000.0, 3)
-
-
 def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
             timeout_s: float | None = None) -> dict:
     """Run ``job`` to the cut taken now (trigger available-now) and stop; or, with a
@@ -191,7 +185,7 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
                 commit = target.latest_commit()
                 log.info("%s: up to date (target version %d reflects the sources' latest versions)",
                          job.model, commit.version)
-                return _summary(job, t0, [], cut, commit.version, _freshness(target, meta, commit.timestamp_ms),
+                return _summary(job, t0, [], cut, commit.version, meta.freshness_s(commit.timestamp_ms),
                                 full_refresh, _cached_key(job), up_to_date=True)
         # the target deleted or written by someone else; a column the model reads changed
         preflight.check_target(job, target, _query_id(job), _last_spark_commit(job))
@@ -343,7 +337,8 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
     committed = [r for r in results if not r.skipped]
     if committed and version is not None:
         c = target.latest_commit()
-        freshness = _freshness(target, BatchMeta.from_commit(c), c.timestamp_ms)
+        meta = BatchMeta.from_commit(c)
+        freshness = meta.freshness_s(c.timestamp_ms) if meta is not None else None
     summary = _summary(job, t0, results, cut, version, freshness, full_refresh, key, folded=folded)
     summary["progress"] = progress
     if action == "apply":

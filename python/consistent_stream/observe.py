@@ -99,10 +99,6 @@ def _batch_seconds(commit_ms: int, meta) -> float | None:
     return round((commit_ms - meta.started_ms) / 1000.0, 3) if meta.started_ms else None
 
 
-def _freshness(commit_ms: int, meta) -> float | None:
-    return round((commit_ms - meta.source_commit_ms) / 1000.0, 3) if meta.source_commit_ms else None
-
-
 def model_status(job: JobSpec, now_ms: int | None = None) -> ModelStatus:
     """The status of ``job``'s model now (``now_ms``: ms since epoch). A target or source that
     cannot be read gives a status with ``error`` set instead of raising."""
@@ -123,7 +119,7 @@ def model_status(job: JobSpec, now_ms: int | None = None) -> ModelStatus:
             status.error = f"version {commit.version} was not written by a consistent_stream batch"
             return status
         status.batch_id, status.strategy, status.cut = meta.batch_id, meta.strategy, meta.cut
-        status.freshness_s = _freshness(commit.timestamp_ms, meta)
+        status.freshness_s = meta.freshness_s(commit.timestamp_ms)
         if meta.started_ms:   # else written by a version that did not record its batches
             status.last_batch_changes, status.last_batch_s = meta.changes_read, _batch_seconds(commit.timestamp_ms,
                                                                                                 meta)
@@ -166,7 +162,7 @@ def model_history(job: JobSpec, limit: int = 1000) -> list[VersionPoint]:
         meta = BatchMeta.from_commit(commit)
         if meta is not None:
             points.append(VersionPoint(commit.version, meta.batch_id, commit.timestamp_ms,
-                                       _freshness(commit.timestamp_ms, meta), _batch_seconds(commit.timestamp_ms, meta),
+                                       meta.freshness_s(commit.timestamp_ms), _batch_seconds(commit.timestamp_ms, meta),
                                        meta.changes_read, meta.strategy))
     return sorted(points, key=lambda p: p.version)
 
@@ -277,7 +273,7 @@ def catalog_stats(target_path: str) -> dict[str, tuple[str, object, str]]:
                                       "The Delta version of the target this catalog describes"),
         "consistent_stream_cut": ("Cut", json.dumps(meta.cut, sort_keys=True),
                                   "The source versions this version equals the model's SQL over"),
-        "consistent_stream_freshness": ("Freshness (s)", _freshness(commit.timestamp_ms, meta),
+        "consistent_stream_freshness": ("Freshness (s)", meta.freshness_s(commit.timestamp_ms),
                                         "Commit time minus the newest source commit in the cut"),
         "consistent_stream_committed": ("Committed at", committed, "When this version was committed (UTC)"),
         "num_rows": ("# Rows", rows, "Rows in this version (Delta log statistics)"),

@@ -95,6 +95,13 @@ class BatchMeta:
             d.pop("state_version")
         return d
 
+    def freshness_s(self, commit_ms: int | None) -> float | None:
+        """Seconds from the cut's newest source commit to ``commit_ms`` (this batch's target
+        commit, ms since epoch); None when either is unknown."""
+        if not self.source_commit_ms or commit_ms is None:
+            return None
+        return round((commit_ms - self.source_commit_ms) / 1000.0, 3)
+
     @staticmethod
     def from_commit(c: Commit) -> "BatchMeta | None":
         m = c.metadata
