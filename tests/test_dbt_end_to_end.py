@@ -40,11 +40,18 @@ SCHEMA_YML = """
 version: 2
 models:
   - name: totals
+    description: "{description}"
+    config:
+      persist_docs: {{relation: true, columns: true}}
     columns:
       - name: cid
+        description: "{cid}"
         data_tests: [unique, not_null]
       - name: n
+        description: How many orders
         data_tests: [not_null]
+      - name: no_such_column
+        description: described in YAML, not in the SQL
 """
 
 
@@ -59,7 +66,7 @@ def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(spark, tmp_p
         "models/sources.yml": SOURCES.format(loc=src),
         "models/totals.sql": MODEL,
         "models/amounts.sql": BAG_MODEL,  # no unique_key and none inferred: a bag
-        "models/schema.yml": SCHEMA_YML,
+        "models/schema.yml": SCHEMA_YML.format(description="Orders per customer", cid="The customer"),
     })
 
     def table():
@@ -68,10 +75,23 @@ def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(spark, tmp_p
     def bag():
         return sorted(tuple(r) for r in spark.table(f"{schema}.amounts").collect())
 
+    def docs():
+        """The descriptions in the target's Delta metadata and in the catalog."""
+        dt = DeltaTable(target.path)
+        delta = (dt.metadata().description, {f.name: f.metadata.get("comment") for f in dt.schema().fields})
+        table = spark.catalog.getTable(f"{schema}.totals")
+        catalog = (table.description, {c.name: c.description for c in spark.catalog.listColumns(f"{schema}.totals")})
+        return delta, catalog
+
     r = dbt(tmp_path, "run")
     assert r.success, messages(r)
     assert table() == {1: (2, 11), 2: (1, 7)}
     assert bag() == [(1, 5), (1, 6), (2, 7)]
+    with open(index_path(str(tmp_path), "totals")) as f:
+        target = DeltaTableRef(json.load(f)["target_path"])
+    # persist_docs: the descriptions in the Delta table's metadata and in the catalog
+    written = ("Orders per customer", {"cid": "The customer", "n": "How many orders", "total": None})
+    assert docs() == (written, written)
 
     DeltaTable(str(src)).delete("oid = 1")
     write_deltalake(str(src), pa.table({"oid": [4, 5], "cid": [3, 1], "amount": [1, 6]}), mode="append")
@@ -93,14 +113,24 @@ def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(spark, tmp_p
     r = dbt(tmp_path, "test")
     assert r.success, messages(r)
 
-    with open(index_path(str(tmp_path), "totals")) as f:
-        target = DeltaTableRef(json.load(f)["target_path"])
+    # a changed description is no definition change: the catalog has it at once; the Delta
+    # metadata at the next rebuild (here the full refresh below)
+    version = target.latest_version()
+    write(tmp_path, {"models/schema.yml": SCHEMA_YML.format(description="Orders per customer, it's exact",
+                                                          cid="The customer (the partition column)")})
+    r = dbt(tmp_path, "run")
+    assert r.success, messages(r)
+    assert target.refresh() == version
+    changed = ("Orders per customer, it's exact", {**written[1], "cid": "The customer (the partition column)"})
+    assert docs() == (written, changed)
+
     app_before = target.commit_at(target.latest_version()).metadata["app_id"]
     r = dbt(tmp_path, "run", "--full-refresh")
     assert r.success, messages(r)
     assert table() == {1: (1, 6), 2: (1, 7), 3: (1, 1)}
     meta = target.commit_at(target.latest_version()).metadata
     assert meta["app_id"] != app_before and meta["batch_id"] == "0"
+    assert docs() == (changed, changed)
 
     # dbt docs generate: the relation's type and its statistics from the Delta log
     r = dbt(tmp_path, "docs", "generate")

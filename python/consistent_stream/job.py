@@ -31,7 +31,7 @@ from .oracle import batch_dataframe
 from .plan import compile_model, fingerprint
 from .plan.incremental import PlanTypes, type_plan
 from .runtime import BatchMeta, BatchResult, QueryRuntime, target_key
-from .sink.catalog import publish, published
+from .sink.catalog import apply_docs, publish, published, stale_partition_docs
 from .sources import Cut
 from .sources.backlog import plan_cuts
 from .sources.formats import latest_cut, open_source
@@ -422,10 +422,12 @@ def _cached_key(job: JobSpec):
 
 
 def _publish(spark: SparkSession, job: JobSpec, target, version: int) -> None:
-    """Register the target's ``version`` in the catalog unless it already is."""
-    if published(spark, job.schema, job.identifier, job.target_path, version):
-        return
-    publish(spark, job.schema, job.identifier, job.target_path, version, job.partition_by)
+    """Register the target's ``version`` in the catalog unless it already is, with the
+    model's descriptions (``persist_docs``)."""
+    if not published(spark, job.schema, job.identifier, job.target_path, version) or \
+            stale_partition_docs(spark, job.schema, job.identifier, job.docs, job.partition_by):
+        publish(spark, job.schema, job.identifier, job.target_path, version, job.partition_by, docs=job.docs)
+    apply_docs(spark, job.schema, job.identifier, job.docs)
 
 
 KEEP_BATCH_RESULTS = 1000

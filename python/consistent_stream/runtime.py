@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
 from .changelog import WEIGHT, Views, arrow_to_spark
-from .delta import Commit, DeltaTableRef, Txn
+from .delta import Commit, DeltaTableRef, Docs, Txn
 from .errors import CommitError
 from .faults import fault_point
 from .metrics import BatchMetrics, Phases, counted_jobs
@@ -344,7 +344,7 @@ class QueryRuntime:
             check_constraints(spark, df, job.constraints, job.model)
             return commit_rebuild(self.target, df, unique_key=self.key, partition_by=job.partition_by,
                                   file_rows=job.state_file_rows, txn=txn, metadata=md, model=job.model,
-                                  properties=table_properties(retention_of(job)))
+                                  properties=table_properties(retention_of(job)), docs=Docs.from_dbt(job.docs))
         check_constraints(spark, out.df if out.arrow is None else out.arrow, job.constraints, job.model)
         prev_version = self.target.version()
         if out.arrow is None:

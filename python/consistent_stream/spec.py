@@ -124,7 +124,12 @@ class JobSpec:
     or the sources' schemas changed since the checkpoint (:mod:`.config_change`).
     ``contract``: the enforced dbt contract, ``[{name, data_type}]`` (empty when not
     enforced); ``constraints``: ``[{type, columns, expression, name}]``, dbt's column and
-    model constraints (:mod:`.sink.constraints`)."""
+    model constraints (:mod:`.sink.constraints`). ``docs``: with dbt's ``persist_docs``,
+    ``{description, columns: {name: description}}`` (``description`` None unless
+    ``relation: true``, ``columns`` empty unless ``columns: true``), written into the
+    target's Delta metadata when it is created or rebuilt and into the catalog at every run
+    (:mod:`.sink.catalog`); None without ``persist_docs``. Not part of the definition: a
+    changed description never rebuilds the view."""
     model: str
     schema: str
     identifier: str
@@ -147,6 +152,7 @@ class JobSpec:
     on_schema_change: str = ON_SCHEMA_CHANGE[0]
     contract: list[dict] = field(default_factory=list)
     constraints: list[dict] = field(default_factory=list)
+    docs: dict | None = None
 
     @property
     def spec_path(self) -> str:
@@ -218,6 +224,10 @@ class JobSpec:
                                   f"got {config.get(key)!r}")
         contract = [{"name": str(c["name"]), "data_type": c.get("data_type")} for c in config.get("contract") or []]
         constraints = [_constraint(c, model_name) for c in config.get("constraints") or []]
+        docs = config.get("docs")
+        if docs is not None:
+            docs = {"description": docs.get("description") or None,
+                    "columns": {str(k).lower(): str(v) for k, v in (docs.get("columns") or {}).items() if v}}
         srcs = [_source_spec(s, project_root, warehouse_dir) for s in sources]
         if not srcs:
             raise ConfigError(f"model {model_name}: a consistent_stream model reads at least one source() "
@@ -226,4 +236,4 @@ class JobSpec:
                        unique_key=unique_key, target_path=target, checkpoint_location=os.path.normpath(ckpt),
                        partition_by=partition_by, trigger=trigger, recompute_threshold=threshold,
                        state_file_rows=file_rows, max_batch_rows=batch_rows, local_engine=local_engine,
-                       contract=contract, constraints=constraints, **retention, **policies)
+                       contract=contract, constraints=constraints, docs=docs, **retention, **policies)

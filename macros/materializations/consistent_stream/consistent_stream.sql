@@ -29,6 +29,7 @@
       'on_schema_change': config.get('on_schema_change', none),
       'contract': contract.columns,
       'constraints': contract.constraints,
+      'docs': consistent_stream_docs(model),
   } -%}
 
   {{ run_hooks(pre_hooks) }}

@@ -180,3 +180,24 @@ Source '{{ node.source_name }}.{{ node.name }}' (read by consistent_stream model
                            ~ 'governs these tables (Unity Catalog, Ranger, ...), or remove the config') -%}
   {%- endif -%}
 {% endmacro %}
+
+
+{% macro consistent_stream_docs(model) %}
+  {#-- dbt's persist_docs for the engine: {description, columns: {name: description}} with the
+       model's description when `persist_docs: {relation: true}` and its columns' when
+       `columns: true`; none without either. The engine writes them into the target's Delta
+       metadata (table description, column comments) when it is created or rebuilt, and into
+       the catalog's table at every run. --#}
+  {%- set relation = config.persist_relation_docs() -%}
+  {%- set columns = config.persist_column_docs() -%}
+  {%- if not (relation or columns) -%}
+    {%- do return(none) -%}
+  {%- endif -%}
+  {%- set out = {'description': model.get('description') if relation else none, 'columns': {}} -%}
+  {%- if columns -%}
+    {%- for column in model.get('columns', {}).values() if column.get('description') -%}
+      {%- do out.columns.update({column.get('name'): column.get('description')}) -%}
+    {%- endfor -%}
+  {%- endif -%}
+  {%- do return(out) -%}
+{% endmacro %}

@@ -10,6 +10,7 @@ Delta tables that delta-spark, DuckDB or Trino read unchanged.
 from .deltars import (  # noqa: F401
     Commit,
     DataFile,
+    Docs,
     DeltaTableRef,
     Txn,
 )

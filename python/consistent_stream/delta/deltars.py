@@ -89,6 +89,44 @@ def plain_arrow(table: pa.Table) -> pa.Table:
     return table.cast(pa.schema(fields)) if changed else table
 
 
+@dataclass(frozen=True)
+class Docs:
+    """dbt's ``persist_docs`` as Delta keeps it: the table's ``description`` (the metaData
+    action's) and the columns' comments (``comment`` in each field's metadata, as Spark and
+    Delta Lake write ``COMMENT``). ``None`` / missing columns: not managed (kept as they are)."""
+    description: str | None = None
+    columns: tuple[tuple[str, str], ...] = ()
+
+    @staticmethod
+    def of(dt: DeltaTable) -> "Docs":
+        """What table ``dt`` holds now."""
+        return Docs(dt.metadata().description,
+                    tuple(sorted((f.name.lower(), f.metadata["comment"]) for f in dt.schema().fields
+                                 if f.metadata and f.metadata.get("comment") is not None)))
+
+    @staticmethod
+    def from_dbt(docs: dict | None) -> "Docs | None":
+        """From the job spec's ``docs`` (``{description, columns: {name: description}}``)."""
+        if not docs:
+            return None
+        return Docs(docs.get("description") or None,
+                    tuple(sorted((str(k).lower(), str(v)) for k, v in (docs.get("columns") or {}).items() if v)))
+
+    def updated(self, wanted: "Docs | None", schema: pa.Schema) -> "Docs":
+        """These descriptions with ``wanted``'s set over them, for the columns of ``schema``."""
+        names = {f.name.lower() for f in schema}
+        columns = {**dict(self.columns), **dict(wanted.columns if wanted else ())}
+        return Docs(wanted.description if wanted and wanted.description is not None else self.description,
+                    tuple(sorted((k, v) for k, v in columns.items() if k in names)))
+
+
+def _commented(schema: pa.Schema, docs: Docs | None) -> pa.Schema:
+    """``schema`` with each column's comment from ``docs`` in its field metadata."""
+    comments = {k.lower(): v for k, v in (docs.columns if docs else ())}
+    return pa.schema([f.with_metadata({"comment": comments[f.name.lower()]}) if f.name.lower() in comments else f
+                      for f in schema])
+
+
 class DeltaTableRef:
     """A Delta table at ``path``: one handle, refreshed; reads at explicit versions and
     idempotent commits.
@@ -304,20 +342,22 @@ class DeltaTableRef:
     def commit_files(self, adds: list[DataFile], removes: list[DataFile], *, schema: pa.Schema,
                      txn: Txn | None, metadata: dict[str, Any] | None,
                      partition_by: list[str] | None = None,
-                     configuration: dict[str, str] | None = None) -> int:
+                     configuration: dict[str, str] | None = None, docs: Docs | None = None) -> int:
         """ONE commit that adds ``adds`` (files already written under the table root) and
         removes ``removes``, recording ``txn`` and ``metadata``; creates the table (with
-        ``schema``, ``partition_by`` and table properties ``configuration``) when missing,
-        and replaces its schema and partitioning with ``schema`` and ``partition_by`` (every
-        file removed: a rebuild) when they differ. Returns the new version."""
+        ``schema``, ``partition_by``, table properties ``configuration`` and descriptions
+        ``docs``) when missing, and replaces its schema, partitioning and descriptions (every
+        file removed: a rebuild) when they differ. Give ``docs`` only with a commit whose
+        ``removes`` are every current file. Returns the new version."""
         schema = plain_arrow(schema.empty_table()).schema
         fault_point("files_written")
         from deltalake import Schema
         from deltalake.transaction import create_table_with_add_actions
         if not self.exists():
-            create_table_with_add_actions(self.path, Schema.from_arrow(schema), [a.add_action() for a in adds],
-                                          partition_by=partition_by or None, configuration=configuration,
-                                          commit_properties=self._props(txn, metadata))
+            create_table_with_add_actions(self.path, Schema.from_arrow(_commented(schema, docs)),
+                                          [a.add_action() for a in adds], partition_by=partition_by or None,
+                                          description=docs.description if docs else None,
+                                          configuration=configuration, commit_properties=self._props(txn, metadata))
             self._dt = DeltaTable(self.path)
             return self._dt.version()
         dt = self.table()
@@ -326,13 +366,17 @@ class DeltaTableRef:
                [(f.name, f.type) for f in schema] and \
                list(dt.metadata().partition_columns) == list(partition_by or [])
         before = dt.version()
-        if not same:
-            # a new schema or partitioning (a full refresh that changed the output or
-            # partition_by): CREATE OR REPLACE in one commit, every file removed. (An
-            # "overwrite" write transaction keeps the old partition columns in the metadata
-            # while the new files carry partition values: they would read as NULL.)
-            create_table_with_add_actions(self.path, Schema.from_arrow(schema), [a.add_action() for a in adds],
-                                          mode="overwrite", partition_by=partition_by or None,
+        kept = Docs.of(dt)
+        wanted = kept.updated(docs, schema)
+        if not same or wanted != kept:
+            # a new schema, partitioning or descriptions (a rebuild that changed the output,
+            # partition_by or the model's docs): CREATE OR REPLACE in one commit, every file
+            # removed. (An "overwrite" write transaction keeps the old partition columns in
+            # the metadata while the new files carry partition values: they would read as
+            # NULL; and it cannot change the description.)
+            create_table_with_add_actions(self.path, Schema.from_arrow(_commented(schema, wanted)),
+                                          [a.add_action() for a in adds], mode="overwrite",
+                                          partition_by=partition_by or None, description=wanted.description,
                                           configuration={**dt.metadata().configuration, **(configuration or {})},
                                           commit_properties=self._props(txn, metadata))
         else:

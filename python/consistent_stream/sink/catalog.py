@@ -26,8 +26,27 @@ SNAPSHOTS = "_consistent_stream/snapshots"
 KEEP = 2
 
 
-def _ddl(schema) -> str:
-    return ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in schema.fields)
+def _ddl(schema, comments: dict[str, str]) -> str:
+    """Column definitions, with ``comments`` (lower-case column name -> comment)."""
+    return ", ".join(f"`{f.name}` {f.dataType.simpleString()}" +
+                     (f" COMMENT {_literal(comments[f.name.lower()])}" if f.name.lower() in comments else "")
+                     for f in schema.fields)
+
+
+def _column_docs(docs: dict | None) -> dict[str, str]:
+    return {str(k).lower(): v for k, v in ((docs or {}).get("columns") or {}).items()}
+
+
+def stale_partition_docs(spark: SparkSession, schema: str, identifier: str, docs: dict | None,
+                         partition_by: list[str]) -> bool:
+    """Whether ``docs`` give a partition column of ``schema.identifier`` a comment other than
+    the catalog's: Spark cannot ALTER a partition column, so :func:`publish` re-registers the
+    table."""
+    wanted = {k: v for k, v in _column_docs(docs).items() if k in {c.lower() for c in partition_by}}
+    if not wanted or not spark.catalog.tableExists(f"{schema}.{identifier}"):
+        return False
+    return any(wanted.get(c.name.lower(), c.description) != c.description
+               for c in spark.catalog.listColumns(f"{schema}.{identifier}"))
 
 
 def snapshot_dir(home: str, version: int) -> str:
@@ -54,10 +73,12 @@ def published(spark: SparkSession, schema: str, identifier: str, table_path: str
 
 
 def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, version: int,
-            partition_by: list[str], home: str | None = None) -> str:
+            partition_by: list[str], home: str | None = None, docs: dict | None = None) -> str:
     """Register ``table_path`` at ``version`` as ``schema.identifier``; returns the
     snapshot directory (under ``home``, the table's directory by default). Creates the schema
-    when missing, re-creates the table when its columns changed."""
+    when missing, re-creates the table when its columns (or a partition column's comment in
+    ``docs``, see :func:`apply_docs`) changed; a table created here gets ``docs``'
+    descriptions."""
     home = home or table_path
     table = DeltaTableRef(table_path)
     snap = snapshot_dir(home, version)
@@ -90,13 +111,16 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
         current = spark.table(fq).schema
         same = [(f.name.lower(), f.dataType) for f in current.fields] == \
                [(f.name.lower(), f.dataType) for f in _reorder(spark_schema, partition_by).fields]
-        if not same:
+        if not same or stale_partition_docs(spark, schema, identifier, docs, partition_by):
             spark.sql(f"DROP TABLE {fq}")
             exists = False
     loc = "file://" + os.path.abspath(snap) if "://" not in snap else snap
     if not exists:
         parts = f" PARTITIONED BY ({', '.join(f'`{c}`' for c in partition_by)})" if partition_by else ""
-        spark.sql(f"CREATE TABLE {fq} ({_ddl(spark_schema)}) USING parquet{parts} LOCATION '{loc}'")
+        comment = (docs or {}).get("description")
+        comment = f" COMMENT {_literal(comment)}" if comment is not None else ""
+        spark.sql(f"CREATE TABLE {fq} ({_ddl(spark_schema, _column_docs(docs))}) USING parquet{parts}{comment} "
+                  f"LOCATION '{loc}'")
     else:
         spark.sql(f"ALTER TABLE {fq} SET LOCATION '{loc}'")
     if partition_by:
@@ -109,6 +133,36 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
         json.dump({"version": version, "table": f"{schema}.{identifier}"}, f)
     os.replace(_marker(home) + ".tmp", _marker(home))
     return snap
+
+
+def _literal(text: str) -> str:
+    """``text`` as a Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def apply_docs(spark: SparkSession, schema: str, identifier: str, docs: dict | None) -> list[str]:
+    """dbt's ``persist_docs`` in the catalog: set ``schema.identifier``'s comment to
+    ``docs["description"]`` and its columns' comments to ``docs["columns"]`` (name ->
+    description) where they differ (``COMMENT ON TABLE``, ``ALTER TABLE .. CHANGE COLUMN ..
+    COMMENT``, as dbt-spark does). Columns the table does not have are skipped, and so are
+    partition columns, which Spark cannot alter (:func:`publish` re-creates the table for
+    them: :func:`stale_partition_docs`). Returns the statements run; none without ``docs``."""
+    if not docs:
+        return []
+    fq = f"`{schema}`.`{identifier}`"
+    name = f"{schema}.{identifier}"
+    statements = []
+    description = docs.get("description")
+    if description is not None and (spark.catalog.getTable(name).description or None) != description:
+        statements.append(f"COMMENT ON TABLE {fq} IS {_literal(description)}")
+    wanted = _column_docs(docs)
+    for column in spark.catalog.listColumns(name):
+        comment = wanted.get(column.name.lower())
+        if comment is not None and not column.isPartition and (column.description or None) != comment:
+            statements.append(f"ALTER TABLE {fq} CHANGE COLUMN `{column.name}` COMMENT {_literal(comment)}")
+    for statement in statements:
+        spark.sql(statement)
+    return statements
 
 
 def publish_source(spark: SparkSession, source, warehouse_dir: str) -> int:

@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from ..changelog import WEIGHT
-from ..delta import DeltaTableRef, Txn
+from ..delta import DeltaTableRef, Docs, Txn
 from ..errors import CommitError, UniqueKeyViolation
 
 OP = "__op"
@@ -158,12 +158,15 @@ def _check_rebuilt(df: DataFrame, unique_key: list[str] | None, model: str) -> N
 
 def commit_rebuild(target: DeltaTableRef, output: DataFrame, *, unique_key: list[str] | None,
                    partition_by: list[str], file_rows: int, txn: Txn, metadata: dict,
-                   model: str, properties: dict[str, str] | None = None) -> tuple[int, int, int]:
+                   model: str, properties: dict[str, str] | None = None,
+                   docs: Docs | None = None) -> tuple[int, int, int]:
     """A rebuilt view (first batch, full refresh, a recomputed batch) replaces the target in
     ONE commit: ``output`` (the view's rows + ``__weight``, consolidated) is written by
     Spark's executors, clustered by the unique key, as files of at most ``file_rows`` rows;
     the commit removes every file of the current version and adds these, with ``txn``. A
-    target created by this commit gets the Change Data Feed on and the table ``properties``.
+    target created by this commit gets the Change Data Feed on and the table ``properties``;
+    the commit sets the table's and columns' descriptions ``docs`` (dbt's ``persist_docs``)
+    when they differ.
     Returns ``(new version, rows written, target rows rewritten)``.
 
     Raises UniqueKeyViolation (a key with two rows) or CommitError (a retraction) before
@@ -190,7 +193,8 @@ def commit_rebuild(target: DeltaTableRef, output: DataFrame, *, unique_key: list
     schema = arrow_schema(output.select(*[F.col(f"`{c}`") for c in data_cols]).schema)
     version = target.commit_files(files, removes, schema=schema, txn=txn, metadata=metadata,
                                   partition_by=partition_by,
-                                  configuration={**(properties or {}), "delta.enableChangeDataFeed": "true"})
+                                  configuration={**(properties or {}), "delta.enableChangeDataFeed": "true"},
+                                  docs=docs)
     written = sum(f.num_records for f in files)
     return version, written, written
 
