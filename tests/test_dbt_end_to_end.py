@@ -5,12 +5,14 @@ Spark catalog as `<schema>.<model>`."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import datetime
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
+from consistent_stream import metrics
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.verify import index_path
 from test_dbt_plugin import PROJECT, dbt, messages, profile, write
@@ -55,7 +57,7 @@ models:
 """
 
 
-def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(spark, tmp_path):
+def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(spark, tmp_path, capsys, monkeypatch):
     schema = f"e2e_{uuid.uuid4().hex[:8]}"
     src = tmp_path / "data" / "orders"
     write_deltalake(str(src), pa.table({"oid": [1, 2, 3], "cid": [1, 1, 2], "amount": [5, 6, 7]}),
@@ -83,10 +85,18 @@ def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(spark, tmp_p
         catalog = (table.description, {c.name: c.description for c in spark.catalog.listColumns(f"{schema}.totals")})
         return delta, catalog
 
+    # a long batch reports its progress in dbt's output (here every batch is long: after 0 s)
+    monkeypatch.setattr(metrics, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(metrics, "PROGRESS_EVERY_S", 0.5)
+    capsys.readouterr()
     r = dbt(tmp_path, "run")
     assert r.success, messages(r)
     assert table() == {1: (2, 11), 2: (1, 7)}
     assert bag() == [(1, 5), (1, 6), (2, 7)]
+    out = capsys.readouterr().out
+    assert re.search(r"totals batch 0: running for \d+ s, \d+ Spark jobs? done; Spark job \d+ "
+                     r"(stage \d+ \[[#-]{20}\] +\d+% \d+/\d+ tasks|starting)", out), out[-3000:]
+    monkeypatch.undo()
     with open(index_path(str(tmp_path), "totals")) as f:
         target = DeltaTableRef(json.load(f)["target_path"])
     # persist_docs: the descriptions in the Delta table's metadata and in the catalog

@@ -6,6 +6,7 @@ calls :meth:`ConsistentSparkAdapter.consistent_stream_run`, which hands the mode
 ``consistent_stream.job.run_model`` in this process, on dbt-spark's SparkSession.
 """
 
+import logging
 import os
 import re
 import traceback
@@ -26,6 +27,33 @@ from dbt_common.exceptions import DbtRuntimeError
 from dbt.adapters.consistent_spark.connections import ConsistentSparkConnectionManager
 
 logger = AdapterLogger("ConsistentSpark")
+
+
+class _EngineLogToDbt(logging.Handler):
+    """The engine's Python logging (``consistent_stream.*``) in dbt's log: the progress
+    reports of long batches (``consistent_stream.progress``) at info, in dbt's output;
+    warnings as warnings; the rest at debug (``logs/dbt.log``, ``--debug``)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record must not fail the model
+            return
+        if record.levelno >= logging.WARNING:
+            logger.warning(message)
+        elif record.name == "consistent_stream.progress":
+            logger.info(message)
+        else:
+            logger.debug(message)
+
+
+def _bridge_engine_logs() -> None:
+    """Send the engine's logging to dbt's (once per process)."""
+    engine = logging.getLogger("consistent_stream")
+    if not any(isinstance(h, _EngineLogToDbt) for h in engine.handlers):
+        engine.addHandler(_EngineLogToDbt())
+        if engine.level == logging.NOTSET:
+            engine.setLevel(logging.INFO)
 
 ADAPTER_NAME = "consistent_spark"
 ADAPTER_MATERIALIZATION = "consistent_stream"
@@ -108,6 +136,7 @@ class ConsistentSparkAdapter(SparkAdapter):
         ``target_version``, ``target_path``, ...). Engine errors become ``DbtRuntimeError``
         with the engine's message.
         """
+        _bridge_engine_logs()
         spark = self._spark_session()
         # dbt keeps the invocation's working directory: a relative --project-dir is relative to it.
         project_root = os.path.abspath(self.config.project_root)

@@ -1,8 +1,12 @@
 """What a micro-batch cost: wall time per phase, Spark jobs, state rows read, target rows
 rewritten. Logged per batch at info level and summed into the run summary; benchmarks print
-them. Nothing here changes behaviour."""
+them. A batch that runs long (a first batch over big sources) reports its progress while it
+runs, as lines of the ``consistent_stream.progress`` logger (the dbt adapter shows them in
+dbt's output). Nothing here changes behaviour."""
 from __future__ import annotations
 
+import logging
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -46,15 +50,78 @@ class Phases:
         self.t = now
 
 
+PROGRESS_AFTER_S = 10.0
+"""A batch running longer than this (seconds) starts reporting its progress..."""
+PROGRESS_EVERY_S = 10.0
+"""...every this many seconds."""
+progress_log = logging.getLogger("consistent_stream.progress")
+
+
+def bar(done: int, total: int, width: int = 20) -> str:
+    """``done`` of ``total`` as a text progress bar: ``[#########-----------]  45%``."""
+    filled = width * done // total if total else 0
+    return f"[{'#' * filled}{'-' * (width - filled)}] {100 * done // total if total else 0:3d}%"
+
+
+def progress_line(sc, group: str, label: str, elapsed_s: float) -> str | None:
+    """One progress report of the Spark jobs of job group ``group`` (``label``: what runs,
+    e.g. ``totals batch 0``), from the status tracker: jobs finished, and each running
+    stage's tasks done of all, as a bar. None when no job of the group runs."""
+    tracker = sc.statusTracker()
+    jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(group)]
+    jobs = [j for j in jobs if j is not None]
+    running = [j for j in jobs if j.status == "RUNNING"]
+    if not running:
+        return None
+    active = set(tracker.getActiveStageIds())
+    stages = []
+    for j in running:
+        for sid in sorted(set(j.stageIds) & active):
+            st = tracker.getStageInfo(sid)
+            if st is not None:
+                stages.append(f"Spark job {j.jobId} stage {sid} {bar(st.numCompletedTasks, st.numTasks)} "
+                              f"{st.numCompletedTasks}/{st.numTasks} tasks")
+    done = sum(1 for j in jobs if j.status == "SUCCEEDED")
+    return (f"{label}: running for {elapsed_s:.0f} s, {done} Spark job{'s' if done != 1 else ''} done; "
+            + ("; ".join(stages) if stages else f"Spark job {running[0].jobId} starting"))
+
+
+class _ProgressReporter(threading.Thread):
+    """Logs :func:`progress_line` every :data:`PROGRESS_EVERY_S` once the block has run
+    :data:`PROGRESS_AFTER_S`, until stopped."""
+
+    def __init__(self, sc, group: str, label: str):
+        super().__init__(name=f"progress {label}", daemon=True)
+        self.sc, self.group, self.label, self.t0 = sc, group, label, time.time()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        wait = PROGRESS_AFTER_S
+        while not self.stopped.wait(wait):
+            wait = PROGRESS_EVERY_S
+            try:
+                line = progress_line(self.sc, self.group, self.label, time.time() - self.t0)
+            except Exception as exc:  # the session went away under a dying batch: no report
+                progress_log.debug("%s: no progress report (%s)", self.label, exc)
+                continue
+            if line:
+                progress_log.info(line)
+
+
 @contextmanager
 def counted_jobs(spark, label: str):
     """Run the block in its own Spark job group; yields a callable returning the number of
-    Spark jobs started in the block so far (the status tracker's jobs of the group)."""
+    Spark jobs started in the block so far (the status tracker's jobs of the group). A block
+    that runs long reports its progress (:func:`progress_line`) on the
+    ``consistent_stream.progress`` logger."""
     sc = spark.sparkContext
     group = f"consistent_stream:{label}:{uuid.uuid4().hex[:8]}"
     sc.setJobGroup(group, label, interruptOnCancel=False)
+    reporter = _ProgressReporter(sc, group, label)
+    reporter.start()
     try:
         yield lambda: len(sc.statusTracker().getJobIdsForGroup(group))
     finally:
+        reporter.stopped.set()
         sc.setLocalProperty("spark.jobGroup.id", None)
         sc.setLocalProperty("spark.job.description", None)
