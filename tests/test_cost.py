@@ -7,7 +7,7 @@ import os
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 
 from consistent_stream.changelog import arrow_to_spark
 from consistent_stream.delta import DeltaTableRef

@@ -57,7 +57,7 @@ def saved_definition(job: JobSpec) -> dict | None:
 
 def _saved_fingerprint(job: JobSpec) -> str | None:
     try:
-        with open(os.path.join(job.checkpoint_location, "_consistent_stream", "fingerprint")) as f:
+        with open(job.fingerprint_path) as f:
             return f.read().strip() or None
     except OSError:
         return None

@@ -31,6 +31,7 @@ from .oracle import batch_dataframe
 from .plan import compile_model, fingerprint
 from .plan.incremental import PlanTypes, type_plan
 from .runtime import BatchMeta, BatchResult, QueryRuntime, target_key
+from . import spark_checkpoint
 from .sink.catalog import apply_docs, publish, published, stale_partition_docs
 from .sources import Cut
 from .sources.backlog import plan_cuts
@@ -44,10 +45,6 @@ log = logging.getLogger("consistent_stream")
 
 def source_schemas(job: JobSpec) -> dict[str, list[str]]:
     return {s.key: open_source(s).columns() for s in job.sources}
-
-
-def _plan_path(job: JobSpec) -> str:
-    return os.path.join(job.checkpoint_location, "_consistent_stream", "plan.json")
 
 
 def compile_job(spark: SparkSession, job: JobSpec, cut: Cut, sources=None):
@@ -84,7 +81,7 @@ def compile_job(spark: SparkSession, job: JobSpec, cut: Cut, sources=None):
 
 def _load_plan(job: JobSpec, fp: str, schema_key: str):
     try:
-        with open(_plan_path(job)) as f:
+        with open(job.plan_path) as f:
             d = json.load(f)
     except (OSError, ValueError):
         return None
@@ -94,7 +91,7 @@ def _load_plan(job: JobSpec, fp: str, schema_key: str):
 
 
 def _save_plan(job: JobSpec, compiled, out_schema: StructType, types: PlanTypes) -> None:
-    path = _plan_path(job)
+    path = job.plan_path
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump({"fingerprint": compiled.fingerprint, "source_schemas": compiled.schema_key,
@@ -104,21 +101,12 @@ def _save_plan(job: JobSpec, compiled, out_schema: StructType, types: PlanTypes)
 
 
 def _query_id(job: JobSpec) -> str | None:
-    try:
-        with open(os.path.join(job.spark_checkpoint, "metadata")) as f:
-            return json.load(f)["id"]
-    except OSError:
-        return None
+    return spark_checkpoint.query_id(job.spark_checkpoint)
 
 
 def _last_spark_commit(job: JobSpec) -> int | None:
     """The newest batch Spark's checkpoint records as committed."""
-    d = os.path.join(job.spark_checkpoint, "commits")
-    try:
-        ids = [int(n) for n in os.listdir(d) if n.isdigit()]
-    except OSError:
-        return None
-    return max(ids) if ids else None
+    return spark_checkpoint.last_committed(job.spark_checkpoint)
 
 
 def _up_to_date(job: JobSpec, cut: Cut, target) -> BatchMeta | None:
@@ -136,7 +124,7 @@ def _start_checkpoint(job: JobSpec, fp: str, full_refresh: bool) -> None:
     """Record in the checkpoint the definition the run maintains (``job.json``) and its
     fingerprint ``fp``; a full refresh removes the checkpoint (state, cut log, Spark's
     query) first."""
-    path = os.path.join(job.checkpoint_location, "_consistent_stream", "fingerprint")
+    path = job.fingerprint_path
     if full_refresh and os.path.exists(job.checkpoint_location):
         shutil.rmtree(job.checkpoint_location)
     job.save()
@@ -189,7 +177,7 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
                                 full_refresh, _cached_key(job), up_to_date=True)
         # the target deleted or written by someone else; a column the model reads changed
         preflight.check_target(job, target, _query_id(job), _last_spark_commit(job))
-        drift = preflight.source_schema_drift(job, fp, _plan_path(job), {k: s.schema() for k, s in sources.items()})
+        drift = preflight.source_schema_drift(job, fp, {k: s.schema() for k, s in sources.items()})
         changes = config_change.schema_changes(drift, job)
     action = config_change.action(job, changes) if target.exists() else ("apply" if changes else "none")
     if action == "fail":
@@ -221,7 +209,7 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
     runtime = QueryRuntime(spark, job, compiled, out_schema, types)
     runtime.sources = sources
 
-    cuts = CutLog(os.path.join(job.checkpoint_location, "cuts"))
+    cuts = CutLog(job.cuts_dir)
     planner_sources = {s.key: open_source(s) for s in job.sources}  # the planner's own handles
     _plan(job, cuts, planner_sources, target, cut)
 
@@ -407,7 +395,7 @@ def process_batch(runtime: QueryRuntime, app_id: str, batch_id: int, start: Cut,
 
 def _fingerprint_is(job: JobSpec, fp: str) -> bool:
     try:
-        with open(os.path.join(job.checkpoint_location, "_consistent_stream", "fingerprint")) as f:
+        with open(job.fingerprint_path) as f:
             return f.read().strip() == fp
     except OSError:
         return False
@@ -415,7 +403,7 @@ def _fingerprint_is(job: JobSpec, fp: str) -> bool:
 
 def _cached_key(job: JobSpec):
     try:
-        with open(_plan_path(job)) as f:
+        with open(job.plan_path) as f:
             return json.load(f).get("unique_key")
     except (OSError, ValueError):
         return job.unique_key or None

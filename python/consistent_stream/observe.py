@@ -207,7 +207,7 @@ def explain_model(job: JobSpec) -> str:
     from .plan.logical import explain
     from .runtime import BatchMeta
     from .state.arrangement import ARRANGEMENT
-    plan_path = os.path.join(job.checkpoint_location, "_consistent_stream", "plan.json")
+    plan_path = job.plan_path
     try:
         with open(plan_path) as f:
             plan = json.load(f)

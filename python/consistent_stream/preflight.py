@@ -29,6 +29,7 @@ from pyspark.sql.types import StructType
 
 from .errors import (CommitError, CompileError, ConfigError, ConsistentStreamError, SessionLostError, StorageError,
                      UniqueKeyViolation)
+from .spark_checkpoint import log_entries
 from .spec import JobSpec
 
 _FULL_REFRESH = "run dbt run --full-refresh -s {model}"
@@ -58,17 +59,6 @@ def _damaged(job: JobSpec, path: str, why: str) -> CommitError:
         f"the sources' snapshots)")
 
 
-def _spark_log_entries(directory: str, newest: int = 2) -> list[str]:
-    """The newest ``newest`` entries of one of Spark's metadata logs (``offsets``, ``commits``,
-    a file source's log): files named by batch id, possibly ``<id>.compact``."""
-    try:
-        names = [n for n in os.listdir(directory) if n.split(".")[0].isdigit() and not n.endswith(".tmp")]
-    except OSError:
-        return []
-    names.sort(key=lambda n: int(n.split(".")[0]))
-    return [os.path.join(directory, n) for n in names[-newest:]]
-
-
 def _check_spark_log_file(job: JobSpec, path: str) -> None:
     """A Spark metadata log file: a version line (``v1``) then one JSON document per line."""
     try:
@@ -93,7 +83,7 @@ def check_checkpoint_files(job: JobSpec) -> None:
     """Raise CommitError naming the first damaged file among those the run reads first: the
     planned cut files, Spark's ``metadata``, and the newest entries of its ``offsets``,
     ``commits`` and source logs."""
-    cuts = os.path.join(job.checkpoint_location, "cuts")
+    cuts = job.cuts_dir
     try:
         names = sorted(n for n in os.listdir(cuts) if n.startswith("cut-") and n.endswith(".json"))
     except OSError:
@@ -124,8 +114,8 @@ def check_checkpoint_files(job: JobSpec) -> None:
     if os.path.isdir(sources):
         logs += [os.path.join(sources, n) for n in sorted(os.listdir(sources))]
     for d in logs:
-        for path in _spark_log_entries(d):
-            _check_spark_log_file(job, path)
+        for entry in log_entries(d)[-2:]:
+            _check_spark_log_file(job, entry.path)
 
 
 # ---- the target -------------------------------------------------------------------------------
@@ -160,17 +150,16 @@ def _fields(schema_json: dict) -> dict[str, str]:
     return {f.name.lower(): f.dataType.simpleString() for f in StructType.fromJson(schema_json).fields}
 
 
-def source_schema_drift(job: JobSpec, fingerprint: str, plan_path: str,
-                        schemas: dict[str, StructType]) -> dict[str, list[str]]:
+def source_schema_drift(job: JobSpec, fingerprint: str, schemas: dict[str, StructType]) -> dict[str, list[str]]:
     """Compare each source's schema now (``schemas``: source key -> StructType) with the one
-    recorded in the checkpoint's plan (``plan_path``) for this ``fingerprint``. Returns, per
+    recorded in the checkpoint's plan (``job.plan_path``) for this ``fingerprint``. Returns, per
     source key, what changed in the columns the model reads: one dropped, renamed or retyped,
     or a new column the model reads (``select *``); a change to columns the model does not
     read is no drift. Empty when nothing the model reads changed, or when the plan was made
     for another fingerprint (then the definition changed anyway:
     :mod:`consistent_stream.config_change`)."""
     try:
-        with open(plan_path) as f:
+        with open(job.plan_path) as f:
             saved = json.load(f)
         if saved.get("fingerprint") != fingerprint:
             return {}

@@ -305,7 +305,7 @@ class QueryRuntime:
         Returns ``(target version, rows written, target rows rewritten, metadata)``."""
         job, spark = self.job, self.spark
         self.store.open(None if b.first else b.prev.state_version, b.views, rebuild=rebuild)
-        scratch = os.path.join(job.checkpoint_location, "scratch", f"{b.batch_id}")
+        scratch = os.path.join(job.scratch_dir, f"{b.batch_id}")
         local = LocalEngine() if job.local_engine == "duckdb" and not rebuild and session_supported(spark) else None
         ev = BatchEvaluator(spark, self.store, changes, b.views, rebuild=rebuild, first=rebuild, scratch=scratch,
                             types=self.types, local=local)

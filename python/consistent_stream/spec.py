@@ -159,6 +159,26 @@ class JobSpec:
         return os.path.join(self.checkpoint_location, "_consistent_stream", "job.json")
 
     @property
+    def fingerprint_path(self) -> str:
+        """The definition's fingerprint the checkpoint was made for (:func:`.plan.fingerprint`)."""
+        return os.path.join(self.checkpoint_location, "_consistent_stream", "fingerprint")
+
+    @property
+    def plan_path(self) -> str:
+        """The compiled incremental plan and the sources' schemas it was compiled for."""
+        return os.path.join(self.checkpoint_location, "_consistent_stream", "plan.json")
+
+    @property
+    def cuts_dir(self) -> str:
+        """The planned cuts, one file per micro-batch (:mod:`.sources.stream`)."""
+        return os.path.join(self.checkpoint_location, "cuts")
+
+    @property
+    def scratch_dir(self) -> str:
+        """Per-batch scratch files (removed by maintenance)."""
+        return os.path.join(self.checkpoint_location, "scratch")
+
+    @property
     def state_root(self) -> str:
         return os.path.join(self.checkpoint_location, "state")
 

@@ -49,12 +49,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import unquote
+
+from ..spark_checkpoint import fs_path, log_entries
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +100,6 @@ def _local(path: str) -> bool:
     return "://" not in path or path.startswith("file://")
 
 
-def _fs_path(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
-
-
 def _log_name(version: int, suffix: str) -> str:
     return f"{version:020d}.{suffix}"
 
@@ -110,7 +107,7 @@ def _log_name(version: int, suffix: str) -> str:
 def _last_checkpoint(table: str) -> int | None:
     """The version of the table's newest checkpoint (``_delta_log/_last_checkpoint``), or None."""
     try:
-        with open(os.path.join(_fs_path(table), "_delta_log", "_last_checkpoint")) as f:
+        with open(os.path.join(fs_path(table), "_delta_log", "_last_checkpoint")) as f:
             return int(json.load(f)["version"])
     except (OSError, ValueError, KeyError):
         return None
@@ -133,7 +130,7 @@ class LogCleaner:
     got, so a pass stats only the entries it may delete (never lists a long log twice)."""
 
     def __init__(self, table: str):
-        self.log_dir = os.path.join(_fs_path(table), "_delta_log")
+        self.log_dir = os.path.join(fs_path(table), "_delta_log")
         self.floor: int | None = None   # the lowest version whose entries may still exist
 
     def _lowest(self) -> int:
@@ -179,7 +176,7 @@ class Tombstones:
     (ValueError for another kind)."""
 
     def __init__(self, table: str):
-        self.log_dir = os.path.join(_fs_path(table), "_delta_log")
+        self.log_dir = os.path.join(fs_path(table), "_delta_log")
         self.checkpoint: int | None = None
         self.next_version = 0
         self.removed: dict[str, int] = {}
@@ -223,7 +220,7 @@ def vacuum_target(dt, retention_hours: float, now_s: float, tombstones: Tombston
     that neither the latest version nor a tombstone lists (its tombstone expired from the
     checkpoints, or a crashed batch wrote it) is deleted once its modification time is older
     than the retention. Returns ``(data files, CDF files)`` deleted."""
-    root = _fs_path(dt.table_uri)
+    root = fs_path(dt.table_uri)
     if _last_checkpoint(root) is None:
         return 0, 0   # fewer than checkpoint_interval commits: too few removed files to matter
     tombstones = tombstones or Tombstones(root)
@@ -269,24 +266,24 @@ def vacuum_state(dt, keep_from: int, keep_to: int) -> int:
     ``[keep_from, keep_to]`` references: superseded files and a crashed attempt's files (a full
     vacuum, listed by delta-rs and deleted here, so the state gets no VACUUM commit). Only
     safe between batches, under the model's writer lock. Returns the files deleted."""
-    root = _fs_path(dt.table_uri)
+    root = fs_path(dt.table_uri)
     files = dt.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False, full=True,
                       keep_versions=list(range(max(0, keep_from), keep_to + 1)))
     deleted = 0
     for f in files:
         p = f if os.path.isabs(f) else os.path.join(root, unquote(f))
         try:
-            os.remove(_fs_path(p))
+            os.remove(fs_path(p))
             deleted += 1
         except FileNotFoundError:
             pass
     return deleted
 
 
-def clean_scratch(checkpoint_location: str, before_batch: int) -> int:
-    """Remove ``<checkpoint>/scratch/<batch>`` directories of batches before ``before_batch``
-    (left by a batch that crashed). Returns how many."""
-    d = os.path.join(checkpoint_location, "scratch")
+def clean_scratch(scratch_dir: str, before_batch: int) -> int:
+    """Remove ``<scratch_dir>/<batch>`` directories (``JobSpec.scratch_dir``) of batches
+    before ``before_batch`` (left by a batch that crashed). Returns how many."""
+    d = scratch_dir
     try:
         names = os.listdir(d)
     except FileNotFoundError:
@@ -324,7 +321,7 @@ def trim_file_source_log(spark_checkpoint: str, before_batch: int) -> int:
 
     The file is replaced atomically; its Hadoop checksum (``.<name>.crc``) is removed first
     (a file without one is read unchecked; one with a stale checksum would fail the read)."""
-    d = os.path.join(_fs_path(spark_checkpoint), "sources", "0")
+    d = os.path.join(fs_path(spark_checkpoint), "sources", "0")
     try:
         names = os.listdir(d)
     except FileNotFoundError:
@@ -332,11 +329,11 @@ def trim_file_source_log(spark_checkpoint: str, before_batch: int) -> int:
     for n in names:   # a pass killed before its rename
         if n.endswith(".trim.tmp"):
             os.remove(os.path.join(d, n))
-    compacts = [n for n in names if n.endswith(".compact") and n.split(".")[0].isdigit()]
+    compacts = [e for e in log_entries(d) if e.compact]
     if not compacts:
         return 0
-    name = max(compacts, key=lambda n: int(n.split(".")[0]))   # the one Spark's next compaction reads
-    path = os.path.join(d, name)
+    path = compacts[-1].path   # the one Spark's next compaction reads
+    name = os.path.basename(path)
     with open(path) as f:
         lines = f.read().splitlines()
     if not lines or lines[0] != FILE_SOURCE_LOG_VERSION:
@@ -347,7 +344,7 @@ def trim_file_source_log(spark_checkpoint: str, before_batch: int) -> int:
     for line in lines[1:]:
         try:
             entry = json.loads(line)
-            batch, entry_path = int(entry["batchId"]), _fs_path(unquote(entry["path"]))
+            batch, entry_path = int(entry["batchId"]), fs_path(unquote(entry["path"]))
         except (ValueError, KeyError, TypeError):
             log.warning("%s: an entry this does not understand (%r); the log is left as it is", path, line[:200])
             return 0
@@ -410,11 +407,11 @@ class Maintenance:
     def run(self, batch_id: int, state_version: int | None) -> MaintenanceReport:
         """One pass after batch ``batch_id`` committed (its state at ``state_version``)."""
         t0 = time.time()
-        r, job, ret = MaintenanceReport(), self.job, self.retention
+        r, job = MaintenanceReport(), self.job
         steps = [("target", lambda: self._target_pass(r, t0))]
         if state_version is not None and os.path.isdir(os.path.join(job.state_root, "_delta_log")):
             steps.append(("state", lambda: self._state_pass(r, state_version)))
-        steps.append(("scratch", lambda: setattr(r, "scratch_dirs", clean_scratch(job.checkpoint_location, batch_id))))
+        steps.append(("scratch", lambda: setattr(r, "scratch_dirs", clean_scratch(job.scratch_dir, batch_id))))
         if _local(job.spark_checkpoint):
             steps.append(("Spark file source log",
                           lambda: setattr(r, "source_log_entries", trim_file_source_log(job.spark_checkpoint, batch_id))))

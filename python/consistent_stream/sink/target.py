@@ -96,7 +96,7 @@ def bag_changes(delta: pa.Table, old_counts: pa.Table | None, model: str, *, fir
     w = delta.column(WEIGHT).to_pylist()
     old = dict(zip(_row_keys(old_counts, cols), old_counts.column("__count").to_pylist())) \
         if old_counts is not None and old_counts.num_rows else {}
-    take, ops, delete_rows = [], [], []
+    take, delete_rows = [], []
     for i, (row, wi) in enumerate(zip(_row_keys(delta, cols), w)):
         if wi > 0:
             take += [i] * wi

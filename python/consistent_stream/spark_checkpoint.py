@@ -1,0 +1,60 @@
+"""Spark's streaming checkpoint (``JobSpec.spark_checkpoint``) read as the files Spark
+writes, without a running query: the query id (``metadata``), and the metadata logs
+(``offsets``, ``commits``, a file source's ``sources/<n>``), each a directory of files
+named by batch id, ``<id>`` or, for a compacted log, ``<id>.compact``
+(``HDFSMetadataLog`` / ``CompactibleFileStreamLog``). Spark writes a log file under a
+temporary name and renames it; names that are not a batch id (``.tmp`` files, Hadoop's
+``.<name>.crc`` checksums) are not entries.
+
+Used by the preflight checks (:mod:`.preflight`), the run loop (:mod:`.job`) and the
+file source log's trimming (:mod:`.sink.maintenance`)."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+
+def fs_path(path: str) -> str:
+    """A local ``file://`` URI as a path (other paths unchanged)."""
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One file of a Spark metadata log: the batch it is named by, its path, and whether it
+    is a compaction (``<batch>.compact``: every entry up to that batch)."""
+    batch_id: int
+    path: str
+    compact: bool
+
+
+def log_entries(directory: str) -> list[LogEntry]:
+    """The entries of one of Spark's metadata logs, oldest first; empty when the directory
+    does not exist."""
+    try:
+        names = os.listdir(fs_path(directory))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        head, _, suffix = name.partition(".")
+        if head.isdigit() and suffix in ("", "compact"):
+            out.append(LogEntry(int(head), os.path.join(fs_path(directory), name), suffix == "compact"))
+    return sorted(out, key=lambda e: e.batch_id)
+
+
+def query_id(spark_checkpoint: str) -> str | None:
+    """The id of the streaming query the checkpoint belongs to (its ``metadata`` file), or
+    None when it has none yet."""
+    try:
+        with open(os.path.join(fs_path(spark_checkpoint), "metadata")) as f:
+            return json.load(f)["id"]
+    except OSError:
+        return None
+
+
+def last_committed(spark_checkpoint: str) -> int | None:
+    """The newest batch the checkpoint records as committed (its ``commits`` log), or None."""
+    entries = log_entries(os.path.join(spark_checkpoint, "commits"))
+    return entries[-1].batch_id if entries else None
