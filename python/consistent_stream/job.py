@@ -26,12 +26,12 @@ import time
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from . import spark_checkpoint
 from .errors import CommitError, CompileError, ConfigError, ConsistentStreamError
 from .oracle import batch_dataframe
 from .plan import compile_model, fingerprint
 from .plan.incremental import PlanTypes, type_plan
 from .runtime import BatchMeta, BatchResult, QueryRuntime, target_key
-from . import spark_checkpoint
 from .sink.catalog import apply_docs, publish, published, stale_partition_docs
 from .sources import Cut
 from .sources.backlog import plan_cuts
@@ -154,13 +154,16 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
         raise explained from e
 
 
-def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s: float | None) -> dict:
-    t0 = time.time()
-    sources = {s.key: open_source(s) for s in job.sources}
-    cut = Cut(latest_cut(list(sources.values())))
-    fp = fingerprint(job.sql, job.sources)
-    from .delta import DeltaTableRef
-    target = DeltaTableRef(job.target_path)
+def _decide(job: JobSpec, target, sources: dict, cut: Cut, fp: str,
+            full_refresh: bool) -> tuple[str, list, BatchMeta | None]:
+    """What a run does before anything is compiled: ``(action, changes, up_to_date)``.
+    ``action`` is ``none`` (go on from the checkpoint), ``apply`` (rebuild: the definition or
+    a source's schema changed, :mod:`.config_change`), ``continue`` (keep the view as it is)
+    or ``fail``; ``changes`` what changed; ``up_to_date`` the target's last batch when it
+    already reflects ``cut`` (an available-now run then has nothing to do).
+
+    Raises CommitError / ConfigError from the preflight checks (the checkpoint of another
+    model or damaged, the target deleted or written by someone else)."""
     from . import config_change, preflight
     preflight.check_checkpoint_owner(job)
     changes = [] if full_refresh else config_change.definition_changes(job, fp)
@@ -169,17 +172,29 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
         if job.trigger == "available_now" and _fingerprint_is(job, fp):
             meta = _up_to_date(job, cut, target)
             if meta is not None:
-                _publish(spark, job, target, target.version())
-                commit = target.latest_commit()
-                log.info("%s: up to date (target version %d reflects the sources' latest versions)",
-                         job.model, commit.version)
-                return _summary(job, t0, [], cut, commit.version, meta.freshness_s(commit.timestamp_ms),
-                                full_refresh, _cached_key(job), up_to_date=True)
+                return "none", [], meta
         # the target deleted or written by someone else; a column the model reads changed
         preflight.check_target(job, target, _query_id(job), _last_spark_commit(job))
         drift = preflight.source_schema_drift(job, fp, {k: s.schema() for k, s in sources.items()})
         changes = config_change.schema_changes(drift, job)
     action = config_change.action(job, changes) if target.exists() else ("apply" if changes else "none")
+    return action, changes, None
+
+
+def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s: float | None) -> dict:
+    t0 = time.time()
+    sources = {s.key: open_source(s) for s in job.sources}
+    cut = Cut(latest_cut(list(sources.values())))
+    from . import config_change
+    from .delta import DeltaTableRef
+    target = DeltaTableRef(job.target_path)
+    action, changes, up_to_date = _decide(job, target, sources, cut, fingerprint(job.sql, job.sources), full_refresh)
+    if up_to_date is not None:
+        _publish(spark, job, target, target.version())
+        commit = target.latest_commit()
+        log.info("%s: up to date (target version %d reflects the sources' latest versions)", job.model, commit.version)
+        return _summary(job, t0, [], cut, commit.version, up_to_date.freshness_s(commit.timestamp_ms),
+                        full_refresh, _cached_key(job), up_to_date=True)
     if action == "fail":
         raise config_change.failure(job, changes)
     if action == "continue":
