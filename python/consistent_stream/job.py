@@ -27,6 +27,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from . import spark_checkpoint
+from .delta import Docs
 from .errors import CommitError, CompileError, ConfigError, ConsistentStreamError
 from .oracle import batch_dataframe
 from .plan import compile_model, fingerprint
@@ -427,10 +428,11 @@ def _cached_key(job: JobSpec):
 def _publish(spark: SparkSession, job: JobSpec, target, version: int) -> None:
     """Register the target's ``version`` in the catalog unless it already is, with the
     model's descriptions (``persist_docs``)."""
+    docs = Docs.from_dbt(job.docs)
     if not published(spark, job.schema, job.identifier, job.target_path, version) or \
-            stale_partition_docs(spark, job.schema, job.identifier, job.docs, job.partition_by):
-        publish(spark, job.schema, job.identifier, job.target_path, version, job.partition_by, docs=job.docs)
-    apply_docs(spark, job.schema, job.identifier, job.docs)
+            stale_partition_docs(spark, job.schema, job.identifier, docs, job.partition_by):
+        publish(spark, job.schema, job.identifier, job.target_path, version, job.partition_by, docs=docs)
+    apply_docs(spark, job.schema, job.identifier, docs)
 
 
 KEEP_BATCH_RESULTS = 1000

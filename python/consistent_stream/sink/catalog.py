@@ -19,7 +19,7 @@ from urllib.parse import unquote
 
 from pyspark.sql import SparkSession
 
-from ..delta import DeltaTableRef
+from ..delta import DeltaTableRef, Docs
 from ..faults import fault_point
 
 SNAPSHOTS = "_consistent_stream/snapshots"
@@ -33,16 +33,13 @@ def _ddl(schema, comments: dict[str, str]) -> str:
                      for f in schema.fields)
 
 
-def _column_docs(docs: dict | None) -> dict[str, str]:
-    return {str(k).lower(): v for k, v in ((docs or {}).get("columns") or {}).items()}
-
-
-def stale_partition_docs(spark: SparkSession, schema: str, identifier: str, docs: dict | None,
+def stale_partition_docs(spark: SparkSession, schema: str, identifier: str, docs: Docs | None,
                          partition_by: list[str]) -> bool:
     """Whether ``docs`` give a partition column of ``schema.identifier`` a comment other than
     the catalog's: Spark cannot ALTER a partition column, so :func:`publish` re-registers the
     table."""
-    wanted = {k: v for k, v in _column_docs(docs).items() if k in {c.lower() for c in partition_by}}
+    parts = {c.lower() for c in partition_by}
+    wanted = {k: v for k, v in (docs.columns if docs else ()) if k in parts}
     if not wanted or not spark.catalog.tableExists(f"{schema}.{identifier}"):
         return False
     return any(wanted.get(c.name.lower(), c.description) != c.description
@@ -73,7 +70,7 @@ def published(spark: SparkSession, schema: str, identifier: str, table_path: str
 
 
 def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, version: int,
-            partition_by: list[str], home: str | None = None, docs: dict | None = None) -> str:
+            partition_by: list[str], home: str | None = None, docs: Docs | None = None) -> str:
     """Register ``table_path`` at ``version`` as ``schema.identifier``; returns the
     snapshot directory (under ``home``, the table's directory by default). Creates the schema
     when missing, re-creates the table when its columns (or a partition column's comment in
@@ -117,10 +114,9 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
     loc = "file://" + os.path.abspath(snap) if "://" not in snap else snap
     if not exists:
         parts = f" PARTITIONED BY ({', '.join(f'`{c}`' for c in partition_by)})" if partition_by else ""
-        comment = (docs or {}).get("description")
-        comment = f" COMMENT {_literal(comment)}" if comment is not None else ""
-        spark.sql(f"CREATE TABLE {fq} ({_ddl(spark_schema, _column_docs(docs))}) USING parquet{parts}{comment} "
-                  f"LOCATION '{loc}'")
+        comment = f" COMMENT {_literal(docs.description)}" if docs and docs.description is not None else ""
+        columns = _ddl(spark_schema, dict(docs.columns) if docs else {})
+        spark.sql(f"CREATE TABLE {fq} ({columns}) USING parquet{parts}{comment} LOCATION '{loc}'")
     else:
         spark.sql(f"ALTER TABLE {fq} SET LOCATION '{loc}'")
     if partition_by:
@@ -140,9 +136,9 @@ def _literal(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def apply_docs(spark: SparkSession, schema: str, identifier: str, docs: dict | None) -> list[str]:
+def apply_docs(spark: SparkSession, schema: str, identifier: str, docs: Docs | None) -> list[str]:
     """dbt's ``persist_docs`` in the catalog: set ``schema.identifier``'s comment to
-    ``docs["description"]`` and its columns' comments to ``docs["columns"]`` (name ->
+    ``docs.description`` and its columns' comments to ``docs.columns`` (lower-case name,
     description) where they differ (``COMMENT ON TABLE``, ``ALTER TABLE .. CHANGE COLUMN ..
     COMMENT``, as dbt-spark does). Columns the table does not have are skipped, and so are
     partition columns, which Spark cannot alter (:func:`publish` re-creates the table for
@@ -152,10 +148,10 @@ def apply_docs(spark: SparkSession, schema: str, identifier: str, docs: dict | N
     fq = f"`{schema}`.`{identifier}`"
     name = f"{schema}.{identifier}"
     statements = []
-    description = docs.get("description")
+    description = docs.description
     if description is not None and (spark.catalog.getTable(name).description or None) != description:
         statements.append(f"COMMENT ON TABLE {fq} IS {_literal(description)}")
-    wanted = _column_docs(docs)
+    wanted = dict(docs.columns)
     for column in spark.catalog.listColumns(name):
         comment = wanted.get(column.name.lower())
         if comment is not None and not column.isPartition and (column.description or None) != comment:
