@@ -1,6 +1,6 @@
 """Benchmark: catching up a backlog of captured PostgreSQL changes (a join + aggregate model).
 
-    .venv/bin/python benchmarks/pgbench_catchup.py [--transactions 155000] [--max-batch-rows 50000]
+    .venv/bin/python benchmarks/pgbench_catchup.py [--transactions 205000] [--max-batch-rows 50000]
 
 A real PostgreSQL 15 (its own initdb, tests/postgres_server.py), pgbench at scale 1 (100,000
 accounts). ``consistent-stream capture postgres`` captures ``pgbench_accounts`` and
@@ -45,7 +45,7 @@ TABLES = ("pgbench_accounts", "pgbench_history")
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--transactions", type=int, default=155_000)
+    ap.add_argument("--transactions", type=int, default=205_000)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--max-batch-rows", type=int, default=50_000)
     ap.add_argument("--profile", action="store_true",

@@ -35,7 +35,7 @@ from .plan.incremental import PlanTypes, type_plan
 from .runtime import BatchMeta, BatchResult, QueryRuntime, target_key
 from .sink.catalog import apply_docs, publish, published, stale_partition_docs
 from .sources import Cut
-from .sources.backlog import plan_cuts
+from .sources.backlog import BacklogPlanner
 from .sources.formats import latest_cut, open_source
 from .sources.spec import INITIAL
 from .sources.stream import CutLog
@@ -227,7 +227,9 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
 
     cuts = CutLog(job.cuts_dir)
     planner_sources = {s.key: open_source(s) for s in job.sources}  # the planner's own handles
-    _plan(job, cuts, planner_sources, target, cut)
+    planner = BacklogPlanner(planner_sources.values(), max_rows=job.max_batch_rows,
+                             recompute_threshold=job.recompute_threshold)
+    _plan(job, cuts, planner, target, cut)
 
     results: list[BatchResult] = []
     folded = _no_totals()   # results dropped from ``results`` (a long continuous run)
@@ -268,7 +270,7 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
         # One planned cut at a time (see CutLog): plan the next cut, run an available-now
         # query that processes it, repeat until the cut taken at the start is reached.
         while True:
-            _plan(job, cuts, planner_sources, target, cut)
+            _plan(job, cuts, planner, target, cut)
             if not _pending(job, cuts):
                 break
             before = _last_spark_commit(job)
@@ -302,14 +304,14 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
                     # is being worked off, else at the next interval)
                     continue
                 try:
-                    backlog = not _plan(job, cuts, planner_sources, target_for_planner,
+                    backlog = not _plan(job, cuts, planner, target_for_planner,
                                         Cut(latest_cut(list(planner_sources.values()))))
                 except Exception as e:  # surfaced by the next batch (or the run's end)
                     log.warning("%s: planning the next cut failed: %s", job.model, e)
-        _plan(job, cuts, planner_sources, target, cut)
+        _plan(job, cuts, planner, target, cut)
         query = start_query({"processingTime": f"{interval} seconds"})
-        planner = threading.Thread(target=plan_forever, name=f"consistent_stream planner {job.model}", daemon=True)
-        planner.start()
+        planning = threading.Thread(target=plan_forever, name=f"consistent_stream planner {job.model}", daemon=True)
+        planning.start()
         try:
             if not timeout_s:
                 query.awaitTermination()
@@ -360,11 +362,12 @@ def _progress(query) -> list[dict]:
     return progress
 
 
-def _plan(job: JobSpec, cuts: CutLog, sources: dict, target, upto: Cut) -> bool:
+def _plan(job: JobSpec, cuts: CutLog, planner: BacklogPlanner, target, upto: Cut) -> bool:
     """Append to the cut log the next batch from the last planned cut towards ``upto``, when
     the query has processed every planned cut: it ends at the first cut of
     :func:`~consistent_stream.sources.backlog.plan_cuts` (at most ``max_batch_rows`` source
-    change rows, at a transaction-consistent cut). Returns whether the log reaches ``upto``
+    change rows, at a transaction-consistent cut), which ``planner`` computes once per
+    backlog. Returns whether the log reaches ``upto``
     (nothing is left to plan after this batch).
 
     One planned cut at a time: Spark's file source may admit every file it sees into one
@@ -384,8 +387,7 @@ def _plan(job: JobSpec, cuts: CutLog, sources: dict, target, upto: Cut) -> bool:
         if meta is not None and meta.app_id == _query_id(job) and set(meta.cut) == set(upto.versions):
             seq, start = _last_spark_commit(job) if _last_spark_commit(job) is not None else -1, Cut(meta.cut)
     current = {k: v for k, v in start.versions.items()}
-    for end in plan_cuts(list(sources.values()), current, upto.versions, max_rows=job.max_batch_rows,
-                         recompute_threshold=job.recompute_threshold):
+    for end in planner.cuts(current, upto.versions):
         end = {k: max(int(v), int(current.get(k, INITIAL))) for k, v in end.items()}
         if end == current:
             continue
