@@ -6,7 +6,7 @@
 PYTHON := .venv/bin/python
 STAMP := .venv/installed.stamp
 
-.PHONY: .venv test demo
+.PHONY: .venv test demo demo-cluster
 
 .venv: $(STAMP)
 
@@ -24,3 +24,8 @@ test: .venv
 
 demo: .venv
 	scripts/demo.sh
+
+# The same demo with dbt's Spark session on a local standalone cluster (1 master, 2 workers on
+# 127.0.0.1, from pyspark's distribution), stopped at the end.
+demo-cluster: .venv
+	scripts/demo_cluster.sh

@@ -49,7 +49,12 @@ setup(
         "matplotlib>=3.8",
         "rich>=13",
     ],
-    extras_require={"test": ["pytest", "pytest-xdist", "hypothesis", "dbt-tests-adapter==1.20.0"]},
+    extras_require={
+        # the Spark Connect client (grpcio, ...): only to reach a Connect server; the engine
+        # itself needs a classic session (README, "On a Spark cluster")
+        "connect": ["pyspark[connect]==4.2.*"],
+        "test": ["pytest", "pytest-xdist", "hypothesis", "dbt-tests-adapter==1.20.0", "pyspark[connect]==4.2.*"],
+    },
     entry_points={"console_scripts": ["consistent-stream = consistent_stream.cli:main"]},
     zip_safe=False,
 )

@@ -52,6 +52,9 @@ def _bridge_engine_logs() -> None:
     engine = logging.getLogger("consistent_stream")
     if not any(isinstance(h, _EngineLogToDbt) for h in engine.handlers):
         engine.addHandler(_EngineLogToDbt())
+        # dbt owns the console: without this, a root handler that a library set up (seen in
+        # `make demo-cluster`) printed every engine line a second time, unformatted
+        engine.propagate = False
         if engine.level == logging.NOTSET:
             engine.setLevel(logging.INFO)
 

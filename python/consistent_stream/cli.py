@@ -26,16 +26,22 @@ from .errors import ConsistentStreamError
 
 
 def local_spark():
-    """A local SparkSession for the command line (no Hive catalog needed, no tuning: the
-    engine sizes each batch's shuffles itself)."""
+    """A SparkSession for the command line (no Hive catalog needed, no tuning: the engine sizes
+    each batch's shuffles itself): ``local[2]``, or ``$CONSISTENT_STREAM_MASTER`` (e.g. a
+    standalone cluster's ``spark://127.0.0.1:7077``)."""
     import consistent_stream  # noqa: F401  (sets PYSPARK_PYTHON before the session starts)
     from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master(os.environ.get("CONSISTENT_STREAM_MASTER", "local[2]"))
-             .appName("consistent-stream")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.session.timeZone", "UTC")
-             .getOrCreate())
+    master = os.environ.get("CONSISTENT_STREAM_MASTER", "local[2]")
+    b = (SparkSession.builder.master(master)
+         .appName("consistent-stream")
+         .config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false")
+         .config("spark.sql.session.timeZone", "UTC"))
+    if master.startswith("spark://"):  # a standalone cluster: the driver on the loopback address too
+        from .cluster import driver_conf
+        for k, v in driver_conf(master).items():
+            b = b.config(k, v)
+    spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -163,6 +169,7 @@ def _cmd_capture_postgres(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .cluster import add_cluster_command
     from .tpch.cli import add_tpch_commands
     p = argparse.ArgumentParser(prog="consistent-stream", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -194,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     cu.add_argument("--project-dir", default=".", help="the dbt project directory (default: .)")
     cu.set_defaults(func=_cmd_cut)
     add_tpch_commands(sub)
+    add_cluster_command(sub)
     c = sub.add_parser("capture", help="capture a database's changes into a landing directory (Debezium JSON)")
     csub = c.add_subparsers(dest="database", required=True)
     pg = csub.add_parser("postgres", help="PostgreSQL logical replication (wal2json): snapshot, then committed "

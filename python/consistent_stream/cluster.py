@@ -1,0 +1,366 @@
+"""A local Spark standalone cluster (one master, N workers) from pyspark's own distribution.
+
+    consistent-stream cluster start --workers 2     # prints the master URL
+    consistent-stream cluster status
+    consistent-stream cluster stop
+
+pyspark's wheel ships ``bin/spark-class``; this module runs
+``spark-class org.apache.spark.deploy.master.Master`` and, per worker,
+``spark-class org.apache.spark.deploy.worker.Worker <master URL>``, each as a daemon in its own
+process group, with its log, pid and work directory under ``--dir`` (default
+``$CONSISTENT_STREAM_CLUSTER_DIR``, else ``<tmp>/consistent-stream-cluster-<uid>``).
+
+Loopback only: every daemon gets ``SPARK_LOCAL_IP=127.0.0.1`` and ``--host 127.0.0.1``, so
+their RPC endpoints and web UIs (Spark's ``WebUI`` binds to ``SPARK_LOCAL_IP``) listen on
+127.0.0.1, and so do the executors the workers launch (they inherit the worker's environment
+and host name). A driver joins with ``spark.master=spark://127.0.0.1:<port>`` plus
+``spark.driver.host`` / ``spark.driver.bindAddress`` = 127.0.0.1 (:func:`driver_conf`; the
+example project's ``cluster`` target sets them).
+
+What the executors need, and have on this machine: the same Python (``PYSPARK_PYTHON``,
+which ``import consistent_stream`` sets to the interpreter that has the package; the
+driver sends it with every Python function), and the same paths (Delta tables, checkpoints
+and the warehouse on a file system every node resolves: here the local one). On separate
+machines that means the package installed at the same path on every node and table URIs on
+shared storage (HDFS, or an object store with its Hadoop connector jars on the classpath:
+``s3a://`` needs hadoop-aws, which pyspark does not ship).
+
+Errors: :class:`ClusterError` names what failed and the log to read (a port in use, a daemon
+that exited, workers that did not register within the timeout).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import ConsistentStreamError
+
+HOST = "127.0.0.1"
+STATE_FILE = "cluster.json"
+
+
+class ClusterError(ConsistentStreamError):
+    """The local standalone cluster could not be started, reached or stopped."""
+
+
+def default_dir() -> Path:
+    """Where the cluster keeps its pids, logs and work directories."""
+    env = os.environ.get("CONSISTENT_STREAM_CLUSTER_DIR")
+    return Path(env) if env else Path(tempfile.gettempdir()) / f"consistent-stream-cluster-{os.getuid()}"
+
+
+def spark_home() -> Path:
+    """pyspark's distribution (``bin/spark-class``, ``jars/``)."""
+    import pyspark
+    return Path(pyspark.__file__).resolve().parent
+
+
+@dataclass
+class Cluster:
+    """A running cluster, as ``cluster.json`` in its directory records it."""
+    dir: str
+    master_url: str
+    webui_url: str
+    workers: int
+    cores_per_worker: int
+    memory_per_worker: str
+    pids: dict[str, int] = field(default_factory=dict)  # daemon name -> pid (= its process group)
+    connect_url: str | None = None  # sc://127.0.0.1:<port> when a Spark Connect server runs
+
+    def save(self) -> None:
+        Path(self.dir, STATE_FILE).write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "Cluster | None":
+        p = Path(directory, STATE_FILE)
+        return cls(**json.loads(p.read_text())) if p.exists() else None
+
+    def alive_pids(self) -> dict[str, int]:
+        return {name: pid for name, pid in self.pids.items() if _alive(pid)}
+
+    def master_state(self, timeout: float = 2.0) -> dict:
+        """The master's JSON status (``<web UI>/json/``): workers, their state, cores,
+        applications. Raises ClusterError when the master does not answer."""
+        try:
+            with urllib.request.urlopen(self.webui_url.rstrip("/") + "/json/", timeout=timeout) as r:
+                return json.loads(r.read().decode())
+        except OSError as e:
+            raise ClusterError(f"the cluster's master at {self.webui_url} does not answer ({e}); "
+                               f"see {Path(self.dir, 'master.log')}") from e
+
+
+def driver_conf(master_url: str) -> dict[str, str]:
+    """Spark confs of a driver on this machine joining the cluster at ``master_url``: loopback
+    only, no web UI. Also sets ``SPARK_LOCAL_IP=127.0.0.1`` in this process's environment
+    (unless set), which the driver's JVM reads when it starts: call it before the session."""
+    os.environ.setdefault("SPARK_LOCAL_IP", HOST)
+    return {"spark.master": master_url, "spark.driver.host": HOST, "spark.driver.bindAddress": HOST,
+            "spark.ui.enabled": "false"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (our own child, not yet reaped) is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _env(directory: Path) -> dict[str, str]:
+    import consistent_stream  # noqa: F401  (PYSPARK_PYTHON: the interpreter with the package)
+    home = spark_home()
+    env = dict(os.environ)
+    env.update({"SPARK_HOME": str(home), "SPARK_LOCAL_IP": HOST, "SPARK_LOG_DIR": str(directory),
+                "SPARK_WORKER_DIR": str(directory / "work"), "SPARK_NO_DAEMONIZE": "1",
+                "PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"],
+                # the master's REST submission server (port 6066) is not needed: jobs come from drivers
+                "SPARK_MASTER_OPTS": (os.environ.get("SPARK_MASTER_OPTS", "") + " -Dspark.master.rest.enabled=false").strip()})
+    return env
+
+
+def _spawn(name: str, args: list[str], directory: Path, env: dict[str, str]) -> int:
+    log = open(directory / f"{name}.log", "ab")
+    try:
+        p = subprocess.Popen([str(spark_home() / "bin" / "spark-class"), *args], stdout=log,
+                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                             start_new_session=True)
+    finally:
+        log.close()
+    return p.pid
+
+
+def start(*, workers: int = 2, cores_per_worker: int = 1, memory_per_worker: str = "2g", port: int = 7077,
+          webui_port: int = 8080, connect_port: int | None = None, directory: str | Path | None = None,
+          timeout_s: float = 60.0) -> Cluster:
+    """Start a master and ``workers`` workers (each offering ``cores_per_worker`` cores and
+    ``memory_per_worker`` for executors) bound to 127.0.0.1, and wait until every worker has
+    registered with the master. With ``connect_port``, also a Spark Connect server
+    (``org.apache.spark.sql.connect.service.SparkConnectServer`` from pyspark's
+    ``spark-connect`` jar, through ``spark-submit``) whose driver runs on the cluster, listening
+    on ``sc://127.0.0.1:<connect_port>``. Returns the :class:`Cluster` (``master_url`` is what
+    ``spark.master`` takes, ``connect_url`` what ``SparkSession.builder.remote`` takes).
+
+    Raises ClusterError when a cluster from ``directory`` is still running (stop it first), a
+    port is in use, or a daemon exits or the workers do not register within ``timeout_s``
+    seconds; daemons already started are stopped again."""
+    d = Path(directory) if directory else default_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    old = Cluster.load(d)
+    if old is not None and old.alive_pids():
+        raise ClusterError(f"a cluster from {d} is running ({old.master_url}, pids "
+                           f"{sorted(old.alive_pids().values())}); run `consistent-stream cluster stop"
+                           f" --dir {d}` first")
+    for p, what in ((port, "--port"), (webui_port, "--webui-port"), (connect_port, "--connect-port")):
+        if p is not None and not _port_free(p):
+            raise ClusterError(f"port {p} on {HOST} is in use; pick another with {what}")
+    if workers < 1 or cores_per_worker < 1:
+        raise ClusterError("--workers and --cores-per-worker must be at least 1")
+    env = _env(d)
+    c = Cluster(dir=str(d), master_url=f"spark://{HOST}:{port}", webui_url=f"http://{HOST}:{webui_port}",
+                workers=workers, cores_per_worker=cores_per_worker, memory_per_worker=memory_per_worker)
+    c.pids["master"] = _spawn("master", ["org.apache.spark.deploy.master.Master", "--host", HOST,
+                                         "--port", str(port), "--webui-port", str(webui_port)], d, env)
+    c.save()
+    try:
+        _wait(c, lambda s: True, timeout_s, "the master to start")
+        for i in range(1, workers + 1):
+            (d / "work" / f"worker-{i}").mkdir(parents=True, exist_ok=True)
+            c.pids[f"worker-{i}"] = _spawn(f"worker-{i}", [
+                "org.apache.spark.deploy.worker.Worker", "--host", HOST, "--port", "0", "--webui-port", "0",
+                "--cores", str(cores_per_worker), "--memory", memory_per_worker,
+                "--work-dir", str(d / "work" / f"worker-{i}"), c.master_url], d, env)
+            c.save()
+        _wait(c, lambda s: sum(w.get("state") == "ALIVE" for w in s.get("workers", [])) >= workers,
+              timeout_s, f"{workers} workers to register")
+        if connect_port is not None:
+            c.pids["connect"] = _spawn_connect(c, connect_port, env)
+            c.connect_url = f"sc://{HOST}:{connect_port}"
+            c.save()
+            _wait_for_port(c, connect_port, timeout_s, "the Spark Connect server to listen")
+    except BaseException:
+        stop(d)
+        raise
+    return c
+
+
+def _spawn_connect(c: Cluster, port: int, env: dict[str, str]) -> int:
+    d = Path(c.dir)
+    log = open(d / "connect.log", "ab")
+    conf = {**driver_conf(c.master_url), "spark.connect.grpc.binding.address": HOST,
+            "spark.connect.grpc.binding.port": str(port), "spark.sql.session.timeZone": "UTC"}
+    args = [str(spark_home() / "bin" / "spark-submit"), "--class",
+            "org.apache.spark.sql.connect.service.SparkConnectServer", "--name", "Spark Connect server"]
+    for k, v in conf.items():
+        args += ["--conf", f"{k}={v}"]
+    try:
+        p = subprocess.Popen([*args, "spark-internal"], stdout=log, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, env=env, cwd=d, start_new_session=True)
+    finally:
+        log.close()
+    return p.pid
+
+
+def _wait_for_port(c: Cluster, port: int, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _port_free(port):
+        dead = [n for n, pid in c.pids.items() if not _alive(pid)]
+        if dead:
+            raise ClusterError(f"{', '.join(dead)} exited while waiting for {what}; see "
+                               + ", ".join(str(Path(c.dir, f'{n}.log')) for n in dead))
+        if time.monotonic() > deadline:
+            raise ClusterError(f"timed out after {timeout_s:.0f} s waiting for {what}; see {Path(c.dir, 'connect.log')}")
+        time.sleep(0.3)
+
+
+def _wait(c: Cluster, ready, timeout_s: float, what: str) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        dead = [n for n, pid in c.pids.items() if not _alive(pid)]
+        if dead:
+            raise ClusterError(f"{', '.join(dead)} exited while waiting for {what}; see "
+                               + ", ".join(str(Path(c.dir, f'{n}.log')) for n in dead))
+        try:
+            state = c.master_state(timeout=1.0)
+            if ready(state):
+                return state
+        except ClusterError:
+            pass
+        if time.monotonic() > deadline:
+            raise ClusterError(f"timed out after {timeout_s:.0f} s waiting for {what}; see the logs in {c.dir}")
+        time.sleep(0.3)
+
+
+def stop(directory: str | Path | None = None, timeout_s: float = 20.0) -> list[int]:
+    """Stop the cluster of ``directory``: SIGTERM to each daemon's process group (a worker's
+    executors are in its group), SIGKILL after ``timeout_s``. Returns the pids that were
+    running. Idempotent."""
+    d = Path(directory) if directory else default_dir()
+    c = Cluster.load(d)
+    if c is None:
+        return []
+    running = c.alive_pids()
+    for pid in running.values():
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    while any(_alive(p) for p in running.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in running.values():
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in running.values():  # reap our own children (a start in this process)
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+    Path(d, STATE_FILE).unlink(missing_ok=True)
+    return sorted(running.values())
+
+
+def status(directory: str | Path | None = None) -> dict:
+    """The cluster's master URL, daemons and, from the master, its workers (state, cores,
+    memory) and applications; ``{"running": False}`` when none was started from
+    ``directory``."""
+    d = Path(directory) if directory else default_dir()
+    c = Cluster.load(d)
+    if c is None or not c.alive_pids():
+        return {"running": False, "dir": str(d)}
+    s = c.master_state()
+    return {"running": True, "dir": str(d), "master_url": c.master_url, "webui_url": c.webui_url,
+            "connect_url": c.connect_url,
+            "daemons": c.alive_pids(),
+            "workers": [{k: w.get(k) for k in ("id", "host", "state", "cores", "coresused", "memory", "memoryused")}
+                        for w in s.get("workers", [])],
+            "active_apps": [{k: a.get(k) for k in ("id", "name", "cores", "state")} for a in s.get("activeapps", [])]}
+
+
+def executor_tasks(directory: str | Path | None = None) -> list[dict]:
+    """Per executor the workers launched (any application since the cluster started): its
+    application, executor id, worker and the number of tasks it finished, read from the
+    executor's log (``work/worker-N/<app>/<executor id>/stderr``, Spark's default INFO
+    ``Executor: Finished task`` lines). Executor ids are never ``driver``: a count > 0 is a
+    task that ran on a worker."""
+    d = Path(directory) if directory else default_dir()
+    out = []
+    for stderr in sorted((d / "work").glob("worker-*/app-*/*/stderr")):
+        text = stderr.read_text(errors="replace")
+        out.append({"worker": stderr.parts[-4], "app": stderr.parts[-3], "executor_id": stderr.parts[-2],
+                    "tasks_finished": text.count("Executor: Finished task")})
+    return out
+
+
+# ---- the command line ---------------------------------------------------------------------------
+def _cmd(args) -> int:
+    import sys
+    try:
+        if args.action == "start":
+            c = start(workers=args.workers, cores_per_worker=args.cores_per_worker,
+                      memory_per_worker=args.memory_per_worker, port=args.port, webui_port=args.webui_port,
+                      connect_port=args.connect_port, directory=args.dir)
+            print(json.dumps({"command": "cluster start", "master_url": c.master_url, "webui_url": c.webui_url,
+                              "connect_url": c.connect_url,
+                              "dir": c.dir, "workers": c.workers, "pids": c.pids}))
+        elif args.action == "stop":
+            print(json.dumps({"command": "cluster stop", "stopped_pids": stop(args.dir)}))
+        elif args.action == "status":
+            print(json.dumps(status(args.dir)))
+        else:  # tasks
+            executors = executor_tasks(args.dir)
+            print(json.dumps({"command": "cluster tasks", "executors": executors}))
+            busy = sorted({e["worker"] for e in executors if e["tasks_finished"]})
+            if len(busy) < args.require_workers:
+                print(f"cluster tasks: error: tasks ran on {len(busy)} worker(s) {busy}, expected at least "
+                      f"{args.require_workers}", file=sys.stderr)
+                return 1
+    except ClusterError as e:
+        print(f"cluster {args.action}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def add_cluster_command(subparsers) -> None:
+    """Register ``cluster start|stop|status|tasks`` on the ``consistent-stream`` CLI."""
+    c = subparsers.add_parser("cluster", help="a local Spark standalone cluster (master + workers on 127.0.0.1) "
+                                              "from pyspark's distribution")
+    c.add_argument("action", choices=["start", "stop", "status", "tasks"],
+                   help="start / stop the cluster, show its workers, or count the tasks each executor ran")
+    c.add_argument("--dir", default=None, help="pids, logs and work directories (default: "
+                                              "$CONSISTENT_STREAM_CLUSTER_DIR, else <tmp>/consistent-stream-cluster-<uid>)")
+    c.add_argument("--workers", type=int, default=2, help="workers to start (default 2)")
+    c.add_argument("--cores-per-worker", type=int, default=1, help="cores each worker offers (default 1)")
+    c.add_argument("--memory-per-worker", default="2g", help="memory each worker offers executors (default 2g)")
+    c.add_argument("--port", type=int, default=7077, help="the master's port (default 7077)")
+    c.add_argument("--webui-port", type=int, default=8080, help="the master's web UI port, on 127.0.0.1 (default 8080)")
+    c.add_argument("--require-workers", type=int, default=0,
+                   help="tasks: exit 1 unless executors on at least this many workers finished tasks")
+    c.add_argument("--connect-port", type=int, default=None,
+                   help="also start a Spark Connect server on the cluster, on sc://127.0.0.1:<port> (e.g. 15002)")
+    c.set_defaults(func=_cmd)

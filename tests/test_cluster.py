@@ -1,0 +1,113 @@
+"""The same models on a Spark standalone cluster (one master, two workers, started from
+pyspark's distribution on 127.0.0.1): the driver plans and commits, the workers' executors run
+the tasks, and every committed version equals batch evaluation at its cut."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from consistent_stream import cluster
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cluster")
+    c = cluster.start(workers=2, cores_per_worker=1, memory_per_worker="1g", port=_free_port(),
+                      webui_port=_free_port(), directory=d)
+    yield c
+    cluster.stop(d)
+
+
+def test_the_cluster_has_two_alive_workers_on_the_loopback_address(standalone):
+    s = cluster.status(standalone.dir)
+    assert s["running"] and s["master_url"].startswith("spark://127.0.0.1:")
+    assert [w["state"] for w in s["workers"]] == ["ALIVE", "ALIVE"]
+    assert {w["host"] for w in s["workers"]} == {"127.0.0.1"}
+
+
+def test_a_second_start_from_the_same_directory_is_refused(standalone):
+    with pytest.raises(cluster.ClusterError, match="is running"):
+        cluster.start(workers=1, directory=standalone.dir, port=_free_port(), webui_port=_free_port())
+
+
+def test_a_port_in_use_is_named(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with pytest.raises(cluster.ClusterError, match=f"port {s.getsockname()[1]} .* in use"):
+            cluster.start(workers=1, port=s.getsockname()[1], webui_port=_free_port(), directory=tmp_path)
+
+
+def test_joins_and_aggregates_on_the_cluster_match_batch_evaluation_at_every_version(standalone, tmp_path):
+    # the driver in a process of its own (this process's SparkSession is local), as dbt's
+    # would be: TPC-H SF 0.01, q3 (a 3-way join + GROUP BY: join and aggregate state), the
+    # initial build then three refresh rounds
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "cluster_vs_local.py"), "--one", "--master",
+         standalone.master_url, "--label", "cluster", "--sf", "0.01", "--root", str(tmp_path), "--rounds", "3",
+         "--models", "q3_revenue_per_order"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    recs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [r["step"] for r in recs] == ["initial_build", "refresh_round_1", "refresh_round_2", "refresh_round_3"]
+    for r in recs:
+        assert r["versions_wrong"] == [], r
+        assert r["versions_verified"] == len(r["versions"]), r
+        assert r["versions"], r  # every round changes orders, so every model commits
+    # the tasks ran in the workers' executors (ids are never "driver"), on both workers
+    tasks = cluster.executor_tasks(standalone.dir)
+    busy = {t["worker"] for t in tasks if t["tasks_finished"] > 0}
+    assert busy == {"worker-1", "worker-2"}, tasks
+
+
+_CONNECT_CLIENT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[3])
+import consistent_stream
+from pyspark.sql import SparkSession
+from consistent_stream.errors import ConfigError
+from consistent_stream.job import run_job
+from helpers import EXAMPLE_MODELS, job_for, render_model, tpch_sources
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+out = {"session": type(spark).__module__, "range_count": spark.range(3).count()}
+sql, config, used, _ = render_model(EXAMPLE_MODELS / "customer_order_totals.sql")
+root = __import__("pathlib").Path(sys.argv[2])
+job = job_for("customer_order_totals", sql, tpch_sources(str(root / "tpch"), used), config["unique_key"], root)
+try:
+    run_job(spark, job, full_refresh=True)
+    out["error"] = None
+except ConfigError as e:
+    out["error"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_a_spark_connect_session_is_refused_before_anything_is_read_or_written(tmp_path):
+    # a real Spark Connect server on its own one-worker cluster: Connect itself works (a
+    # query runs), the engine refuses the session with what to use instead, and writes nothing
+    c = cluster.start(workers=1, port=_free_port(), webui_port=_free_port(), connect_port=_free_port(),
+                      directory=tmp_path / "cluster")
+    try:
+        proc = subprocess.run([sys.executable, "-c", _CONNECT_CLIENT, c.connect_url, str(tmp_path / "model"),
+                               str(REPO / "tests")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              timeout=300)
+    finally:
+        cluster.stop(tmp_path / "cluster")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["session"].startswith("pyspark.sql.connect") and out["range_count"] == 3
+    assert "Spark Connect session" in out["error"] and "spark.master" in out["error"], out
+    assert not (tmp_path / "model").exists() or not any((tmp_path / "model").rglob("*.parquet"))
