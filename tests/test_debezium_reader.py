@@ -11,8 +11,9 @@ import pyarrow as pa
 import pytest
 
 from consistent_stream.errors import SourceError
+from consistent_stream.sources import landing_index
 from consistent_stream.sources.debezium import LandingReader
-from consistent_stream.sources.landing import ColumnSchema, TableSchema, event_file_name, write_schema
+from consistent_stream.sources.landing import ColumnSchema, TableSchema, event_file_name, load_schemas, write_schema
 
 ACCOUNTS = TableSchema("public.accounts", (ColumnSchema("id", "int32", "integer", False),
                                            ColumnSchema("balance", "decimal(12,2)", "numeric(12,2)"),
@@ -233,3 +234,109 @@ def test_a_file_rewritten_after_it_was_read(tmp_path):
         f.write(json.dumps(begin("702:140")) + "\n")
     with pytest.raises(SourceError, match="changed after it was read"):
         r.refresh()
+
+
+# -- the landing index (consistent_stream.sources.landing_index) -----------------------------
+
+def _everything(r: LandingReader) -> tuple:
+    """What a reader makes of a landing directory: transactions and each table's changelog."""
+    upto = r.latest_position()
+    return ([tuple(t) for t in r.transactions()],
+            {t: rows(r.changes(t, -1, upto)) for t in r.tables()} if upto >= 0 else {})
+
+
+def _entries(d: str) -> list[str]:
+    return sorted(os.listdir(os.path.join(d, landing_index.INDEX_DIR)))
+
+
+TX3 = [begin("702:140"), ev("c", "public.tellers", after={"tid": 2, "total": 4}, lsn=131, tx="702:140"),
+       end("702:140", {"public.tellers": 1}, ts=4000)]
+
+
+def test_a_second_reader_loads_the_index_and_reads_exactly_what_parsing_read(tmp_path):
+    """Files bounded by complete transactions are indexed by the first reader and loaded by
+    the next; a file cut inside a transaction (TX2 spans files 3 and 4) is parsed every time,
+    and so is the one after it."""
+    d = landing(tmp_path, [SNAPSHOT, TX1, TX2[:2], TX2[2:], TX3])
+    first = LandingReader(d).refresh()
+    assert first.index_stats == {"parsed": 5, "loaded": 0, "workers": 0}
+    assert [e.split(".")[0] for e in _entries(d)] == ["cdc-000000000001", "cdc-000000000002", "cdc-000000000005"]
+    second = LandingReader(d).refresh()
+    assert second.index_stats == {"parsed": 2, "loaded": 3, "workers": 0}
+    assert _everything(second) == _everything(first)
+    assert second.latest_position() == 140 and second.snapshot_position() == 50
+
+
+def test_a_snapshot_that_spans_files_is_indexed_too(tmp_path):
+    """A large snapshot spans event files: each file's entry holds its own snapshot rows, and
+    the snapshot's counts, first read time and place carry from file to file as when parsed."""
+    reads = [ev("r", "public.accounts", after=acc(1, "10.00"), lsn=50, snapshot="first", ts=1111),
+             ev("r", "public.accounts", after=acc(2, "5.50"), lsn=50, snapshot="true", ts=2222),
+             ev("r", "public.tellers", after={"tid": 1, "total": 15}, lsn=50, snapshot="last", ts=3333)]
+    d = landing(tmp_path, [reads[:1], reads[1:2], reads[2:] + TX1])
+    first = LandingReader(d).refresh()
+    assert first.index_stats["parsed"] == 3 and len(_entries(d)) == 3
+    snap = first.transactions()[0]
+    assert snap.snapshot and snap.counts == {"public.accounts": 2, "public.tellers": 1} and snap.ts_ms == 1111
+    assert (snap.file, snap.line) == (event_file_name(3), 1)
+    second = LandingReader(d).refresh()
+    assert second.index_stats == {"parsed": 0, "loaded": 3, "workers": 0}
+    assert _everything(second) == _everything(first)
+    # the snapshot is not available before its last read, from the index either
+    os.remove(os.path.join(d, event_file_name(3)))
+    partial = LandingReader(d).refresh()
+    assert partial.index_stats["loaded"] == 2 and partial.latest_position() == -1
+    with pytest.raises(SourceError, match="past the last complete transaction"):
+        partial.changes("public.accounts", -1, 50)
+
+
+def test_an_entry_made_in_isolation_is_not_used_where_the_file_reads_differently_in_context(tmp_path):
+    """Entries made by the parallel workers read each file alone. File 2's first transaction
+    (position 40) is at or before the snapshot position 50, so in context it is skipped; its
+    entry (made in isolation, where it is not) must not be used. File 3 fits and is loaded."""
+    old = [begin("699:40"), ev("c", "public.tellers", after={"tid": 9, "total": 1}, lsn=30, tx="699:40"),
+           end("699:40", {"public.tellers": 1})]
+    d = landing(tmp_path, [SNAPSHOT, old + TX1, TX2])
+    digest = landing_index.schemas_digest(load_schemas(d))
+    os.makedirs(os.path.join(d, landing_index.INDEX_DIR))
+    assert landing_index._main([d, digest] + [event_file_name(i) for i in (1, 2, 3)]) == 0
+    assert len(_entries(d)) == 3
+    r = LandingReader(d).refresh()
+    assert r.index_stats == {"parsed": 1, "loaded": 2, "workers": 0}
+    assert [t.position for t in r.transactions()] == [50, 120, 130]
+    assert r.table_at("public.tellers", 130).to_pylist() == [{"tid": 1, "total": 12}]
+
+
+def test_a_torn_entry_or_new_schema_files_mean_parsing_again(tmp_path, caplog):
+    d = landing(tmp_path, [SNAPSHOT, TX1])
+    want = _everything(LandingReader(d).refresh())
+    entries = _entries(d)
+    with open(os.path.join(d, landing_index.INDEX_DIR, entries[1]), "r+b") as f:
+        f.truncate(40)
+    r = LandingReader(d).refresh()
+    assert r.index_stats == {"parsed": 1, "loaded": 1, "workers": 0} and _everything(r) == want
+    assert "unreadable landing index entry" in caplog.text
+    # a schema file that changes (here: a column's source type) keys new entries
+    write_schema(d, TableSchema("public.tellers", (ColumnSchema("tid", "int32", "int"), ColumnSchema("total", "int64")),
+                                ("tid",)))
+    r = LandingReader(d).refresh()
+    assert r.index_stats["loaded"] == 0 and _everything(r) == want
+
+
+def test_a_backlog_is_indexed_by_worker_processes(tmp_path, monkeypatch):
+    """Past PARALLEL_MIN_BYTES of files without an entry, worker processes (one per core, at
+    least two here) index them in isolation and the reader loads their entries."""
+    txs = [[begin(f"{800 + i}:{200 + 10 * i}"),
+            ev("c", "public.tellers", after={"tid": 100 + i, "total": i}, lsn=195 + 10 * i, tx=f"{800 + i}:{200 + 10 * i}"),
+            end(f"{800 + i}:{200 + 10 * i}", {"public.tellers": 1}, ts=5000 + i)] for i in range(6)]
+    d = landing(tmp_path, [SNAPSHOT, TX1, TX2] + txs)
+    monkeypatch.setattr(landing_index, "writable", lambda location: False)  # a landing directory we cannot write
+    plain = LandingReader(d).refresh()
+    assert plain.index_stats["parsed"] == 9 and not os.path.exists(os.path.join(d, landing_index.INDEX_DIR))
+    want = _everything(plain)
+    monkeypatch.undo()
+    monkeypatch.setattr(landing_index, "PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    r = LandingReader(d).refresh()
+    assert r.index_stats == {"parsed": 0, "loaded": 9, "workers": 2}
+    assert _everything(r) == want and r.latest_position() == 250

@@ -42,12 +42,14 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import time
 from dataclasses import asdict, dataclass
 
 from ..errors import ConsistentStreamError
 from ..sources.debezium import forget_reader
+from ..sources.landing_index import INDEX_DIR
 from ..sources.landing import (ColumnSchema, TableSchema, atomic_write, event_file_name, format_lsn,
                                list_event_files, parse_lsn, schema_path, write_schema)
 
@@ -246,6 +248,7 @@ class PostgresCapture:
     def _reset_landing(self) -> None:
         for _, name in list_event_files(self.landing):
             os.remove(os.path.join(self.landing, name))
+        shutil.rmtree(os.path.join(self.landing, INDEX_DIR), ignore_errors=True)
         forget_reader(self.landing)
 
     # -- snapshot --------------------------------------------------------------------------

@@ -23,17 +23,17 @@ reading any change; a commit of unknown size counts as ``max_rows`` (a batch of 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .spec import INITIAL
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SourceCommit:
+class SourceCommit(NamedTuple):
     """One commit of a source in a backlog: its position (Delta version or transaction
-    position), commit time (ms since epoch) and change rows (None: unknown)."""
+    position), commit time (ms since epoch) and change rows (None: unknown). A named tuple:
+    a backlog has hundreds of thousands."""
     position: int
     ts_ms: int
     rows: int | None
@@ -58,21 +58,21 @@ def plan_cuts(sources: list, start: dict[str, int], end: dict[str, int], *, max_
         return [dict(end)]
     # one event per transaction: the commits of one clock (a Delta table alone, the tables
     # of a Debezium landing directory together) at one position are one transaction
-    events: dict[tuple, dict] = {}
+    events: dict[tuple, list] = {}   # (ts, clock, position) -> [change rows (None: unknown), {key: position}]
     for k in keys:
-        s = by_key[k]
-        group = s.clock
+        group = by_key[k].clock
         last_ts = 0
-        for c in s.commits(start[k], end[k]):
-            ts = max(c.ts_ms, last_ts)  # a table's commits stay in order
+        for position, ts, rows in by_key[k].commits(start[k], end[k]):
+            if ts < last_ts:
+                ts = last_ts  # a table's commits stay in order
             last_ts = ts
-            e = events.setdefault((ts, group, c.position), {"rows": 0, "known": True, "keys": {}})
-            e["keys"][k] = c.position
-            if c.rows is None:
-                e["known"] = False
+            e = events.get((ts, group, position))
+            if e is None:
+                events[(ts, group, position)] = [rows, {k: position}]
             else:
-                e["rows"] += c.rows
-    total = sum((e["rows"] if e["known"] else max_rows) for e in events.values())
+                e[1][k] = position
+                e[0] = None if e[0] is None or rows is None else e[0] + rows
+    total = sum((max_rows if e[0] is None else e[0]) for e in events.values())
     if total <= max_rows:
         return [dict(end)]
     source_rows = sum(by_key[k].rows(end[k]) for k in keys)
@@ -83,13 +83,15 @@ def plan_cuts(sources: list, start: dict[str, int], end: dict[str, int], *, max_
     cuts: list[dict[str, int]] = []
     cut = dict(start)
     acc = 0
-    for _, e in sorted(events.items()):
-        rows = e["rows"] if e["known"] else max_rows
+    for event in sorted(events):
+        rows, positions = events[event]
+        if rows is None:
+            rows = max_rows
         if acc and acc + rows > max_rows:
             cuts.append({k: max(cut[k], start[k]) for k in keys})
             acc = 0
         acc += rows
-        cut.update(e["keys"])
+        cut.update(positions)
     cuts.append(dict(end))
     log.info("backlog of %d change rows: %d batches of at most max_batch_rows %d each (a commit larger than "
              "that is a batch of its own)", total, len(cuts), max_rows)

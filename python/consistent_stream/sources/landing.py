@@ -8,6 +8,7 @@ tables of one database, in commit order::
       cdc-000000000001.json            event files, JSON lines, numbered 1, 2, 3, ... with no gap
       cdc-000000000002.json
       ...
+      _index/                          what readers parsed, per event file (.landing_index)
 
 Event files are immutable once they appear: writers create them under a hidden temporary name,
 fsync, then rename (``atomic_write``). Names starting with ``.`` or ``_`` and names ending in

@@ -1,0 +1,307 @@
+"""The landing index: each event file of a landing directory parsed once, kept as Arrow IPC.
+
+Parsing Debezium JSON is most of the cost of reading a landing directory (a 410,000-event
+pgbench backlog is 920,000 JSON lines: about 7 s in one Python thread), and every process that
+reads the directory parsed all of it again, so a ``dbt run``'s cost grew with the capture's
+history instead of with its change. The index keeps what the parser makes of each event file::
+
+    <landing>/_index/<event file>.<size>.<mtime_ns>.<schemas digest>.v<FORMAT>.arrow
+
+An entry (:class:`ParsedFile`) is the event file read *in isolation*, by a parser with no
+open transaction, no snapshot position and no earlier position: per table an Arrow table of
+the table's columns + ``__pos`` + ``__weight`` (the transactions whose END is in the file),
+the transactions (:class:`TxInfo`), and what the file needs of the state it is read in:
+``first_pos`` (the position of its first BEGIN), ``snapshot_reads``, the ``snapshot_pos`` it
+completes, whether it ``began`` transactions.
+
+Contract (why an entry is exact). Reading a file in context gives what reading it in
+isolation gives when, at the file's start:
+
+1. no transaction is open (a capture may cut a file inside a long transaction: the file after
+   such a cut is always parsed, and a file that ends inside one gets no entry);
+2. if the file holds snapshot reads, no snapshot position and no transaction came before;
+3. the last position and the snapshot position are both below ``first_pos``, so nothing in the
+   file is skipped as already in the snapshot, and positions grow;
+4. or, inside a snapshot that earlier files began (a large snapshot spans files): the file
+   starts with snapshot reads at that snapshot's position (``leading_snapshot``). Isolation
+   started a new snapshot there; :meth:`ParsedFile.apply` carries the earlier files' counts,
+   the first read's time and place into it. Snapshot rows go to the file that holds them as
+   they are read (at position P0, past ``latest_position()`` until the snapshot completes).
+
+:meth:`ParsedFile.fits` checks exactly this; where it does not hold, the reader parses the
+JSON in context, as without an index.
+
+The key is in the entry's name: the event file's name, size and mtime (event files are
+immutable), a digest of the schema files, and ``FORMAT`` (bump it when the parser's output
+changes). Entries are written by rename (no fsync: a lost entry is made again); a torn or
+unreadable entry is a miss. A landing directory the reader cannot write is read without an
+index.
+
+Cold start. When many files have no entry (the first run over a backlog), :func:`build`
+parses them in isolation in worker processes, one per core (``python -m
+consistent_stream.sources.landing_index``), and the reader then loads their entries. Parsing
+is independent per file in isolation, which is what makes it parallel; a worker's failure
+(an error in a file, a file cut inside a transaction) only leaves that file to the reader.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+INDEX_DIR = "_index"
+# below this many bytes of event files without an entry, the reader parses them itself:
+# starting worker processes (Python + pyarrow imports) costs about a second
+PARALLEL_MIN_BYTES = 32 * 1024 * 1024
+_TXS = "__txs"
+
+
+class TxInfo(NamedTuple):
+    """One complete transaction (or the snapshot): ``position`` (commit LSN, int), ``id``,
+    ``ts_ms`` (commit time, ms since epoch), ``counts`` (table -> change events), and where its
+    END is (``file``, ``line``, 1-based). A named tuple: a backlog has hundreds of thousands."""
+    position: int
+    id: str
+    ts_ms: int
+    counts: dict
+    file: str
+    line: int
+    snapshot: bool = False
+
+
+class ParserState(NamedTuple):
+    """What a file's parse depends on at its start: whether a transaction is open, the
+    position of a snapshot being read (None: none open), the complete snapshot's position
+    (None: none yet), the last position, whether transactions began."""
+    open_tx: bool
+    snap_position: int | None
+    snapshot_pos: int | None
+    last_pos: int
+    started_tx: bool
+
+
+@dataclass
+class ParsedFile:
+    """One event file parsed: ``tables`` (table -> Arrow table of its columns + __pos int64 +
+    __weight int64), ``txs`` (the complete transactions whose END is in the file, in order),
+    and the file's needs of the parser state (module docstring)."""
+    name: str
+    size: int
+    mtime_ns: int
+    tables: dict = field(default_factory=dict)
+    txs: list = field(default_factory=list)
+    first_pos: int | None = None
+    snapshot_pos: int | None = None
+    began: bool = False
+    snapshot_reads: bool = False
+    leading_snapshot: int | None = None   # the file starts with snapshot reads at this position
+    snap_end: dict | None = None          # the snapshot still open at the file's end: position, ts_ms, counts, where
+
+    def fits(self, state: ParserState) -> bool:
+        """Whether reading this file in parser state ``state`` gives what reading it in
+        isolation gave (the contract in the module docstring)."""
+        if state.open_tx:
+            return False
+        if state.snap_position is not None:
+            # inside the snapshot: the file must go on with its reads (isolation started a new
+            # snapshot there; :meth:`apply` adds the counts read before)
+            return self.leading_snapshot == state.snap_position
+        if self.snapshot_reads and (state.snapshot_pos is not None or state.started_tx):
+            return False
+        if self.first_pos is not None:
+            if state.last_pos >= self.first_pos:
+                return False
+            if state.snapshot_pos is not None and state.snapshot_pos >= self.first_pos:
+                return False
+        return True
+
+    def apply(self, parser) -> None:
+        """Move ``parser`` (a ``debezium._Parser``) past this file, as parsing it in context
+        would have; inside the snapshot, the snapshot's counts so far, its first read's time
+        and place are carried into this file's snapshot (its END, or the one still open)."""
+        from .debezium import _Open
+        held = parser.snap   # the snapshot open before this file (fits: this file goes on with it)
+        if held is not None:
+            for i, tx in enumerate(self.txs):
+                if tx.snapshot:
+                    counts = {t: held.counts.get(t, 0) + tx.counts.get(t, 0) for t in {*held.counts, *tx.counts}}
+                    self.txs[i] = tx._replace(id=held.id, ts_ms=held.ts_ms, counts=counts)
+        if self.snap_end is not None:
+            e = self.snap_end
+            counts = dict(e["counts"])
+            if held is not None:
+                for t, n in held.counts.items():
+                    counts[t] = counts.get(t, 0) + n
+                parser.snap = _Open(held.id, held.position, held.ts_ms, held.where, False, counts=counts,
+                                    snapshot=True)
+            else:
+                parser.snap = _Open(f"snapshot:{e['position']}", e["position"], e["ts_ms"], tuple(e["where"]), False,
+                                    counts=counts, snapshot=True)
+        else:
+            parser.snap = None
+        if self.snapshot_pos is not None:
+            parser.snapshot_pos = self.snapshot_pos
+        if self.txs:
+            parser.last_pos = self.txs[-1].position
+        parser.started_tx = parser.started_tx or self.began
+
+
+def schemas_digest(schemas: dict) -> str:
+    """A digest of a landing directory's schema files (table -> ``TableSchema``): 16 hex."""
+    h = hashlib.sha256()
+    for table in sorted(schemas):
+        h.update(schemas[table].to_json().encode())
+    return h.hexdigest()[:16]
+
+
+def entry_path(location: str, name: str, size: int, mtime_ns: int, digest: str) -> str:
+    return os.path.join(location, INDEX_DIR, f"{name}.{size}.{mtime_ns}.{digest}.v{FORMAT}.arrow")
+
+
+def writable(location: str) -> bool:
+    """Whether entries can be written under ``location`` (its ``_index`` made if missing)."""
+    d = os.path.join(location, INDEX_DIR)
+    try:
+        os.makedirs(d, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(d, os.W_OK)
+
+
+def store(location: str, digest: str, parsed: ParsedFile) -> None:
+    """Write ``parsed``'s entry (temp file + rename). An OSError is logged, not raised: the
+    index is a cache."""
+    txs = parsed.txs
+    tables = sorted({t for tx in txs for t in tx.counts})
+    txs_table = pa.table({
+        "position": pa.array([tx.position for tx in txs], pa.int64()),
+        "id": pa.array([tx.id for tx in txs], pa.string()),
+        "ts_ms": pa.array([tx.ts_ms for tx in txs], pa.int64()),
+        "line": pa.array([tx.line for tx in txs], pa.int64()),
+        "snapshot": pa.array([tx.snapshot for tx in txs], pa.bool_()),
+        **{f"count:{t}": pa.array([tx.counts.get(t, 0) for tx in txs], pa.int64()) for t in tables},
+    })
+    names, blobs = [], []
+    for name, t in [(_TXS, txs_table)] + sorted(parsed.tables.items()):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, t.schema) as w:
+            w.write_table(t)
+        names.append(name)
+        blobs.append(sink.getvalue().to_pybytes())
+    meta = {"first_pos": parsed.first_pos, "snapshot_pos": parsed.snapshot_pos, "began": parsed.began,
+            "snapshot_reads": parsed.snapshot_reads, "leading_snapshot": parsed.leading_snapshot,
+            "snap_end": parsed.snap_end}
+    container = pa.table({"name": pa.array(names, pa.string()), "data": pa.array(blobs, pa.large_binary())})
+    container = container.replace_schema_metadata({"entry": json.dumps(meta)})
+    path = entry_path(location, parsed.name, parsed.size, parsed.mtime_ns, digest)
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, container.schema) as w:
+            w.write_table(container)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("%s: could not write the landing index entry (%s); the file will be parsed again next time",
+                    path, e)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def load(location: str, digest: str, name: str, size: int, mtime_ns: int) -> ParsedFile | None:
+    """The entry of event file ``name`` (of this size, mtime and schemas), or None when there
+    is none or it cannot be read (a miss: the caller parses the file)."""
+    path = entry_path(location, name, size, mtime_ns, digest)
+    try:
+        with pa.memory_map(path) as src:
+            container = pa.ipc.open_file(src).read_all()
+    except FileNotFoundError:
+        return None
+    except (OSError, pa.ArrowInvalid) as e:
+        log.warning("%s: unreadable landing index entry (%s); parsing the event file instead", path, e)
+        return None
+    try:
+        meta = json.loads((container.schema.metadata or {})[b"entry"])
+    except (KeyError, ValueError) as e:
+        log.warning("%s: unreadable landing index entry (%s); parsing the event file instead", path, e)
+        return None
+    parts = {}
+    for n, blob in zip(container.column("name").to_pylist(), container.column("data").chunk(0) if
+                       container.num_rows else []):
+        parts[n] = pa.ipc.open_stream(blob.as_buffer()).read_all()
+    txs_table = parts.pop(_TXS)
+    cols = {c: txs_table.column(c).to_pylist() for c in ("position", "id", "ts_ms", "line", "snapshot")}
+    counts = [(c[len("count:"):], txs_table.column(c).to_pylist())
+              for c in txs_table.column_names if c.startswith("count:")]
+    txs = [TxInfo(p, i, ms, {t: n[k] for t, n in counts if n[k]}, name, ln, sn)
+           for k, (p, i, ms, ln, sn) in enumerate(zip(cols["position"], cols["id"], cols["ts_ms"], cols["line"],
+                                                      cols["snapshot"]))]
+    return ParsedFile(name, size, mtime_ns, parts, txs, meta["first_pos"], meta["snapshot_pos"], meta["began"],
+                      meta["snapshot_reads"], meta["leading_snapshot"], meta["snap_end"])
+
+
+def build(location: str, files: list[tuple[str, int, int]], digest: str, workers: int | None = None) -> int:
+    """Make the entries of ``files`` ([(name, size, mtime_ns)], in order) in ``workers``
+    processes (default: one per core), when they are worth it (at least
+    ``PARALLEL_MIN_BYTES``, two cores or more). Each worker parses a contiguous run of files in
+    isolation. Returns the number of workers started (0: the caller parses alone)."""
+    workers = workers or os.cpu_count() or 1
+    total = sum(size for _, size, _ in files)
+    if workers < 2 or len(files) < 2 or total < PARALLEL_MIN_BYTES:
+        return 0
+    workers = min(workers, len(files))
+    groups: list[list[str]] = [[] for _ in range(workers)]
+    acc, share = 0, total / workers
+    for name, size, _ in files:
+        groups[min(int(acc // share), workers - 1)].append(name)
+        acc += size
+    t0 = time.time()
+    procs = [subprocess.Popen([sys.executable, "-m", __name__, location, digest, *g],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for g in groups if g]
+    for p in procs:
+        _, err = p.communicate()
+        if p.returncode:
+            log.warning("landing index worker exited %s (its files are parsed by the reader): %s", p.returncode,
+                        err.decode(errors="replace")[-2000:])
+    log.info("%s: indexed %d event files (%.1f MB) in %d worker processes in %.2fs", location, len(files),
+             total / 1e6, len(procs), time.time() - t0)
+    return len(procs)
+
+
+def _main(argv: list[str]) -> int:
+    """Worker: ``python -m consistent_stream.sources.landing_index <location> <digest> <file>...``
+    parses each file in isolation and writes its entry; a file that raises or ends inside a
+    transaction gets none (the reader parses it in context)."""
+    from ..errors import SourceError
+    from .debezium import _Parser
+    from .landing import load_schemas
+    location, digest, names = argv[0], argv[1], argv[2:]
+    schemas = load_schemas(location)
+    if schemas_digest(schemas) != digest:
+        return 0  # the schema files changed since the reader listed them: the reader parses
+    for name in names:
+        st = os.stat(os.path.join(location, name))
+        parser = _Parser(location, schemas)
+        try:
+            parsed = parser.parse(name, st.st_size, st.st_mtime_ns)
+        except SourceError:
+            continue
+        if parser.open is None:
+            store(location, digest, parsed)
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(_main(sys.argv[1:]))
