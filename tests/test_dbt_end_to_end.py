@@ -87,7 +87,7 @@ def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(spark, tmp_p
 
     # a long batch reports its progress in dbt's output (here every batch is long: after 0 s)
     monkeypatch.setattr(metrics, "PROGRESS_AFTER_S", 0.0)
-    monkeypatch.setattr(metrics, "PROGRESS_EVERY_S", 0.5)
+    monkeypatch.setattr(metrics, "PROGRESS_EVERY_S", 0.05)  # often: a report needs a Spark job running
     capsys.readouterr()
     r = dbt(tmp_path, "run")
     assert r.success, messages(r)

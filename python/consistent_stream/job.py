@@ -259,6 +259,7 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
     maintenance = Maintenance(job)
     stopping = threading.Event()  # no new batch starts (timeout_s reached, or the run ends)
     timed_out = threading.Event()
+    scaler = _Scaling(spark, job, runtime) if job.autoscale is not None else None
 
     def on_batch(batch_df, batch_id: int) -> None:
         if failure:
@@ -276,6 +277,12 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
                     _fold(folded, results.pop(0))
                 if not result.skipped:  # the batch is committed: logs, old versions, files it superseded
                     maintenance.after_batch(batch_id, runtime.last.state_version if runtime.last else None)
+                    if scaler is not None:  # at the batch boundary: the next batch's parallelism
+                        try:
+                            scaler.after_batch(result)
+                        except Exception as e:  # the batch is committed: scaling must not fail the run
+                            log.warning("%s: autoscale after batch %d failed, parallelism stays %s: %s",
+                                        job.model, batch_id, runtime.parallelism, e)
         except BaseException as e:  # surfaced after the query stops, with our message
             failure.append(e)
             raise
@@ -368,9 +375,57 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
         freshness = meta.freshness_s(c.timestamp_ms) if meta is not None else None
     summary = _summary(job, t0, results, cut, version, freshness, full_refresh, key, folded=folded)
     summary["progress"] = progress
+    if scaler is not None:
+        summary["autoscale"] = scaler.log
     if action == "apply":
         summary["configuration_change"] = {"action": action, "changes": [str(c) for c in changes]}
     return summary
+
+
+class _Scaling:
+    """The autoscaler of a continuous run (:mod:`.autoscale`): after each committed batch it
+    measures the lag behind the batch's cut (its own source handles: the planning thread has
+    its own), asks the policy for the next batch's parallelism, applies it (the runtime's
+    local engine threads and shuffle partitions; executors on a standalone cluster) and logs
+    the decision with its inputs. ``log``: every decision, with its time and batch."""
+
+    def __init__(self, spark: SparkSession, job: JobSpec, runtime: QueryRuntime):
+        from .autoscale import AutoscaleConfig, Autoscaler, session_parallelism
+        self.spark, self.job, self.runtime = spark, job, runtime
+        offered = session_parallelism(spark)
+        cfg = AutoscaleConfig(**{"max_parallelism": max(offered, int(job.autoscale.get("min_parallelism", 1))),
+                                 **job.autoscale})
+        self.policy = Autoscaler(cfg, initial=cfg.min_parallelism)
+        self.sources = {s.key: open_source(s) for s in job.sources}
+        self.log: list[dict] = []
+        runtime.parallelism = self.policy.parallelism
+        log.info("%s: autoscale from parallelism %d (%s)", job.model, self.policy.parallelism, cfg)
+
+    def after_batch(self, result: BatchResult) -> None:
+        from .autoscale import BatchSample, apply_to_cluster
+        from .sources.backlog import pending
+        now = time.time()
+        latest = latest_cut(list(self.sources.values()))
+        lag_rows, oldest_ms = pending(list(self.sources.values()), result.cut, latest)
+        sample = BatchSample(now, result.changes_read, result.seconds, self.policy.parallelism, lag_rows,
+                             max(0.0, now - oldest_ms / 1000.0) if oldest_ms is not None else 0.0,
+                             self.runtime.store.total_rows())
+        d = self.policy.observe(sample)
+        applied = {}
+        if d.action != "hold":
+            self.runtime.parallelism = d.parallelism
+            applied = apply_to_cluster(self.spark, d.parallelism)
+            log.info("%s: autoscale %s %d -> %d after batch %d: %s; inputs %s%s", self.job.model, d.action,
+                     d.previous, d.parallelism, result.batch_id, d.reason, json.dumps(d.inputs),
+                     f"; {applied}" if applied else "")
+        else:
+            log.debug("%s: autoscale hold at %d after batch %d: %s", self.job.model, d.parallelism,
+                      result.batch_id, d.reason)
+        self.log.append({"t": round(now, 3), "batch_id": result.batch_id, "lag_rows": lag_rows,
+                         "lag_s": round(sample.lag_s, 3), "rows": result.changes_read,
+                         "seconds": round(result.seconds, 3), **d.as_dict(), **applied})
+        if len(self.log) > KEEP_BATCH_RESULTS:
+            self.log.pop(0)
 
 
 def _progress(query) -> list[dict]:

@@ -189,6 +189,7 @@ class QueryRuntime:
         self.target = DeltaTableRef(job.target_path)
         self.store = StateStore(spark, job.state_root, types.arrangements, file_rows=job.state_file_rows)
         self.last: BatchMeta | None = None   # the newest committed batch, once known
+        self.parallelism: int | None = None  # set by the autoscaler between batches (None: the engine's defaults)
 
     # ---- the previous batch ------------------------------------------------------------------
     def previous(self, app_id: str, batch_id: int) -> BatchMeta:
@@ -306,9 +307,10 @@ class QueryRuntime:
         job, spark = self.job, self.spark
         self.store.open(None if b.first else b.prev.state_version, b.views, rebuild=rebuild)
         scratch = os.path.join(job.scratch_dir, f"{b.batch_id}")
-        local = LocalEngine() if job.local_engine == "duckdb" and not rebuild and session_supported(spark) else None
+        local = (LocalEngine(threads=self.parallelism) if job.local_engine == "duckdb" and not rebuild
+                 and session_supported(spark) else None)
         ev = BatchEvaluator(spark, self.store, changes, b.views, rebuild=rebuild, first=rebuild, scratch=scratch,
-                            types=self.types, local=local)
+                            types=self.types, local=local, parallelism=self.parallelism)
         try:
             with spark_confs(spark, {} if rebuild else INCREMENTAL_CONFS):
                 root, cols, schema = self.compiled.root, self.compiled.output_columns, self.output_schema

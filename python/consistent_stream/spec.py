@@ -59,6 +59,33 @@ def _number(config: dict, key: str, default, typ, model: str, low):
     return n
 
 
+def _autoscale(value, trigger: str, model: str) -> dict | None:
+    """Config ``autoscale``: ``true`` (the defaults) or a dict of
+    :class:`~consistent_stream.autoscale.AutoscaleConfig` fields, only with a continuous
+    trigger. ConfigError naming the key otherwise."""
+    if value is None or value is False:
+        return None
+    from dataclasses import fields
+    from .autoscale import AutoscaleConfig
+    d = {} if value is True else value
+    if not isinstance(d, dict):
+        raise ConfigError(f"model {model}: config autoscale must be true or a mapping of "
+                          f"{', '.join(f.name for f in fields(AutoscaleConfig))}; got {value!r}")
+    known = {f.name for f in fields(AutoscaleConfig)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(f"model {model}: config autoscale has unknown keys {unknown}; known: {sorted(known)}")
+    if not trigger.startswith("processing_time:"):
+        raise ConfigError(f"model {model}: config autoscale needs a continuous trigger "
+                          f"(trigger='processing_time:<seconds>'); an available_now run plans its batches up front")
+    try:
+        # validated now with a stand-in maximum: the real default is the session's parallelism
+        AutoscaleConfig(**{"max_parallelism": max(int(d.get("min_parallelism", 1)), 1), **d})
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"model {model}: config {e}") from None
+    return dict(d)
+
+
 def _constraint(c: dict, model: str) -> dict:
     """One dbt constraint as the engine keeps it: ``{type, columns, expression, name}``."""
     out = {"type": str(c.get("type") or "").lower(), "columns": [str(x) for x in c.get("columns") or []],
@@ -129,7 +156,9 @@ class JobSpec:
     ``relation: true``, ``columns`` empty unless ``columns: true``), written into the
     target's Delta metadata when it is created or rebuilt and into the catalog at every run
     (:mod:`.sink.catalog`); None without ``persist_docs``. Not part of the definition: a
-    changed description never rebuilds the view."""
+    changed description never rebuilds the view. ``autoscale``: with a continuous trigger,
+    the parallelism of each batch is chosen from the lag (:mod:`.autoscale`; the dict holds
+    :class:`~.autoscale.AutoscaleConfig` fields, ``{}`` for the defaults); None: fixed."""
     model: str
     schema: str
     identifier: str
@@ -153,6 +182,7 @@ class JobSpec:
     contract: list[dict] = field(default_factory=list)
     constraints: list[dict] = field(default_factory=list)
     docs: dict | None = None
+    autoscale: dict | None = None
 
     @property
     def spec_path(self) -> str:
@@ -248,6 +278,7 @@ class JobSpec:
         if docs is not None:
             docs = {"description": docs.get("description") or None,
                     "columns": {str(k).lower(): str(v) for k, v in (docs.get("columns") or {}).items() if v}}
+        autoscale = _autoscale(config.get("autoscale"), trigger, model_name)
         srcs = [_source_spec(s, project_root, warehouse_dir) for s in sources]
         if not srcs:
             raise ConfigError(f"model {model_name}: a consistent_stream model reads at least one source() "
@@ -256,4 +287,5 @@ class JobSpec:
                        unique_key=unique_key, target_path=target, checkpoint_location=os.path.normpath(ckpt),
                        partition_by=partition_by, trigger=trigger, recompute_threshold=threshold,
                        state_file_rows=file_rows, max_batch_rows=batch_rows, local_engine=local_engine,
-                       contract=contract, constraints=constraints, docs=docs, **retention, **policies)
+                       contract=contract, constraints=constraints, docs=docs, autoscale=autoscale, **retention,
+                       **policies)

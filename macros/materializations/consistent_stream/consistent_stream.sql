@@ -24,6 +24,7 @@
       'trigger': config.get('trigger', none),
       'recompute_threshold': config.get('recompute_threshold', none),
       'max_batch_rows': config.get('max_batch_rows', none),
+      'autoscale': config.get('autoscale', none),
       'state_file_rows': config.get('state_file_rows', none),
       'on_configuration_change': config.get('on_configuration_change', none),
       'on_schema_change': config.get('on_schema_change', none),

@@ -57,11 +57,12 @@ MAX_DRIVER_ROWS = 1_000_000
 ROWS_PER_TASK = 100_000
 
 
-def shuffle_partitions(spark: SparkSession, rows: int) -> int:
+def shuffle_partitions(spark: SparkSession, rows: int, parallelism: int | None = None) -> int:
     """Shuffle partitions for a query processing ``rows`` rows: one per ``ROWS_PER_TASK``,
-    at least 1, at most twice the cores."""
-    cores = max(1, int(spark.sparkContext.defaultParallelism))
-    return max(1, min(2 * cores, math.ceil(rows / ROWS_PER_TASK)))
+    at least 1, at most twice the cores, or at most ``parallelism`` when the autoscaler
+    (:mod:`consistent_stream.autoscale`) set one."""
+    cap = parallelism or 2 * max(1, int(spark.sparkContext.defaultParallelism))
+    return max(1, min(cap, math.ceil(rows / ROWS_PER_TASK)))
 
 
 CODEGEN_ROWS = 500_000
@@ -70,10 +71,11 @@ generated Java of each stage costs more than it saves on a change-sized query (a
 GROUP BY: 0.35 s with it, 0.11 s without, on this project's 2-core machine)."""
 
 
-def small_query_confs(spark: SparkSession, rows: int) -> dict[str, str]:
+def small_query_confs(spark: SparkSession, rows: int, parallelism: int | None = None) -> dict[str, str]:
     """Session confs for a change-sized query over ``rows`` rows (inputs plus state read):
-    shuffle parallelism from the rows, whole-stage code generation only when it pays."""
-    confs = {"spark.sql.shuffle.partitions": str(shuffle_partitions(spark, rows)),
+    shuffle parallelism from the rows (capped by ``parallelism``), whole-stage code
+    generation only when it pays."""
+    confs = {"spark.sql.shuffle.partitions": str(shuffle_partitions(spark, rows, parallelism)),
              "spark.sql.codegen.wholeStage": "true" if rows >= CODEGEN_ROWS else "false"}
     if rows <= SINGLE_PARTITION_ROWS:
         # every relation is one driver-side partition: a join needs no exchange, and a
@@ -180,8 +182,10 @@ class BatchEvaluator:
 
     def __init__(self, spark: SparkSession, store: StateStore | None, sources: dict[str, Changelog], views: Views, *,
                  rebuild: bool, first: bool, scratch: str, types: PlanTypes | None,
-                 max_driver_rows: int = MAX_DRIVER_ROWS, local: LocalEngine | None = None):
+                 max_driver_rows: int = MAX_DRIVER_ROWS, local: LocalEngine | None = None,
+                 parallelism: int | None = None):
         self.spark, self.store, self.sources, self.views = spark, store, sources, views
+        self.parallelism = parallelism
         self.rebuild, self.first, self.scratch, self.types = rebuild, first, scratch, types
         self.dry = types is None
         self.max_driver_rows = max_driver_rows
@@ -214,7 +218,7 @@ class BatchEvaluator:
                 return Changelog.of_arrow(self.views, data, schema=schema)
         self.spark_queries += 1
         rows = read + sum(c.rows or 0 for c in self.sources.values() if c.arrow is not None)
-        with spark_confs(self.spark, {} if self.rebuild else small_query_confs(self.spark, rows)):
+        with spark_confs(self.spark, {} if self.rebuild else small_query_confs(self.spark, rows, self.parallelism)):
             df = self.views.sql(sql)
             if not self.rebuild and read <= self.max_driver_rows:
                 return Changelog.of_arrow(self.views, df.toArrow(), schema=df.schema)

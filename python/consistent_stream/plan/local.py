@@ -97,11 +97,14 @@ def _arrow_sql_type(t: pa.DataType) -> str | None:
 
 class LocalEngine:
     """Runs eligible change-sized queries on an in-process DuckDB connection (one per batch
-    evaluator: a connection is not shared between threads)."""
+    evaluator: a connection is not shared between threads), with ``threads`` threads (None:
+    DuckDB's default, one per core; the autoscaler's parallelism otherwise)."""
 
-    def __init__(self, max_rows: int = LOCAL_ROWS):
+    def __init__(self, max_rows: int = LOCAL_ROWS, threads: int | None = None):
         import duckdb
         self.con = duckdb.connect()
+        if threads:
+            self.con.execute(f"SET threads = {int(threads)}")
         self.max_rows = max_rows
         self._divisions: set = set()
 

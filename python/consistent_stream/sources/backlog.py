@@ -98,6 +98,22 @@ def plan_cuts(sources: list, start: dict[str, int], end: dict[str, int], *, max_
     return cuts
 
 
+def pending(sources: list, cut: dict[str, int], latest: dict[str, int]) -> tuple[int, int | None]:
+    """The lag behind ``cut``: the change rows the sources committed after it up to
+    ``latest`` (a commit of unknown size counts 0) and the commit time (ms since epoch) of the
+    oldest such commit (None: nothing is pending). One pass over each source's log."""
+    rows, oldest = 0, None
+    for s in sources:
+        k = s.spec.key
+        if k not in cut or latest.get(k, INITIAL) <= cut[k]:
+            continue
+        for _, ts, n in s.commits(cut[k], latest[k]):
+            rows += n or 0
+            if oldest is None or ts < oldest:
+                oldest = ts
+    return rows, oldest
+
+
 class BacklogPlanner:
     """:func:`plan_cuts` once per backlog, its cuts handed out one at a time.
 

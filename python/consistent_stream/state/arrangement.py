@@ -227,6 +227,10 @@ class StateStore:
         """Read access to ``arrangement`` for a delta rule."""
         return Lookup(self, arrangement)
 
+    def total_rows(self) -> int:
+        """Rows of every arrangement at the version opened, from the files' statistics (no read)."""
+        return sum(f.rows or 0 for fs in self._files.values() for f in fs)
+
     def files_of(self, name: str) -> list[_File]:
         """The files of arrangement ``name`` a read of this batch sees (none when rebuilding)."""
         return [] if self.rebuilding else self._files.get(name, [])
