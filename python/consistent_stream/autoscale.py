@@ -150,17 +150,25 @@ def session_parallelism(spark) -> int:
 
 
 def apply_to_cluster(spark, parallelism: int) -> dict:
-    """On a standalone cluster (``spark://`` master), ask for the executors ``parallelism``
-    tasks need: ``ceil(parallelism / spark.executor.cores)`` (SparkContext's
-    ``requestTotalExecutors``, the call dynamic allocation makes; executors beyond the count
-    are released when idle). Elsewhere nothing: the batch's own threads and shuffle partitions
-    carry the parallelism. Returns what was asked, for the run log."""
-    master = spark.sparkContext.master
-    if not master.startswith("spark://"):
+    """On a standalone cluster (``spark://`` master), run ``parallelism`` tasks' worth of
+    executors: ``ceil(parallelism / spark.executor.cores)``. Up: SparkContext's
+    ``requestTotalExecutors`` (the call dynamic allocation makes; the master launches them
+    where workers have free cores). Down: ``killExecutors`` of the surplus, which also lowers
+    the target (called at a batch boundary, when no task of the model runs). Elsewhere
+    nothing: the batch's own threads and shuffle partitions carry the parallelism. Returns
+    what was asked, for the run log."""
+    sc = spark.sparkContext
+    if not sc.master.startswith("spark://"):
         return {}
     cores = int(spark.conf.get("spark.executor.cores", "1") or 1)
-    executors = max(1, math.ceil(parallelism / cores))
-    jvm = spark.sparkContext._jvm
+    wanted = max(1, math.ceil(parallelism / cores))
+    jsc, jvm = sc._jsc.sc(), sc._jvm
+    convert = jvm.scala.jdk.javaapi.CollectionConverters
+    ids = sorted(convert.asJava(jsc.getExecutorIds()), key=lambda i: (len(i), i))
+    if len(ids) > wanted:
+        surplus = ids[wanted:]
+        ok = jsc.killExecutors(convert.asScala(jvm.java.util.ArrayList(surplus)).toSeq())
+        return {"executors": wanted, "executor_cores": cores, "killed": surplus, "accepted": bool(ok)}
     empty = getattr(getattr(jvm.scala.collection.immutable, "Map$"), "MODULE$").empty()
-    ok = spark.sparkContext._jsc.sc().requestTotalExecutors(executors, 0, empty)
-    return {"executors_requested": executors, "executor_cores": cores, "accepted": bool(ok)}
+    ok = jsc.requestTotalExecutors(wanted, 0, empty)
+    return {"executors": wanted, "executor_cores": cores, "requested": bool(ok)}
