@@ -184,7 +184,7 @@ class _Parser:
     module docstring). Its state carries from file to file: the open transaction (a capture may
     cut a file inside a long one), the snapshot being read, the snapshot's position, the last
     position and whether transactions began. A fresh parser reads a file *in isolation*, the
-    way a :class:`~.landing_index.LandingIndex` entry is made."""
+    way an entry of the landing index (:mod:`.landing_index`) is made."""
 
     def __init__(self, location: str, schemas: dict[str, TableSchema]):
         self.location = location
@@ -418,9 +418,12 @@ class _Parser:
 
 
 class LandingReader:
-    """The complete transactions of one landing directory, parsed once and kept in memory.
+    """The complete transactions of one landing directory, read once and kept in memory.
 
-    ``refresh()`` parses event files that arrived since the last call (files are immutable);
+    ``refresh()`` reads event files that arrived since the last call (files are immutable):
+    from the landing index (:mod:`.landing_index`) where an entry fits, else by parsing them
+    (and indexing them); ``index_stats`` counts files ``parsed``, ``loaded`` from the index,
+    and ``workers`` started to index a cold backlog;
     ``latest_position()`` is the position of the last complete transaction (or of the
     snapshot; INITIAL = -1 when there is none); ``changes(table, after, upto)`` and
     ``table_at(table, position)`` return Arrow tables. Use :func:`reader_for` to share one
