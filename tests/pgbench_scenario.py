@@ -1,5 +1,6 @@
 """pgbench TPC-B against a real PostgreSQL 15 while ``consistent-stream capture postgres`` and a
-consistent_stream model (continuous, processing-time trigger) run: the model's invariant at
+consistent_stream model (built once from the snapshot, then continuous with a processing-time
+trigger) run: the model's invariant at
 every committed target version, each version equal to batch evaluation over snapshot +
 changes up to its recorded cut, and the foil: the same check on the same data with per-table
 cuts. Two models (:data:`MODELS`):
@@ -126,11 +127,14 @@ def run(spark, tmp_path, *, seconds: float, clients: int = 4, rate: int | None =
                                config={"unique_key": m.unique_key, "location_root": str(tmp_path / "targets"),
                                        "trigger": f"processing_time:{trigger_s}"},
                                warehouse_dir=str(tmp_path / "wh"))
+        # the initial build from the snapshot first, as a user runs it (one `dbt run`), so the
+        # continuous run below starts from a built view and spends its time on pgbench's changes
+        run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
         bench = subprocess.Popen([srv.bin("pgbench"), "-c", str(clients), "-j", "2", "-T", str(int(seconds)), "-n",
                                   *(["-R", str(rate)] if rate else []), "-h", "127.0.0.1", "-p", str(srv.port),
                                   "-U", "postgres", db.name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         # the model runs continuously while pgbench writes and capture lands files
-        run_job(spark, job, full_refresh=True, timeout_s=seconds + 2)
+        run_job(spark, job, timeout_s=seconds + 2)
         out, _ = bench.communicate(timeout=120)
         assert bench.returncode == 0, out
         tps = [line for line in out.splitlines() if line.startswith("tps")]

@@ -200,7 +200,7 @@ def test_consistent_stream_model_calls_the_engine_with_its_sql_sources_and_confi
     ]
     assert call["config"] == {"unique_key": ["customer_id"], "location_root": None, "checkpoint_location": "/tmp/chk",
                               "partition_by": "region", "trigger": "availableNow", "max_batch_rows": 1000,
-                              "recompute_threshold": None, "state_file_rows": None,
+                              "recompute_threshold": None, "autoscale": None, "state_file_rows": None,
                               "on_configuration_change": "apply", "on_schema_change": "ignore",
                               "contract": [], "constraints": [], "docs": None}  # no persist_docs
     assert call["full_refresh"] is False
