@@ -1,8 +1,7 @@
 """pgbench TPC-B against a real PostgreSQL 15 while ``consistent-stream capture postgres`` and a
 consistent_stream model (built once from the snapshot, then continuous with a processing-time
-trigger) run: the model's invariant at
-every committed target version, each version equal to batch evaluation over snapshot +
-changes up to its recorded cut, and the foil: the same check on the same data with per-table
+trigger) run: the model's invariant at every committed target version, each version equal to
+batch evaluation over snapshot + changes up to its recorded cut, and the foil: the same check on the same data with per-table
 cuts. Two models (:data:`MODELS`):
 
 * ``tpcb_sums``: ``sum(abalance) = sum(tbalance) = sum(bbalance)`` (three global sums);
@@ -129,7 +128,8 @@ def run(spark, tmp_path, *, seconds: float, clients: int = 4, rate: int | None =
                                warehouse_dir=str(tmp_path / "wh"))
         # the initial build from the snapshot first, as a user runs it (one `dbt run`), so the
         # continuous run below starts from a built view and spends its time on pgbench's changes
-        run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
+        available_now = JobSpec(**{**job.__dict__, "trigger": "available_now"})
+        run_job(spark, available_now, full_refresh=True)
         bench = subprocess.Popen([srv.bin("pgbench"), "-c", str(clients), "-j", "2", "-T", str(int(seconds)), "-n",
                                   *(["-R", str(rate)] if rate else []), "-h", "127.0.0.1", "-p", str(srv.port),
                                   "-U", "postgres", db.name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -145,8 +145,7 @@ def run(spark, tmp_path, *, seconds: float, clients: int = 4, rate: int | None =
         r = reader_for(landing)
         wait_for(lambda: r.refresh().changes("public.pgbench_history", -1, r.latest_position(), ["tid"]).num_rows
                  == n_history, what="capture to land every pgbench transaction")
-        catch_up = JobSpec(**{**job.__dict__, "trigger": "available_now"})
-        run_job(spark, catch_up)
+        run_job(spark, available_now)
         last = DeltaTableRef(job.target_path).latest_version()
         final_matches = _rows(_target_rows(job.target_path, last)) == final
     finally:
