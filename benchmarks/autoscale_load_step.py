@@ -1,7 +1,14 @@
 """Benchmark: a load step on a continuous model, at fixed parallelism and scaled from lag.
 
-    .venv/bin/python benchmarks/autoscale_load_step.py [--rate 400] [--step 10] [--phases 30 60 60]
-        [--out benchmarks/results/autoscale_load_step]
+    .venv/bin/python benchmarks/autoscale_load_step.py [--rate 2000] [--step 10] [--phases 20 40 40]
+        [--out benchmarks/results/autoscale_load_step] [--master spark://127.0.0.1:7077]
+        [--local-engine spark] [--heavy]
+
+On a standalone cluster (``consistent-stream cluster start --workers 2``, ``--master``) the
+parallelism is also the number of executors (1 core each); ``--local-engine spark`` runs the
+batches' delta queries as Spark tasks there (with the default, DuckDB, they run on the driver
+and executors do not matter); ``--heavy`` adds a CPU-heavy aggregate (string work per order
+row) so that a batch's cost is mostly per-row work.
 
 Sources (Delta, Change Data Feed): ``customers(cust, region)`` (20,000 rows) and ``orders(o_id,
 cust, amount)`` (200,000 rows, then appended to every 0.5 s by a writer thread). The model
@@ -9,6 +16,10 @@ cust, amount)`` (200,000 rows, then appended to every 0.5 s by a writer thread).
 
     select c.region, count(*) as n, sum(o.amount) as total
     from src.orders o join src.customers c on c.cust = o.cust group by c.region
+
+``recompute_threshold`` is out of reach: at 10x a batch would pass the default 0.25 of the
+sources and be recomputed from snapshots, a cost that follows the tables, not the change (and
+a slow batch makes the next one larger still).
 
 Load: ``--rate`` order rows per second for the first phase, ``--step`` times that for the
 second, ``--rate`` again for the third (``--phases`` seconds each). Two variants in one
@@ -47,13 +58,20 @@ select c.region, count(*) as n, sum(o.amount) as total
 from src.orders o join src.customers c on c.cust = o.cust
 group by c.region
 """
+HEAVY_SQL = """
+select c.region, count(*) as n, sum(o.amount) as total,
+       sum(length(regexp_replace(repeat(cast(o.o_id as string), 400), '[13579]', 'ab'))) as digits
+from src.orders o join src.customers c on c.cust = o.cust
+group by c.region
+"""
 CUSTOMERS = 20_000
 INITIAL_ORDERS = 200_000
 THRESHOLD_S = 2.0
 TRIGGER_S = 1.0
 
 
-def run_variant(spark, root: Path, name: str, autoscale: dict, rate: int, step: int, phases: list[float]) -> dict:
+def run_variant(spark, root: Path, name: str, autoscale: dict, rate: int, step: int, phases: list[float],
+                local_engine: str = "duckdb", sql: str = SQL) -> dict:
     import pyarrow as pa
     from deltalake import write_deltalake
 
@@ -77,7 +95,9 @@ def run_variant(spark, root: Path, name: str, autoscale: dict, rate: int, step: 
     sources = [{"source_name": "src", "name": n, "relation": f"src.{n}",
                 "meta": {"location": str(src / n), "primary_key": k}}
                for n, k in (("customers", ["cust"]), ("orders", ["o_id"]))]
-    job = job_for(name, SQL, sources, ["region"], root / name)
+    job = job_for(name, sql, sources, ["region"], root / name)
+    # the step's batches stay incremental (a recomputed batch costs the tables, not the change)
+    job = JobSpec(**{**job.__dict__, "local_engine": local_engine, "recompute_threshold": 1e9})
     run_job(spark, job, full_refresh=True)
 
     stop = threading.Event()
@@ -151,7 +171,9 @@ def plot(result: dict, path: str) -> None:
     axes[2].set_ylabel("freshness (s)")
     axes[2].set_xlabel(f"seconds (shaded: {result['step']}x the change rate)")
     axes[0].legend()
-    fig.suptitle("Load step on a continuous model: fixed parallelism vs scaled from lag")
+    fig.suptitle("Load step on a continuous model: fixed parallelism vs scaled from lag\n"
+                 f"({result.get('model', 'join_aggregate')} model, {result.get('master', 'local[2]')}, "
+                 f"delta queries in {result.get('local_engine', 'duckdb')})")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -162,18 +184,26 @@ def main() -> int:
     ap.add_argument("--step", type=int, default=10, help="the step's rate, as a multiple of --rate")
     ap.add_argument("--phases", type=float, nargs=3, default=[20, 40, 40], help="seconds before, in, after the step")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "autoscale_load_step"))
+    ap.add_argument("--master", default=os.environ.get("CONSISTENT_STREAM_MASTER", "local[2]"),
+                    help="local[n] (default local[2]) or a standalone cluster's spark://127.0.0.1:7077")
+    ap.add_argument("--local-engine", choices=("duckdb", "spark"), default="duckdb",
+                    help="where the batches' delta queries run: spark runs them as tasks (on executors)")
+    ap.add_argument("--heavy", action="store_true", help="the CPU-heavy model (HEAVY_SQL)")
     a = ap.parse_args()
+    os.environ["CONSISTENT_STREAM_MASTER"] = a.master
     from consistent_stream.autoscale import session_parallelism
     from consistent_stream.cli import local_spark
     spark = local_spark()
     cores = session_parallelism(spark)
     common = {"lag_threshold_s": THRESHOLD_S, "stable_s": 5, "window": 2, "scale_down_ratio": 1.5,
               "safety_factor": 2}
-    result = {"rate": a.rate, "step": a.step, "phases": a.phases, "cores": cores}
+    result = {"rate": a.rate, "step": a.step, "phases": a.phases, "cores": cores, "master": a.master,
+              "local_engine": a.local_engine, "model": "heavy" if a.heavy else "join_aggregate"}
     with tempfile.TemporaryDirectory(prefix="cs-autoscale-") as d:
         for name, bounds in (("fixed", {"min_parallelism": 1, "max_parallelism": 1}),
                              ("scaled", {"min_parallelism": 1, "max_parallelism": cores})):
-            result[name] = run_variant(spark, Path(d), name, {**common, **bounds}, a.rate, a.step, a.phases)
+            result[name] = run_variant(spark, Path(d), name, {**common, **bounds}, a.rate, a.step, a.phases,
+                                       a.local_engine, HEAVY_SQL if a.heavy else SQL)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out + ".json", "w") as f:
         json.dump(result, f, indent=1)
@@ -184,5 +214,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("CONSISTENT_STREAM_MASTER", "local[2]")
     sys.exit(main())

@@ -390,7 +390,7 @@ class _Scaling:
     the decision with its inputs. ``log``: every decision, with its time and batch."""
 
     def __init__(self, spark: SparkSession, job: JobSpec, runtime: QueryRuntime):
-        from .autoscale import AutoscaleConfig, Autoscaler, session_parallelism
+        from .autoscale import AutoscaleConfig, Autoscaler, apply_to_cluster, session_parallelism
         self.spark, self.job, self.runtime = spark, job, runtime
         offered = session_parallelism(spark)
         cfg = AutoscaleConfig(**{"max_parallelism": max(offered, int(job.autoscale.get("min_parallelism", 1))),
@@ -399,7 +399,9 @@ class _Scaling:
         self.sources = {s.key: open_source(s) for s in job.sources}
         self.log: list[dict] = []
         runtime.parallelism = self.policy.parallelism
-        log.info("%s: autoscale from parallelism %d (%s)", job.model, self.policy.parallelism, cfg)
+        applied = apply_to_cluster(spark, self.policy.parallelism)    # a cluster starts with every core
+        log.info("%s: autoscale from parallelism %d (%s)%s", job.model, self.policy.parallelism, cfg,
+                 f"; {applied}" if applied else "")
 
     def after_batch(self, result: BatchResult) -> None:
         from .autoscale import BatchSample, apply_to_cluster
