@@ -399,7 +399,12 @@ class _Scaling:
         self.sources = {s.key: open_source(s) for s in job.sources}
         self.log: list[dict] = []
         runtime.parallelism = self.policy.parallelism
-        applied = apply_to_cluster(spark, self.policy.parallelism)    # a cluster starts with every core
+        try:  # a cluster session starts with every core the workers offer
+            applied = apply_to_cluster(spark, self.policy.parallelism)
+        except Exception as e:  # scaling must not fail the run
+            applied = {"error": str(e)}
+            log.warning("%s: autoscale could not set the executors for parallelism %d: %s", job.model,
+                        self.policy.parallelism, e)
         log.info("%s: autoscale from parallelism %d (%s)%s", job.model, self.policy.parallelism, cfg,
                  f"; {applied}" if applied else "")
 
