@@ -390,7 +390,7 @@ class _Scaling:
     the decision with its inputs. ``log``: every decision, with its time and batch."""
 
     def __init__(self, spark: SparkSession, job: JobSpec, runtime: QueryRuntime):
-        from .autoscale import AutoscaleConfig, Autoscaler, apply_to_cluster, session_parallelism
+        from .autoscale import AutoscaleConfig, Autoscaler, session_parallelism
         self.spark, self.job, self.runtime = spark, job, runtime
         offered = session_parallelism(spark)
         cfg = AutoscaleConfig(**{"max_parallelism": max(offered, int(job.autoscale.get("min_parallelism", 1))),
@@ -399,17 +399,24 @@ class _Scaling:
         self.sources = {s.key: open_source(s) for s in job.sources}
         self.log: list[dict] = []
         runtime.parallelism = self.policy.parallelism
-        try:  # a cluster session starts with every core the workers offer
-            applied = apply_to_cluster(spark, self.policy.parallelism)
-        except Exception as e:  # scaling must not fail the run
-            applied = {"error": str(e)}
-            log.warning("%s: autoscale could not set the executors for parallelism %d: %s", job.model,
-                        self.policy.parallelism, e)
+        applied = self._executors(self.policy.parallelism)   # a cluster session starts with every core
         log.info("%s: autoscale from parallelism %d (%s)%s", job.model, self.policy.parallelism, cfg,
                  f"; {applied}" if applied else "")
 
+    def _executors(self, parallelism: int) -> dict:
+        """The executors for ``parallelism`` on a standalone cluster
+        (:func:`~consistent_stream.autoscale.apply_to_cluster`; ``{}`` elsewhere). A failure
+        is logged and returned as ``{"error": ...}``: scaling must not fail the run."""
+        from .autoscale import apply_to_cluster
+        try:
+            return apply_to_cluster(self.spark, parallelism)
+        except Exception as e:
+            log.warning("%s: autoscale could not set the executors for parallelism %d: %s", self.job.model,
+                        parallelism, e)
+            return {"error": str(e)}
+
     def after_batch(self, result: BatchResult) -> None:
-        from .autoscale import BatchSample, apply_to_cluster
+        from .autoscale import BatchSample
         from .sources.backlog import pending
         now = time.time()
         latest = latest_cut(list(self.sources.values()))
@@ -421,7 +428,7 @@ class _Scaling:
         applied = {}
         if d.action != "hold":
             self.runtime.parallelism = d.parallelism
-            applied = apply_to_cluster(self.spark, d.parallelism)
+            applied = self._executors(d.parallelism)
             log.info("%s: autoscale %s %d -> %d after batch %d: %s; inputs %s%s", self.job.model, d.action,
                      d.previous, d.parallelism, result.batch_id, d.reason, json.dumps(d.inputs),
                      f"; {applied}" if applied else "")
