@@ -1,8 +1,8 @@
 """pgbench TPC-B against a real PostgreSQL 15 while ``consistent-stream capture postgres`` and a
 consistent_stream model (built once from the snapshot, then continuous with a processing-time
 trigger) run: the model's invariant at every committed target version, each version equal to
-batch evaluation over snapshot + changes up to its recorded cut, and the foil: the same check on the same data with per-table
-cuts. Two models (:data:`MODELS`):
+batch evaluation over snapshot + changes up to its recorded cut, and the foil: the same check
+on the same data with per-table cuts. Two models (:data:`MODELS`):
 
 * ``tpcb_sums``: ``sum(abalance) = sum(tbalance) = sum(bbalance)`` (three global sums);
 * ``branch_balances`` (issue 8's model): per branch ``bbalance`` = the sum of its history's
