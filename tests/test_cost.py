@@ -219,3 +219,59 @@ def test_compaction_never_changes_what_state_reads_return(spark, tmp_path, monke
         compacted += summary["totals"]["state_rows_compacted"]
     assert compacted > 0
     assert delta_pandas(job.target_path)["total"].sum() == 600
+
+
+def test_the_duckdb_keyed_scan_returns_what_arrows_scan_returns(spark, tmp_path):
+    """State files are written by Spark's executors (base) and by Arrow (deltas); the driver's
+    keyed scan reads them on DuckDB. For every key type it accepts, with NULLs among the keys
+    and in the data, and for a two-column key (a superset per column), it returns exactly the
+    rows (and types) Arrow's ``is_in`` scan keeps; past ``limit`` matches it returns None; a
+    floating-point key is left to Arrow."""
+    import datetime
+    import decimal
+
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pads
+    import pyarrow.parquet as pq
+    from pyspark.sql.types import (DateType, DecimalType, LongType, StringType, StructField, StructType,
+                                   TimestampType)
+    from consistent_stream.state.arrangement import _UNSUPPORTED, _KeyedScan, _arrow_schema
+    sschema = StructType([StructField("k", LongType()), StructField("s", StringType()),
+                          StructField("d", DecimalType(38, 2)), StructField("day", DateType()),
+                          StructField("ts", TimestampType()), StructField("__weight", LongType())])
+    rows = [(None if i % 50 == 7 else i % 300, None if i % 40 == 3 else f"s{i % 90}",
+             decimal.Decimal(i) / 4, datetime.date(2020, 1, 1) + datetime.timedelta(days=i % 60),
+             datetime.datetime(2021, 5, 1, 12, 0) + datetime.timedelta(seconds=i), 1 + i % 3) for i in range(2000)]
+    base = tmp_path / "base"
+    spark.createDataFrame(rows, sschema).repartition(3).write.parquet(str(base))
+    schema = _arrow_schema(sschema)
+    delta = tmp_path / "delta.parquet"
+    pq.write_table(pa.Table.from_pylist([dict(zip(sschema.fieldNames(), r)) for r in rows[:100]], schema), delta)
+    paths = sorted(str(p) for p in base.glob("*.parquet")) + [str(delta)]
+    scan = _KeyedScan()
+
+    def arrow_scan(keys: dict):
+        expr = None
+        for c, v in keys.items():
+            e = pads.field(c).isin(pc.unique(v))
+            expr = e if expr is None else expr & e
+        return pads.dataset(paths, schema=schema, format="parquet").scanner(filter=expr).to_table()
+
+    def canon(t: pa.Table):
+        return sorted(t.to_pylist(), key=repr)
+
+    for keys in ({"k": pa.array([5, 17, 299, 1000], pa.int64())},
+                 {"k": pa.array([5, None, 17], pa.int64())},
+                 {"s": pa.array(["s3", None, "nope"], pa.string())},
+                 {"d": pa.array([decimal.Decimal("2.50"), decimal.Decimal("7")], pa.decimal128(38, 2))},
+                 {"day": pa.array([datetime.date(2020, 1, 3)], pa.date32())},
+                 {"k": pa.array([5, 6], pa.int64()), "s": pa.array(["s5", "s6"], pa.string())}):
+        got = scan.scan(paths, schema, keys, None)
+        assert got is not _UNSUPPORTED and got.schema == schema, keys
+        want = arrow_scan(keys)
+        assert want.num_rows and canon(got) == canon(want), keys
+    assert scan.scan(paths, schema, {"k": pa.array([5], pa.int64())}, limit=3) is None
+    assert scan.scan(paths, schema, {"k": pa.array([5], pa.int64())}, limit=100).num_rows == \
+        arrow_scan({"k": pa.array([5], pa.int64())}).num_rows
+    fschema = pa.schema([("f", pa.float64())])
+    assert scan.scan(paths, fschema, {"f": pa.array([1.0])}, None) is _UNSUPPORTED
