@@ -18,6 +18,9 @@ variant. Per scale factor: TPC-H is generated as Delta tables (on the fly, under
   snapshots;
 * with ``--full-refresh`` (a rebuild from snapshots);
 
+then, with ``--rounds N``, N - 1 more refresh rounds, each followed by an incremental run of
+every model: the mean seconds over the N rounds, which counts the state compactions a single
+round may miss (an arrangement is re-based once a few rounds of deltas reach 10 % of it);
 and then ``--small-batches`` (5) small rounds of at most 2,000 changed source rows per model
 (``size`` 140 orders), each followed by an incremental run: the median batch seconds inside
 the warm session. Peak RSS of the driver's Python process and of the Spark JVM is reset
@@ -116,7 +119,8 @@ def _run(spark, job, **kw) -> dict:
     return run_job(spark, job, **kw)
 
 
-def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_memory: str | None) -> list[dict]:
+def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_memory: str | None,
+                     extra_rounds: int = 0) -> list[dict]:
     from consistent_stream.delta import DeltaTableRef
     from consistent_stream.tpch.generate import generate
     from consistent_stream.tpch.refresh import refresh_round
@@ -170,6 +174,25 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
                             "table": rss_table.peak, "full_refresh": rss_full.peak},
             "generate_s": round(gen_s, 1), "refresh_round_s": round(rf_s, 1),
         })
+    # further refresh rounds: what a run costs on average once state compactions (every few
+    # rounds, table-sized) are counted in
+    rounds: dict[str, list] = {job.model: [] for job in jobs}
+    for i in range(1, extra_rounds + 1):
+        refresh_round(root / "data", 1 + i)
+        for job in jobs:
+            s = _run(spark, job)
+            m = s["metrics"][0] if s["metrics"] else {}
+            rounds[job.model].append((s["seconds"], m.get("state_rows_compacted") or 0))
+    for rec in out:
+        r = rounds[rec["model"]]
+        if r:
+            secs = [rec["incremental_s"]] + [x[0] for x in r]
+            rec["rounds_incremental_s"] = secs
+            rec["rounds_mean_s"] = round(statistics.mean(secs), 3)
+            rec["rounds_state_rows_compacted"] = [x[1] for x in r]
+            rec["rounds_ratio_table_to_mean"] = round(rec["table_model_s"] / rec["rounds_mean_s"], 2)
+            rec["rounds_verified"] = verify_target(spark, next(j for j in jobs if j.model == rec["model"])
+                                                   .target_path).ok
     # small batches: at most 2,000 changed source rows each, in the warm session
     batches: dict[str, list] = {job.model: [] for job in jobs}
     for i in range(small_batches):
@@ -195,6 +218,9 @@ def main() -> int:
     ap.add_argument("--sf", type=float, nargs="+", default=[0.1, 1.0])
     ap.add_argument("--models", nargs="*", default=None)
     ap.add_argument("--small-batches", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="refresh rounds of 0.1%% each; past the first, each model's incremental runs are "
+                         "averaged with it, state compactions included")
     ap.add_argument("--driver-memory", default="8g", help="spark.driver.memory from --memory-from-sf on")
     ap.add_argument("--memory-from-sf", type=float, default=10.0)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
@@ -206,11 +232,12 @@ def main() -> int:
                                    if not render_model(p)[3] and render_model(p)[1].get("materialized") != "view")
     if args.one:
         mem = args.driver_memory if args.sf[0] >= args.memory_from_sf else None
-        one_scale_factor(args.sf[0], models, args.small_batches, mem)
+        one_scale_factor(args.sf[0], models, args.small_batches, mem, args.rounds - 1)
         return 0
     summary = []
     for sf in args.sf:  # one process per scale factor
         cmd = [sys.executable, __file__, "--one", "--sf", str(sf), "--small-batches", str(args.small_batches),
+               "--rounds", str(args.rounds),
                "--driver-memory", args.driver_memory, "--memory-from-sf", str(args.memory_from_sf),
                "--models", *models]
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
@@ -223,7 +250,7 @@ def main() -> int:
     print(json.dumps({"summary": [{k: r.get(k) for k in (
         "sf", "model", "incremental_s", "table_model_s", "full_refresh_s", "ratio_table_to_incremental",
         "spark_jobs_per_batch", "delta_queries", "state_rows_read", "target_rows_rewritten", "small_batch_s_median",
-        "peak_rss_mb", "verified")} for r in summary]}))
+        "peak_rss_mb", "verified", "rounds_mean_s", "rounds_ratio_table_to_mean")} for r in summary]}))
     return 0
 
 
