@@ -20,7 +20,8 @@ of the keys (driver only: no file is opened), then reads just those and keeps th
 keys: a scan on the driver that holds only the matches (up to ``DRIVER_SCAN_ROWS`` picked rows
 and ``DRIVER_MATCH_ROWS`` matches; DuckDB's Parquet reader, which filters on the key columns
 before it decodes the others, or Arrow's for key types DuckDB may compare differently), else
-Spark's executors and a broadcast semi join. The rows of the picked files are the batch's *state rows read*. A
+Spark's executors and a broadcast semi join. The rows of the picked files are the batch's
+*state rows read* (DuckDB may skip some of their row groups; they are still counted). A
 key change localized in the key space (new ids above the old ones, one customer) reads a few
 files; keys spread over the whole key space read most files, which is what any min/max layout
 can do (a block of B rows is skipped only when none of the batch's K keys falls in it: with
