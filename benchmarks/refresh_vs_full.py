@@ -176,6 +176,7 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
         })
     # further refresh rounds: what a run costs on average once state compactions (every few
     # rounds, table-sized) are counted in
+    by_model = {job.model: job for job in jobs}
     rounds: dict[str, list] = {job.model: [] for job in jobs}
     for i in range(1, extra_rounds + 1):
         refresh_round(root / "data", 1 + i)
@@ -191,8 +192,7 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
             rec["rounds_mean_s"] = round(statistics.mean(secs), 3)
             rec["rounds_state_rows_compacted"] = [x[1] for x in r]
             rec["rounds_ratio_table_to_mean"] = round(rec["table_model_s"] / rec["rounds_mean_s"], 2)
-            rec["rounds_verified"] = verify_target(spark, next(j for j in jobs if j.model == rec["model"])
-                                                   .target_path).ok
+            rec["rounds_verified"] = verify_target(spark, by_model[rec["model"]].target_path).ok
     # small batches: at most 2,000 changed source rows each, in the warm session
     batches: dict[str, list] = {job.model: [] for job in jobs}
     for i in range(small_batches):
@@ -207,8 +207,7 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
             rec["small_batch_s_median"] = round(statistics.median(x[0] for x in b), 3)
             rec["small_batch_run_s_median"] = round(statistics.median(x[2] for x in b), 3)
             rec["small_batch_changed_rows_max"] = max(x[1] for x in b)
-        rec["small_batches_verified"] = verify_target(spark, next(j for j in jobs if j.model == rec["model"])
-                                                      .target_path).ok
+        rec["small_batches_verified"] = verify_target(spark, by_model[rec["model"]].target_path).ok
         print(json.dumps(rec), flush=True)
     return out
 

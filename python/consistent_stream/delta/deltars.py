@@ -404,9 +404,9 @@ class DeltaTableRef:
         """
         return self._merge(
             changes, lambda cols: _same(key),
-            lambda m, cols: (m.when_matched_update({_q(c): f"s.{_q(c)}" for c in cols}, predicate="s.__op = 'upsert'")
+            lambda m, cols: (m.when_matched_update({dq(c): f"s.{dq(c)}" for c in cols}, predicate="s.__op = 'upsert'")
                              .when_matched_delete(predicate="s.__op = 'delete'")
-                             .when_not_matched_insert({_q(c): f"s.{_q(c)}" for c in cols},
+                             .when_not_matched_insert({dq(c): f"s.{dq(c)}" for c in cols},
                                                       predicate="s.__op = 'upsert'")),
             txn=txn, metadata=metadata)
 
@@ -420,7 +420,7 @@ class DeltaTableRef:
         return self._merge(
             changes, lambda cols: "s.__op = 'delete' AND " + _same(cols),
             lambda m, cols: (m.when_matched_delete()
-                             .when_not_matched_insert({_q(c): f"s.{_q(c)}" for c in cols},
+                             .when_not_matched_insert({dq(c): f"s.{dq(c)}" for c in cols},
                                                       predicate="s.__op = 'insert'")),
             txn=txn, metadata=metadata)
 
@@ -466,11 +466,11 @@ def _changed_rows(metrics: dict) -> int | None:
 
 def _same(cols: list[str]) -> str:
     """Target row ``t`` and source row ``s`` agree on ``cols`` (NULLs equal)."""
-    return " AND ".join(f"(t.{_q(c)} IS NOT DISTINCT FROM s.{_q(c)})" for c in cols)
+    return " AND ".join(f"(t.{dq(c)} IS NOT DISTINCT FROM s.{dq(c)})" for c in cols)
 
 
-def _q(name: str) -> str:
-    """Quote an identifier for delta-rs' SQL (DataFusion: double quotes)."""
+def dq(name: str) -> str:
+    """An identifier double-quoted as ANSI SQL does (delta-rs' DataFusion, DuckDB)."""
     return '"' + name.replace('"', '""') + '"'
 
 

@@ -313,32 +313,18 @@ class StateStore:
         """The rows of ``files`` (at ``keys`` when given: per key column, its values; a
         superset for several columns), read on the driver batch by batch. None when more
         than ``limit`` rows match."""
-        import pyarrow.dataset as pads
         import pyarrow.fs as pafs
         fs, base = pafs.FileSystem.from_uri(self.table.file_uri(""))
         from urllib.parse import unquote
         paths = [base.rstrip("/") + "/" + unquote(f.data.path) for f in files]
         schema = _arrow_schema(arrangement.schema)
-        if keys is not None and arrangement.key and keys.arrow.num_rows and isinstance(fs, pafs.LocalFileSystem):
-            found = self._duck().scan(paths, schema, {c: keys.arrow.column(c) for c in arrangement.key}, limit)
+        keyed = {c: keys.arrow.column(c) for c in arrangement.key} \
+            if keys is not None and arrangement.key and keys.arrow.num_rows else None
+        if keyed and isinstance(fs, pafs.LocalFileSystem):
+            found = self._duck().scan(paths, schema, keyed, limit)
             if found is not _UNSUPPORTED:
                 return found
-        expr = None
-        if keys is not None and arrangement.key and keys.arrow.num_rows:
-            for c in arrangement.key:
-                e = pads.field(c).isin(pc.unique(keys.arrow.column(c)))
-                expr = e if expr is None else expr & e
-        scanner = pads.dataset(paths, schema=schema, format="parquet", filesystem=fs).scanner(filter=expr)
-        if limit is None:
-            return scanner.to_table()
-        batches, n = [], 0
-        for b in scanner.to_batches():
-            n += b.num_rows
-            if n > limit:
-                return None
-            if b.num_rows:
-                batches.append(b)
-        return pa.Table.from_batches(batches, schema=schema)
+        return arrow_scan(paths, schema, keyed, limit, fs)
 
     def _duck(self) -> "_KeyedScan":
         if self._keyed_scan is None:
@@ -561,6 +547,30 @@ def _string():
     return StringType()
 
 
+def arrow_scan(paths: list[str], schema: pa.Schema, keys: dict | None, limit: int | None = None,
+               filesystem=None) -> pa.Table | None:
+    """Rows of the Parquet files ``paths`` (Arrow table of ``schema``) whose column ``c``
+    holds one of ``keys[c]`` for every key column (all rows when ``keys`` is None), read with
+    Arrow's dataset scanner a batch at a time; None when more than ``limit`` rows match. A
+    NULL among a column's values matches NULLs (``is_in``)."""
+    import pyarrow.dataset as pads
+    expr = None
+    for c, values in (keys or {}).items():
+        e = pads.field(c).isin(pc.unique(values))
+        expr = e if expr is None else expr & e
+    scanner = pads.dataset(paths, schema=schema, format="parquet", filesystem=filesystem).scanner(filter=expr)
+    if limit is None:
+        return scanner.to_table()
+    batches, n = [], 0
+    for b in scanner.to_batches():
+        n += b.num_rows
+        if n > limit:
+            return None
+        if b.num_rows:
+            batches.append(b)
+    return pa.Table.from_batches(batches, schema=schema)
+
+
 _UNSUPPORTED = object()
 
 
@@ -596,6 +606,7 @@ class _KeyedScan:
         for every key column, as an Arrow table of ``schema``; None when more than ``limit``
         rows match; ``_UNSUPPORTED`` when this scan cannot answer exactly."""
         import duckdb
+        from ..delta.deltars import dq
         if not all(any(ok(schema.field(c).type) for ok in self.KEY_TYPES) for c in keys):
             return _UNSUPPORTED
         names, conds = [], []
@@ -605,12 +616,12 @@ class _KeyedScan:
                 values = pc.unique(values)
                 self.con.register(name, pa.table({"v": values.drop_null()}))
                 names.append(name)
-                cond = f"s.{_dq(c)} IN (SELECT v FROM {name})"
+                cond = f"s.{dq(c)} IN (SELECT v FROM {name})"
                 if values.null_count:
-                    cond = f"({cond} OR s.{_dq(c)} IS NULL)"
+                    cond = f"({cond} OR s.{dq(c)} IS NULL)"
                 conds.append(cond)
             files = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
-            cols = ", ".join(f"s.{_dq(f.name)}" for f in schema)
+            cols = ", ".join(f"s.{dq(f.name)}" for f in schema)
             sql = (f"SELECT {cols} FROM read_parquet([{files}], union_by_name = true) s WHERE "
                    + " AND ".join(conds) + (f" LIMIT {int(limit) + 1}" if limit is not None else ""))
             out = self.con.sql(sql).to_arrow_table()
@@ -623,11 +634,6 @@ class _KeyedScan:
         finally:
             for name in names:
                 self.con.unregister(name)
-
-
-def _dq(name: str) -> str:
-    """A DuckDB identifier."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _arrow_schema(schema: StructType) -> pa.Schema:
