@@ -139,3 +139,38 @@ def test_a_duckdb_error_falls_back_instead_of_returning_rows(spark, views):
         assert engine.run(sql, TABLES, spark.sql("SELECT CAST(1 AS BIGINT) AS big").schema) is None
     finally:
         engine.close()
+
+
+def test_engines_share_one_database_but_not_their_views_nor_a_closed_engines_functions(spark, views):
+    # A division registers a Python function in the shared database. Created through a
+    # cursor, it would dangle once that engine closed, and the next engine's call would crash
+    # the process; it must be the database's own, and a view registered by one engine must
+    # stay invisible to another.
+    import duckdb
+    sql = AGREE["decimal_division_guarded"]
+    df = spark.sql(sql)
+    expected = _rows(df.toArrow())
+    first = LocalEngine()
+    assert _rows(first.run(sql, TABLES, df.schema)) == expected
+    first.close()
+    second, third = LocalEngine(), LocalEngine()
+    try:
+        assert second.db is third.db
+        assert _rows(second.run(sql, TABLES, df.schema)) == expected
+        second.con.register("only_second", A)
+        with pytest.raises(duckdb.CatalogException):
+            third.con.sql("SELECT * FROM only_second").fetchall()
+    finally:
+        second.close()
+        third.close()
+    assert LocalEngine(threads=1).db is not second.db   # SET threads is the database's
+
+
+def test_a_translation_is_reused_only_for_the_same_column_types():
+    sql = "SELECT p / d AS r FROM va"
+    _, _, divisions = translate(sql, TABLES)
+    again = translate(sql, TABLES)
+    wider = {**TABLES, "va": A.set_column(A.schema.get_field_index("p"), "p", A["p"].cast(pa.decimal128(20, 4)))}
+    _, _, wider_divisions = translate(sql, wider)
+    assert again[2] == divisions == {(15, 2, 15, 2)}
+    assert wider_divisions == {(20, 4, 15, 2)}

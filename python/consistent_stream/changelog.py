@@ -141,6 +141,15 @@ class Views:
     (:meth:`sql`): a change the local engine consumes never costs a ``createDataFrame``
     (0.02-0.05 s each). Run every Spark query over these views through :meth:`sql`."""
     _ids = itertools.count()
+    _PREFIX = re.compile(r"\b__cs\d+_(?=\d+\b)")
+
+    @staticmethod
+    def stable(text: str) -> str:
+        """``text`` with the batch taken out of every view name (``__cs7_3`` -> ``__cs_3``): a
+        plan's delta queries then read the same in every batch, for what is cached by SQL
+        (the local engine's translation). Names of two ``Views`` may then collide; a caller
+        mapping names must check."""
+        return Views._PREFIX.sub("__cs_", text)
 
     def __init__(self, spark: SparkSession):
         self.spark = spark

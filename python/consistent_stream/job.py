@@ -31,7 +31,7 @@ from .delta import Docs
 from .errors import CommitError, CompileError, ConfigError, ConsistentStreamError
 from .oracle import batch_dataframe
 from .plan import compile_model, fingerprint
-from .plan.incremental import PlanTypes, type_plan
+from .plan.incremental import PlanTypes, spark_confs, type_plan
 from .runtime import BatchMeta, BatchResult, QueryRuntime, target_key
 from .sink.catalog import apply_docs, publish, published, stale_partition_docs
 from .sources import Cut
@@ -262,6 +262,7 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
     scaler = _Scaling(spark, job, runtime) if job.autoscale is not None else None
 
     def on_batch(batch_df, batch_id: int) -> None:
+        started()
         if failure:
             return
         if stopping.is_set():  # fails the query before the batch's commit point: replayed next run
@@ -287,11 +288,30 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
             failure.append(e)
             raise
 
+    starting: list = []   # the session confs a query starts with, until its source exists
+    starting_lock = threading.Lock()
+
+    def started() -> None:
+        """Restore the session confs that ``start_query`` set: called when the query's first
+        micro-batch begins (its file source and the source's log exist by then) and when the
+        query ends."""
+        with starting_lock:
+            while starting:
+                starting.pop().__exit__(None, None, None)
+
     def start_query(trigger: dict):
-        return (cuts.stream(spark).writeStream.foreachBatch(on_batch)
-                .option("checkpointLocation", job.spark_checkpoint)
-                .queryName(f"consistent_stream_{job.schema}_{job.identifier}")
-                .trigger(**trigger).start())
+        confs = spark_confs(spark, spark_checkpoint.QUERY_START_CONFS)
+        with starting_lock:
+            confs.__enter__()
+            starting.append(confs)
+        try:
+            return (cuts.stream(spark).writeStream.foreachBatch(on_batch)
+                    .option("checkpointLocation", job.spark_checkpoint)
+                    .queryName(f"consistent_stream_{job.schema}_{job.identifier}")
+                    .trigger(**trigger).start())
+        except BaseException:
+            started()
+            raise
 
     progress: list[dict] = []
     if job.trigger == "available_now":
@@ -310,6 +330,7 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
                     raise failure[0]
                 raise ConsistentStreamError(f"model {job.model}: streaming query failed: {e}") from e
             finally:
+                started()
                 progress += _progress(query)
             if failure:
                 raise failure[0]
@@ -360,6 +381,7 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
             stopping.set()
             if query.isActive:
                 query.stop()
+            started()
             progress += _progress(query)
         if failure and not timed_out.is_set():
             raise failure[0]

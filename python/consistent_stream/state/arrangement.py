@@ -597,8 +597,8 @@ class _KeyedScan:
                  pa.types.is_date, pa.types.is_boolean)
 
     def __init__(self):
-        import duckdb
-        self.con = duckdb.connect()
+        from ..duck import database
+        self.con = database().cursor()
 
     def scan(self, paths: list[str], schema: pa.Schema, keys: dict[str, pa.ChunkedArray | pa.Array],
              limit: int | None):
