@@ -7,6 +7,7 @@ batch evaluation at its cut) run in the property test, whose shapes use both eng
 """
 from __future__ import annotations
 
+import json
 import random
 from decimal import Decimal
 
@@ -14,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from consistent_stream.changelog import arrow_to_spark
-from consistent_stream.plan.local import LocalEngine, NotLocal, translate
+from consistent_stream.plan.local import LocalEngine, NotLocal, Translations, translate
 
 A = pa.table({
     "k": pa.array([1, 2, 2, None, 5, 7], pa.int64()),
@@ -166,11 +167,24 @@ def test_engines_share_one_database_but_not_their_views_nor_a_closed_engines_fun
     assert LocalEngine(threads=1).db is not second.db   # SET threads is the database's
 
 
-def test_a_translation_is_reused_only_for_the_same_column_types():
+def test_translations_are_kept_per_sql_and_column_types_and_read_back_from_their_file(tmp_path):
     sql = "SELECT p / d AS r FROM va"
-    _, _, divisions = translate(sql, TABLES)
-    again = translate(sql, TABLES)
     wider = {**TABLES, "va": A.set_column(A.schema.get_field_index("p"), "p", A["p"].cast(pa.decimal128(20, 4)))}
-    _, _, wider_divisions = translate(sql, wider)
-    assert again[2] == divisions == {(15, 2, 15, 2)}
-    assert wider_divisions == {(20, 4, 15, 2)}
+    path = str(tmp_path / "local_sql.json")
+    first = Translations(path)
+    assert translate(sql, TABLES, translations=first)[2] == {(15, 2, 15, 2)}
+    assert translate(sql, wider, translations=first)[2] == {(20, 4, 15, 2)}   # other types: not reused
+    assert translate(sql, TABLES, translations=first)[2] == {(15, 2, 15, 2)}
+    assert first.made == 2
+    first.save()
+    again = Translations(path)   # a dbt run in a new process
+    assert translate(sql, wider, translations=again) == translate(sql, wider)
+    assert again.made == 0
+    with open(path) as f:
+        d = json.load(f)
+    d["version"] = "made by other code"
+    with open(path, "w") as f:
+        json.dump(d, f)
+    other = Translations(path)
+    translate(sql, TABLES, translations=other)
+    assert other.made == 1

@@ -42,7 +42,7 @@ from .faults import fault_point
 from .metrics import BatchMetrics, Phases, counted_jobs
 from .plan import CompiledModel
 from .plan.incremental import BatchEvaluator, PlanTypes, spark_confs
-from .plan.local import LocalEngine, session_supported
+from .plan.local import LocalEngine, Translations, session_supported
 from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, sink_changes
 from .sink.constraints import check_constraints
 from .sink.maintenance import retention_of, table_properties
@@ -188,6 +188,7 @@ class QueryRuntime:
         self.columns = scan_columns(compiled)
         self.target = DeltaTableRef(job.target_path)
         self.store = StateStore(spark, job.state_root, types.arrangements, file_rows=job.state_file_rows)
+        self.translations = Translations(job.local_sql_path)   # the local engine's, kept across runs
         self.last: BatchMeta | None = None   # the newest committed batch, once known
         self.parallelism: int | None = None  # set by the autoscaler between batches (None: the engine's defaults)
 
@@ -307,8 +308,8 @@ class QueryRuntime:
         job, spark = self.job, self.spark
         self.store.open(None if b.first else b.prev.state_version, b.views, rebuild=rebuild)
         scratch = os.path.join(job.scratch_dir, f"{b.batch_id}")
-        local = (LocalEngine(threads=self.parallelism) if job.local_engine == "duckdb" and not rebuild
-                 and session_supported(spark) else None)
+        local = (LocalEngine(threads=self.parallelism, translations=self.translations)
+                 if job.local_engine == "duckdb" and not rebuild and session_supported(spark) else None)
         ev = BatchEvaluator(spark, self.store, changes, b.views, rebuild=rebuild, first=rebuild, scratch=scratch,
                             types=self.types, local=local, parallelism=self.parallelism)
         try:
@@ -333,6 +334,7 @@ class QueryRuntime:
             b.metrics.local_queries, b.metrics.spark_queries = ev.local_queries, ev.spark_queries
             if local is not None:
                 local.close()
+                self.translations.save()   # when this batch made new ones
         return version, written, rewritten, meta
 
     def _commit_target(self, out, rebuild: bool, txn: Txn, meta: BatchMeta, views: Views) -> tuple[int, int, int]:

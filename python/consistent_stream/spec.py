@@ -199,6 +199,11 @@ class JobSpec:
         return os.path.join(self.checkpoint_location, "_consistent_stream", "plan.json")
 
     @property
+    def local_sql_path(self) -> str:
+        """The local engine's translations of the plan's delta queries (:class:`.plan.local.Translations`)."""
+        return os.path.join(self.checkpoint_location, "_consistent_stream", "local_sql.json")
+
+    @property
     def cuts_dir(self) -> str:
         """The planned cuts, one file per micro-batch (:mod:`.sources.stream`)."""
         return os.path.join(self.checkpoint_location, "cuts")

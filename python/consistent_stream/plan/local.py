@@ -102,11 +102,13 @@ class LocalEngine:
     parallelism otherwise). One engine per batch evaluator: a cursor is not shared between
     threads."""
 
-    def __init__(self, max_rows: int = LOCAL_ROWS, threads: int | None = None):
+    def __init__(self, max_rows: int = LOCAL_ROWS, threads: int | None = None,
+                 translations: "Translations | None" = None):
         from ..duck import database
         self.db = database(threads)
         self.con = self.db.cursor()
         self.max_rows = max_rows
+        self.translations = translations if translations is not None else Translations()
 
     def close(self) -> None:
         self.con.close()
@@ -123,7 +125,7 @@ class LocalEngine:
         if len(stable) == len(tables):   # the cursor is this engine's: any names will do
             sql, tables = Views.stable(sql), stable
         try:
-            duck_sql, used, divisions = translate(sql, tables, self.max_rows)
+            duck_sql, used, divisions = translate(sql, tables, self.max_rows, self.translations)
         except NotLocal as e:
             log.debug("query runs on Spark: %s", e)
             return None
@@ -149,19 +151,18 @@ class LocalEngine:
         return out
 
 
-def translate(sql: str, tables: dict[str, pa.Table], max_rows: int = LOCAL_ROWS) -> tuple[str, list[str], set]:
+def translate(sql: str, tables: dict[str, pa.Table], max_rows: int = LOCAL_ROWS,
+              translations: "Translations | None" = None) -> tuple[str, list[str], set]:
     """The DuckDB form of the Spark SELECT ``sql``, the views it reads and the decimal
     divisions it calls (:class:`SparkDivision` signatures). Raises NotLocal
     when a relation is not in ``tables``, the inputs exceed ``max_rows`` rows, or a construct
     is outside what :func:`check` accepts.
 
-    The translation depends only on ``sql`` and the column types of the views it reads, so
-    it is made once per (SQL, types) in a process and looked up after that (parsing and
-    typing with sqlglot: 0.1-0.15 s of a customer_order_totals batch, whose evaluation is
-    0.05 s without it, measured at SF 0.1; a continuous model or a backlog's batches run
-    the same delta queries every batch, once :meth:`LocalEngine.run` has taken the batch out
-    of the view names, ``Views.stable``)."""
-    used = _relations(sql)
+    The translation depends only on ``sql`` and the column types of the views it reads; it
+    is looked up in ``translations`` and made only when missing there (see
+    :class:`Translations`)."""
+    translations = translations if translations is not None else Translations()
+    used = translations.relations(sql)
     missing = [n for n in used if n not in tables]
     if missing:
         raise NotLocal(f"relations not on the driver: {missing}")
@@ -174,14 +175,13 @@ def translate(sql: str, tables: dict[str, pa.Table], max_rows: int = LOCAL_ROWS)
             t = _arrow_sql_type(f.type)
             if t is None:
                 raise NotLocal(f"column {f.name} of {n} has type {f.type}")
-            cols.append((f.name, t))
-        schema.append((n, tuple(cols)))
-    duck_sql, divisions = _translated(sql, tuple(schema))
+            cols.append([f.name, t])
+        schema.append([n, cols])
+    duck_sql, divisions = translations.translated(sql, schema)
     return duck_sql, list(used), divisions
 
 
-@functools.lru_cache(maxsize=512)
-def _relations(sql: str) -> tuple[str, ...]:
+def _relations(sql: str) -> list[str]:
     """The views the Spark SELECT ``sql`` reads (its tables other than its CTEs), sorted."""
     import sqlglot
     from sqlglot import exp
@@ -190,24 +190,103 @@ def _relations(sql: str) -> tuple[str, ...]:
     except sqlglot.errors.SqlglotError as e:
         raise NotLocal(f"sqlglot cannot parse it: {e}") from None
     ctes = {c.alias_or_name for c in tree.find_all(exp.CTE)}
-    used = tuple(sorted({t.name for t in tree.find_all(exp.Table)} - ctes))
+    used = sorted({t.name for t in tree.find_all(exp.Table)} - ctes)
     if not used and tree.find(exp.Table):
         raise NotLocal("relations not on the driver: only CTEs")
     return used
 
 
-@functools.lru_cache(maxsize=512)
-def _translated(sql: str, schema: tuple) -> tuple[str, frozenset]:
-    """:func:`translate`'s result for ``sql`` over views of ``schema`` ((view, ((column,
-    Spark SQL type), ..)), ..): the DuckDB SQL and the divisions. NotLocal is raised again
-    on every call (functools caches results only), after the parse is re-done."""
+def _translated(sql: str, schema: list) -> tuple[str, list]:
+    """The DuckDB SQL of ``sql`` over views of ``schema`` ([[view, [[column, Spark SQL
+    type], ..]], ..]) and its divisions' signatures; NotLocal as :func:`check` raises it."""
     import sqlglot
     from sqlglot import exp
     tree = sqlglot.parse_one(sql, read="spark")
     typed, divisions = check(tree, {n: dict(cols) for n, cols in schema})
     for node in list(typed.find_all(exp.TryCast)):
         node.replace(exp.Cast(this=node.this, to=node.args["to"]))
-    return typed.sql(dialect="duckdb"), frozenset(divisions)
+    return typed.sql(dialect="duckdb"), sorted(divisions)
+
+
+@functools.lru_cache(maxsize=1)
+def _code_version() -> str:
+    """What a translation was made by: this module's source, sqlglot's and DuckDB's
+    versions. A translation made by other code is not used."""
+    import hashlib
+
+    import duckdb
+    import sqlglot
+    with open(__file__, "rb") as f:
+        code = hashlib.sha256(f.read()).hexdigest()[:16]
+    return f"{code}/sqlglot {sqlglot.__version__}/duckdb {duckdb.__version__}"
+
+
+class Translations:
+    """The local engine's translations of one model's delta queries: Spark SQL (with the
+    batch taken out of its view names, ``Views.stable``) -> the views it reads; (SQL, the
+    views' column types) -> DuckDB SQL and divisions. Kept for the query's life and, with
+    ``path``, in a JSON file beside the model's plan (``JobSpec.local_sql_path``), so a
+    ``dbt run`` in a new process does not translate again.
+
+    Why. Parsing and typing with sqlglot costs about 50 ms per delta query (0.1-0.15 s of a
+    customer_order_totals batch whose evaluation is 0.05 s without it, SF 0.1), and every
+    batch of a plan runs the same few delta queries.
+
+    Exactness: a translation is a function of the SQL and the column types only (the row
+    count bound is checked on every call), and the file is used only when it was made by
+    the same code (:func:`_code_version`); an unreadable file is ignored. A query that is
+    not eligible is not cached: it raises NotLocal again on every call."""
+
+    def __init__(self, path: str | None = None):
+        self.path = path
+        self._relations: dict[str, list[str]] = {}
+        self._translated: dict[str, list] = {}
+        self._dirty = False
+        self.made = 0   # translations made (not found) by this object
+        if path:
+            import json
+            try:
+                with open(path) as f:
+                    d = json.load(f)
+                if d.get("version") == _code_version():
+                    self._relations, self._translated = dict(d["relations"]), dict(d["translated"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+
+    def relations(self, sql: str) -> list[str]:
+        used = self._relations.get(sql)
+        if used is None:
+            used = self._relations[sql] = _relations(sql)
+            self._dirty = True
+        return used
+
+    def translated(self, sql: str, schema: list) -> tuple[str, set]:
+        import json
+        key = json.dumps([sql, schema])
+        hit = self._translated.get(key)
+        if hit is None:
+            hit = self._translated[key] = list(_translated(sql, schema))
+            self._dirty = True
+            self.made += 1
+        duck_sql, divisions = hit
+        return duck_sql, {tuple(d) for d in divisions}
+
+    def save(self) -> None:
+        """Write the file when translations were made since it was read (temporary file and
+        rename; a failure is logged, the next run translates again)."""
+        if not self.path or not self._dirty:
+            return
+        import json
+        import os
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with open(self.path + ".tmp", "w") as f:
+                json.dump({"version": _code_version(), "relations": self._relations,
+                           "translated": self._translated}, f)
+            os.replace(self.path + ".tmp", self.path)
+            self._dirty = False
+        except OSError as e:
+            log.warning("could not keep the local engine's translations in %s: %s", self.path, e)
 
 
 class SparkDivision:
