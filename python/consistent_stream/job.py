@@ -11,8 +11,9 @@ and its first batch rebuilds the target from the current snapshots.
 A run whose sources did not change since the target's last batch does nothing: no Spark job,
 no query, no commit; it reports the model as up to date (with the freshness of its version).
 What the compiler and Spark's analysis found about the plan (output schema, the plan's
-types, the key) is kept beside the checkpoint, so later runs neither analyze snapshots nor
-re-type the plan.
+types, the key) is kept beside the checkpoint, and so are the local engine's translations
+of its delta queries, so later runs neither analyze snapshots, re-type the plan nor
+translate its queries again.
 """
 from __future__ import annotations
 
