@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 from ..changelog import WEIGHT
 from ..delta import DeltaTableRef, Docs, Txn
 from ..errors import CommitError, UniqueKeyViolation
+from .unique import key_in
 
 OP = "__op"
 
@@ -59,12 +60,8 @@ def sink_changes(delta: pa.Table, unique_key: list[str], model: str, *, first: b
                 f"{dup.column('count_all')[0].as_py()} rows in the output. Fix the model SQL or the "
                 f"unique_key config; nothing was committed for this batch")
     # a key with a -1 row and no +1 row is deleted. NULL keys compare equal, as in the MERGE
-    # (IS NOT DISTINCT FROM); Arrow's joins never match NULLs, so compare key tuples here
-    # (both sides are the size of the change).
-    upserted = set(zip(*[plus.column(k).to_pylist() for k in unique_key])) if plus.num_rows else set()
-    minus_keys = zip(*[minus.column(k).to_pylist() for k in unique_key])
-    deletes = minus.filter(pa.array([k not in upserted for k in minus_keys], pa.bool_())) \
-        if minus.num_rows else minus
+    # (IS NOT DISTINCT FROM)
+    deletes = minus.filter(pc.invert(key_in(minus, plus, unique_key))) if minus.num_rows else minus
     deletes = deletes.select(plus.column_names).cast(plus.schema)
     ops = pa.concat_tables([
         plus.append_column(OP, pa.array(["upsert"] * plus.num_rows, pa.string())),

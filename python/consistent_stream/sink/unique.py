@@ -24,6 +24,27 @@ def _keys(t: pa.Table, cols: list[str]) -> list[tuple]:
     return list(zip(*[t.column(c).to_pylist() for c in cols])) if t.num_rows else []
 
 
+def key_in(t: pa.Table, other: pa.Table, cols: list[str]) -> pa.Array:
+    """For each row of ``t``, whether its key (columns ``cols``) is the key of a row of
+    ``other``, NULLs comparing equal (as the MERGE's IS NOT DISTINCT FROM): a boolean array of
+    ``t.num_rows``. One key column is looked up with Arrow's hash set (``is_in``; a 1.5M-row
+    target key column in milliseconds, where Python tuples took 50 ms and more); several key
+    columns, or a column whose type the other side cannot be cast to, compare Python tuples
+    (Arrow's joins never match NULLs)."""
+    if not t.num_rows or not other.num_rows:
+        return pa.array([False] * t.num_rows, pa.bool_())
+    if len(cols) == 1:
+        c = cols[0]
+        try:
+            values = other.column(c).cast(t.schema.field(c).type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            values = None
+        if values is not None:
+            return pc.is_in(t.column(c), value_set=pc.unique(values.combine_chunks()), skip_nulls=False)
+    known = set(_keys(other, cols))
+    return pa.array([k in known for k in _keys(t, cols)], pa.bool_())
+
+
 def check_new_keys(target: DeltaTableRef, version: int, delta: pa.Table, unique_key: list[str], model: str) -> None:
     """Before an incremental MERGE of the consolidated changelog ``delta`` (target columns +
     ``__weight``, on the driver): raise UniqueKeyViolation naming the key when one of its new
@@ -39,8 +60,7 @@ def check_new_keys(target: DeltaTableRef, version: int, delta: pa.Table, unique_
     plus = delta.filter(pc.greater(w, 0))
     if not plus.num_rows or not target.exists():
         return
-    retracted = set(_keys(delta.filter(pc.less(w, 0)), unique_key))
-    new = plus.filter(pa.array([k not in retracted for k in _keys(plus, unique_key)], pa.bool_()))
+    new = plus.filter(pc.invert(key_in(plus, delta.filter(pc.less(w, 0)), unique_key)))
     if not new.num_rows:
         return
     dt = target.table()
@@ -49,7 +69,7 @@ def check_new_keys(target: DeltaTableRef, version: int, delta: pa.Table, unique_
                           f"{dt.version()} during the batch; another writer is at work. Nothing was committed "
                           f"for this batch")
     found = _target_keys(target, version, new, unique_key)
-    clash = set(_keys(found, unique_key)) & set(_keys(new, unique_key))
+    clash = _keys(new.filter(key_in(new, found, unique_key)), unique_key)
     if clash:
         row = dict(zip(unique_key, sorted(clash, key=repr)[0]))
         raise UniqueKeyViolation(
