@@ -181,14 +181,18 @@ def translate(sql: str, tables: dict[str, pa.Table], max_rows: int = LOCAL_ROWS,
     return duck_sql, list(used), divisions
 
 
-def _relations(sql: str) -> list[str]:
-    """The views the Spark SELECT ``sql`` reads (its tables other than its CTEs), sorted."""
+def _parse(sql: str):
+    """The Spark SELECT ``sql`` parsed by sqlglot; NotLocal when it cannot be."""
     import sqlglot
-    from sqlglot import exp
     try:
-        tree = sqlglot.parse_one(sql, read="spark")
+        return sqlglot.parse_one(sql, read="spark")
     except sqlglot.errors.SqlglotError as e:
         raise NotLocal(f"sqlglot cannot parse it: {e}") from None
+
+
+def _relations(tree) -> list[str]:
+    """The views the parsed query ``tree`` reads (its tables other than its CTEs), sorted."""
+    from sqlglot import exp
     ctes = {c.alias_or_name for c in tree.find_all(exp.CTE)}
     used = sorted({t.name for t in tree.find_all(exp.Table)} - ctes)
     if not used and tree.find(exp.Table):
@@ -196,12 +200,11 @@ def _relations(sql: str) -> list[str]:
     return used
 
 
-def _translated(sql: str, schema: list) -> tuple[str, list]:
-    """The DuckDB SQL of ``sql`` over views of ``schema`` ([[view, [[column, Spark SQL
-    type], ..]], ..]) and its divisions' signatures; NotLocal as :func:`check` raises it."""
-    import sqlglot
+def _translated(tree, schema: list) -> tuple[str, list]:
+    """The DuckDB SQL of the parsed query ``tree`` over views of ``schema`` ([[view,
+    [[column, Spark SQL type], ..]], ..]) and its divisions' signatures; NotLocal as
+    :func:`check` raises it (``check`` types a copy: ``tree`` is left as it is)."""
     from sqlglot import exp
-    tree = sqlglot.parse_one(sql, read="spark")
     typed, divisions = check(tree, {n: dict(cols) for n, cols in schema})
     for node in list(typed.find_all(exp.TryCast)):
         node.replace(exp.Cast(this=node.this, to=node.args["to"]))
@@ -241,6 +244,7 @@ class Translations:
         self.path = path
         self._relations: dict[str, list[str]] = {}
         self._translated: dict[str, list] = {}
+        self._trees: dict = {}   # SQL -> sqlglot tree, parsed once by this object (not kept in the file)
         self._dirty = False
         self.made = 0   # translations made (not found) by this object
         if path:
@@ -253,10 +257,16 @@ class Translations:
             except (OSError, ValueError, KeyError, TypeError):
                 pass
 
+    def _tree(self, sql: str):
+        tree = self._trees.get(sql)
+        if tree is None:
+            tree = self._trees[sql] = _parse(sql)
+        return tree
+
     def relations(self, sql: str) -> list[str]:
         used = self._relations.get(sql)
         if used is None:
-            used = self._relations[sql] = _relations(sql)
+            used = self._relations[sql] = _relations(self._tree(sql))
             self._dirty = True
         return used
 
@@ -265,7 +275,7 @@ class Translations:
         key = json.dumps([sql, schema])
         hit = self._translated.get(key)
         if hit is None:
-            hit = self._translated[key] = list(_translated(sql, schema))
+            hit = self._translated[key] = list(_translated(self._tree(sql), schema))
             self._dirty = True
             self.made += 1
         duck_sql, divisions = hit

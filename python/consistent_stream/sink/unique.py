@@ -40,7 +40,7 @@ def key_in(t: pa.Table, other: pa.Table, cols: list[str]) -> pa.Array:
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             values = None
         if values is not None:
-            return pc.is_in(t.column(c), value_set=pc.unique(values.combine_chunks()), skip_nulls=False)
+            return pc.is_in(t.column(c), value_set=values.combine_chunks(), skip_nulls=False)
     known = set(_keys(other, cols))
     return pa.array([k in known for k in _keys(t, cols)], pa.bool_())
 
