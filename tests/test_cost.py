@@ -204,8 +204,9 @@ def test_a_change_larger_than_recompute_threshold_is_recomputed_from_snapshots(s
 
 
 @pytest.mark.parametrize("policy", [CompactionPolicy(max_delta_files=2, merge_fraction=1e9, min_merge_rows=10 ** 9),
+                                    CompactionPolicy(max_delta_files=4, merge_fraction=1e9, min_merge_rows=10 ** 9),
                                     CompactionPolicy(max_delta_files=100, merge_fraction=0.0, min_merge_rows=1)],
-                         ids=["deltas-merged", "all-merged"])
+                         ids=["deltas-merged", "smallest-deltas-merged", "all-merged"])
 @pytest.mark.parametrize("where", ["driver", "executors", "too-many-matches"])
 def test_compaction_never_changes_what_state_reads_return(spark, tmp_path, monkeypatch, policy, where):
     """Updates leave an aggregate's accumulators with a zero count and non-zero sums: merging
@@ -232,6 +233,19 @@ def test_compaction_never_changes_what_state_reads_return(spark, tmp_path, monke
         compacted += summary["totals"]["state_rows_compacted"]
     assert compacted > 0
     assert delta_pandas(job.target_path)["total"].sum() == 600
+
+
+def test_a_delta_merge_takes_the_smallest_half_of_the_deltas():
+    """Size-tiered: with ``max_delta_files`` deltas, the smallest half is merged, so a row is
+    rewritten about log2(deltas / batch) times before the base merge, not once every
+    ``max_delta_files`` batches; and never fewer than two files."""
+    from types import SimpleNamespace as F
+    files = [F(name=n, rows=r) for n, r in [("a", 400), ("b", 10), ("c", 90), ("d", 12), ("e", 11), ("f", 200),
+                                            ("g", 9), ("h", 800)]]
+    picked = CompactionPolicy(max_delta_files=8).delta_merge(files)
+    assert sorted(f.name for f in picked) == ["b", "d", "e", "g"]
+    assert len(CompactionPolicy(max_delta_files=2).delta_merge(files[:2])) == 2
+    assert len(CompactionPolicy(max_delta_files=3).delta_merge(files[:3])) == 2
 
 
 def test_the_duckdb_keyed_scan_returns_what_arrows_scan_returns(spark, tmp_path):

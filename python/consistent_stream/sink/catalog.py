@@ -101,9 +101,10 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
     from ..delta.deltars import plain_arrow
     spark_schema = from_arrow_schema(plain_arrow(table.arrow_schema(version).empty_table()).schema)
     fq = f"`{schema}`.`{identifier}`"
-    spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
-    fault_point("publishing")
     exists = spark.catalog.tableExists(f"{schema}.{identifier}")
+    if not exists:
+        spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
+    fault_point("publishing")
     if exists:
         current = spark.table(fq).schema
         same = [(f.name.lower(), f.dataType) for f in current.fields] == \
