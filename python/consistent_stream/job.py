@@ -232,6 +232,9 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
         log.warning("%s: its definition changed since the checkpoint was made; rebuilding the view (a full "
                     "refresh):\n%s", job.model, config_change.describe(changes))
         full_refresh = True
+    if job.local_engine == "duckdb" and not full_refresh:
+        from .duck import prewarm
+        prewarm()   # the batch's delta queries and keyed state reads: opened while Spark starts the query
     try:
         compiled, out_schema, types = compile_job(spark, job, cut, sources)  # raises before anything is written
     except (CompileError, ConfigError) as e:
