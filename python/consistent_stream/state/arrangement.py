@@ -74,8 +74,8 @@ class CompactionPolicy:
 
     Why ``merge_fraction`` is 0.5 (it was 0.1): a keyed read scans the picked files at about
     7 ns a row on DuckDB (``benchmarks/keyed_read.py``), a merge into base rewrites the
-    arrangement on Spark at about 1 us a row (1.2-1.4 s for 1.5M rows in a warm session,
-    about 5 s as a process's first Spark job). With ``d`` delta rows a batch over ``B``
+    arrangement on Spark at about 1.2 us a row (1.5M rows: 1.2-1.4 s alone in a warm session,
+    about 2 s inside a batch's commit, about 5 s as a process's first Spark job). With ``d`` delta rows a batch over ``B``
     base rows, the merge costs ``1.2us x d x (1 + f) / f`` a batch amortized and the deltas
     add ``7ns x f x B / 2`` to a read: at SF 10 (customer_order_totals' 1M-row join state,
     60k delta rows a batch) 0.78 s against 0.4 ms at f = 0.1, 0.22 s against 1.8 ms at 0.5."""
