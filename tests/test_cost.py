@@ -237,7 +237,7 @@ def test_compaction_never_changes_what_state_reads_return(spark, tmp_path, monke
 
 def test_a_delta_merge_takes_the_smallest_half_of_the_deltas():
     """Size-tiered: with ``max_delta_files`` deltas, the smallest half is merged, so a row is
-    rewritten about log2(deltas / batch) times before the base merge, not once every
+    rewritten a logarithmic number of times before the base merge, not once every
     ``max_delta_files`` batches; and never fewer than two files."""
     from types import SimpleNamespace as F
     files = [F(name=n, rows=r) for n, r in [("a", 400), ("b", 10), ("c", 90), ("d", 12), ("e", 11), ("f", 200),

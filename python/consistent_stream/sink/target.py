@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from ..changelog import WEIGHT
 from ..delta import DeltaTableRef, Docs, Txn
 from ..errors import CommitError, UniqueKeyViolation
-from .unique import key_in
+from .unique import key_in, row_keys
 
 OP = "__op"
 
@@ -77,10 +77,6 @@ def _sorted(t: pa.Table) -> pa.Table:
     return t.sort_by(keys) if keys and t.num_rows > 1 else t
 
 
-def _row_keys(t: pa.Table, cols: list[str]) -> list[tuple]:
-    return list(zip(*[t.column(c).to_pylist() for c in cols])) if t.num_rows else []
-
-
 def bag_changes(delta: pa.Table, old_counts: pa.Table | None, model: str, *, first: bool) -> pa.Table:
     """Consolidated output changelog of a bag view -> the MERGE's source rows: target
     columns + ``__op`` ('delete': remove every copy of the row; 'insert': add one copy).
@@ -91,10 +87,10 @@ def bag_changes(delta: pa.Table, old_counts: pa.Table | None, model: str, *, fir
     """
     cols = [c for c in delta.column_names if c != WEIGHT]
     w = delta.column(WEIGHT).to_pylist()
-    old = dict(zip(_row_keys(old_counts, cols), old_counts.column("__count").to_pylist())) \
+    old = dict(zip(row_keys(old_counts, cols), old_counts.column("__count").to_pylist())) \
         if old_counts is not None and old_counts.num_rows else {}
     take, delete_rows = [], []
-    for i, (row, wi) in enumerate(zip(_row_keys(delta, cols), w)):
+    for i, (row, wi) in enumerate(zip(row_keys(delta, cols), w)):
         if wi > 0:
             take += [i] * wi
             continue

@@ -20,7 +20,8 @@ from ..delta import DeltaTableRef
 from ..errors import CommitError, UniqueKeyViolation
 
 
-def _keys(t: pa.Table, cols: list[str]) -> list[tuple]:
+def row_keys(t: pa.Table, cols: list[str]) -> list[tuple]:
+    """The values of columns ``cols`` of each row of ``t``, as Python tuples (NULL: None)."""
     return list(zip(*[t.column(c).to_pylist() for c in cols])) if t.num_rows else []
 
 
@@ -41,8 +42,8 @@ def key_in(t: pa.Table, other: pa.Table, cols: list[str]) -> pa.Array:
             values = None
         if values is not None:
             return pc.is_in(t.column(c), value_set=values.combine_chunks(), skip_nulls=False)
-    known = set(_keys(other, cols))
-    return pa.array([k in known for k in _keys(t, cols)], pa.bool_())
+    known = set(row_keys(other, cols))
+    return pa.array([k in known for k in row_keys(t, cols)], pa.bool_())
 
 
 def check_new_keys(target: DeltaTableRef, version: int, delta: pa.Table, unique_key: list[str], model: str) -> None:
@@ -69,7 +70,7 @@ def check_new_keys(target: DeltaTableRef, version: int, delta: pa.Table, unique_
                           f"{dt.version()} during the batch; another writer is at work. Nothing was committed "
                           f"for this batch")
     found = _target_keys(target, version, new, unique_key)
-    clash = _keys(new.filter(key_in(new, found, unique_key)), unique_key)
+    clash = row_keys(new.filter(key_in(new, found, unique_key)), unique_key)
     if clash:
         row = dict(zip(unique_key, sorted(clash, key=repr)[0]))
         raise UniqueKeyViolation(

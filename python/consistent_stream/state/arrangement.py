@@ -75,8 +75,8 @@ class CompactionPolicy:
     Why ``merge_fraction`` is 0.5 (it was 0.1): a keyed read scans the picked files at about
     7 ns a row on DuckDB (``benchmarks/keyed_read.py``), a merge into base rewrites the
     arrangement on Spark at about 1.2 us a row (1.5M rows: 1.2-1.4 s alone in a warm session,
-    about 2 s inside a batch's commit, about 5 s as a process's first Spark job). With ``d`` delta rows a batch over ``B``
-    base rows, the merge costs ``1.2us x d x (1 + f) / f`` a batch amortized and the deltas
+    about 2 s inside a batch's commit, about 5 s as a process's first Spark job). With ``d``
+    delta rows a batch over ``B`` base rows, the merge costs ``1.2us x d x (1 + f) / f`` a batch amortized and the deltas
     add ``7ns x f x B / 2`` to a read: at SF 10 (customer_order_totals' 1M-row join state,
     60k delta rows a batch) 0.78 s against 0.4 ms at f = 0.1, 0.22 s against 1.8 ms at 0.5."""
     max_delta_files: int = 8
@@ -394,27 +394,19 @@ class StateStore:
         its input first, which would compute a rebuild's query twice."""
         cols = [F.col(f"`{f.name}`") for f in arrangement.schema.fields]
         df = df.select(*cols)
-        if arrangement.key:
-            key = [F.col(f"`{c}`") for c in arrangement.key]
-            n = max(1, int(self.spark.sparkContext.defaultParallelism))
-            df = df.repartitionByRange(n, *key)
-            if merge:
-                df = arrangement.consolidate(df)
-            df = df.sortWithinPartitions(*key)
+        key = [F.col(f"`{c}`") for c in arrangement.key]
+        if key:
+            df = df.repartitionByRange(max(1, int(self.spark.sparkContext.defaultParallelism)), *key)
         else:
             df = df.coalesce(1)
-            if merge:
-                df = arrangement.consolidate(df)
-        old = self.spark.conf.get("spark.sql.files.maxRecordsPerFile", None)
-        self.spark.conf.set("spark.sql.files.maxRecordsPerFile", str(self.file_rows))
-        try:
+        if merge:
+            df = arrangement.consolidate(df)
+        if key:
+            df = df.sortWithinPartitions(*key)
+        from ..plan.incremental import spark_confs
+        with spark_confs(self.spark, {"spark.sql.files.maxRecordsPerFile": str(self.file_rows)}):
             return write_spark(df, self.path, f"{ARRANGEMENT}={arrangement.name}/{new_dir('base')}",
                                partition_values={ARRANGEMENT: arrangement.name})
-        finally:
-            if old is None:
-                self.spark.conf.unset("spark.sql.files.maxRecordsPerFile")
-            else:
-                self.spark.conf.set("spark.sql.files.maxRecordsPerFile", old)
 
     # ---- the commit ---------------------------------------------------------------------------
     def schema(self) -> StructType:
