@@ -20,7 +20,8 @@ variant. Per scale factor: TPC-H is generated as Delta tables (on the fly, under
 
 then, with ``--rounds N``, N - 1 more refresh rounds, each followed by an incremental run of
 every model: the mean seconds over the N rounds, which counts the state compactions a single
-round may miss (an arrangement is re-based once a few rounds of deltas reach 10 % of it);
+round may miss (an arrangement is re-based once its deltas reach half its base, every eighth
+round or so at SF 10: ``state.arrangement.CompactionPolicy``);
 and then ``--small-batches`` (5) small rounds of at most 2,000 changed source rows per model
 (``size`` 140 orders), each followed by an incremental run: the median batch seconds inside
 the warm session. Peak RSS of the driver's Python process and of the Spark JVM is reset
