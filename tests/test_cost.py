@@ -293,3 +293,38 @@ def test_the_duckdb_keyed_scan_returns_what_arrows_scan_returns(spark, tmp_path)
         arrow_scan(paths, schema, {"k": pa.array([5], pa.int64())}).num_rows
     fschema = pa.schema([("f", pa.float64())])
     assert scan.scan(paths, fschema, {"f": pa.array([1.0])}, None) is _UNSUPPORTED
+
+
+def test_a_run_opens_each_delta_table_once(spark, tmp_path, monkeypatch):
+    """Every Delta table a run touches (each source, the target, the state) is opened once
+    (its log replayed from the last checkpoint once) and then refreshed: the batch, the
+    planner, maintenance and the catalog's publish share the run's handles. (A batch that
+    reads another version than the newest, e.g. one of a backlog's batches ending before it,
+    opens a snapshot at that version: time travel, not a reopen.)"""
+    sc = Scenario(spark, tmp_path, {
+        "c": pa.table({"id": [1, 2], "name": ["ann", "bob"]}),
+        "o": pa.table({"oid": [10], "cid": [1], "amt": [5]}),
+    }, {"c": ["id"], "o": ["oid"]})
+    job = sc.job("select c.id, c.name, sum(o.amt) as total from src.c c join src.o o on c.id = o.cid "
+                 "group by c.id, c.name", "id")
+    sc.run(job, full_refresh=True)
+    sc.insert("o", pa.table({"oid": [20], "cid": [2], "amt": [1]}))
+    sc.run(job)   # its maintenance pass sets the state's table properties (a commit of its own)
+    sc.insert("o", pa.table({"oid": [21, 22], "cid": [1, 2], "amt": [2, 3]}))
+    opened: list[str] = []
+    where: list[str] = []   # who opened it, for the failure message
+    init = DeltaTable.__init__
+
+    def counted(self, table_uri, *a, **kw):
+        import traceback
+        opened.append(os.path.realpath(str(table_uri)))
+        where.append(" < ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(
+            traceback.extract_stack()[:-1]) if "consistent_stream" in f.filename))
+        init(self, table_uri, *a, **kw)
+    monkeypatch.setattr(DeltaTable, "__init__", counted)
+    summary = run_job(spark, job)
+    monkeypatch.undo()
+    assert summary["batches"] == 1 and summary["changes_read"] == 2, summary
+    tables = [sc.path("c"), sc.path("o"), job.target_path, job.state_root]
+    assert sorted(opened) == sorted(os.path.realpath(t) for t in tables), list(zip(opened, where))
+    sc.check(job)

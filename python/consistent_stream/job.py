@@ -247,11 +247,13 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
              if key else "kept as a bag (no unique key configured or inferred)")
     _start_checkpoint(job, compiled.fingerprint, full_refresh)
     _save_plan(job, compiled, out_schema, types)
-    runtime = QueryRuntime(spark, job, compiled, out_schema, types)
-    runtime.sources = sources
+    runtime = QueryRuntime(spark, job, compiled, out_schema, types, sources=sources, target=target)
 
     cuts = CutLog(job.cuts_dir)
-    planner_sources = {s.key: open_source(s) for s in job.sources}  # the planner's own handles
+    # the planner's source handles: the run's own when it plans between available-now queries
+    # (on this thread, while no batch runs); its own in a continuous run, whose planning thread
+    # reads the sources beside the batches
+    planner_sources = sources if job.trigger == "available_now" else {s.key: open_source(s) for s in job.sources}
     planner = BacklogPlanner(planner_sources.values(), max_rows=job.max_batch_rows,
                              recompute_threshold=job.recompute_threshold)
     _plan(job, cuts, planner, target, cut)
@@ -260,7 +262,7 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
     folded = _no_totals()   # results dropped from ``results`` (a long continuous run)
     failure: list[BaseException] = []
     from .sink.maintenance import Maintenance
-    maintenance = Maintenance(job)
+    maintenance = Maintenance(job, target=target, state=runtime.store.table)
     stopping = threading.Event()  # no new batch starts (timeout_s reached, or the run ends)
     timed_out = threading.Event()
     scaler = _Scaling(spark, job, runtime) if job.autoscale is not None else None
@@ -549,7 +551,8 @@ def _publish(spark: SparkSession, job: JobSpec, target, version: int) -> None:
     docs = Docs.from_dbt(job.docs)
     if not published(spark, job.schema, job.identifier, job.target_path, version) or \
             stale_partition_docs(spark, job.schema, job.identifier, docs, job.partition_by):
-        publish(spark, job.schema, job.identifier, job.target_path, version, job.partition_by, docs=docs)
+        publish(spark, job.schema, job.identifier, job.target_path, version, job.partition_by, docs=docs,
+                table=target)
     apply_docs(spark, job.schema, job.identifier, docs)
 
 

@@ -178,15 +178,17 @@ def scan_columns(compiled: CompiledModel) -> dict[str, list[str]]:
 
 
 class QueryRuntime:
-    """Everything one running query keeps between micro-batches (see the module docstring)."""
+    """Everything one running query keeps between micro-batches (see the module docstring).
+    ``sources`` and ``target``: the run's handles (one per table per run, refreshed, never
+    reopened), opened here when not given."""
 
     def __init__(self, spark: SparkSession, job: JobSpec, compiled: CompiledModel, output_schema: StructType,
-                 types: PlanTypes):
+                 types: PlanTypes, *, sources: dict | None = None, target: DeltaTableRef | None = None):
         self.spark, self.job, self.compiled, self.output_schema, self.types = spark, job, compiled, output_schema, types
         self.key = target_key(job, compiled, output_schema)
-        self.sources = {s.key: open_source(s) for s in job.sources}
+        self.sources = sources if sources is not None else {s.key: open_source(s) for s in job.sources}
         self.columns = scan_columns(compiled)
-        self.target = DeltaTableRef(job.target_path)
+        self.target = target if target is not None else DeltaTableRef(job.target_path)
         self.store = StateStore(spark, job.state_root, types.arrangements, file_rows=job.state_file_rows)
         self.translations = Translations(job.local_sql_path)   # the local engine's, kept across runs
         self.last: BatchMeta | None = None   # the newest committed batch, once known

@@ -70,14 +70,15 @@ def published(spark: SparkSession, schema: str, identifier: str, table_path: str
 
 
 def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, version: int,
-            partition_by: list[str], home: str | None = None, docs: Docs | None = None) -> str:
+            partition_by: list[str], home: str | None = None, docs: Docs | None = None,
+            table: DeltaTableRef | None = None) -> str:
     """Register ``table_path`` at ``version`` as ``schema.identifier``; returns the
     snapshot directory (under ``home``, the table's directory by default). Creates the schema
     when missing, re-creates the table when its columns (or a partition column's comment in
     ``docs``, see :func:`apply_docs`) changed; a table created here gets ``docs``'
-    descriptions."""
+    descriptions. ``table``: the caller's handle of ``table_path``, if it has one."""
     home = home or table_path
-    table = DeltaTableRef(table_path)
+    table = table if table is not None else DeltaTableRef(table_path)
     snap = snapshot_dir(home, version)
     if not os.path.isdir(snap):
         tmp = snap + ".tmp"

@@ -368,17 +368,20 @@ def trim_file_source_log(spark_checkpoint: str, before_batch: int) -> int:
 
 class Maintenance:
     """The maintenance of one model for one run: decides when a pass is due and runs it with
-    handles (and log positions) kept across passes.
+    handles (and log positions) kept across passes: the run's own handles of the target and
+    the state (``target``, ``state``: DeltaTableRef) when given, so a run opens each table
+    once.
 
     ``after_batch(batch_id, state_version)`` is called once a batch is committed (the target
     holds it); it returns the pass's :class:`MaintenanceReport`, or None when no pass was due.
     A pass never raises: a failure is logged and reported, the committed batch stands."""
 
-    def __init__(self, job, retention: Retention | None = None):
+    def __init__(self, job, retention: Retention | None = None, *, target=None, state=None):
         self.job = job
         self.retention = retention or retention_of(job)
         self.batches = 0                # committed batches since the last pass
         self.last_pass = 0.0            # 0: no pass in this run yet
+        self._refs = {"_target": target, "_state": state}   # the run's handles (DeltaTableRef), when given
         self._target = None
         self._state = None
         self._target_log = LogCleaner(job.target_path)
@@ -395,6 +398,12 @@ class Maintenance:
         return report
 
     def _handle(self, attr: str, path: str):
+        """The table's delta-rs handle at its latest version: the run's (``target``, ``state``),
+        else one opened by the first pass and refreshed by the next."""
+        ref = self._refs[attr]
+        if ref is not None:
+            ref.refresh()
+            return ref.table()
         from deltalake import DeltaTable
         dt = getattr(self, attr)
         if dt is None:
