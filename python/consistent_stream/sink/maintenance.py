@@ -381,9 +381,9 @@ class Maintenance:
         self.retention = retention or retention_of(job)
         self.batches = 0                # committed batches since the last pass
         self.last_pass = 0.0            # 0: no pass in this run yet
-        self._refs = {"_target": target, "_state": state}   # the run's handles (DeltaTableRef), when given
-        self._target = None
-        self._state = None
+        from ..delta import DeltaTableRef
+        self._target = target if target is not None else DeltaTableRef(job.target_path)
+        self._state = state if state is not None else DeltaTableRef(job.state_root)
         self._target_log = LogCleaner(job.target_path)
         self._tombstones = Tombstones(job.target_path)
         self._state_log = LogCleaner(job.state_root)
@@ -397,21 +397,12 @@ class Maintenance:
         self.batches, self.last_pass = 0, time.time()
         return report
 
-    def _handle(self, attr: str, path: str):
-        """The table's delta-rs handle at its latest version: the run's (``target``, ``state``),
-        else one opened by the first pass and refreshed by the next."""
-        ref = self._refs[attr]
-        if ref is not None:
-            ref.refresh()
-            return ref.table()
-        from deltalake import DeltaTable
-        dt = getattr(self, attr)
-        if dt is None:
-            dt = DeltaTable(path)
-            setattr(self, attr, dt)
-        else:
-            dt.update_incremental()
-        return dt
+    @staticmethod
+    def _latest(ref):
+        """``ref``'s delta-rs handle at the table's latest version (opened on first use, then
+        refreshed by reading only the newer commits)."""
+        ref.refresh()
+        return ref.table()
 
     def run(self, batch_id: int, state_version: int | None) -> MaintenanceReport:
         """One pass after batch ``batch_id`` committed (its state at ``state_version``)."""
@@ -437,7 +428,7 @@ class Maintenance:
 
     def _target_pass(self, r: MaintenanceReport, now: float) -> None:
         job, ret = self.job, self.retention
-        dt = self._handle("_target", job.target_path)
+        dt = self._latest(self._target)
         r.checkpoints += ensure_checkpoint(dt, ret.checkpoint_interval)
         if not _local(job.target_path):
             if not self._warned:
@@ -450,7 +441,7 @@ class Maintenance:
 
     def _state_pass(self, r: MaintenanceReport, state_version: int) -> None:
         job, ret = self.job, self.retention
-        dt = self._handle("_state", job.state_root)
+        dt = self._latest(self._state)
         conf = dt.metadata().configuration
         if conf.get("delta.deletedFileRetentionDuration") != STATE_TOMBSTONE_RETENTION:
             dt.alter.set_table_properties({"delta.deletedFileRetentionDuration": STATE_TOMBSTONE_RETENTION})
