@@ -40,7 +40,7 @@ from .sources.backlog import BacklogPlanner
 from .sources.formats import latest_cut, open_source
 from .sources.spec import INITIAL
 from .sources.stream import CutLog
-from .spec import JobSpec
+from .spec import JobSpec, replace_text
 
 log = logging.getLogger("consistent_stream")
 
@@ -93,13 +93,10 @@ def _load_plan(job: JobSpec, fp: str, schema_key: str):
 
 
 def _save_plan(job: JobSpec, compiled, out_schema: StructType, types: PlanTypes) -> None:
-    path = job.plan_path
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump({"fingerprint": compiled.fingerprint, "source_schemas": compiled.schema_key,
-                   "output_schema": json.loads(out_schema.json()), "types": types.to_json(),
-                   "unique_key": target_key(job, compiled, out_schema)}, f)
-    os.replace(path + ".tmp", path)
+    replace_text(job.plan_path, json.dumps({
+        "fingerprint": compiled.fingerprint, "source_schemas": compiled.schema_key,
+        "output_schema": json.loads(out_schema.json()), "types": types.to_json(),
+        "unique_key": target_key(job, compiled, out_schema)}))
 
 
 def _query_id(job: JobSpec) -> str | None:
@@ -126,12 +123,10 @@ def _start_checkpoint(job: JobSpec, fp: str, full_refresh: bool) -> None:
     """Record in the checkpoint the definition the run maintains (``job.json``) and its
     fingerprint ``fp``; a full refresh removes the checkpoint (state, cut log, Spark's
     query) first."""
-    path = job.fingerprint_path
     if full_refresh and os.path.exists(job.checkpoint_location):
         shutil.rmtree(job.checkpoint_location)
     job.save()
-    with open(path, "w") as f:
-        f.write(fp)
+    replace_text(job.fingerprint_path, fp)
 
 
 def require_classic_session(spark, model: str) -> None:

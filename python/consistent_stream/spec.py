@@ -9,6 +9,25 @@ from dataclasses import asdict, dataclass, field
 from .errors import ConfigError
 from .sources import SourceSpec
 
+def replace_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a temporary file renamed over it), unless the
+    file already holds exactly ``text``: a run rewrites the checkpoint's ``job.json``,
+    fingerprint and plan, which do not change from run to run. Not fsynced, as Spark's
+    checkpoint files and delta-rs' commits are not. (Rewriting them every run cost up to
+    0.3 s of a run when ext4 had to allocate the replaced file's blocks behind a previous
+    batch's writes: measured at SF 10, customer_order_totals.)"""
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return
+    except (OSError, UnicodeDecodeError):
+        pass
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
 RECOMPUTE_THRESHOLD = 0.25
 """Default ``recompute_threshold``: a batch whose source change rows exceed this fraction of
 the sources' rows is recomputed from snapshots instead of maintained incrementally."""
@@ -226,11 +245,7 @@ class JobSpec:
         return json.dumps(d, indent=2, sort_keys=True)
 
     def save(self) -> None:
-        os.makedirs(os.path.dirname(self.spec_path), exist_ok=True)
-        tmp = self.spec_path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(self.to_json())
-        os.replace(tmp, self.spec_path)
+        replace_text(self.spec_path, self.to_json())
 
     @staticmethod
     def load(path: str) -> "JobSpec":
