@@ -548,7 +548,7 @@ def _publish(spark: SparkSession, job: JobSpec, target, version: int) -> None:
             stale_partition_docs(spark, job.schema, job.identifier, docs, job.partition_by):
         publish(spark, job.schema, job.identifier, job.target_path, version, job.partition_by, docs=docs,
                 table=target)
-    apply_docs(spark, job.schema, job.identifier, docs)
+    apply_docs(spark, job.schema, job.identifier, docs, job.partition_by)
 
 
 KEEP_BATCH_RESULTS = 1000
