@@ -9,13 +9,14 @@ from dataclasses import asdict, dataclass, field
 from .errors import ConfigError
 from .sources import SourceSpec
 
+
 def replace_text(path: str, text: str) -> None:
     """Write ``text`` to ``path`` atomically (a temporary file renamed over it), unless the
     file already holds exactly ``text``: a run rewrites the checkpoint's ``job.json``,
     fingerprint and plan, which do not change from run to run. Not fsynced, as Spark's
-    checkpoint files and delta-rs' commits are not. (Rewriting them every run cost up to
-    0.3 s of a run when ext4 had to allocate the replaced file's blocks behind a previous
-    batch's writes: measured at SF 10, customer_order_totals.)"""
+    checkpoint files and delta-rs' commits are not. (Rewriting them every run once took
+    0.3 s of a run at SF 10, customer_order_totals: the write waited on the disk behind the
+    refresh round's and the previous batch's writes.)"""
     try:
         with open(path) as f:
             if f.read() == text:

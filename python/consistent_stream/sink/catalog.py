@@ -150,7 +150,7 @@ def _literal(text: str) -> str:
 
 
 def apply_docs(spark: SparkSession, schema: str, identifier: str, docs: Docs | None,
-               partition_by: list[str] = ()) -> list[str]:
+               partition_by: list[str] | tuple[str, ...] = ()) -> list[str]:
     """dbt's ``persist_docs`` in the catalog: set ``schema.identifier``'s comment to
     ``docs.description`` and its columns' comments to ``docs.columns`` (lower-case name,
     description) where they differ (``COMMENT ON TABLE``, ``ALTER TABLE .. CHANGE COLUMN ..
