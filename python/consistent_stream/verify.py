@@ -21,7 +21,7 @@ from .delta import DeltaTableRef
 from .errors import ConsistentStreamError
 from .oracle import batch_dataframe
 from .sources import Cut
-from .spec import JobSpec
+from .spec import JobSpec, replace_text
 
 INDEX_DIR = os.path.join(".consistent_stream", "models")
 
@@ -32,11 +32,8 @@ def index_path(project_root: str, model: str) -> str:
 
 
 def record_model(project_root: str, job: JobSpec) -> None:
-    path = index_path(project_root, job.model)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump({"target_path": job.target_path, "checkpoint_location": job.checkpoint_location}, f)
-    os.replace(path + ".tmp", path)
+    replace_text(index_path(project_root, job.model),
+                 json.dumps({"target_path": job.target_path, "checkpoint_location": job.checkpoint_location}))
 
 
 @dataclass

@@ -21,6 +21,7 @@ from pyspark.sql import SparkSession
 
 from ..delta import DeltaTableRef, Docs
 from ..faults import fault_point
+from ..spec import replace_text
 
 SNAPSHOTS = "_consistent_stream/snapshots"
 KEEP = 2
@@ -43,7 +44,7 @@ def stale_partition_docs(spark: SparkSession, schema: str, identifier: str, docs
     if not wanted or not spark.catalog.tableExists(f"{schema}.{identifier}"):
         return False
     comments = _column_comments(spark, schema, identifier)
-    return any(comments.get(c, (c, None))[1] != v for c, v in wanted.items() if c in comments)
+    return any(comments[c][1] != v for c, v in wanted.items() if c in comments)
 
 
 def _column_comments(spark: SparkSession, schema: str, identifier: str) -> dict[str, tuple[str, str | None]]:
@@ -137,10 +138,7 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
     # separate REFRESH TABLE cost 30-35 ms of every run on a slow day
     _cleanup(home)
     import json
-    os.makedirs(os.path.dirname(_marker(home)), exist_ok=True)
-    with open(_marker(home) + ".tmp", "w") as f:
-        json.dump({"version": version, "table": f"{schema}.{identifier}"}, f)
-    os.replace(_marker(home) + ".tmp", _marker(home))
+    replace_text(_marker(home), json.dumps({"version": version, "table": f"{schema}.{identifier}"}))
     return snap
 
 
