@@ -34,7 +34,7 @@ from .oracle import batch_dataframe
 from .plan import compile_model, fingerprint
 from .plan.incremental import PlanTypes, spark_confs, type_plan
 from .runtime import BatchMeta, BatchResult, QueryRuntime, target_key
-from .sink.catalog import apply_docs, publish, published, stale_partition_docs
+from .sink.catalog import publish
 from .sources import Cut
 from .sources.backlog import BacklogPlanner
 from .sources.formats import latest_cut, open_source
@@ -543,12 +543,8 @@ def _cached_key(job: JobSpec):
 def _publish(spark: SparkSession, job: JobSpec, target, version: int) -> None:
     """Register the target's ``version`` in the catalog unless it already is, with the
     model's descriptions (``persist_docs``)."""
-    docs = Docs.from_dbt(job.docs)
-    if not published(spark, job.schema, job.identifier, job.target_path, version) or \
-            stale_partition_docs(spark, job.schema, job.identifier, docs, job.partition_by):
-        publish(spark, job.schema, job.identifier, job.target_path, version, job.partition_by, docs=docs,
-                table=target)
-    apply_docs(spark, job.schema, job.identifier, docs, job.partition_by)
+    publish(spark, job.schema, job.identifier, job.target_path, version, job.partition_by,
+            docs=Docs.from_dbt(job.docs), table=target)
 
 
 KEEP_BATCH_RESULTS = 1000

@@ -34,26 +34,73 @@ def _ddl(schema, comments: dict[str, str]) -> str:
                      for f in schema.fields)
 
 
-def stale_partition_docs(spark: SparkSession, schema: str, identifier: str, docs: Docs | None,
-                         partition_by: list[str]) -> bool:
-    """Whether ``docs`` give a partition column of ``schema.identifier`` a comment other than
-    the catalog's: Spark cannot ALTER a partition column, so :func:`publish` re-registers the
+class CatalogTable:
+    """``schema.identifier`` in Spark's catalog while one version is published: whether it
+    exists, its fields (with their comments) and its comment, each looked up at most once.
+
+    Every lookup is a catalog round trip (5-20 ms here, ``tableExists``, ``spark.table(..)
+    .schema``, ``getTable``), and a run of a model with ``persist_docs`` used to ask up to
+    seven of them for the same table. The statements :func:`publish` and :func:`apply_docs`
+    run update or forget what it knows (:meth:`dropped`, :meth:`changed`)."""
+
+    _UNKNOWN = object()
+
+    def __init__(self, spark: SparkSession, schema: str, identifier: str):
+        self.spark = spark
+        self.schema = schema
+        self.identifier = identifier
+        self._exists: bool | None = None
+        self._fields = None
+        self._description = self._UNKNOWN
+
+    @property
+    def name(self) -> str:
+        return f"{self.schema}.{self.identifier}"
+
+    @property
+    def quoted(self) -> str:
+        return f"`{self.schema}`.`{self.identifier}`"
+
+    def exists(self) -> bool:
+        if self._exists is None:
+            self._exists = self.spark.catalog.tableExists(self.name)
+        return self._exists
+
+    def fields(self) -> list:
+        """The table's ``StructField`` s (the table must exist)."""
+        if self._fields is None:
+            self._fields = list(self.spark.table(self.quoted).schema.fields)
+        return self._fields
+
+    def comments(self) -> dict[str, tuple[str, str | None]]:
+        """Lower-case column name -> (name, comment or None): the fields' ``comment``
+        metadata. (``spark.catalog.listColumns`` gives the same in 0.15-0.4 s a call here.)"""
+        return {f.name.lower(): (f.name, f.metadata.get("comment") or None) for f in self.fields()}
+
+    def description(self) -> str | None:
+        """The table's comment (the table must exist)."""
+        if self._description is self._UNKNOWN:
+            self._description = self.spark.catalog.getTable(self.name).description or None
+        return self._description
+
+    def dropped(self) -> None:
+        self._exists, self._fields, self._description = False, None, self._UNKNOWN
+
+    def changed(self) -> None:
+        """A statement created or altered the table: what it knew of the table is stale."""
+        self._exists, self._fields, self._description = True, None, self._UNKNOWN
+
+
+def stale_partition_docs(table: CatalogTable, docs: Docs | None, partition_by: list[str]) -> bool:
+    """Whether ``docs`` give a partition column of ``table`` a comment other than the
+    catalog's: Spark cannot ALTER a partition column, so :func:`publish` re-registers the
     table."""
     parts = {c.lower() for c in partition_by}
     wanted = {k: v for k, v in (docs.columns if docs else ()) if k in parts}
-    if not wanted or not spark.catalog.tableExists(f"{schema}.{identifier}"):
+    if not wanted or not table.exists():
         return False
-    comments = _column_comments(spark, schema, identifier)
+    comments = table.comments()
     return any(comments[c][1] != v for c, v in wanted.items() if c in comments)
-
-
-def _column_comments(spark: SparkSession, schema: str, identifier: str) -> dict[str, tuple[str, str | None]]:
-    """The catalog's columns of ``schema.identifier``: lower-case name -> (name, comment or
-    None), from the table's schema (the comments are its fields' ``comment`` metadata).
-    ``spark.catalog.listColumns`` gives the same in 0.15-0.4 s a call on this machine, the
-    schema in 10-20 ms, and both ran on every run of a model with ``persist_docs``."""
-    return {f.name.lower(): (f.name, f.metadata.get("comment") or None)
-            for f in spark.table(f"`{schema}`.`{identifier}`").schema.fields}
 
 
 def snapshot_dir(home: str, version: int) -> str:
@@ -64,31 +111,46 @@ def _marker(home: str) -> str:
     return os.path.join(home, "_consistent_stream", "published.json")
 
 
-def published(spark: SparkSession, schema: str, identifier: str, table_path: str, version: int,
-              home: str | None = None) -> bool:
-    """Whether ``schema.identifier`` already shows ``version`` of the table (our last publish
-    recorded it under ``home``, the table's directory by default, and the catalog has it)."""
+def _published(table: CatalogTable, home: str, version: int) -> bool:
+    """Whether ``table`` already shows ``version`` (our last publish recorded it under
+    ``home`` and the catalog has the table)."""
     import json
     try:
-        with open(_marker(home or table_path)) as f:
+        with open(_marker(home)) as f:
             m = json.load(f)
     except (OSError, ValueError):
         return False
-    if m.get("version") != version or m.get("table") != f"{schema}.{identifier}":
-        return False
-    return spark.catalog.tableExists(f"{schema}.{identifier}")
+    return m.get("version") == version and m.get("table") == table.name and table.exists()
 
 
 def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, version: int,
             partition_by: list[str], home: str | None = None, docs: Docs | None = None,
-            table: DeltaTableRef | None = None) -> str:
-    """Register ``table_path`` at ``version`` as ``schema.identifier``; returns the
-    snapshot directory (under ``home``, the table's directory by default). Creates the schema
-    when missing, re-creates the table when its columns (or a partition column's comment in
-    ``docs``, see :func:`apply_docs`) changed; a table created here gets ``docs``'
-    descriptions. ``table``: the caller's handle of ``table_path``, if it has one."""
+            table: DeltaTableRef | None = None) -> bool:
+    """Show ``version`` of the Delta table at ``table_path`` as ``schema.identifier``, with
+    ``docs``' descriptions (dbt's ``persist_docs``), and return whether it was (re)registered:
+    not when our last publish (recorded under ``home``, the table's directory by default)
+    already showed that version and no partition column's comment changed. ``table``: the
+    caller's handle of ``table_path``, if it has one.
+
+    The catalog's table is looked up once (:class:`CatalogTable`) for all the steps:
+    :func:`_register` and :func:`apply_docs`."""
     home = home or table_path
-    table = table if table is not None else DeltaTableRef(table_path)
+    entry = CatalogTable(spark, schema, identifier)
+    fresh = not _published(entry, home, version) or stale_partition_docs(entry, docs, partition_by)
+    if fresh:
+        _register(entry, table_path, version, partition_by, home, docs,
+                  table if table is not None else DeltaTableRef(table_path))
+    apply_docs(entry, docs, partition_by)
+    return fresh
+
+
+def _register(entry: CatalogTable, table_path: str, version: int, partition_by: list[str], home: str,
+              docs: Docs | None, table: DeltaTableRef) -> str:
+    """Register ``table_path`` at ``version`` as ``entry``; returns the snapshot directory
+    (under ``home``). Creates the schema when missing, re-creates the table when its columns
+    (or a partition column's comment in ``docs``, see :func:`apply_docs`) changed; a table
+    created here gets ``docs``' descriptions."""
+    spark = entry.spark
     snap = snapshot_dir(home, version)
     if not os.path.isdir(snap):
         tmp = snap + ".tmp"
@@ -111,26 +173,25 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
     from pyspark.sql.pandas.types import from_arrow_schema
     from ..delta.deltars import plain_arrow
     spark_schema = from_arrow_schema(plain_arrow(table.arrow_schema(version).empty_table()).schema)
-    fq = f"`{schema}`.`{identifier}`"
-    exists = spark.catalog.tableExists(f"{schema}.{identifier}")
-    if not exists:
-        spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
+    fq = entry.quoted
+    if not entry.exists():
+        spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{entry.schema}`")
     fault_point("publishing")
-    if exists:
-        current = spark.table(fq).schema
-        same = [(f.name.lower(), f.dataType) for f in current.fields] == \
+    if entry.exists():
+        same = [(f.name.lower(), f.dataType) for f in entry.fields()] == \
                [(f.name.lower(), f.dataType) for f in _reorder(spark_schema, partition_by).fields]
-        if not same or stale_partition_docs(spark, schema, identifier, docs, partition_by):
+        if not same or stale_partition_docs(entry, docs, partition_by):
             spark.sql(f"DROP TABLE {fq}")
-            exists = False
+            entry.dropped()
     loc = "file://" + os.path.abspath(snap) if "://" not in snap else snap
-    if not exists:
+    if not entry.exists():
         parts = f" PARTITIONED BY ({', '.join(f'`{c}`' for c in partition_by)})" if partition_by else ""
         comment = f" COMMENT {_literal(docs.description)}" if docs and docs.description is not None else ""
         columns = _ddl(spark_schema, dict(docs.columns) if docs else {})
         spark.sql(f"CREATE TABLE {fq} ({columns}) USING parquet{parts}{comment} LOCATION '{loc}'")
+        entry.changed()
     else:
-        spark.sql(f"ALTER TABLE {fq} SET LOCATION '{loc}'")
+        spark.sql(f"ALTER TABLE {fq} SET LOCATION '{loc}'")   # same columns and comments
     if partition_by:
         spark.sql(f"ALTER TABLE {fq} RECOVER PARTITIONS")
         spark.sql(f"REFRESH TABLE {fq}")
@@ -138,7 +199,7 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
     # separate REFRESH TABLE cost 30-35 ms of every run on a slow day
     _cleanup(home)
     import json
-    replace_text(_marker(home), json.dumps({"version": version, "table": f"{schema}.{identifier}"}))
+    replace_text(_marker(home), json.dumps({"version": version, "table": entry.name}))
     return snap
 
 
@@ -147,31 +208,30 @@ def _literal(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def apply_docs(spark: SparkSession, schema: str, identifier: str, docs: Docs | None,
-               partition_by: list[str] | tuple[str, ...] = ()) -> list[str]:
-    """dbt's ``persist_docs`` in the catalog: set ``schema.identifier``'s comment to
-    ``docs.description`` and its columns' comments to ``docs.columns`` (lower-case name,
-    description) where they differ (``COMMENT ON TABLE``, ``ALTER TABLE .. CHANGE COLUMN ..
-    COMMENT``, as dbt-spark does). Columns the table does not have are skipped, and so are
-    its ``partition_by`` columns, which Spark cannot alter (:func:`publish` re-creates the
-    table for them: :func:`stale_partition_docs`). Returns the statements run; none without
-    ``docs``."""
+def apply_docs(table: CatalogTable, docs: Docs | None, partition_by: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """dbt's ``persist_docs`` in the catalog: set ``table``'s comment to ``docs.description``
+    and its columns' comments to ``docs.columns`` (lower-case name, description) where they
+    differ (``COMMENT ON TABLE``, ``ALTER TABLE .. CHANGE COLUMN .. COMMENT``, as dbt-spark
+    does). Columns the table does not have are skipped, and so are its ``partition_by``
+    columns, which Spark cannot alter (:func:`publish` re-creates the table for them:
+    :func:`stale_partition_docs`). Returns the statements run; none without ``docs``."""
     if not docs:
         return []
-    fq = f"`{schema}`.`{identifier}`"
-    name = f"{schema}.{identifier}"
+    fq = table.quoted
     statements = []
     description = docs.description
-    if description is not None and (spark.catalog.getTable(name).description or None) != description:
+    if description is not None and table.description() != description:
         statements.append(f"COMMENT ON TABLE {fq} IS {_literal(description)}")
     wanted = dict(docs.columns)
     parts = {c.lower() for c in partition_by}
-    for key, (column, current) in _column_comments(spark, schema, identifier).items():
+    for key, (column, current) in table.comments().items():
         comment = wanted.get(key)
         if comment is not None and key not in parts and current != comment:
             statements.append(f"ALTER TABLE {fq} CHANGE COLUMN `{column}` COMMENT {_literal(comment)}")
     for statement in statements:
-        spark.sql(statement)
+        table.spark.sql(statement)
+    if statements:
+        table.changed()
     return statements
 
 
@@ -190,8 +250,7 @@ def publish_source(spark: SparkSession, source, warehouse_dir: str) -> int:
     table = DeltaTableRef(source.location)
     version = table.latest_version()
     home = os.path.join(warehouse_dir, "consistent_stream_sources", schema, identifier)
-    if not published(spark, schema, identifier, source.location, version, home):
-        publish(spark, schema, identifier, source.location, version, table.partition_columns(), home)
+    publish(spark, schema, identifier, source.location, version, table.partition_columns(), home, table=table)
     return version
 
 
