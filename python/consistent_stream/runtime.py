@@ -333,6 +333,7 @@ class QueryRuntime:
             b.phases.mark("commit_target")
         finally:
             ev.close()
+            self.store.end_batch()
             b.metrics.local_queries, b.metrics.spark_queries = ev.local_queries, ev.spark_queries
             if local is not None:
                 local.close()

@@ -282,18 +282,16 @@ class Translations:
         return duck_sql, {tuple(d) for d in divisions}
 
     def save(self) -> None:
-        """Write the file when translations were made since it was read (temporary file and
-        rename; a failure is logged, the next run translates again)."""
+        """Write the file when translations were made since it was read (atomically,
+        :func:`~consistent_stream.spec.replace_text`; a failure is logged, the next run
+        translates again)."""
         if not self.path or not self._dirty:
             return
         import json
-        import os
+        from ..spec import replace_text
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            with open(self.path + ".tmp", "w") as f:
-                json.dump({"version": _code_version(), "relations": self._relations,
-                           "translated": self._translated}, f)
-            os.replace(self.path + ".tmp", self.path)
+            replace_text(self.path, json.dumps({"version": _code_version(), "relations": self._relations,
+                                                "translated": self._translated}))
             self._dirty = False
         except OSError as e:
             log.warning("could not keep the local engine's translations in %s: %s", self.path, e)

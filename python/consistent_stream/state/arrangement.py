@@ -244,6 +244,14 @@ class StateStore:
             f = DataFile(a["path"], int(a["size_bytes"]), int(a["num_records"] or 0), {ARRANGEMENT: name})
             self._files.setdefault(name, []).append(_File(f, _level(a["path"]), lo, hi, nulls))
 
+    def end_batch(self) -> None:
+        """End the batch :meth:`open` started: close the DuckDB cursor of its keyed reads (a
+        cursor costs microseconds to open; one kept by a store that outlives its run, held by
+        Spark's foreachBatch callback, was only closed by the garbage collector)."""
+        if self._keyed_scan is not None:
+            self._keyed_scan.close()
+            self._keyed_scan = None
+
     def lookup(self, arrangement: Arrangement) -> Lookup:
         """Read access to ``arrangement`` for a delta rule."""
         return Lookup(self, arrangement)
@@ -622,6 +630,9 @@ class _KeyedScan:
     def __init__(self):
         from ..duck import database
         self.con = database().cursor()
+
+    def close(self) -> None:
+        self.con.close()
 
     def scan(self, paths: list[str], schema: pa.Schema, keys: dict[str, pa.ChunkedArray | pa.Array],
              limit: int | None):
