@@ -67,7 +67,7 @@ class CatalogTable:
         return self._exists
 
     def fields(self) -> list:
-        """The table's ``StructField`` s (the table must exist)."""
+        """The table's fields (Spark ``StructField`` objects; the table must exist)."""
         if self._fields is None:
             self._fields = list(self.spark.table(self.quoted).schema.fields)
         return self._fields
