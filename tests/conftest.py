@@ -20,9 +20,10 @@ pytest_plugins = ["dbt.tests.fixtures.project"]
 # The files that take minutes, in the order ``make test`` starts them. It runs ``-n 2 --dist
 # loadfile --no-loadscope-reorder``: each of its two workers takes the next file in collection
 # order when it is (almost) done with its last, so a long file taken late is the run's tail.
-# xdist's default order (by number of tests) took the crash campaign (one test, 430 s) last:
-# the suite took 1,699 s with one worker idle for the last 150 s or so; this order, replayed
-# on the same per-test durations (``--junitxml``), 1,588 s. Seconds per file on 2026-11-25:
+# xdist's default order (by number of tests) took the crash campaign (one test, 430 s) last,
+# and the suite took 1,699 s (xdist's rule replayed on its per-test durations, ``--junitxml``:
+# 1,684 s of work on one worker, 1,442 s on the other); this order, replayed the same way,
+# 1,588 s, and a clean clone ran it in 1,651 s the same afternoon. Seconds per file on 2026-11-25:
 # properties 622, crash campaign 430, cluster 293, bad inputs 234, writer lock 192, cost 191,
 # TPC-H models 152, pgbench 147, chains 126, operators 90; the rest under 70 each.
 LONG_FIRST = ("test_properties.py", "test_crash_campaign.py", "test_cluster.py", "test_bad_inputs.py",

@@ -136,20 +136,21 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
     :func:`_register` and :func:`apply_docs`."""
     home = home or table_path
     entry = CatalogTable(spark, schema, identifier)
-    fresh = not _published(entry, home, version) or stale_partition_docs(entry, docs, partition_by)
+    stale_docs = stale_partition_docs(entry, docs, partition_by)
+    fresh = stale_docs or not _published(entry, home, version)
     if fresh:
         _register(entry, table_path, version, partition_by, home, docs,
-                  table if table is not None else DeltaTableRef(table_path))
+                  table if table is not None else DeltaTableRef(table_path), recreate=stale_docs)
     apply_docs(entry, docs, partition_by)
     return fresh
 
 
 def _register(entry: CatalogTable, table_path: str, version: int, partition_by: list[str], home: str,
-              docs: Docs | None, table: DeltaTableRef) -> str:
+              docs: Docs | None, table: DeltaTableRef, recreate: bool) -> str:
     """Register ``table_path`` at ``version`` as ``entry``; returns the snapshot directory
     (under ``home``). Creates the schema when missing, re-creates the table when its columns
-    (or a partition column's comment in ``docs``, see :func:`apply_docs`) changed; a table
-    created here gets ``docs``' descriptions."""
+    changed or ``recreate`` (a partition column's comment in ``docs`` changed:
+    :func:`stale_partition_docs`); a table created here gets ``docs``' descriptions."""
     spark = entry.spark
     snap = snapshot_dir(home, version)
     if not os.path.isdir(snap):
@@ -180,7 +181,7 @@ def _register(entry: CatalogTable, table_path: str, version: int, partition_by: 
     if entry.exists():
         same = [(f.name.lower(), f.dataType) for f in entry.fields()] == \
                [(f.name.lower(), f.dataType) for f in _reorder(spark_schema, partition_by).fields]
-        if not same or stale_partition_docs(entry, docs, partition_by):
+        if not same or recreate:
             spark.sql(f"DROP TABLE {fq}")
             entry.dropped()
     loc = "file://" + os.path.abspath(snap) if "://" not in snap else snap
