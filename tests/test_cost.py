@@ -9,8 +9,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from consistent_stream import runtime
 from consistent_stream.changelog import arrow_to_spark
 from consistent_stream.delta import DeltaTableRef
+from consistent_stream.errors import UniqueKeyViolation
 from consistent_stream.job import run_job
 from consistent_stream.oracle import batch_dataframe
 from consistent_stream.sources import Cut
@@ -58,6 +60,51 @@ def test_a_change_at_one_key_reads_a_small_fraction_of_the_state(spark, tmp_path
     # the join reads a's arrangement at key 1234 only: one base file of 200 of its 3000 rows
     assert 0 < m["state_rows_read"] <= 400, m
     assert summary["rows_written"] == 1
+
+
+@pytest.mark.parametrize("where", ["driver", "executors"])
+def test_a_small_first_build_runs_on_the_driver_and_writes_what_the_executors_write(spark, tmp_path,
+                                                                                     monkeypatch, where):
+    """Sources of at most ``DRIVER_REBUILD_ROWS`` rows are rebuilt on the driver: their
+    snapshots go through the delta rules over empty state, in a few Spark jobs, not one or
+    more per arrangement. Either way the state is base files of at most ``state_file_rows``
+    rows (so the next batch reads by key) and the target equals batch evaluation, bag or keyed."""
+    if where == "executors":
+        monkeypatch.setattr(runtime, "DRIVER_REBUILD_ROWS", -1)
+    n = 3000
+    sc = Scenario(spark, tmp_path, {
+        "a": pa.table({"id": list(range(n)), "k": [i % 1000 for i in range(n)], "x": [i % 17 for i in range(n)]}),
+        "b": pa.table({"k": list(range(1000)), "name": [f"n{i % 7}" for i in range(1000)]}),
+    }, {"a": ["id"], "b": ["k"]})
+    keyed = sc.job("select b.name, count(*) as n, sum(a.x) as s, max(a.x) as hi "
+                   "from src.a a join src.b b on a.k = b.k group by b.name", "name", name="keyed")
+    bag = sc.job("select a.x, b.name from src.a a join src.b b on a.k = b.k where a.x < 3", None, name="bag")
+    for job in (keyed, bag):
+        job.state_file_rows = 200
+        m = sc.run(job, full_refresh=True)["metrics"][0]
+        assert m["strategy"] == "recompute" and ("on the driver" in m["reason"]) == (where == "driver"), m
+        if where == "driver":
+            assert m["spark_jobs"] <= 2, m
+        state = pa.table(DeltaTable(job.state_root).get_add_actions(flatten=True)).to_pylist()
+        assert state and max(f["num_records"] for f in state) <= 200
+        assert all("/base-" in f["path"] for f in state), [f["path"] for f in state]
+    sc.update("b", {"name": "'changed'"}, "k = 123")
+    for job in (keyed, bag):
+        m = sc.run(job)["metrics"][0]
+        assert m["strategy"] == "incremental" and m["state_rows_read"] <= 1000, m
+
+
+@pytest.mark.parametrize("where", ["driver", "executors"])
+def test_a_rebuild_that_breaks_the_unique_key_commits_nothing(spark, tmp_path, monkeypatch, where):
+    if where == "executors":
+        monkeypatch.setattr(runtime, "DRIVER_REBUILD_ROWS", -1)
+    sc = Scenario(spark, tmp_path, {"t": pa.table({"id": [1, 2, 3], "g": ["a", "a", "b"], "h": [1, 2, 3]})},
+                  {"t": ["id"]})
+    job = sc.job("select g, h from src.t", "g")
+    with pytest.raises(UniqueKeyViolation, match=r"model m: unique_key \['g'\] is not unique: key \{'g': 'a'\} "
+                                                 r"has 2 rows in the output"):
+        run_job(spark, job, full_refresh=True)
+    assert not DeltaTableRef(job.target_path).exists()
 
 
 def test_a_run_without_source_changes_runs_no_spark_job_and_commits_nothing(spark, tmp_path):

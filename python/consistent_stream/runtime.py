@@ -8,7 +8,10 @@ For batch ``b`` ending at cut ``C_b`` (the previous one ended at ``C_{b-1}``):
    (the batch is the first of its query, or its change is larger than
    ``recompute_threshold`` x the sources' rows: every arrangement and the target are rebuilt
    from the snapshots at ``C_b`` by Spark's executors, as Databricks Enzyme chooses per
-   update) and log why;
+   update) and log why. A rebuild whose sources hold at most ``DRIVER_REBUILD_ROWS`` rows
+   runs on the driver instead: the snapshots are read as changelogs of inserts and go
+   through the delta rules over empty state (the view of a snapshot is its change from
+   nothing), which costs a few Spark jobs, not one per arrangement;
 3. evaluate the plan bottom-up; stateful operators read their arrangements at the state
    version the target's commit of batch ``b-1`` recorded, and stage their changes;
 4. commit the state table once with txn ``(app id, b)`` (skipped when a crashed attempt
@@ -35,8 +38,9 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
-from .changelog import WEIGHT, Views, arrow_to_spark
+from .changelog import WEIGHT, Views, _arrow_has_types, arrow_to_spark
 from .delta import Commit, DeltaTableRef, Docs, Txn
+from .delta.deltars import arrow_schema
 from .errors import CommitError
 from .faults import fault_point
 from .metrics import BatchMetrics, Phases, counted_jobs
@@ -61,6 +65,11 @@ INCREMENTAL_CONFS = {
     # more than it saves on a change-sized query (the delta queries only, not the commits)
     "spark.sql.adaptive.enabled": "false",
 }
+
+DRIVER_REBUILD_ROWS = 100_000
+"""Source rows (summed over the model's sources at the batch's cut) up to which a rebuild
+runs on the driver (see the module docstring). Above it, the executors rebuild, and the
+driver never holds a table-sized relation."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,7 @@ class _Batch:
     start: Cut
     end: Cut
     first: bool = False
+    on_driver: bool = False   # a rebuild small enough to run on the driver
     prev: "BatchMeta | None" = None
     views: Views | None = None
     phases: Phases = field(default_factory=Phases)
@@ -249,7 +259,8 @@ class QueryRuntime:
             fault_point("changes_read")
             rebuild = self._choose_strategy(b, read)                        # step 2
             if rebuild:
-                changes = {key: self.sources[key].snapshot(b.views, end.versions[key], cols)
+                b.on_driver = self._rebuild_on_driver(b)
+                changes = {key: self.sources[key].snapshot(b.views, end.versions[key], cols, on_driver=b.on_driver)
                            for key, cols in self.columns.items()}
                 for key, src in self.sources.items():
                     if b.first or key not in commit_ms:
@@ -304,20 +315,32 @@ class QueryRuntime:
             log.info("%s: batch %d is recomputed from snapshots (%s)", self.job.model, b.batch_id, reason)
         return rebuild
 
+    def _rebuild_on_driver(self, b: "_Batch") -> bool:
+        """Whether a rebuild runs on the driver: its sources hold at most
+        ``DRIVER_REBUILD_ROWS`` rows at the batch's cut (from the logs' statistics)."""
+        total = sum(self.sources[k].rows(b.end.versions[k]) for k in self.columns if b.end.versions[k] >= 0)
+        if total > DRIVER_REBUILD_ROWS:
+            return False
+        b.metrics.reason += f"; on the driver ({total} source rows)"
+        return True
+
     def _evaluate_and_commit(self, b: "_Batch", changes: dict, rebuild: bool, meta: BatchMeta):
         """Steps 3-5: the delta rules (or the rebuild), the state commit, the target commit.
         Returns ``(target version, rows written, target rows rewritten, metadata)``."""
         job, spark = self.job, self.spark
         self.store.open(None if b.first else b.prev.state_version, b.views, rebuild=rebuild)
         scratch = os.path.join(job.scratch_dir, f"{b.batch_id}")
+        # a rebuild on the driver is the delta rules over empty state (reads see none, the
+        # state commit replaces every file); one on the executors writes base files
+        executors = rebuild and not b.on_driver
         local = (LocalEngine(threads=self.parallelism, translations=self.translations)
-                 if job.local_engine == "duckdb" and not rebuild and session_supported(spark) else None)
-        ev = BatchEvaluator(spark, self.store, changes, b.views, rebuild=rebuild, first=rebuild, scratch=scratch,
+                 if job.local_engine == "duckdb" and not executors and session_supported(spark) else None)
+        ev = BatchEvaluator(spark, self.store, changes, b.views, rebuild=executors, first=rebuild, scratch=scratch,
                             types=self.types, local=local, parallelism=self.parallelism)
         try:
-            with spark_confs(spark, {} if rebuild else INCREMENTAL_CONFS):
+            with spark_confs(spark, {} if executors else INCREMENTAL_CONFS):
                 root, cols, schema = self.compiled.root, self.compiled.output_columns, self.output_schema
-                out = ev.output_sql(root, cols, schema) if rebuild else ev.output(root, cols, schema)
+                out = ev.output_sql(root, cols, schema) if executors else ev.output(root, cols, schema)
             b.phases.mark("evaluate")
             # The commits run with the session's own settings: what they run on Spark is
             # table-sized (a compaction, a change too large for the driver, a bag's
@@ -341,17 +364,21 @@ class QueryRuntime:
         return version, written, rewritten, meta
 
     def _commit_target(self, out, rebuild: bool, txn: Txn, meta: BatchMeta, views: Views) -> tuple[int, int, int]:
-        """Step 5: a rebuild (``out``: the SELECT of the whole view, or None when empty)
-        replaces the target; an incremental change (``out``: the materialized changelog) is
-        merged into it."""
+        """Step 5: a rebuild replaces the target (``out``: the SELECT of the whole view, or
+        None when empty; on the driver, the view's rows as a materialized changelog); an
+        incremental change (``out``: the materialized changelog) is merged into it."""
         job, spark = self.job, self.spark
         md = meta.to_metadata()
         if rebuild:
+            out_schema = StructType(list(self.output_schema.fields) + [StructField(WEIGHT, LongType(), True)])
             if out is None:
-                df = spark.createDataFrame([], StructType(list(self.output_schema.fields) +
-                                                          [StructField(WEIGHT, LongType(), True)]))
-            else:
+                df = spark.createDataFrame([], out_schema)
+            elif isinstance(out, str):
                 df = views.sql(out)
+            elif out.arrow is not None and not job.partition_by and _arrow_has_types(out.arrow, out_schema):
+                df = out.arrow.cast(arrow_schema(out_schema))   # a rebuild on the driver: written from there
+            else:
+                df = out.df
             check_constraints(spark, df, job.constraints, job.model)
             return commit_rebuild(self.target, df, unique_key=self.key, partition_by=job.partition_by,
                                   file_rows=job.state_file_rows, txn=txn, metadata=md, model=job.model,

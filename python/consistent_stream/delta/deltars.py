@@ -284,6 +284,11 @@ class DeltaTableRef:
             df = df.select(*[f"`{c}`" for c in columns])
         return df
 
+    def read_snapshot_arrow(self, version: int, columns: list[str] | None = None) -> pa.Table:
+        """The table at ``version`` read on the driver by delta-rs (its columns, or
+        ``columns``), with plain string/binary types; for tables small enough to hold there."""
+        return plain_arrow(pa.table(self._at(version).to_pyarrow_table(columns=columns)))
+
     def file_uri(self, rel: str) -> str:
         """URI of a data file given its path relative to the table root (as in the log)."""
         from urllib.parse import unquote

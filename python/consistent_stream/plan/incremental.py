@@ -16,7 +16,9 @@ batch:
   written by the executors to scratch files instead;
 * rebuild (first batch, full refresh, or a batch recomputed from snapshots): by the
   executors, as the arrangement's new base files (read back for the rest of the plan), so
-  nothing table-sized passes through the driver.
+  nothing table-sized passes through the driver. A rebuild of small sources is not one of
+  these: the runtime evaluates it as an incremental batch whose change is the snapshots,
+  over empty state (``rebuild=False, first=True``).
 
 A change known to be empty (an empty source change, or a rule with nothing to compute) costs
 no Spark job at all; its types come from :class:`PlanTypes`, computed once per plan by

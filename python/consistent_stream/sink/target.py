@@ -11,7 +11,8 @@ batch whose txn the target already holds is skipped by the caller.
 Rebuilds (the first batch of a query, every full refresh, a batch recomputed from snapshots)
 and incremental changes too large for the driver replace the target instead: Spark's
 executors write the new files, and one commit removes the old ones and adds these, with the
-txn. The driver only lists files.
+txn. The driver only lists files; or, for a rebuild small enough to run on the driver
+(``runtime.DRIVER_REBUILD_ROWS``), writes the few files itself.
 
 The changes are sorted by all columns before the commit, so the same input gives the same
 commit whatever Spark's partitioning and shuffle order were.
@@ -149,27 +150,51 @@ def _check_rebuilt(df: DataFrame, unique_key: list[str] | None, model: str) -> N
             raise CommitError(f"model {model}: the rebuild produced retractions; this is a bug")
 
 
-def commit_rebuild(target: DeltaTableRef, output: DataFrame, *, unique_key: list[str] | None,
+def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, unique_key: list[str] | None,
                    partition_by: list[str], file_rows: int, txn: Txn, metadata: dict,
                    model: str, properties: dict[str, str] | None = None,
                    docs: Docs | None = None) -> tuple[int, int, int]:
     """A rebuilt view (first batch, full refresh, a recomputed batch) replaces the target in
-    ONE commit: ``output`` (the view's rows + ``__weight``, consolidated) is written by
-    Spark's executors, clustered by the unique key, as files of at most ``file_rows`` rows;
-    the commit removes every file of the current version and adds these, with ``txn``. A
-    target created by this commit gets the Change Data Feed on and the table ``properties``;
-    the commit sets the table's and columns' descriptions ``docs`` (dbt's ``persist_docs``)
-    when they differ.
+    ONE commit: ``output`` (the view's rows + ``__weight``, consolidated) is written,
+    clustered by the unique key, as files of at most ``file_rows`` rows; the commit removes
+    every file of the current version and adds these, with ``txn``. A Spark DataFrame is
+    written by Spark's executors; an Arrow table (a rebuild small enough for the driver, with
+    the target's Arrow types, unpartitioned) from the driver. A target created by this
+    commit gets the Change Data Feed on and the table ``properties``; the commit sets the
+    table's and columns' descriptions ``docs`` (dbt's ``persist_docs``) when they differ.
     Returns ``(new version, rows written, target rows rewritten)``.
 
     Raises UniqueKeyViolation (a key with two rows) or CommitError (a retraction) before
     anything is committed."""
+    if isinstance(output, pa.Table):
+        if partition_by:
+            raise ValueError("a partitioned target is rebuilt from a Spark DataFrame")
+        files, schema = _write_rebuilt_arrow(target, output, unique_key, file_rows, model)
+    else:
+        files, schema = _write_rebuilt_spark(target, output, unique_key, partition_by, file_rows, model)
+    removes = []
+    if target.exists():
+        target.refresh()
+        removes = _current_files(target)
+    version = target.commit_files(files, removes, schema=schema, txn=txn, metadata=metadata,
+                                  partition_by=partition_by,
+                                  configuration={**(properties or {}), "delta.enableChangeDataFeed": "true"},
+                                  docs=docs)
+    written = sum(f.num_records for f in files)
+    return version, written, written
+
+
+def _write_rebuilt_spark(target: DeltaTableRef, output: DataFrame, unique_key: list[str] | None,
+                         partition_by: list[str], file_rows: int, model: str) -> tuple[list, pa.Schema]:
+    """:func:`commit_rebuild`'s files, written by Spark's executors; and their Arrow schema."""
+    from ..delta.deltars import arrow_schema
     from ..delta.files import new_dir, write_spark
     _check_rebuilt(output, unique_key, model)
     data_cols = [c for c in output.columns if c != WEIGHT]
     rows = output.select(*[F.col(f"`{c}`") for c in data_cols], F.col(WEIGHT))
     # a bag's row of weight w is w rows of the table
-    rows = rows.withColumn("__copy", F.explode(F.array_repeat(F.lit(1), F.col(WEIGHT).cast("int"))))         .select(*[F.col(f"`{c}`") for c in data_cols])
+    rows = rows.withColumn("__copy", F.explode(F.array_repeat(F.lit(1), F.col(WEIGHT).cast("int")))) \
+        .select(*[F.col(f"`{c}`") for c in data_cols])
     if unique_key:
         key = [F.col(f"`{k}`") for k in unique_key]
         n = max(1, int(rows.sparkSession.sparkContext.defaultParallelism))
@@ -178,18 +203,36 @@ def commit_rebuild(target: DeltaTableRef, output: DataFrame, *, unique_key: list
     from ..plan.incremental import spark_confs
     with spark_confs(spark, {"spark.sql.files.maxRecordsPerFile": str(file_rows)}):
         files = write_spark(rows, target.path, new_dir("part"), partition_by=partition_by)
-    removes = []
-    if target.exists():
-        target.refresh()
-        removes = _current_files(target)
-    from ..delta.deltars import arrow_schema
-    schema = arrow_schema(output.select(*[F.col(f"`{c}`") for c in data_cols]).schema)
-    version = target.commit_files(files, removes, schema=schema, txn=txn, metadata=metadata,
-                                  partition_by=partition_by,
-                                  configuration={**(properties or {}), "delta.enableChangeDataFeed": "true"},
-                                  docs=docs)
-    written = sum(f.num_records for f in files)
-    return version, written, written
+    return files, arrow_schema(output.select(*[F.col(f"`{c}`") for c in data_cols]).schema)
+
+
+def _write_rebuilt_arrow(target: DeltaTableRef, output: pa.Table, unique_key: list[str] | None,
+                         file_rows: int, model: str) -> tuple[list, pa.Schema]:
+    """:func:`commit_rebuild`'s files, written from the driver (``output``: small, with the
+    target's Arrow types); and their Arrow schema. The same checks as the executors' path."""
+    import numpy as np
+    from ..delta.files import new_dir, write_arrow
+    w = output.column(WEIGHT)
+    if output.num_rows and pc.min(w).as_py() < 0:
+        raise CommitError(f"model {model}: the rebuild produced retractions; this is a bug")
+    data = output.drop_columns([WEIGHT])
+    if unique_key and output.num_rows:
+        n = output.group_by(unique_key, use_threads=False).aggregate([(WEIGHT, "sum")])
+        dup = n.filter(pc.greater(n.column(f"{WEIGHT}_sum"), 1))
+        if dup.num_rows:
+            key = {k: dup.column(k)[0].as_py() for k in unique_key}
+            raise UniqueKeyViolation(
+                f"model {model}: unique_key {unique_key} is not unique: key {key} has "
+                f"{dup.column(f'{WEIGHT}_sum')[0].as_py()} rows in the output. Fix the model SQL or the "
+                f"unique_key config; nothing was committed for this batch")
+        data = data.sort_by([(k, "ascending") for k in unique_key])
+    elif not unique_key and output.num_rows:
+        # a bag's row of weight w is w rows of the table
+        data = data.take(pa.array(np.repeat(np.arange(output.num_rows), w.to_numpy()), pa.int64()))
+    rel = new_dir("part")
+    step = max(1, file_rows)
+    files = [write_arrow(target.path, rel, data.slice(i, step)) for i in range(0, data.num_rows, step)]
+    return files, data.schema
 
 
 def commit_bulk_merge(target: DeltaTableRef, prev_version: int, changes: DataFrame, *,

@@ -712,7 +712,9 @@ class DebeziumSource:
         make = Changelog.of_source_change if change else Changelog.of_arrow
         return make(views, data, schema=from_arrow_schema(data.schema))
 
-    def snapshot(self, views, position: int, columns):
+    def snapshot(self, views, position: int, columns, *, on_driver: bool = False):
+        """The table at ``position``, every row +1; always on the driver (the landing files
+        are read there)."""
         rel = self.reader(upto=position).table_at(self.spec.table, position, columns)
         z = rel.append_column(WEIGHT, pa.array([1] * rel.num_rows, pa.int64()))
         return self._changelog(views, z, change=False)

@@ -3,7 +3,8 @@
 Between two cut positions ``(start, end]`` of one source table (positions are Delta versions):
 
 * ``start == -1`` (first batch, a rebuild): the snapshot at ``end``, every row +1, read by
-  Spark's executors from the version's Parquet files;
+  Spark's executors from the version's Parquet files (or, for a rebuild small enough to run
+  on the driver, by delta-rs);
 * ``start == end``: the empty changelog (no read at all);
 * otherwise: the Change Data Feed of versions ``start+1 .. end``, read by delta-rs on the
   driver (change-sized) and mapped to weights insert/update_postimage -> +1,
@@ -101,9 +102,18 @@ class DeltaSource:
         from .backlog import SourceCommit
         return [SourceCommit(v, ts, rows) for v, ts, rows in self._require().commit_rows(start, end)]
 
-    def snapshot(self, views, position: int, columns: list[str] | None) -> Changelog:
-        """The table at ``position``, every row +1, read by Spark's executors."""
-        return Changelog.of_frame(views, with_weight(self._require().read_snapshot(views.spark, position, columns)))
+    def snapshot(self, views, position: int, columns: list[str] | None, *, on_driver: bool = False) -> Changelog:
+        """The table at ``position``, every row +1: read by Spark's executors, or
+        (``on_driver``, for a table known to be small) by delta-rs as a driver-side changelog."""
+        table = self._require()
+        if not on_driver:
+            return Changelog.of_frame(views, with_weight(table.read_snapshot(views.spark, position, columns)))
+        data = table.read_snapshot_arrow(position, columns)
+        data = data.append_column(WEIGHT, pa.array([1] * data.num_rows, pa.int64()))
+        schema = from_arrow_schema(_schema(table, position, columns))
+        from pyspark.sql.types import LongType, StructField
+        return Changelog.of_source_change(views, data, schema=StructType(list(schema.fields) +
+                                                                          [StructField(WEIGHT, LongType())]))
 
     def snapshot_dataframe(self, spark: SparkSession, position: int) -> DataFrame:
         return self._require().read_snapshot(spark, position)

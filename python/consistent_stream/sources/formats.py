@@ -52,7 +52,9 @@ class Source(Protocol):
 
     def commit_ms(self, position: int) -> int: ...
 
-    def snapshot(self, views, position: int, columns: list[str] | None) -> Changelog: ...
+    def snapshot(self, views, position: int, columns: list[str] | None, *, on_driver: bool = False) -> Changelog:
+        """The source at ``position``, every row +1 (source columns, or ``columns``, +
+        ``__weight``); ``on_driver``: as driver-side Arrow (the caller knows it is small)."""
 
     def snapshot_dataframe(self, spark: SparkSession, position: int) -> DataFrame: ...
 

@@ -483,12 +483,27 @@ class StateStore:
         return version
 
     def _append(self, arrangement: Arrangement, change: Changelog) -> list[_File]:
-        rel = f"{ARRANGEMENT}={arrangement.name}/{new_dir('delta')}"
+        """Write a staged change: one delta file (sorted by key) from the driver, or delta
+        files written by Spark. A rebuild on the driver (every read saw no state) writes its
+        change as the arrangement's base files instead, as :meth:`_write_base` would:
+        consolidated, sorted by key, at most ``file_rows`` rows a file."""
+        if self.rebuilding and change.arrow is None:
+            df = self.views.sql(f"SELECT {cols_sql(arrangement.schema.fieldNames())} FROM {change.sql}")
+            return [self._known(f, arrangement) for f in self._write_base(arrangement, df, merge=True)]
+        rel = f"{ARRANGEMENT}={arrangement.name}/{new_dir('base' if self.rebuilding else 'delta')}"
         if change.arrow is not None:
             data = change.arrow.select([f.name for f in arrangement.schema.fields])
+            step = max(1, data.num_rows)
+            if self.rebuilding:
+                try:
+                    data = consolidate_arrow(data, arrangement.additive)
+                except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                    pass   # a key type Arrow cannot group by: reads consolidate what they read
+                step = max(1, self.file_rows)
             if arrangement.key:
                 data = data.sort_by([(c, "ascending") for c in arrangement.key])
-            files = [write_arrow(self.path, rel, data, {ARRANGEMENT: arrangement.name})]
+            files = [write_arrow(self.path, rel, data.slice(i, step), {ARRANGEMENT: arrangement.name})
+                     for i in range(0, data.num_rows, step)]
         else:
             df = self.views.sql(f"SELECT {cols_sql(arrangement.schema.fieldNames())} FROM {change.sql}")
             if arrangement.key:
