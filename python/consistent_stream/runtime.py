@@ -73,8 +73,8 @@ held there. Above it, the executors rebuild, and the driver never holds a table-
 relation. ``benchmarks/driver_rebuild.py``, the example models in a warm session at Spark's
 defaults: on the driver 0.08-0.31 s from 3,300 to 382,000 source rows, 0.52-0.78 s at TPC-H
 SF 0.1 (600,000-766,000), 0.7-1.5 s at SF 0.2 (1.2-1.5M); on the executors 2.0-3.2 s, 4.6-6.9 s
-and 5.0-5.5 s (21-29 Spark jobs). The driver's Python peaked at 740 MB at SF 0.1, the same
-as with the executors' rebuild."""
+and 5.0-5.5 s (21-29 Spark jobs). At SF 0.1 the driver's Python peaked at 560-740 MB
+(460-740 MB with the executors' rebuild), the JVM at 450-1,350 MB (930-1,380 MB)."""
 
 
 @dataclass(frozen=True)
