@@ -66,7 +66,7 @@ def arrow_to_spark(spark: SparkSession, data: pa.Table, schema=None) -> DataFram
     return spark.createDataFrame(pa.Table.from_batches(batches, schema=data.schema), schema=schema)
 
 
-def _arrow_has_types(data: pa.Table, schema: StructType) -> bool:
+def arrow_has_types(data: pa.Table, schema: StructType) -> bool:
     """Whether the Arrow columns of ``data`` have the Spark types of ``schema`` (nullability
     aside)."""
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -240,7 +240,7 @@ class Changelog:
                 df = F.broadcast(df)
             return df
         # a change whose Arrow types are not its Spark types is left to Spark
-        local = data if schema is None or _arrow_has_types(data, schema) else None
+        local = data if schema is None or arrow_has_types(data, schema) else None
         columns = data.column_names if schema is None else schema.fieldNames()
         return Changelog(views.add_lazy(make_df, local), columns, views, arrow=data, rows=data.num_rows,
                          consolidated=consolidated, local=True)

@@ -38,7 +38,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
-from .changelog import WEIGHT, Views, _arrow_has_types, arrow_to_spark
+from .changelog import WEIGHT, Views, arrow_has_types, arrow_to_spark
 from .delta import Commit, DeltaTableRef, Docs, Txn
 from .delta.deltars import arrow_schema
 from .errors import CommitError
@@ -147,6 +147,7 @@ class _Batch:
     end: Cut
     first: bool = False
     on_driver: bool = False   # a rebuild small enough to run on the driver
+    source_rows: int | None = None   # the sources' rows at ``end``, once counted
     prev: "BatchMeta | None" = None
     views: Views | None = None
     phases: Phases = field(default_factory=Phases)
@@ -309,7 +310,7 @@ class QueryRuntime:
         change above ``recompute_threshold`` x the sources' rows); logged with the reason."""
         rebuild, reason = b.first, "first batch of the query" if b.first else ""
         if not b.first and read:
-            total = sum(self.sources[k].rows(b.end.versions[k]) for k in self.columns)
+            total = self._source_rows(b)
             threshold = self.job.recompute_threshold
             if read > threshold * max(total, 1) and read > 1000:
                 rebuild = True
@@ -320,10 +321,18 @@ class QueryRuntime:
             log.info("%s: batch %d is recomputed from snapshots (%s)", self.job.model, b.batch_id, reason)
         return rebuild
 
+    def _source_rows(self, b: "_Batch") -> int:
+        """Rows of the model's sources at the batch's cut (from the logs' statistics), counted
+        once per batch."""
+        if b.source_rows is None:
+            b.source_rows = sum(self.sources[k].rows(b.end.versions[k]) for k in self.columns
+                                if b.end.versions[k] >= 0)
+        return b.source_rows
+
     def _rebuild_on_driver(self, b: "_Batch") -> bool:
         """Whether a rebuild runs on the driver: its sources hold at most
         ``DRIVER_REBUILD_ROWS`` rows at the batch's cut (from the logs' statistics)."""
-        total = sum(self.sources[k].rows(b.end.versions[k]) for k in self.columns if b.end.versions[k] >= 0)
+        total = self._source_rows(b)
         if total > DRIVER_REBUILD_ROWS:
             return False
         b.metrics.reason += f"; on the driver ({total} source rows)"
@@ -380,7 +389,7 @@ class QueryRuntime:
                 df = spark.createDataFrame([], out_schema)
             elif isinstance(out, str):
                 df = views.sql(out)
-            elif out.arrow is not None and not job.partition_by and _arrow_has_types(out.arrow, out_schema):
+            elif out.arrow is not None and not job.partition_by and arrow_has_types(out.arrow, out_schema):
                 df = out.arrow.cast(arrow_schema(out_schema))   # a rebuild on the driver: written from there
             else:
                 df = out.df

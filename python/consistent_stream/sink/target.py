@@ -51,15 +51,7 @@ def sink_changes(delta: pa.Table, unique_key: list[str], model: str, *, first: b
     minus = delta.filter(pc.less(w, 0)).drop_columns([WEIGHT])
     if first and minus.num_rows:
         raise CommitError(f"model {model}: the first batch produced retractions; this is a bug")
-    if plus.num_rows:
-        counts = plus.group_by(unique_key, use_threads=False).aggregate([([], "count_all")])
-        dup = counts.filter(pc.greater(counts.column("count_all"), 1))
-        if dup.num_rows:
-            row = {k: dup.column(k)[0].as_py() for k in unique_key}
-            raise UniqueKeyViolation(
-                f"model {model}: unique_key {unique_key} is not unique: key {row} has "
-                f"{dup.column('count_all')[0].as_py()} rows in the output. Fix the model SQL or the "
-                f"unique_key config; nothing was committed for this batch")
+    _check_one_row_per_key(plus, unique_key, model)
     # a key with a -1 row and no +1 row is deleted. NULL keys compare equal, as in the MERGE
     # (IS NOT DISTINCT FROM)
     deletes = minus.filter(pc.invert(key_in(minus, plus, unique_key))) if minus.num_rows else minus
@@ -69,6 +61,22 @@ def sink_changes(delta: pa.Table, unique_key: list[str], model: str, *, first: b
         deletes.append_column(OP, pa.array(["delete"] * deletes.num_rows, pa.string())),
     ])
     return _sorted(ops)
+
+
+def _check_one_row_per_key(rows: pa.Table, unique_key: list[str], model: str, weight: str | None = None) -> None:
+    """Raise UniqueKeyViolation naming the first key of ``rows`` that has more than one row
+    (a row counting as ``weight`` rows when that column is given)."""
+    if not rows.num_rows:
+        return
+    agg, n = ([(weight, "sum")], f"{weight}_sum") if weight else ([([], "count_all")], "count_all")
+    counts = rows.group_by(unique_key, use_threads=False).aggregate(agg)
+    dup = counts.filter(pc.greater(counts.column(n), 1))
+    if dup.num_rows:
+        row = {k: dup.column(k)[0].as_py() for k in unique_key}
+        raise UniqueKeyViolation(
+            f"model {model}: unique_key {unique_key} is not unique: key {row} has "
+            f"{dup.column(n)[0].as_py()} rows in the output. Fix the model SQL or the "
+            f"unique_key config; nothing was committed for this batch")
 
 
 def _sorted(t: pa.Table) -> pa.Table:
@@ -217,14 +225,7 @@ def _write_rebuilt_arrow(target: DeltaTableRef, output: pa.Table, unique_key: li
         raise CommitError(f"model {model}: the rebuild produced retractions; this is a bug")
     data = output.drop_columns([WEIGHT])
     if unique_key and output.num_rows:
-        n = output.group_by(unique_key, use_threads=False).aggregate([(WEIGHT, "sum")])
-        dup = n.filter(pc.greater(n.column(f"{WEIGHT}_sum"), 1))
-        if dup.num_rows:
-            key = {k: dup.column(k)[0].as_py() for k in unique_key}
-            raise UniqueKeyViolation(
-                f"model {model}: unique_key {unique_key} is not unique: key {key} has "
-                f"{dup.column(f'{WEIGHT}_sum')[0].as_py()} rows in the output. Fix the model SQL or the "
-                f"unique_key config; nothing was committed for this batch")
+        _check_one_row_per_key(output, unique_key, model, weight=WEIGHT)
         data = data.sort_by([(k, "ascending") for k in unique_key])
     elif not unique_key and output.num_rows:
         # a bag's row of weight w is w rows of the table

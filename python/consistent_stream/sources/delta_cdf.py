@@ -110,10 +110,7 @@ class DeltaSource:
             return Changelog.of_frame(views, with_weight(table.read_snapshot(views.spark, position, columns)))
         data = table.read_snapshot_arrow(position, columns)
         data = data.append_column(WEIGHT, pa.array([1] * data.num_rows, pa.int64()))
-        schema = from_arrow_schema(_schema(table, position, columns))
-        from pyspark.sql.types import LongType, StructField
-        return Changelog.of_source_change(views, data, schema=StructType(list(schema.fields) +
-                                                                          [StructField(WEIGHT, LongType())]))
+        return Changelog.of_source_change(views, data, schema=_zset_schema(table, position, columns))
 
     def snapshot_dataframe(self, spark: SparkSession, position: int) -> DataFrame:
         return self._require().read_snapshot(spark, position)
@@ -129,9 +126,7 @@ class DeltaSource:
         table = self._require()
         if start == INITIAL:
             raise ValueError("a snapshot is read with snapshot(), not changes()")
-        schema = from_arrow_schema(_schema(table, None, columns))
-        from pyspark.sql.types import LongType, StructField
-        zschema = StructType(list(schema.fields) + [StructField(WEIGHT, LongType())])
+        zschema = _zset_schema(table, None, columns)
         if start == end:
             return SourceChanges(Changelog.empty(views, zschema), 0, None)
         arrow = table.read_changes_arrow(start, end, columns)
@@ -149,6 +144,13 @@ class DeltaSource:
         keep = [c for c in arrow.column_names if c not in ("_change_type", "_commit_version", "_commit_timestamp")]
         data = arrow.select(keep).append_column(WEIGHT, weight)
         return SourceChanges(Changelog.of_source_change(views, data, schema=zschema), n, commit_ms)
+
+
+def _zset_schema(table: DeltaTableRef, version: int | None, columns: list[str] | None) -> StructType:
+    """The Spark schema of the table's changelog: its columns (or ``columns``) + ``__weight``."""
+    from pyspark.sql.types import LongType, StructField
+    schema = from_arrow_schema(_schema(table, version, columns))
+    return StructType(list(schema.fields) + [StructField(WEIGHT, LongType())])
 
 
 def _schema(table: DeltaTableRef, version: int | None, columns: list[str] | None) -> pa.Schema:
