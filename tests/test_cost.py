@@ -15,6 +15,7 @@ from consistent_stream.delta import DeltaTableRef
 from consistent_stream.errors import UniqueKeyViolation
 from consistent_stream.job import run_job
 from consistent_stream.oracle import batch_dataframe
+from consistent_stream.plan import incremental
 from consistent_stream.sources import Cut
 from consistent_stream.state import arrangement
 from consistent_stream.state.arrangement import CompactionPolicy
@@ -92,6 +93,33 @@ def test_a_small_first_build_runs_on_the_driver_and_writes_what_the_executors_wr
     for job in (keyed, bag):
         m = sc.run(job)["metrics"][0]
         assert m["strategy"] == "incremental" and m["state_rows_read"] <= 1000, m
+
+
+def test_a_change_too_large_for_the_driver_is_written_by_the_executors(spark, tmp_path, monkeypatch):
+    """A rebuild on the driver reads no state, so nothing bounded its intermediate results:
+    a join on a key with many rows on both sides (here 60,000 rows from 3,200 source rows)
+    is stopped at ``MAX_DRIVER_ROWS`` rows by the local engine and written by the executors
+    instead; an aggregate over the same join stays on the driver. Both targets equal batch
+    evaluation, then after an incremental batch whose change blows up the same way."""
+    monkeypatch.setattr(incremental, "MAX_DRIVER_ROWS", 5000)
+    sc = Scenario(spark, tmp_path, {
+        "a": pa.table({"id": list(range(3000)), "k": [i % 10 for i in range(3000)]}),
+        "b": pa.table({"j": list(range(200)), "k": [i % 10 for i in range(200)],
+                       "name": [f"n{i % 3}" for i in range(200)]}),
+    }, {"a": ["id"], "b": ["j"]})
+    pairs = sc.job("select a.id, b.name from src.a a join src.b b on a.k = b.k", None, name="pairs")
+    counts = sc.job("select b.name, count(*) as n from src.a a join src.b b on a.k = b.k group by b.name",
+                    "name", name="counts")
+    m = sc.run(pairs, full_refresh=True)["metrics"][0]
+    assert "on the driver" in m["reason"] and m["changes_on_executors"] >= 1, m
+    m = sc.run(counts, full_refresh=True)["metrics"][0]
+    assert "on the driver" in m["reason"] and m["changes_on_executors"] == 0, m
+    # 300 rows of a with k = 3 meet 20 new rows of b: 6,000 output rows, still exact
+    sc.insert("b", pa.table({"j": list(range(200, 220)), "k": [3] * 20, "name": [f"new{i}" for i in range(20)]}))
+    m = sc.run(pairs)["metrics"][0]
+    assert m["strategy"] == "incremental" and m["changes_on_executors"] >= 1, m
+    m = sc.run(counts)["metrics"][0]
+    assert m["strategy"] == "incremental" and m["changes_on_executors"] == 0, m
 
 
 @pytest.mark.parametrize("where", ["driver", "executors"])

@@ -21,7 +21,9 @@ class BatchMetrics:
     ``state_rows_compacted``: rows rewritten by state compaction; ``target_rows_rewritten``:
     target rows the commit copied into new files plus the rows it changed;
     ``strategy``: ``incremental`` or ``recompute``, and ``reason``: why; ``local_queries``:
-    delta queries the local engine (DuckDB) ran, ``spark_queries``: those it left to Spark."""
+    delta queries the local engine (DuckDB) ran, ``spark_queries``: those it left to Spark;
+    ``changes_on_executors``: materialized changes of more than ``MAX_DRIVER_ROWS`` rows, kept
+    in files the executors wrote instead of on the driver."""
     phases: dict = field(default_factory=dict)
     spark_jobs: int = 0
     state_rows_read: int = 0
@@ -32,6 +34,7 @@ class BatchMetrics:
     reason: str = ""
     local_queries: int = 0
     spark_queries: int = 0
+    changes_on_executors: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -372,6 +372,7 @@ class QueryRuntime:
             ev.close()
             self.store.end_batch()
             b.metrics.local_queries, b.metrics.spark_queries = ev.local_queries, ev.spark_queries
+            b.metrics.changes_on_executors = ev.changes_on_executors
             if local is not None:
                 local.close()
                 self.translations.save()   # when this batch made new ones

@@ -12,13 +12,15 @@ batch:
 * incremental batch: on the driver as Arrow (one Spark job), so that sizes, emptiness and
   the touched keys are known without another job, a term over an empty change is skipped
   with its state read, and the change joins state as a broadcast relation. A change that
-  would not be change-sized (the state rows its operator read exceed ``max_driver_rows``) is
-  written by the executors to scratch files instead;
+  would not be change-sized (the state rows its operator read exceed ``max_driver_rows``, or
+  its own rows do: a join whose key has many rows on both sides) is written by the executors
+  to scratch files instead;
 * rebuild (first batch, full refresh, or a batch recomputed from snapshots): by the
   executors, as the arrangement's new base files (read back for the rest of the plan), so
   nothing table-sized passes through the driver. A rebuild of small sources is not one of
   these: the runtime evaluates it as an incremental batch whose change is the snapshots,
-  over empty state (``rebuild=False, first=True``).
+  over empty state (``rebuild=False, first=True``); an intermediate result of more than
+  ``max_driver_rows`` rows still goes to the executors' files.
 
 A change known to be empty (an empty source change, or a rule with nothing to compute) costs
 no Spark job at all; its types come from :class:`PlanTypes`, computed once per plan by
@@ -34,6 +36,7 @@ consolidated again: each consolidation is a shuffle.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -51,8 +54,10 @@ from ..operators.join import JoinSide, join_delta
 from ..operators.keyed import RelationLookup
 from ..operators.linear import filter_sql, project_sql, reweight_sql, union_sql
 from ..state import Arrangement, StateStore
-from .local import LocalEngine
+from .local import LocalEngine, TooLarge
 from .logical import Aggregate, Dedup, Filter, Join, Node, Project, Reweight, Scan, Union, plain_column, walk
+
+log = logging.getLogger(__name__)
 
 MAX_DRIVER_ROWS = 1_000_000
 """State rows an incremental operator may read and still keep its change on the driver."""
@@ -184,15 +189,16 @@ class BatchEvaluator:
 
     def __init__(self, spark: SparkSession, store: StateStore | None, sources: dict[str, Changelog], views: Views, *,
                  rebuild: bool, first: bool, scratch: str, types: PlanTypes | None,
-                 max_driver_rows: int = MAX_DRIVER_ROWS, local: LocalEngine | None = None,
+                 max_driver_rows: int | None = None, local: LocalEngine | None = None,
                  parallelism: int | None = None):
         self.spark, self.store, self.sources, self.views = spark, store, sources, views
         self.parallelism = parallelism
         self.rebuild, self.first, self.scratch, self.types = rebuild, first, scratch, types
         self.dry = types is None
-        self.max_driver_rows = max_driver_rows
+        self.max_driver_rows = MAX_DRIVER_ROWS if max_driver_rows is None else max_driver_rows
         self.local = None if rebuild or self.dry else local
         self.local_queries = self.spark_queries = 0
+        self.changes_on_executors = 0   # materialized changes too large for the driver
         self.memo: dict[str, Changelog] = {}
         self.arrangements: dict[str, Arrangement] = {}   # filled by the dry run
         self._read_at_last = 0
@@ -208,13 +214,22 @@ class BatchEvaluator:
         (:mod:`~consistent_stream.plan.local`), else with Spark and ``toArrow`` when the state
         its operator read is change-sized, else the executors write it to scratch files first
         and only a result of at most ``max_driver_rows`` rows is then read by the driver.
+        A result of more than ``max_driver_rows`` rows is never held on the driver: the local
+        engine stops at that many (``TooLarge``) and the executors write it instead; a rebuild
+        on the driver, whose state reads bound nothing, writes every Spark result first.
         Rebuilds keep it on the executors."""
         if self.dry:
             return _typed_stand_in(self.views, self.views.sql(sql).schema)
         read = self.store.metrics.rows_read - self._read_at_last
         self._read_at_last = self.store.metrics.rows_read
+        large = False
         if self.local is not None and self.views.arrow:
-            data = self.local.run(sql, self.views.arrow, schema)
+            try:
+                data = self.local.run(sql, self.views.arrow, schema, max_out=self.max_driver_rows)
+            except TooLarge:
+                data, large = None, True
+                log.info("a change of more than %d rows is written by the executors, not held on the driver",
+                         self.max_driver_rows)
             if data is not None:
                 self.local_queries += 1
                 return Changelog.of_arrow(self.views, data, schema=schema)
@@ -222,12 +237,16 @@ class BatchEvaluator:
         rows = read + sum(c.rows or 0 for c in self.sources.values() if c.arrow is not None)
         with spark_confs(self.spark, {} if self.rebuild else small_query_confs(self.spark, rows, self.parallelism)):
             df = self.views.sql(sql)
-            if not self.rebuild and read <= self.max_driver_rows:
+            # a rebuild on the driver (``first``, not ``rebuild``) read no state: its results
+            # are bounded by writing them first, as a result known to be large is
+            if not self.rebuild and not self.first and not large and read <= self.max_driver_rows:
                 return Changelog.of_arrow(self.views, df.toArrow(), schema=df.schema)
             files = write_spark(df, self.scratch, new_dir("change"))
         if not files:
             return Changelog.empty(self.views, df.schema)
         n = sum(f.num_records for f in files)
+        if n > self.max_driver_rows:
+            self.changes_on_executors += 1
         from ..delta.deltars import as_uri
         uris = [as_uri(os.path.join(self.scratch, f.path)) for f in files]
         if not self.rebuild and n <= self.max_driver_rows:

@@ -75,6 +75,11 @@ class NotLocal(Exception):
     """The query has a construct whose semantics may differ between DuckDB and Spark."""
 
 
+class TooLarge(Exception):
+    """The query's result has more rows than the driver may hold (``max_out``): it is not
+    kept there; the caller runs it on the executors."""
+
+
 def _arrow_sql_type(t: pa.DataType) -> str | None:
     """The Spark SQL type of an Arrow column type the local engine accepts (None: not one)."""
     if pa.types.is_int8(t):
@@ -113,11 +118,17 @@ class LocalEngine:
     def close(self) -> None:
         self.con.close()
 
-    def run(self, sql: str, tables: dict[str, pa.Table], schema: StructType) -> pa.Table | None:
+    def run(self, sql: str, tables: dict[str, pa.Table], schema: StructType,
+            max_out: int | None = None) -> pa.Table | None:
         """The rows of the Spark SELECT ``sql`` over the driver-side ``tables`` (view name ->
         Arrow table), as an Arrow table of ``schema`` (the Spark schema the caller expects;
         columns by position). None when the query is not eligible or DuckDB could not run it
-        exactly: the caller then runs it on Spark."""
+        exactly: the caller then runs it on Spark.
+
+        Raises TooLarge when the result has more than ``max_out`` rows. The query then runs
+        under ``LIMIT max_out + 1``, so a result that blows up (a join on a key with many
+        rows on both sides) stops there instead of filling the driver's memory; inputs are
+        bounded by ``max_rows``."""
         import duckdb
 
         from ..changelog import Views
@@ -136,11 +147,15 @@ class LocalEngine:
                 self.db.function(SparkDivision.name(sig), lambda con, sig=sig: SparkDivision.register(con, sig))
             for name in used:
                 self.con.register(name, tables[name])
+            if max_out is not None:
+                duck_sql = f"SELECT * FROM ({duck_sql}) LIMIT {max_out + 1}"
             try:
                 out = self.con.sql(duck_sql).to_arrow_table()
             finally:
                 for name in used:
                     self.con.unregister(name)
+            if max_out is not None and out.num_rows > max_out:
+                raise TooLarge(f"more than {max_out} result rows")
             if out.num_columns != len(target) or [c.lower() for c in out.column_names] != \
                     [f.name.lower() for f in target]:
                 raise NotLocal(f"columns {out.column_names} are not {target.names}")
