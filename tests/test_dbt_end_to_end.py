@@ -35,7 +35,7 @@ from {{ source('shop', 'orders') }}
 group by cid
 """
 BAG_MODEL = """
-{{ config(materialized='consistent_stream') }}
+{{ config(materialized='consistent_stream', log_retention_hours=48, local_engine='spark') }}
 select cid, amount from {{ source('shop', 'orders') }}
 """
 SCHEMA_YML = """
@@ -99,6 +99,10 @@ def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(spark, tmp_p
     monkeypatch.undo()
     with open(index_path(str(tmp_path), "totals")) as f:
         target = DeltaTableRef(json.load(f)["target_path"])
+    # the engine's config keys reach it through dbt: the retention is the target's property
+    with open(index_path(str(tmp_path), "amounts")) as f:
+        amounts = DeltaTable(json.load(f)["target_path"])
+    assert amounts.metadata().configuration["delta.logRetentionDuration"] == f"interval {48 * 3600} seconds"
     # persist_docs: the descriptions in the Delta table's metadata and in the catalog
     written = ("Orders per customer", {"cid": "The customer", "n": "How many orders", "total": None})
     assert docs() == (written, written)

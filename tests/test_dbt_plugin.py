@@ -158,7 +158,7 @@ CONSISTENT_STREAM_SOURCES = """
 CUSTOMER_TOTALS = """
     {{ config(materialized='consistent_stream', unique_key=['customer_id'],
               partition_by='region', checkpoint_location='/tmp/chk', trigger='availableNow',
-              max_batch_rows=1000) }}
+              max_batch_rows=1000, local_engine='spark', log_retention_hours=48) }}
     select c.customer_id, c.region, count(*) as orders, sum(o.amount) as amount
     from {{ source('shop', 'customers') }} as c
     inner join {{ source('shop', 'orders') }} as o on o.customer_id = c.customer_id
@@ -203,6 +203,9 @@ def test_consistent_stream_model_calls_the_engine_with_its_sql_sources_and_confi
     assert call["config"] == {"unique_key": ["customer_id"], "location_root": None, "checkpoint_location": "/tmp/chk",
                               "partition_by": "region", "trigger": "availableNow", "max_batch_rows": 1000,
                               "recompute_threshold": None, "autoscale": None, "state_file_rows": None,
+                              "local_engine": "spark", "log_retention_hours": 48,
+                              "deleted_file_retention_hours": None, "state_retention_versions": None,
+                              "checkpoint_interval": None,
                               "on_configuration_change": "apply", "on_schema_change": "ignore",
                               "contract": [], "constraints": [], "docs": None}  # no persist_docs
     assert call["full_refresh"] is False

@@ -134,7 +134,8 @@ class ConsistentSparkAdapter(SparkAdapter):
         ``sources`` holds one ``{"source_name", "name", "relation", "meta"}`` per dbt source
         the model reads; ``config`` the model's ``unique_key``, ``location_root``,
         ``checkpoint_location``, ``partition_by``, ``trigger``, ``recompute_threshold``,
-        ``max_batch_rows`` and ``state_file_rows``. Returns the engine's summary
+        ``max_batch_rows``, ``state_file_rows``, ``local_engine``, the retention keys and the
+        rest of the engine's config (``JobSpec.from_dbt``). Returns the engine's summary
         (``model``, ``batches``, ``changes_read``, ``rows_written``, ``seconds``,
         ``target_version``, ``target_path``, ...). Engine errors become ``DbtRuntimeError``
         with the engine's message.

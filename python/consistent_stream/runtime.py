@@ -235,11 +235,13 @@ class QueryRuntime:
         if not result.skipped:
             log.info("%s: batch %d committed target version %s (%s%s): %d changes read, %d rows written, "
                      "%.2fs, %d Spark jobs, %d delta queries local / %d on Spark, %d state rows read, "
-                     "%d target rows rewritten, phases %s",
+                     "%d target rows rewritten, %sphases %s",
                      self.job.model, batch_id, result.target_version, m.strategy,
                      f": {m.reason}" if m.reason else "", result.changes_read, result.rows_written,
                      result.seconds, m.spark_jobs, m.local_queries, m.spark_queries, m.state_rows_read,
-                     m.target_rows_rewritten, m.phases)
+                     m.target_rows_rewritten,
+                     f"{m.changes_on_executors} changes too large for the driver written by the executors, "
+                     if m.changes_on_executors else "", m.phases)
         return result
 
     def _process(self, app_id: str, batch_id: int, start: Cut, end: Cut, t0: float) -> BatchResult:

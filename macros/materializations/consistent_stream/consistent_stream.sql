@@ -26,6 +26,11 @@
       'max_batch_rows': config.get('max_batch_rows', none),
       'autoscale': config.get('autoscale', none),
       'state_file_rows': config.get('state_file_rows', none),
+      'local_engine': config.get('local_engine', none),
+      'log_retention_hours': config.get('log_retention_hours', none),
+      'deleted_file_retention_hours': config.get('deleted_file_retention_hours', none),
+      'state_retention_versions': config.get('state_retention_versions', none),
+      'checkpoint_interval': config.get('checkpoint_interval', none),
       'on_configuration_change': config.get('on_configuration_change', none),
       'on_schema_change': config.get('on_schema_change', none),
       'contract': contract.columns,
@@ -73,8 +78,10 @@
                ~ batch.get('strategy') ~ (': ' ~ batch.get('reason') if batch.get('reason') else '') ~ '): '
                ~ batch.get('seconds') ~ ' s, ' ~ batch.get('spark_jobs') ~ ' Spark jobs, '
                ~ batch.get('changes_read') ~ ' changes read, ' ~ batch.get('state_rows_read') ~ ' state rows read, '
-               ~ batch.get('target_rows_rewritten') ~ ' target rows rewritten, phases '
-               ~ tojson(batch.get('phases')), info=True) %}
+               ~ batch.get('target_rows_rewritten') ~ ' target rows rewritten, '
+               ~ (batch.get('changes_on_executors') ~ ' changes too large for the driver written by the executors, '
+                  if batch.get('changes_on_executors') else '')
+               ~ 'phases ' ~ tojson(batch.get('phases')), info=True) %}
   {% endfor %}
   {% for progress in summary.get('progress', []) %}
     {% do log('consistent_stream ' ~ model['name'] ~ ' StreamingQueryProgress ' ~ tojson(progress), info=False) %}
