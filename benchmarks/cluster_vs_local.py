@@ -61,9 +61,11 @@ def _session(master: str, warehouse: Path, driver_memory: str | None, executor_m
 
 
 def run_variant(master: str, data: Path, root: Path, models: list[str], rounds: int,
-                driver_memory: str | None, label: str, executor_memory: str | None = None) -> list[dict]:
+                driver_memory: str | None, label: str, executor_memory: str | None = None,
+                driver_rebuild_rows: int | None = None) -> list[dict]:
     """Build ``models`` over the TPC-H tables in ``data``, then ``rounds`` refresh rounds with
-    an incremental run each; every committed version verified. One record per model and step."""
+    an incremental run each; every committed version verified. One record per model and step.
+    ``driver_rebuild_rows``: the models' config of that name (None: its default)."""
     from consistent_stream.delta import DeltaTableRef
     from consistent_stream.job import run_job
     from consistent_stream.tpch.refresh import refresh_round
@@ -76,6 +78,8 @@ def run_variant(master: str, data: Path, root: Path, models: list[str], rounds: 
     for name in models:
         sql, config, used, _ = render_model(EXAMPLE_MODELS / f"{name}.sql")
         jobs.append(job_for(name, sql, tpch_sources(str(data), used), config["unique_key"], root, schema="bench"))
+        if driver_rebuild_rows is not None:
+            jobs[-1].driver_rebuild_rows = driver_rebuild_rows
     out = []
 
     def step(job, name: str, **kw) -> None:
@@ -91,6 +95,7 @@ def run_variant(master: str, data: Path, root: Path, models: list[str], rounds: 
         rec = {"variant": label, "master": master, "model": job.model, "step": name, "seconds": round(secs, 3),
                "batches": r["batches"], "changes_read": r.get("changes_read"), "versions": versions,
                "versions_verified": len(versions) - len(bad), "versions_wrong": bad,
+               "strategies": [f"{m['strategy']}{': ' + m['reason'] if m['reason'] else ''}" for m in r["metrics"]],
                "driver_peak_rss_mb": rss.peak}
         out.append(rec)
         print(json.dumps(rec), flush=True)
@@ -117,6 +122,8 @@ def main() -> int:
     ap.add_argument("--driver-memory", default=None, help="spark.driver.memory for every variant (default: Spark's)")
     ap.add_argument("--executor-memory", default=None,
                     help="spark.executor.memory of the cluster's executors (default: Spark's, 1g)")
+    ap.add_argument("--driver-rebuild-rows", type=int, default=None,
+                    help="the models' driver_rebuild_rows config (0: every rebuild on the executors)")
     ap.add_argument("--one", action="store_true", help="one variant in this process: --master, --data, --root")
     ap.add_argument("--master", default="local[*]")
     ap.add_argument("--label", default=None)
@@ -129,7 +136,7 @@ def main() -> int:
             generate(a.sf[0], Path(a.root) / "data")
             a.data = str(Path(a.root) / "data")
         run_variant(a.master, Path(a.data), Path(a.root), a.models, a.rounds, a.driver_memory,
-                    a.label or a.master, a.executor_memory)
+                    a.label or a.master, a.executor_memory, a.driver_rebuild_rows)
         return 0
     from consistent_stream import cluster
     from consistent_stream.tpch.generate import generate
@@ -155,6 +162,8 @@ def main() -> int:
                     cmd += ["--driver-memory", a.driver_memory]
                 if a.executor_memory:
                     cmd += ["--executor-memory", a.executor_memory]
+                if a.driver_rebuild_rows is not None:
+                    cmd += ["--driver-rebuild-rows", str(a.driver_rebuild_rows)]
                 proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
                 for line in proc.stdout.splitlines():
                     if line.startswith("{"):

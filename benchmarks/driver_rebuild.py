@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/driver_rebuild.py [--sf 0.002 0.005 0.01 0.02 0.05] [--reps 3]
 
 A rebuild (first batch, ``--full-refresh``, a recomputed batch) whose sources hold at most
-``runtime.DRIVER_REBUILD_ROWS`` rows runs on the driver: the snapshots go through the delta
+``driver_rebuild_rows`` rows runs on the driver: the snapshots go through the delta
 rules over empty state, and the state and target files are written from there. Larger ones
 run on Spark's executors (one or more Spark jobs per arrangement). This times both, per TPC-H
 scale factor and example model, in one warm SparkSession that sets no tuning (no shuffle
@@ -19,7 +19,6 @@ import argparse
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +34,7 @@ def main() -> int:
     ap.add_argument("--models", nargs="+", default=None)
     args = ap.parse_args()
     from refresh_vs_full import PeakRSS, _session
-    from consistent_stream import runtime
+    from consistent_stream.spec import DRIVER_REBUILD_ROWS
     from consistent_stream.job import run_job
     from consistent_stream.sources.formats import open_source
     from consistent_stream.tpch.generate import generate
@@ -45,40 +44,36 @@ def main() -> int:
     models = args.models or sorted(p.stem for p in EXAMPLE_MODELS.glob("*.sql")
                                    if not render_model(p)[3] and render_model(p)[1].get("materialized") != "view")
     spark = _session(None, DATA / "driver_rebuild" / "warehouse")
-    default = runtime.DRIVER_REBUILD_ROWS
     summary = []
-    try:
-        for sf in args.sf:
-            root = DATA / "driver_rebuild" / f"sf{sf:g}"
-            shutil.rmtree(root, ignore_errors=True)
-            generate(sf, root / "data")
-            for name in models:
-                sql, config, used, _ = render_model(EXAMPLE_MODELS / f"{name}.sql")
-                job = job_for(name, sql, tpch_sources(str(root / "data"), used), config["unique_key"], root,
-                              schema="bench")
-                rows = sum(open_source(s).rows(open_source(s).latest_position()) for s in job.sources)
-                rec = {"sf": sf, "model": name, "source_rows": rows}
-                for where, limit in (("driver", 10 ** 12), ("executors", -1)):
-                    runtime.DRIVER_REBUILD_ROWS = limit
-                    best = None
-                    for _ in range(args.reps):
-                        with PeakRSS(spark) as rss:
-                            s = run_job(spark, job, full_refresh=True)
-                        m = s["metrics"][0]
-                        assert ("on the driver" in m["reason"]) == (where == "driver"), m
-                        if best is None or m["seconds"] < best["seconds"]:
-                            best = {"seconds": m["seconds"], "run_s": s["seconds"], "spark_jobs": m["spark_jobs"],
-                                    "peak_rss_mb": rss.peak}
-                        assert_target_equals_batch_evaluation(spark, job, f"{name} at SF {sf} ({where})")
-                    rec[where] = best
-                rec["ratio_executors_to_driver"] = round(rec["executors"]["seconds"] / rec["driver"]["seconds"], 2)
-                print(json.dumps(rec), flush=True)
-                summary.append(rec)
-            shutil.rmtree(root, ignore_errors=True)
-    finally:
-        runtime.DRIVER_REBUILD_ROWS = default
+    for sf in args.sf:
+        root = DATA / "driver_rebuild" / f"sf{sf:g}"
+        shutil.rmtree(root, ignore_errors=True)
+        generate(sf, root / "data")
+        for name in models:
+            sql, config, used, _ = render_model(EXAMPLE_MODELS / f"{name}.sql")
+            job = job_for(name, sql, tpch_sources(str(root / "data"), used), config["unique_key"], root,
+                          schema="bench")
+            rows = sum(open_source(s).rows(open_source(s).latest_position()) for s in job.sources)
+            rec = {"sf": sf, "model": name, "source_rows": rows}
+            for where, limit in (("driver", 10 ** 12), ("executors", 0)):
+                job.driver_rebuild_rows = limit
+                best = None
+                for _ in range(args.reps):
+                    with PeakRSS(spark) as rss:
+                        s = run_job(spark, job, full_refresh=True)
+                    m = s["metrics"][0]
+                    assert ("on the driver" in m["reason"]) == (where == "driver"), m
+                    if best is None or m["seconds"] < best["seconds"]:
+                        best = {"seconds": m["seconds"], "run_s": s["seconds"], "spark_jobs": m["spark_jobs"],
+                                "peak_rss_mb": rss.peak}
+                    assert_target_equals_batch_evaluation(spark, job, f"{name} at SF {sf} ({where})")
+                rec[where] = best
+            rec["ratio_executors_to_driver"] = round(rec["executors"]["seconds"] / rec["driver"]["seconds"], 2)
+            print(json.dumps(rec), flush=True)
+            summary.append(rec)
+        shutil.rmtree(root, ignore_errors=True)
     print(json.dumps({"summary": [{k: r[k] for k in ("sf", "model", "source_rows", "ratio_executors_to_driver")}
-                                  for r in summary], "driver_rebuild_rows": default}), flush=True)
+                                  for r in summary], "driver_rebuild_rows": DRIVER_REBUILD_ROWS}), flush=True)
     return 0
 
 

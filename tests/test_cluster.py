@@ -54,15 +54,17 @@ def test_a_port_in_use_is_named(tmp_path):
 def test_joins_and_aggregates_on_the_cluster_match_batch_evaluation_at_every_version(standalone, tmp_path):
     # the driver in a process of its own (this process's SparkSession is local), as dbt's
     # would be: TPC-H SF 0.01, q3 (a 3-way join + GROUP BY: join and aggregate state), the
-    # initial build then three refresh rounds
+    # initial build then three refresh rounds. The initial build's 76,675 source rows would
+    # rebuild on the driver: driver_rebuild_rows 0 sends it to the executors
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "cluster_vs_local.py"), "--one", "--master",
          standalone.master_url, "--label", "cluster", "--sf", "0.01", "--root", str(tmp_path), "--rounds", "3",
-         "--models", "q3_revenue_per_order"],
+         "--models", "q3_revenue_per_order", "--driver-rebuild-rows", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     recs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert [r["step"] for r in recs] == ["initial_build", "refresh_round_1", "refresh_round_2", "refresh_round_3"]
+    assert recs[0]["strategies"] == ["recompute: first batch of the query"], recs[0]   # not "on the driver"
     for r in recs:
         assert r["versions_wrong"] == [], r
         assert r["versions_verified"] == len(r["versions"]), r

@@ -9,7 +9,6 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from consistent_stream import runtime
 from consistent_stream.changelog import arrow_to_spark
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.errors import UniqueKeyViolation
@@ -64,14 +63,11 @@ def test_a_change_at_one_key_reads_a_small_fraction_of_the_state(spark, tmp_path
 
 
 @pytest.mark.parametrize("where", ["driver", "executors"])
-def test_a_small_first_build_runs_on_the_driver_and_writes_what_the_executors_write(spark, tmp_path,
-                                                                                     monkeypatch, where):
-    """Sources of at most ``DRIVER_REBUILD_ROWS`` rows are rebuilt on the driver: their
+def test_a_small_first_build_runs_on_the_driver_and_writes_what_the_executors_write(spark, tmp_path, where):
+    """Sources of at most ``driver_rebuild_rows`` rows are rebuilt on the driver: their
     snapshots go through the delta rules over empty state, in a few Spark jobs, not one or
     more per arrangement. Either way the state is base files of at most ``state_file_rows``
     rows (so the next batch reads by key) and the target equals batch evaluation, bag or keyed."""
-    if where == "executors":
-        monkeypatch.setattr(runtime, "DRIVER_REBUILD_ROWS", -1)
     n = 3000
     sc = Scenario(spark, tmp_path, {
         "a": pa.table({"id": list(range(n)), "k": [i % 1000 for i in range(n)], "x": [i % 17 for i in range(n)]}),
@@ -82,6 +78,7 @@ def test_a_small_first_build_runs_on_the_driver_and_writes_what_the_executors_wr
     bag = sc.job("select a.x, b.name from src.a a join src.b b on a.k = b.k where a.x < 3", None, name="bag")
     for job in (keyed, bag):
         job.state_file_rows = 200
+        job.driver_rebuild_rows = 0 if where == "executors" else job.driver_rebuild_rows
         m = sc.run(job, full_refresh=True)["metrics"][0]
         assert m["strategy"] == "recompute" and ("on the driver" in m["reason"]) == (where == "driver"), m
         if where == "driver":
@@ -123,12 +120,11 @@ def test_a_change_too_large_for_the_driver_is_written_by_the_executors(spark, tm
 
 
 @pytest.mark.parametrize("where", ["driver", "executors"])
-def test_a_rebuild_that_breaks_the_unique_key_commits_nothing(spark, tmp_path, monkeypatch, where):
-    if where == "executors":
-        monkeypatch.setattr(runtime, "DRIVER_REBUILD_ROWS", -1)
+def test_a_rebuild_that_breaks_the_unique_key_commits_nothing(spark, tmp_path, where):
     sc = Scenario(spark, tmp_path, {"t": pa.table({"id": [1, 2, 3], "g": ["a", "a", "b"], "h": [1, 2, 3]})},
                   {"t": ["id"]})
     job = sc.job("select g, h from src.t", "g")
+    job.driver_rebuild_rows = 0 if where == "executors" else job.driver_rebuild_rows
     with pytest.raises(UniqueKeyViolation, match=r"model m: unique_key \['g'\] is not unique: key \{'g': 'a'\} "
                                                  r"has 2 rows in the output"):
         run_job(spark, job, full_refresh=True)

@@ -8,6 +8,7 @@ end, restore the runtime confs the profile changed, and never stop the session.
 
 from __future__ import annotations
 
+import re
 import textwrap
 import uuid
 from pathlib import Path
@@ -202,6 +203,7 @@ def test_consistent_stream_model_calls_the_engine_with_its_sql_sources_and_confi
     ]
     assert call["config"] == {"unique_key": ["customer_id"], "location_root": None, "checkpoint_location": "/tmp/chk",
                               "partition_by": "region", "trigger": "availableNow", "max_batch_rows": 1000,
+                              "driver_rebuild_rows": None,
                               "recompute_threshold": None, "autoscale": None, "state_file_rows": None,
                               "local_engine": "spark", "log_retention_hours": 48,
                               "deleted_file_retention_hours": None, "state_retention_versions": None,
@@ -359,8 +361,6 @@ def test_every_config_key_the_readme_documents_reaches_the_engine():
     """The materialization passes the engine an explicit dict of config keys: a key the README
     documents but the macro leaves out is silently replaced by the engine's default (as
     ``local_engine`` and the retention keys were)."""
-    import re
-
     from helpers import REPO
     readme = (REPO / "README.md").read_text()
     table = readme.split("\nConfig keys:\n", 1)[1].lstrip("\n").split("\n\n", 1)[0]
@@ -370,3 +370,21 @@ def test_every_config_key_the_readme_documents_reaches_the_engine():
     passed = set(re.findall(r"^\s*'(\w+)':", block, re.M))
     assert len(documented) >= 14, documented
     assert documented <= passed, f"documented, not passed to the engine: {sorted(documented - passed)}"
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("driver_rebuild_rows", -5, "config driver_rebuild_rows must be an integer >= 0, got -5"),
+    ("driver_rebuild_rows", 2.5, "config driver_rebuild_rows must be an integer >= 0, got 2.5"),
+    ("state_retention_versions", 0, "config state_retention_versions must be an integer >= 1, got 0"),
+    ("local_engine", "polars", "config local_engine must be 'duckdb' or 'spark', got 'polars'"),
+])
+def test_a_bad_engine_config_value_names_the_model_and_the_key(tmp_path, key, value, message):
+    from consistent_stream.errors import ConfigError
+    from consistent_stream.spec import JobSpec
+    source = {"source_name": "shop", "name": "orders", "relation": "shop_raw.orders",
+              "meta": {"format": "delta", "location": "data/orders", "primary_key": ["order_id"]}}
+    kw = dict(project_root=str(tmp_path), schema="s", identifier="m", model_name="m", sql="select 1",
+              sources=[source], warehouse_dir=str(tmp_path / "warehouse"))
+    assert JobSpec.from_dbt(**kw, config={"driver_rebuild_rows": 0}).driver_rebuild_rows == 0
+    with pytest.raises(ConfigError, match=re.escape(f"model m: {message}")):
+        JobSpec.from_dbt(**kw, config={key: value})

@@ -42,7 +42,6 @@ from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 
-from consistent_stream import runtime
 from consistent_stream.job import run_job
 from consistent_stream.state import arrangement
 from consistent_stream.state.arrangement import CompactionPolicy
@@ -262,7 +261,7 @@ def local_engine(shape: str) -> str:
 def test_random_change_streams_keep_the_target_equal_to_batch_evaluation(spark, shape, monkeypatch):
     sql = SHAPES[shape]
     monkeypatch.setattr(arrangement, "DEFAULT_POLICY", COMPACT_OFTEN)
-    streams, runtime_default = [], runtime.DRIVER_REBUILD_ROWS
+    streams = []
 
     @settings(max_examples=max(EXAMPLES, 1), deadline=None, database=None, print_blob=True,
               suppress_health_check=list(HealthCheck), derandomize=SEED is None,
@@ -272,7 +271,7 @@ def test_random_change_streams_keep_the_target_equal_to_batch_evaluation(spark, 
     @seed(int(SEED or 0) + zlib.crc32(shape.encode()))
     def run(stream):
         # the first stream (the seeded one) rebuilds on the executors, the others on the driver
-        monkeypatch.setattr(runtime, "DRIVER_REBUILD_ROWS", -1 if not streams else runtime_default)
+        on_executors = not streams
         streams.append(stream)
         root = Path(tempfile.mkdtemp(prefix=f"prop_{shape}_"))
         try:
@@ -280,6 +279,8 @@ def test_random_change_streams_keep_the_target_equal_to_batch_evaluation(spark, 
             job = job_for(shape, sql, src.sources(), None, root)
             job.state_file_rows = STATE_FILE_ROWS
             job.local_engine = local_engine(shape)
+            if on_executors:
+                job.driver_rebuild_rows = 0
             run_job(spark, job, full_refresh=True)
             assert_target_equals_batch_evaluation(spark, job, f"{shape} initial")
             for i, batch in enumerate(stream["batches"]):

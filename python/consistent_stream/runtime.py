@@ -8,7 +8,8 @@ For batch ``b`` ending at cut ``C_b`` (the previous one ended at ``C_{b-1}``):
    (the batch is the first of its query, or its change is larger than
    ``recompute_threshold`` x the sources' rows: every arrangement and the target are rebuilt
    from the snapshots at ``C_b`` by Spark's executors, as Databricks Enzyme chooses per
-   update) and log why. A rebuild whose sources hold at most ``DRIVER_REBUILD_ROWS`` rows
+   update) and log why. A rebuild whose sources hold at most ``driver_rebuild_rows`` rows
+   (the model's config, :data:`~consistent_stream.spec.DRIVER_REBUILD_ROWS` by default)
    runs on the driver instead: the snapshots are read as changelogs of inserts and go
    through the delta rules over empty state (the view of a snapshot is its change from
    nothing), which costs a few Spark jobs, not one per arrangement;
@@ -65,16 +66,6 @@ INCREMENTAL_CONFS = {
     # more than it saves on a change-sized query (the delta queries only, not the commits)
     "spark.sql.adaptive.enabled": "false",
 }
-
-DRIVER_REBUILD_ROWS = 1_000_000
-"""Source rows (summed over the model's sources at the batch's cut) up to which a rebuild
-runs on the driver (see the module docstring); the bound of ``MAX_DRIVER_ROWS`` on a change
-held there. Above it, the executors rebuild, and the driver never holds a table-sized
-relation. ``benchmarks/driver_rebuild.py``, the example models in a warm session at Spark's
-defaults: on the driver 0.08-0.31 s from 3,300 to 382,000 source rows, 0.52-0.78 s at TPC-H
-SF 0.1 (600,000-766,000), 0.7-1.5 s at SF 0.2 (1.2-1.5M); on the executors 2.0-3.2 s, 4.6-6.9 s
-and 5.0-5.5 s (21-29 Spark jobs). At SF 0.1 the driver's Python peaked at 560-740 MB
-(460-740 MB with the executors' rebuild), the JVM at 450-1,350 MB (930-1,380 MB)."""
 
 
 @dataclass(frozen=True)
@@ -333,9 +324,13 @@ class QueryRuntime:
 
     def _rebuild_on_driver(self, b: "_Batch") -> bool:
         """Whether a rebuild runs on the driver: its sources hold at most
-        ``DRIVER_REBUILD_ROWS`` rows at the batch's cut (from the logs' statistics)."""
+        ``driver_rebuild_rows`` rows at the batch's cut (from the logs' statistics); never
+        when that config is 0."""
+        limit = self.job.driver_rebuild_rows
+        if limit <= 0:
+            return False
         total = self._source_rows(b)
-        if total > DRIVER_REBUILD_ROWS:
+        if total > limit:
             return False
         b.metrics.reason += f"; on the driver ({total} source rows)"
         return True

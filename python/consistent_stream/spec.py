@@ -36,6 +36,16 @@ STATE_FILE_ROWS = 1_000_000
 """Default ``state_file_rows``: rows per state (and rebuilt target) file."""
 MAX_BATCH_ROWS = 500_000
 """Default ``max_batch_rows``: source change rows above which a backlog is split."""
+DRIVER_REBUILD_ROWS = 1_000_000
+"""Default ``driver_rebuild_rows``: source rows (summed over the model's sources at the batch's
+cut) up to which a rebuild runs on the driver (:mod:`consistent_stream.runtime`); the bound of
+``MAX_DRIVER_ROWS`` on a change held there. Above it, the executors rebuild, and the driver
+never holds a table-sized relation. ``benchmarks/driver_rebuild.py``, the example models in a
+warm session at Spark's defaults: on the driver 0.08-0.31 s from 3,300 to 382,000 source rows,
+0.52-0.78 s at TPC-H SF 0.1 (600,000-766,000), 0.7-1.5 s at SF 0.2 (1.2-1.5M); on the
+executors 2.0-3.2 s, 4.6-6.9 s and 5.0-5.5 s (21-29 Spark jobs). At SF 0.1 the driver's Python
+peaked at 560-740 MB (460-740 MB with the executors' rebuild), the JVM at 450-1,350 MB
+(930-1,380 MB)."""
 LOG_RETENTION_HOURS = 720.0
 """Default ``log_retention_hours``: the target's log entries are kept this long (Delta's
 ``delta.logRetentionDuration``, 30 days); see :mod:`consistent_stream.sink.maintenance`."""
@@ -162,7 +172,8 @@ class JobSpec:
     ``recompute_threshold``: a batch whose source change rows exceed this fraction of the
     sources' rows is recomputed from snapshots; ``state_file_rows``: rows per state (and
     rebuilt target) file; ``max_batch_rows``: source change rows above which a backlog is
-    split into several micro-batches; ``local_engine``: where change-sized delta queries
+    split into several micro-batches; ``driver_rebuild_rows``: source rows up to which a
+    rebuild runs on the driver, not on the executors (0: never); ``local_engine``: where change-sized delta queries
     over driver-side relations run, ``duckdb`` (in-process, exact or not at all, see
     :mod:`consistent_stream.plan.local`) or ``spark`` (always as Spark jobs).
     ``log_retention_hours``, ``deleted_file_retention_hours``, ``state_retention_versions``,
@@ -192,6 +203,7 @@ class JobSpec:
     recompute_threshold: float = RECOMPUTE_THRESHOLD
     state_file_rows: int = STATE_FILE_ROWS
     max_batch_rows: int = MAX_BATCH_ROWS
+    driver_rebuild_rows: int = DRIVER_REBUILD_ROWS
     local_engine: str = "duckdb"
     log_retention_hours: float = LOG_RETENTION_HOURS
     deleted_file_retention_hours: float = DELETED_FILE_RETENTION_HOURS
@@ -275,6 +287,7 @@ class JobSpec:
         threshold = _number(config, "recompute_threshold", RECOMPUTE_THRESHOLD, float, model_name, low=0.0)
         file_rows = _number(config, "state_file_rows", STATE_FILE_ROWS, int, model_name, low=1)
         batch_rows = _number(config, "max_batch_rows", MAX_BATCH_ROWS, int, model_name, low=1)
+        driver_rows = _number(config, "driver_rebuild_rows", DRIVER_REBUILD_ROWS, int, model_name, low=0)
         local_engine = str(config.get("local_engine") or "duckdb").lower()
         retention = dict(
             log_retention_hours=_number(config, "log_retention_hours", LOG_RETENTION_HOURS, float, model_name, low=0.0),
@@ -307,6 +320,7 @@ class JobSpec:
         return JobSpec(model=model_name, schema=schema, identifier=identifier, sql=sql, sources=srcs,
                        unique_key=unique_key, target_path=target, checkpoint_location=os.path.normpath(ckpt),
                        partition_by=partition_by, trigger=trigger, recompute_threshold=threshold,
-                       state_file_rows=file_rows, max_batch_rows=batch_rows, local_engine=local_engine,
+                       state_file_rows=file_rows, max_batch_rows=batch_rows, driver_rebuild_rows=driver_rows,
+                       local_engine=local_engine,
                        contract=contract, constraints=constraints, docs=docs, autoscale=autoscale, **retention,
                        **policies)

@@ -24,6 +24,7 @@
       'trigger': config.get('trigger', none),
       'recompute_threshold': config.get('recompute_threshold', none),
       'max_batch_rows': config.get('max_batch_rows', none),
+      'driver_rebuild_rows': config.get('driver_rebuild_rows', none),
       'autoscale': config.get('autoscale', none),
       'state_file_rows': config.get('state_file_rows', none),
       'local_engine': config.get('local_engine', none),

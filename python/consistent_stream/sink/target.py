@@ -12,7 +12,7 @@ Rebuilds (the first batch of a query, every full refresh, a batch recomputed fro
 and incremental changes too large for the driver replace the target instead: Spark's
 executors write the new files, and one commit removes the old ones and adds these, with the
 txn. The driver only lists files; or, for a rebuild small enough to run on the driver
-(``runtime.DRIVER_REBUILD_ROWS``), writes the few files itself.
+(the model's ``driver_rebuild_rows``), writes the few files itself.
 
 The changes are sorted by all columns before the commit, so the same input gives the same
 commit whatever Spark's partitioning and shuffle order were.
