@@ -11,7 +11,7 @@ prune), at one key, and at a contiguous key range of the same size, by
 * ``arrow``: the state store's ``arrow_scan``, Arrow's dataset scanner with an ``is_in``
   filter (the keyed read before DuckDB's, and its fallback; it decodes every column of every
   row group, then filters);
-* ``duckdb``: the state store's ``_KeyedScan`` (the key filter evaluated first, the payload
+* ``duckdb``: ``duck.KeyedScan`` (the key filter evaluated first, the payload
   decoded where rows match).
 
 Prints one JSON line: the best of 3 seconds and the rows returned, per reader and key set.
@@ -34,7 +34,8 @@ def main() -> None:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from consistent_stream.state.arrangement import _KeyedScan, arrow_scan
+    from consistent_stream.duck import KeyedScan
+    from consistent_stream.state.arrangement import arrow_scan
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=34_000_000)
@@ -61,7 +62,7 @@ def main() -> None:
             "one": pa.array(values[len(values) // 2: len(values) // 2 + 1]),
             "range": pa.array(values[start:start + args.keys]),
         }
-        scan = _KeyedScan()
+        scan = KeyedScan()
         readers = {
             "arrow": lambda ks: arrow_scan(paths, schema, {"l_orderkey": ks}).num_rows,
             "duckdb": lambda ks: scan.scan(paths, schema, {"l_orderkey": ks}, None).num_rows,

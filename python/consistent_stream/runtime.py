@@ -33,13 +33,10 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
-from .changelog import WEIGHT, Views, arrow_has_types, arrow_to_spark
+from .changelog import WEIGHT, Views, arrow_has_types
 from .delta import Commit, DeltaTableRef, Docs, Txn
 from .delta.deltars import arrow_schema
 from .errors import CommitError
@@ -48,7 +45,7 @@ from .metrics import BatchMetrics, Phases, counted_jobs
 from .plan import CompiledModel
 from .plan.incremental import BatchEvaluator, PlanTypes, spark_confs
 from .plan.local import LocalEngine, Translations, session_supported
-from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, sink_changes
+from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, multiplicities, sink_changes
 from .sink.constraints import check_constraints
 from .sink.maintenance import retention_of, table_properties
 from .sink.unique import check_new_keys
@@ -405,31 +402,9 @@ class QueryRuntime:
             changes = sink_changes(out.arrow, self.key, job.model, first=False)
             check_new_keys(self.target, prev_version, out.arrow, self.key, job.model)
         else:
-            changes = bag_changes(out.arrow, _multiplicities(spark, self.target, prev_version, out.arrow),
+            changes = bag_changes(out.arrow, multiplicities(spark, self.target, prev_version, out.arrow),
                                   job.model, first=False)
         return commit_changes(self.target, changes, unique_key=self.key, txn=txn, metadata=md)
-
-
-def _multiplicities(spark: SparkSession, target: DeltaTableRef, version: int, delta: pa.Table):
-    """For the rows of ``delta`` (Arrow, columns + ``__weight``) with a negative weight, their
-    number of copies in the target at ``version``: columns + ``__count``. Scans the target
-    (a bag has no key to look rows up by)."""
-    neg = delta.filter(pc.less(delta.column(WEIGHT), 0)).drop_columns([WEIGHT])
-    if neg.num_rows == 0:
-        return None
-    cols = neg.column_names
-    views = Views(spark)
-    try:
-        rows = target.read_snapshot(spark, version, cols)
-        t = views.add(rows)
-        k = views.add(F.broadcast(arrow_to_spark(spark, neg, rows.schema)))
-        from .changelog import cols_sql
-        from .operators.keyed import key_condition
-        sql = (f"SELECT {cols_sql(cols)}, COUNT(1) AS `__count` FROM (SELECT s.* FROM {t} s LEFT SEMI JOIN {k} k "
-               f"ON {key_condition('s', cols, 'k', cols, True)}) GROUP BY {cols_sql(cols)}")
-        return spark.sql(sql).toArrow()
-    finally:
-        views.drop()
 
 
 __all__ = ["BatchMeta", "BatchResult", "QueryRuntime", "target_key", "INITIAL"]

@@ -121,6 +121,85 @@ def bag_changes(delta: pa.Table, old_counts: pa.Table | None, model: str, *, fir
     return _sorted(out)
 
 
+def multiplicities(spark, target: DeltaTableRef, version: int, delta: pa.Table) -> pa.Table | None:
+    """For the rows of a bag's consolidated output changelog ``delta`` (target columns +
+    ``__weight``) with a negative weight, their number of copies in the target at
+    ``version``: those columns + ``__count`` (int64), for :func:`bag_changes`; rows the target
+    lacks are missing. None when no row has a negative weight.
+
+    A bag has no key to look rows up by, so every column is one: the driver's DuckDB scans
+    the target's files for the rows whose every column holds one of the retracted rows'
+    values (:class:`~consistent_stream.duck.KeyedScan`), then keeps the rows equal to a
+    retracted one (NULLs equal, as the MERGE's IS NOT DISTINCT FROM) and counts them. No
+    Spark job, where Spark's semi join over the target ran 3: on a 200,000-row bag target
+    (``select g, v``), a batch of one retraction went from 0.25-0.31 s to 0.05-0.07 s, its
+    run from 0.44-0.51 s to 0.23-0.33 s (warm session). Spark scans instead when DuckDB
+    cannot answer exactly (a floating point or nested column, a partitioned or remote
+    target), when the files hold more than ``DRIVER_SCAN_ROWS`` rows, or when more than
+    ``MAX_DRIVER_ROWS`` rows match."""
+    neg = delta.filter(pc.less(delta.column(WEIGHT), 0)).drop_columns([WEIGHT])
+    if neg.num_rows == 0:
+        return None
+    counts = _multiplicities_on_driver(target, version, neg)
+    return counts if counts is not None else _multiplicities_on_spark(spark, target, version, neg)
+
+
+def _multiplicities_on_driver(target: DeltaTableRef, version: int, neg: pa.Table) -> pa.Table | None:
+    """:func:`multiplicities` on the driver's DuckDB; None when it cannot answer (see there)."""
+    import os
+    from urllib.parse import unquote
+
+    from ..delta.deltars import plain_arrow
+    from ..duck import UNSUPPORTED, KeyedScan
+    from ..plan.incremental import MAX_DRIVER_ROWS
+    from ..state.arrangement import DRIVER_SCAN_ROWS
+    if "://" in target.path or target.partition_columns():
+        return None
+    actions = target.add_actions(version)
+    if sum(int(n or 0) for n in actions.column("num_records").to_pylist()) > DRIVER_SCAN_ROWS:
+        return None
+    cols = neg.column_names
+    schema = plain_arrow(target.arrow_schema(version).empty_table()).schema
+    if any(schema.get_field_index(c) < 0 for c in cols):
+        return None
+    schema = pa.schema([schema.field(c) for c in cols])
+    paths = [os.path.join(target.path, unquote(p)) for p in actions.column("path").to_pylist()]
+    if not paths:
+        return pa.table({**{c: pa.array([], schema.field(c).type) for c in cols}, "__count": pa.array([], pa.int64())})
+    try:
+        neg = neg.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    scan = KeyedScan()
+    try:
+        found = scan.scan(paths, schema, {c: neg.column(c) for c in cols}, MAX_DRIVER_ROWS)
+    finally:
+        scan.close()
+    if found is None or found is UNSUPPORTED:
+        return None
+    found = found.filter(key_in(found, neg, cols))
+    return found.group_by(cols, use_threads=False).aggregate([([], "count_all")]) \
+        .rename_columns(cols + ["__count"])
+
+
+def _multiplicities_on_spark(spark, target: DeltaTableRef, version: int, neg: pa.Table) -> pa.Table:
+    """:func:`multiplicities` with Spark: a semi join of the target's rows with the retracted
+    ones (broadcast), grouped."""
+    from ..changelog import Views, arrow_to_spark, cols_sql
+    from ..operators.keyed import key_condition
+    cols = neg.column_names
+    views = Views(spark)
+    try:
+        rows = target.read_snapshot(spark, version, cols)
+        t = views.add(rows)
+        k = views.add(F.broadcast(arrow_to_spark(spark, neg, rows.schema)))
+        sql = (f"SELECT {cols_sql(cols)}, COUNT(1) AS `__count` FROM (SELECT s.* FROM {t} s LEFT SEMI JOIN {k} k "
+               f"ON {key_condition('s', cols, 'k', cols, True)}) GROUP BY {cols_sql(cols)}")
+        return spark.sql(sql).toArrow()
+    finally:
+        views.drop()
+
+
 def commit_changes(target: DeltaTableRef, changes: pa.Table, *, unique_key: list[str] | None, txn: Txn,
                    metadata: dict) -> tuple[int, int, int]:
     """An incremental batch's commit: ONE MERGE of the change-sized ``changes`` (from

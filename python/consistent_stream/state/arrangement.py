@@ -54,6 +54,7 @@ from pyspark.sql.types import StructField, StructType
 from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, consolidate_arrow, q
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta.files import new_dir, write_arrow, write_spark
+from ..duck import UNSUPPORTED, KeyedScan
 from ..errors import CommitError
 from ..faults import fault_point
 from ..spec import STATE_FILE_ROWS
@@ -218,7 +219,7 @@ class StateStore:
         self._staged: dict[str, tuple[str, object]] = {}   # name -> ("append", Changelog) | ("replace", files)
         self.rebuilding = False
         self.views: Views | None = None
-        self._keyed_scan: _KeyedScan | None = None
+        self._keyed_scan: KeyedScan | None = None
 
     # ---- the state as of the previous batch --------------------------------------------------
     def open(self, version: int | None, views: Views, *, rebuild: bool = False) -> None:
@@ -347,13 +348,13 @@ class StateStore:
             if keys is not None and arrangement.key and keys.arrow.num_rows else None
         if keyed and isinstance(fs, pafs.LocalFileSystem):
             found = self._duck().scan(paths, schema, keyed, limit)
-            if found is not _UNSUPPORTED:
+            if found is not UNSUPPORTED:
                 return found
         return arrow_scan(paths, schema, keyed, limit, fs)
 
-    def _duck(self) -> "_KeyedScan":
+    def _duck(self) -> "KeyedScan":
         if self._keyed_scan is None:
-            self._keyed_scan = _KeyedScan()
+            self._keyed_scan = KeyedScan()
         return self._keyed_scan
 
     def read_all(self, arrangement: Arrangement) -> DataFrame:
@@ -615,74 +616,6 @@ def arrow_scan(paths: list[str], schema: pa.Schema, keys: dict | None, limit: in
         if b.num_rows:
             batches.append(b)
     return pa.Table.from_batches(batches, schema=schema)
-
-
-_UNSUPPORTED = object()
-
-
-class _KeyedScan:
-    """The driver's keyed scan of local Parquet files on DuckDB: the rows whose key columns
-    hold one of the given values (per column, so a superset for several columns).
-
-    Why DuckDB. Its Parquet reader evaluates the key filter on the key columns first and
-    decodes the other columns only where rows match, on every core, and skips the row groups
-    whose statistics hold no key. Measured with ``benchmarks/keyed_read.py`` on an
-    arrangement shaped like q3's lineitem one at SF 10 (34M rows in 34 files): at 15,000
-    random keys (every row group holds one) 0.25 s, where Arrow's dataset scanner, which
-    decodes every column of every row group before it filters, takes 0.53 s; at a contiguous
-    range of 15,000 keys 0.015 s against 0.53 s.
-
-    Exactness: the result is cast to the arrangement's Arrow schema with a safe cast; key
-    types whose equality could differ from Arrow's (floating point, anything nested or
-    binary) and any DuckDB error return ``_UNSUPPORTED``, and the caller scans with Arrow.
-    A NULL among a column's values also keeps the rows where that column is NULL, as
-    Arrow's ``is_in`` does.
-    """
-
-    KEY_TYPES = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string, pa.types.is_decimal,
-                 pa.types.is_date, pa.types.is_boolean)
-
-    def __init__(self):
-        from ..duck import database
-        self.con = database().cursor()
-
-    def close(self) -> None:
-        self.con.close()
-
-    def scan(self, paths: list[str], schema: pa.Schema, keys: dict[str, pa.ChunkedArray | pa.Array],
-             limit: int | None):
-        """Rows of the Parquet files ``paths`` whose column ``c`` holds one of ``keys[c]``,
-        for every key column, as an Arrow table of ``schema``; None when more than ``limit``
-        rows match; ``_UNSUPPORTED`` when this scan cannot answer exactly."""
-        import duckdb
-        from ..delta.deltars import dq
-        if not all(any(ok(schema.field(c).type) for ok in self.KEY_TYPES) for c in keys):
-            return _UNSUPPORTED
-        names, conds = [], []
-        try:
-            for i, (c, values) in enumerate(keys.items()):
-                name = f"__keys_{i}"
-                values = pc.unique(values)
-                self.con.register(name, pa.table({"v": values.drop_null()}))
-                names.append(name)
-                cond = f"s.{dq(c)} IN (SELECT v FROM {name})"
-                if values.null_count:
-                    cond = f"({cond} OR s.{dq(c)} IS NULL)"
-                conds.append(cond)
-            files = ", ".join("'" + p.replace("'", "''") + "'" for p in paths)
-            cols = ", ".join(f"s.{dq(f.name)}" for f in schema)
-            sql = (f"SELECT {cols} FROM read_parquet([{files}], union_by_name = true) s WHERE "
-                   + " AND ".join(conds) + (f" LIMIT {int(limit) + 1}" if limit is not None else ""))
-            out = self.con.sql(sql).to_arrow_table()
-            if limit is not None and out.num_rows > limit:
-                return None
-            return out.rename_columns(schema.names).cast(schema, safe=True)
-        except (duckdb.Error, pa.ArrowException) as e:
-            log.debug("keyed scan on Arrow: DuckDB could not read %d files exactly: %s", len(paths), e)
-            return _UNSUPPORTED
-        finally:
-            for name in names:
-                self.con.unregister(name)
 
 
 def _arrow_schema(schema: StructType) -> pa.Schema:
