@@ -119,9 +119,10 @@ class KeyedScan:
     decodes every column of every row group before it filters, takes 0.53 s; at a contiguous
     range of 15,000 keys 0.015 s against 0.53 s.
 
-    Exactness: the result is cast to the arrangement's Arrow schema with a safe cast; key
-    types whose equality could differ from Arrow's (floating point, anything nested or
-    binary) and any DuckDB error return ``UNSUPPORTED``, and the caller scans with Arrow.
+    Exactness: the result is cast to the caller's Arrow schema with a safe cast; key types
+    whose equality could differ from Arrow's (floating point, anything nested or binary) and
+    any DuckDB error return ``UNSUPPORTED``, and the caller scans another way (the state with
+    Arrow's scanner, a bag target with Spark).
     A NULL among a column's values also keeps the rows where that column is NULL, as
     Arrow's ``is_in`` does.
     """

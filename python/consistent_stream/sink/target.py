@@ -178,8 +178,8 @@ def _multiplicities_on_driver(target: DeltaTableRef, version: int, neg: pa.Table
     if found is None or found is UNSUPPORTED:
         return None
     found = found.filter(key_in(found, neg, cols))
-    return found.group_by(cols, use_threads=False).aggregate([([], "count_all")]) \
-        .rename_columns(cols + ["__count"])
+    counts = found.group_by(cols, use_threads=False).aggregate([([], "count_all")])
+    return counts.select(cols + ["count_all"]).rename_columns(cols + ["__count"])
 
 
 def _multiplicities_on_spark(spark, target: DeltaTableRef, version: int, neg: pa.Table) -> pa.Table:
