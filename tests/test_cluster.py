@@ -113,3 +113,32 @@ def test_a_spark_connect_session_is_refused_before_anything_is_read_or_written(t
     assert out["session"].startswith("pyspark.sql.connect") and out["range_count"] == 3
     assert "Spark Connect session" in out["error"] and "spark.master" in out["error"], out
     assert not (tmp_path / "model").exists() or not any((tmp_path / "model").rglob("*.parquet"))
+
+
+def test_a_web_ui_that_answers_json_with_html_is_not_taken_for_the_masters_state(tmp_path):
+    """While the master's web UI starts, ``/json/`` may be served by the HTML page at ``/``
+    (it happened once in the suite): that is "not answering yet", a ClusterError that
+    ``start`` waits out, not a JSONDecodeError that ends it."""
+    import http.server
+    import threading
+
+    class Html(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = b"<!DOCTYPE html><html><body>Spark Master</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Html)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        c = cluster.Cluster(str(tmp_path), "spark://127.0.0.1:1", f"http://127.0.0.1:{server.server_port}", 1, 1, "1g")
+        with pytest.raises(cluster.ClusterError, match=r"answered /json/ with no JSON .*master\.log"):
+            c.master_state(timeout=2.0)
+    finally:
+        server.shutdown()

@@ -88,13 +88,21 @@ class Cluster:
 
     def master_state(self, timeout: float = 2.0) -> dict:
         """The master's JSON status (``<web UI>/json/``): workers, their state, cores,
-        applications. Raises ClusterError when the master does not answer."""
+        applications. Raises ClusterError when the master does not answer, or answers with
+        something else than JSON: while its web UI starts, ``/json/`` can be served by the
+        HTML page at ``/`` (seen once in the suite, a second after "Bound MasterWebUI")."""
         try:
             with urllib.request.urlopen(self.webui_url.rstrip("/") + "/json/", timeout=timeout) as r:
-                return json.loads(r.read().decode())
+                body = r.read().decode()
         except OSError as e:
             raise ClusterError(f"the cluster's master at {self.webui_url} does not answer ({e}); "
                                f"see {Path(self.dir, 'master.log')}") from e
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise ClusterError(f"the cluster's master at {self.webui_url} answered /json/ with no JSON "
+                               f"(starting, or another service on that port): {body[:80]!r}; see "
+                               f"{Path(self.dir, 'master.log')}") from None
 
 
 def driver_conf(master_url: str) -> dict[str, str]:
