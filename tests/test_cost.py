@@ -422,3 +422,24 @@ def test_a_run_opens_each_delta_table_once(spark, tmp_path, monkeypatch):
     tables = [sc.path("c"), sc.path("o"), job.target_path, job.state_root]
     assert sorted(opened) == sorted(os.path.realpath(t) for t in tables), list(zip(opened, where))
     sc.check(job)
+
+
+def test_a_full_refresh_keeps_the_local_engines_translations(spark, tmp_path):
+    """The first incremental run translates its delta queries for DuckDB and keeps them
+    beside the plan; a full refresh removes the checkpoint but keeps them (they depend on the
+    SQL and its column types only), so the next incremental run finds them all."""
+    sc = Scenario(spark, tmp_path, {"t": pa.table({"k": [1, 2, 2], "v": [10, 20, 30]}),
+                                    "u": pa.table({"k": [1, 2], "w": ["a", "b"]})}, {"t": [], "u": ["k"]})
+    job = sc.job("select t.k, u.w, sum(t.v) as s from src.t t join src.u u on t.k = u.k group by t.k, u.w", "k")
+    sc.run(job, full_refresh=True)
+    sc.insert("t", pa.table({"k": [1], "v": [5]}))
+    assert sc.run(job)["metrics"][0]["local_queries"] > 0
+    with open(job.local_sql_path) as f:
+        made = f.read()
+    sc.run(job, full_refresh=True)
+    with open(job.local_sql_path) as f:
+        assert f.read() == made
+    sc.insert("t", pa.table({"k": [2], "v": [7]}))
+    sc.run(job)
+    with open(job.local_sql_path) as f:
+        assert f.read() == made   # nothing new to translate: the file is not rewritten
