@@ -294,6 +294,12 @@ class DeltaTableRef:
         from urllib.parse import unquote
         return as_uri(os.path.join(self.path, "")) + unquote(rel)
 
+    def file_path(self, rel: str) -> str:
+        """Where a data file (its path relative to the table root, as in the log) is read
+        from: a local path for a table on the local file system, else its URI."""
+        from urllib.parse import unquote
+        return os.path.join(self.path, unquote(rel)) if "://" not in self.path else self.file_uri(rel)
+
     def read_changes_arrow(self, start_exclusive: int, end_inclusive: int,
                            columns: list[str] | None = None) -> pa.Table:
         """Change Data Feed rows of versions ``(start_exclusive, end_inclusive]`` as Arrow,

@@ -146,24 +146,20 @@ def multiplicities(spark, target: DeltaTableRef, version: int, delta: pa.Table) 
 
 def _multiplicities_on_driver(target: DeltaTableRef, version: int, neg: pa.Table) -> pa.Table | None:
     """:func:`multiplicities` on the driver's DuckDB; None when it cannot answer (see there)."""
-    import os
-    from urllib.parse import unquote
-
     from ..delta.deltars import plain_arrow
     from ..duck import UNSUPPORTED, KeyedScan
     from ..plan.incremental import MAX_DRIVER_ROWS
     from ..state.arrangement import DRIVER_SCAN_ROWS
     if "://" in target.path or target.partition_columns():
         return None
-    actions = target.add_actions(version)
-    if sum(int(n or 0) for n in actions.column("num_records").to_pylist()) > DRIVER_SCAN_ROWS:
+    if target.num_records(version) > DRIVER_SCAN_ROWS:
         return None
     cols = neg.column_names
     schema = plain_arrow(target.arrow_schema(version).empty_table()).schema
     if any(schema.get_field_index(c) < 0 for c in cols):
         return None
     schema = pa.schema([schema.field(c) for c in cols])
-    paths = [os.path.join(target.path, unquote(p)) for p in actions.column("path").to_pylist()]
+    paths = [target.file_path(p) for p in target.files(version)]
     if not paths:
         return pa.table({**{c: pa.array([], schema.field(c).type) for c in cols}, "__count": pa.array([], pa.int64())})
     try:

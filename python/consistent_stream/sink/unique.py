@@ -112,9 +112,6 @@ def _may_hold(actions: pa.Table, new: pa.Table, unique_key: list[str], parts: li
 def _target_keys(target: DeltaTableRef, version: int, new: pa.Table, unique_key: list[str]) -> pa.Table:
     """The key columns of the target's rows at ``version`` in the files that may hold one of
     ``new``'s keys (:func:`_may_hold`), read from those files' Parquet directly."""
-    import os
-    from urllib.parse import unquote
-
     import pyarrow.parquet as pq
 
     from ..delta.deltars import plain_arrow
@@ -123,9 +120,7 @@ def _target_keys(target: DeltaTableRef, version: int, new: pa.Table, unique_key:
     stored = [c for c in unique_key if c not in parts]
     tables = []
     for i in _may_hold(actions, new, unique_key, parts):
-        rel = actions.column("path")[i].as_py()
-        where = os.path.join(target.path, unquote(rel)) if "://" not in target.path else target.file_uri(rel)
-        t = plain_arrow(pq.read_table(where, columns=stored))
+        t = plain_arrow(pq.read_table(target.file_path(actions.column("path")[i].as_py()), columns=stored))
         for c in unique_key:
             if c in parts:  # a partition column: its value is in the log, not in the file
                 value = actions.column(f"partition.{c}")[i].as_py()   # typed by delta-rs, or a string
