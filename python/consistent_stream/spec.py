@@ -173,9 +173,10 @@ class JobSpec:
     sources' rows is recomputed from snapshots; ``state_file_rows``: rows per state (and
     rebuilt target) file; ``max_batch_rows``: source change rows above which a backlog is
     split into several micro-batches; ``driver_rebuild_rows``: source rows up to which a
-    rebuild runs on the driver, not on the executors (0: never); ``local_engine``: where change-sized delta queries
-    over driver-side relations run, ``duckdb`` (in-process, exact or not at all, see
-    :mod:`consistent_stream.plan.local`) or ``spark`` (always as Spark jobs).
+    rebuild runs on the driver, not on the executors (0: never); ``local_engine``: where
+    change-sized delta queries over driver-side relations run, ``duckdb`` (in-process, exact
+    or not at all, see :mod:`consistent_stream.plan.local`) or ``spark`` (always as Spark
+    jobs).
     ``log_retention_hours``, ``deleted_file_retention_hours``, ``state_retention_versions``,
     ``checkpoint_interval``: what table maintenance keeps (:mod:`.sink.maintenance`).
     ``on_configuration_change``, ``on_schema_change``: what a run does when the definition
@@ -321,6 +322,5 @@ class JobSpec:
                        unique_key=unique_key, target_path=target, checkpoint_location=os.path.normpath(ckpt),
                        partition_by=partition_by, trigger=trigger, recompute_threshold=threshold,
                        state_file_rows=file_rows, max_batch_rows=batch_rows, driver_rebuild_rows=driver_rows,
-                       local_engine=local_engine,
-                       contract=contract, constraints=constraints, docs=docs, autoscale=autoscale, **retention,
+                       local_engine=local_engine, contract=contract, constraints=constraints, docs=docs, autoscale=autoscale, **retention,
                        **policies)
