@@ -443,3 +443,50 @@ def test_a_full_refresh_keeps_the_local_engines_translations(spark, tmp_path):
     sc.run(job)
     with open(job.local_sql_path) as f:
         assert f.read() == made   # nothing new to translate: the file is not rewritten
+
+
+def test_each_batch_of_a_backlog_is_read_and_evaluated_while_spark_starts_its_query(spark, tmp_path):
+    """An available-now run prepares each planned batch (reads its change and evaluates it)
+    while Spark starts the query that runs it; the micro-batch only commits. Every version
+    still equals batch evaluation at its cut."""
+    sc = Scenario(spark, tmp_path, {"o": pa.table({"id": [0], "c": [0], "amt": [1]}),
+                                    "c": pa.table({"c": [0, 1, 2], "seg": ["x", "y", "z"]})},
+                  {"o": ["id"], "c": ["c"]})
+    job = sc.job("select c.seg, count(*) as n, sum(o.amt) as total from src.o o join src.c c on o.c = c.c "
+                 "group by c.seg", "seg")
+    job.max_batch_rows = 40
+    job.recompute_threshold = 1000.0
+    sc.run(job, full_refresh=True)
+    for i in range(4):
+        sc.insert("o", pa.table({"id": list(range(1 + 30 * i, 31 + 30 * i)), "c": [j % 3 for j in range(30)],
+                                 "amt": list(range(30))}))
+        sc.update("c", {"seg": f"'s{i}'"}, f"c = {i % 3}")
+    summary = sc.run(job)
+    assert summary["batches"] >= 3, summary
+    assert all(m["prepared_s"] > 0 and m["strategy"] == "incremental" for m in summary["metrics"]), summary["metrics"]
+    assert _versions_equal_batch_evaluation(spark, job) == 1 + summary["batches"]
+
+
+def test_a_batch_whose_preparation_fails_is_evaluated_by_its_micro_batch(spark, tmp_path, monkeypatch):
+    """A preparation that raises is dropped, whatever it opened is closed, and the
+    micro-batch evaluates the batch itself."""
+    from consistent_stream.runtime import QueryRuntime
+    sc = Scenario(spark, tmp_path, {"t": pa.table({"k": [1, 2, 2], "v": [10, 20, 30]}),
+                                    "u": pa.table({"k": [1, 2], "w": ["a", "b"]})}, {"t": [], "u": ["k"]})
+    job = sc.job("select t.k, u.w, sum(t.v) as s from src.t t join src.u u on t.k = u.k group by t.k, u.w", "k")
+    sc.run(job, full_refresh=True)
+    real = QueryRuntime._evaluate
+    failed = []
+
+    def failing(self, b, changes, rebuild, meta, read):
+        import threading
+        if threading.current_thread().name.startswith("consistent_stream prepare"):
+            failed.append(b.batch_id)
+            raise RuntimeError("preparation fails")
+        return real(self, b, changes, rebuild, meta, read)
+
+    monkeypatch.setattr(QueryRuntime, "_evaluate", failing)
+    sc.insert("t", pa.table({"k": [1, 2], "v": [5, 6]}))
+    summary = sc.run(job)
+    assert failed and summary["batches"] == 1 and summary["metrics"][0]["prepared_s"] == 0
+    assert _versions_equal_batch_evaluation(spark, job) == 2

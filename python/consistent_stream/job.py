@@ -334,7 +334,15 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
             if not _pending(job, cuts):
                 break
             before = _last_spark_commit(job)
-            query = start_query({"availableNow": True})
+            seq = cuts.last()[0]
+            planned = cuts.read(seq)
+            if planned is not None:   # read and evaluate it while Spark starts the query
+                runtime.prepare(_query_id(job), seq, *planned)
+            try:
+                query = start_query({"availableNow": True})
+            except BaseException:
+                runtime.discard_prepared()
+                raise
             try:
                 query.awaitTermination()
             except Exception as e:
@@ -344,6 +352,7 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
             finally:
                 started()
                 progress += _progress(query)
+                runtime.discard_prepared()   # when no micro-batch took it
             if failure:
                 raise failure[0]
             if _pending(job, cuts) and _last_spark_commit(job) == before:

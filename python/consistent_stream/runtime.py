@@ -21,6 +21,10 @@ For batch ``b`` ending at cut ``C_b`` (the previous one ended at ``C_{b-1}``):
    commit times, state version) as commit metadata: the batch happened iff the target holds
    txn ``b``. A replay of a committed batch is skipped whole.
 
+An available-now run does steps 1-3 of each planned incremental batch ahead, on a thread,
+while Spark starts the query that runs it (:meth:`QueryRuntime.prepare`); its micro-batch
+then checks for a replay and does steps 4-5. Nothing is written ahead.
+
 A :class:`QueryRuntime` lives as long as the streaming query: its source, state and target
 handles, the compiled plan and its types are kept across micro-batches, and the metadata of
 the last committed batch is known without reading the target's history.
@@ -30,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -146,6 +151,36 @@ class _Batch:
         return Txn(self.app_id, self.batch_id)
 
 
+@dataclass
+class _Evaluated:
+    """A batch through step 3: its change rows read, whether it rebuilds, its commit
+    metadata, the evaluator and local engine still open, and the output (``out``: the
+    materialized changelog, or the SELECT of a rebuild on the executors, or None).
+    ``seconds`` and ``spark_jobs``: what preparing it ahead cost (:meth:`QueryRuntime.prepare`)."""
+    b: _Batch
+    read: int
+    rebuild: bool
+    meta: "BatchMeta"
+    ev: BatchEvaluator
+    local: "LocalEngine | None"
+    out: object = None
+    seconds: float = 0.0
+    spark_jobs: int = 0
+
+
+@dataclass
+class _Prepared:
+    """Batch ``batch_id`` of ``app_id``, ``(start, end]``, being prepared on ``thread``;
+    ``evaluated`` once steps 1-3 are done (None when they were not: a rebuild, a replay,
+    or a failure)."""
+    app_id: str
+    batch_id: int
+    start: Cut
+    end: Cut
+    thread: "threading.Thread | None" = None
+    evaluated: _Evaluated | None = None
+
+
 @dataclass(frozen=True)
 class BatchResult:
     """What one micro-batch did. ``changes_read``: source change rows (snapshot rows of a
@@ -197,6 +232,7 @@ class QueryRuntime:
         self.translations = Translations(job.local_sql_path)   # the local engine's, kept across runs
         self.last: BatchMeta | None = None   # the newest committed batch, once known
         self.parallelism: int | None = None  # set by the autoscaler between batches (None: the engine's defaults)
+        self._prepared: _Prepared | None = None   # the next batch's steps 1-3, done ahead (prepare)
 
     # ---- the previous batch ------------------------------------------------------------------
     def previous(self, app_id: str, batch_id: int) -> BatchMeta:
@@ -218,29 +254,62 @@ class QueryRuntime:
         t0 = time.time()
         with counted_jobs(self.spark, f"{self.job.model} batch {batch_id}") as jobs:
             result = self._process(app_id, batch_id, start, end, t0)
-            result.metrics.spark_jobs = jobs()
+            result.metrics.spark_jobs += jobs()   # and those of its preparation (prepare)
         m = result.metrics
         if not result.skipped:
             log.info("%s: batch %d committed target version %s (%s%s): %d changes read, %d rows written, "
                      "%.2fs, %d Spark jobs, %d delta queries local / %d on Spark, %d state rows read, "
-                     "%d target rows rewritten, %sphases %s",
+                     "%d target rows rewritten, %sphases %s%s",
                      self.job.model, batch_id, result.target_version, m.strategy,
                      f": {m.reason}" if m.reason else "", result.changes_read, result.rows_written,
                      result.seconds, m.spark_jobs, m.local_queries, m.spark_queries, m.state_rows_read,
                      m.target_rows_rewritten,
                      f"{m.changes_on_executors} changes too large for the driver written by the executors, "
-                     if m.changes_on_executors else "", m.phases)
+                     if m.changes_on_executors else "", m.phases,
+                     f" ({m.prepared_s:.2f}s of them read and evaluated while Spark started the micro-batch)"
+                     if m.prepared_s else "")
         return result
 
     def _process(self, app_id: str, batch_id: int, start: Cut, end: Cut, t0: float) -> BatchResult:
-        b = _Batch(app_id, batch_id, start, end)
+        ahead = self._take_prepared(app_id, batch_id, start, end)   # steps 1-3, done ahead (prepare)
+        if self._replayed(app_id, batch_id):
+            if ahead is not None:
+                self._close(ahead)
+                ahead.b.views.drop()
+            log.info("%s: batch %d already committed (target txn %d); replay skipped", self.job.model, batch_id,
+                     self.target.txn_version(app_id))
+            return BatchResult(batch_id, True, 0, 0, None, time.time() - t0, end.versions, BatchMetrics())
+        if ahead is not None:
+            b, e = ahead.b, ahead
+            b.phases.resume()   # the wait for the micro-batch is not the batch's work
+            b.metrics.prepared_s, b.metrics.spark_jobs = round(ahead.seconds, 3), ahead.spark_jobs
+        else:
+            b = self._start(app_id, batch_id, start, end)
+        try:
+            if ahead is None:
+                e = self._steps_1_to_3(b, t0)
+            version, written, rewritten, meta = self._commit(e)     # steps 4-5
+        finally:
+            b.views.drop()
+        self.last = meta
+        m, sm = b.metrics, self.store.metrics
+        m.state_rows_read, m.state_files_read, m.state_rows_compacted = sm.rows_read, sm.files_read, sm.rows_compacted
+        m.target_rows_rewritten = rewritten
+        m.phases = b.phases.times
+        seconds = time.time() - t0 + (ahead.seconds if ahead is not None else 0.0)
+        return BatchResult(batch_id, False, e.read, written, version, seconds, end.versions, m)
+
+    def _replayed(self, app_id: str, batch_id: int) -> bool:
+        """Whether the target already holds batch ``batch_id`` of ``app_id`` (a replay)."""
         done = self.target.txn_version(app_id) if self.target.exists() else None
         if done is not None:
             self.target.refresh()
             done = self.target.txn_version(app_id)
-        if done is not None and done >= batch_id:
-            log.info("%s: batch %d already committed (target txn %d); replay skipped", self.job.model, batch_id, done)
-            return BatchResult(batch_id, True, 0, 0, None, time.time() - t0, end.versions, b.metrics)
+        return done is not None and done >= batch_id
+
+    def _start(self, app_id: str, batch_id: int, start: Cut, end: Cut) -> "_Batch":
+        """The batch, checked to follow the target's newest batch, with its views."""
+        b = _Batch(app_id, batch_id, start, end)
         b.first = start.is_initial()
         b.prev = None if b.first else self.previous(app_id, batch_id - 1)
         if b.prev is not None and b.prev.cut != start.versions:
@@ -250,33 +319,97 @@ class QueryRuntime:
                 f"{self.job.checkpoint_location}/cuts was read out of order or changed. Nothing was written; "
                 f"run dbt run --full-refresh")
         b.views = Views(self.spark)
+        return b
+
+    def _steps_1_to_3(self, b: "_Batch", t0: float, ahead: bool = False) -> "_Evaluated | None":
+        """Read the changes, choose the strategy, evaluate: everything before the commits.
+        ``ahead`` (:meth:`prepare`): None when the batch is a rebuild, which is left to the
+        micro-batch. Closes what it opened when it raises."""
+        end = b.end
+        changes, read, commit_ms = self._read_changes(b)               # step 1
+        fault_point("changes_read")
+        rebuild = self._choose_strategy(b, read, quiet=ahead)           # step 2
+        if rebuild and ahead:
+            return None
+        if rebuild:
+            b.on_driver = self._rebuild_on_driver(b)
+            changes = {key: self.sources[key].snapshot(b.views, end.versions[key], cols, on_driver=b.on_driver)
+                       for key, cols in self.columns.items()}
+            for key, src in self.sources.items():
+                if b.first or key not in commit_ms:
+                    commit_ms[key] = src.commit_ms(end.versions[key]) if end.versions[key] >= 0 else 0
+        meta = BatchMeta(app_id=b.app_id, batch_id=b.batch_id, model=self.job.model, cut=end.versions,
+                         source_commit_ms=max(commit_ms.values(), default=0), source_commits=commit_ms,
+                         state_version=None, checkpoint_location=self.job.checkpoint_location,
+                         strategy=b.metrics.strategy,
+                         cut_lsn=cut_metadata(list(self.sources.values()), end).get("cut_lsn", {}),
+                         base_cut=base_cut(list(self.sources.values()), end.versions), unique_key=self.key,
+                         changes_read=read, started_ms=int(t0 * 1000))
+        return self._evaluate(b, changes, rebuild, meta, read)       # step 3
+
+    # ---- steps 1-3 ahead of the micro-batch ----------------------------------------------------
+    def prepare(self, app_id: str | None, batch_id: int, start: Cut, end: Cut) -> None:
+        """Start steps 1-3 of the planned batch ``batch_id`` ``(start, end]`` on a thread,
+        while Spark starts the query that will run it; the micro-batch then only commits
+        (:meth:`_process`). An available-now run calls this between queries, when no batch
+        runs and the run holds the model's writer lock, so the target, the state and the
+        sources' planned versions cannot change before the micro-batch begins.
+
+        Why. Spark spends 0.08-0.15 s between ``start()`` and the query's first micro-batch
+        (the query's start, the file source's listing, the offset log's write), and this
+        project's batches spend a similar time reading their change and evaluating it on the
+        driver. Done one after the other, the run pays both.
+
+        Only an incremental batch is prepared (not the first batch of a query, not a rebuild:
+        those are table-sized work on the executors). Nothing is written: the state's and the
+        target's commits stay in the micro-batch, so the exactly-once protocol (module
+        docstring) is unchanged. A batch found committed when its micro-batch begins (a
+        replay) drops what was prepared; a preparation that fails is dropped and the
+        micro-batch evaluates the batch itself, raising what it raises."""
+        self.discard_prepared()
+        if app_id is None or start.is_initial():
+            return
+        p = _Prepared(app_id, batch_id, start, end)
+        p.thread = threading.Thread(target=self._prepare, args=(p,), daemon=True,
+                                    name=f"consistent_stream prepare {self.job.model} {batch_id}")
+        self._prepared = p
+        p.thread.start()
+
+    def _prepare(self, p: "_Prepared") -> None:
+        t0 = time.time()
+        b = None
         try:
-            changes, read, commit_ms = self._read_changes(b)               # step 1
-            fault_point("changes_read")
-            rebuild = self._choose_strategy(b, read)                        # step 2
-            if rebuild:
-                b.on_driver = self._rebuild_on_driver(b)
-                changes = {key: self.sources[key].snapshot(b.views, end.versions[key], cols, on_driver=b.on_driver)
-                           for key, cols in self.columns.items()}
-                for key, src in self.sources.items():
-                    if b.first or key not in commit_ms:
-                        commit_ms[key] = src.commit_ms(end.versions[key]) if end.versions[key] >= 0 else 0
-            meta = BatchMeta(app_id=app_id, batch_id=batch_id, model=self.job.model, cut=end.versions,
-                             source_commit_ms=max(commit_ms.values(), default=0), source_commits=commit_ms,
-                             state_version=None, checkpoint_location=self.job.checkpoint_location,
-                             strategy=b.metrics.strategy,
-                             cut_lsn=cut_metadata(list(self.sources.values()), end).get("cut_lsn", {}),
-                             base_cut=base_cut(list(self.sources.values()), end.versions), unique_key=self.key,
-                             changes_read=read, started_ms=int(t0 * 1000))
-            version, written, rewritten, meta = self._evaluate_and_commit(b, changes, rebuild, meta)  # steps 3-5
+            with counted_jobs(self.spark, f"{self.job.model} batch {p.batch_id} (prepared)") as jobs:
+                if self._replayed(p.app_id, p.batch_id):
+                    return
+                b = self._start(p.app_id, p.batch_id, p.start, p.end)
+                e = self._steps_1_to_3(b, t0, ahead=True)
+                if e is not None:
+                    e.spark_jobs, e.seconds = jobs(), time.time() - t0
+                    p.evaluated = e
+        except Exception as ex:  # the micro-batch evaluates the batch itself and raises what it raises
+            log.debug("%s: preparing batch %d failed, the micro-batch evaluates it: %s", self.job.model,
+                      p.batch_id, ex)
         finally:
-            b.views.drop()
-        self.last = meta
-        m, sm = b.metrics, self.store.metrics
-        m.state_rows_read, m.state_files_read, m.state_rows_compacted = sm.rows_read, sm.files_read, sm.rows_compacted
-        m.target_rows_rewritten = rewritten
-        m.phases = b.phases.times
-        return BatchResult(batch_id, False, read, written, version, time.time() - t0, end.versions, m)
+            if p.evaluated is None and b is not None and b.views is not None:
+                b.views.drop()
+
+    def _take_prepared(self, app_id: str, batch_id: int, start: Cut, end: Cut) -> "_Evaluated | None":
+        """What :meth:`prepare` evaluated for exactly this batch (waiting for it), else None."""
+        p, self._prepared = self._prepared, None
+        if p is None:
+            return None
+        p.thread.join()
+        if (p.app_id, p.batch_id, p.start, p.end) != (app_id, batch_id, start, end):
+            if p.evaluated is not None:
+                self._close(p.evaluated)
+                p.evaluated.b.views.drop()
+            return None
+        return p.evaluated
+
+    def discard_prepared(self) -> None:
+        """Drop a prepared batch no micro-batch took (its query failed to start, or ran none)."""
+        self._take_prepared("", -1, Cut(), Cut())
 
     def _read_changes(self, b: "_Batch") -> tuple[dict, int, dict]:
         """Step 1: every source's change in the batch's range, on the driver; returns the
@@ -295,9 +428,10 @@ class QueryRuntime:
         b.phases.mark("read")
         return changes, read, commit_ms
 
-    def _choose_strategy(self, b: "_Batch", read: int) -> bool:
+    def _choose_strategy(self, b: "_Batch", read: int, quiet: bool = False) -> bool:
         """Step 2: whether the batch rebuilds from snapshots (the first batch of a query, or a
-        change above ``recompute_threshold`` x the sources' rows); logged with the reason."""
+        change above ``recompute_threshold`` x the sources' rows); logged with the reason
+        (unless ``quiet``: a batch prepared ahead, which leaves a rebuild to its micro-batch)."""
         rebuild, reason = b.first, "first batch of the query" if b.first else ""
         if not b.first and read:
             total = self._source_rows(b)
@@ -307,7 +441,7 @@ class QueryRuntime:
                 reason = (f"{read} changed rows > recompute_threshold {threshold} x {total} source rows: "
                           f"recomputing from snapshots")
         b.metrics.strategy, b.metrics.reason = ("recompute" if rebuild else "incremental"), reason
-        if rebuild:
+        if rebuild and not quiet:
             log.info("%s: batch %d is recomputed from snapshots (%s)", self.job.model, b.batch_id, reason)
         return rebuild
 
@@ -332,9 +466,9 @@ class QueryRuntime:
         b.metrics.reason += f"; on the driver ({total} source rows)"
         return True
 
-    def _evaluate_and_commit(self, b: "_Batch", changes: dict, rebuild: bool, meta: BatchMeta):
-        """Steps 3-5: the delta rules (or the rebuild), the state commit, the target commit.
-        Returns ``(target version, rows written, target rows rewritten, metadata)``."""
+    def _evaluate(self, b: "_Batch", changes: dict, rebuild: bool, meta: BatchMeta, read: int) -> "_Evaluated":
+        """Step 3: the delta rules (or the rebuild) over ``changes``; the state is staged, not
+        committed. Closes what it opened when it raises."""
         job, spark = self.job, self.spark
         self.store.open(None if b.first else b.prev.state_version, b.views, rebuild=rebuild)
         scratch = os.path.join(job.scratch_dir, f"{b.batch_id}")
@@ -345,11 +479,23 @@ class QueryRuntime:
                  if job.local_engine == "duckdb" and not executors and session_supported(spark) else None)
         ev = BatchEvaluator(spark, self.store, changes, b.views, rebuild=executors, first=rebuild, scratch=scratch,
                             types=self.types, local=local, parallelism=self.parallelism)
+        e = _Evaluated(b, read, rebuild, meta, ev, local)
         try:
             with spark_confs(spark, {} if executors else INCREMENTAL_CONFS):
                 root, cols, schema = self.compiled.root, self.compiled.output_columns, self.output_schema
-                out = ev.output_sql(root, cols, schema) if executors else ev.output(root, cols, schema)
-            b.phases.mark("evaluate")
+                e.out = ev.output_sql(root, cols, schema) if executors else ev.output(root, cols, schema)
+        except BaseException:
+            self._close(e)
+            raise
+        b.phases.mark("evaluate")
+        return e
+
+    def _commit(self, e: "_Evaluated"):
+        """Steps 4-5: the state commit, then the target commit (the batch's commit point).
+        Returns ``(target version, rows written, target rows rewritten, metadata)``; closes
+        the evaluation either way."""
+        b = e.b
+        try:
             # The commits run with the session's own settings: what they run on Spark is
             # table-sized (a compaction, a change too large for the driver, a bag's
             # multiplicities), and adaptive execution sizes its shuffles (a 1.1M-row state
@@ -357,20 +503,26 @@ class QueryRuntime:
             # the state first, the target last: the target's commit is the batch's commit point
             state_version = self.store.commit(b.txn, {"app_id": b.app_id, "batch_id": str(b.batch_id)})
             fault_point("state_committed")
-            meta = BatchMeta(**{**asdict(meta), "state_version": state_version})
+            meta = BatchMeta(**{**asdict(e.meta), "state_version": state_version})
             b.phases.mark("commit_state")
-            version, written, rewritten = self._commit_target(out, rebuild, b.txn, meta, b.views)
+            version, written, rewritten = self._commit_target(e.out, e.rebuild, b.txn, meta, b.views)
             fault_point("target_committed")
             b.phases.mark("commit_target")
         finally:
-            ev.close()
-            self.store.end_batch()
-            b.metrics.local_queries, b.metrics.spark_queries = ev.local_queries, ev.spark_queries
-            b.metrics.changes_on_executors = ev.changes_on_executors
-            if local is not None:
-                local.close()
-                self.translations.save()   # when this batch made new ones
+            self._close(e)
         return version, written, rewritten, meta
+
+    def _close(self, e: "_Evaluated") -> None:
+        """End the batch's evaluation: its scratch, the state's staged changes, the local
+        engine (keeping the translations it made); counts its queries."""
+        b = e.b
+        e.ev.close()
+        self.store.end_batch()
+        b.metrics.local_queries, b.metrics.spark_queries = e.ev.local_queries, e.ev.spark_queries
+        b.metrics.changes_on_executors = e.ev.changes_on_executors
+        if e.local is not None:
+            e.local.close()
+            self.translations.save()   # when this batch made new ones
 
     def _commit_target(self, out, rebuild: bool, txn: Txn, meta: BatchMeta, views: Views) -> tuple[int, int, int]:
         """Step 5: a rebuild replaces the target (``out``: the SELECT of the whole view, or
