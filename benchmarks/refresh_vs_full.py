@@ -24,7 +24,8 @@ round may miss (an arrangement is re-based once its deltas reach half its base, 
 round or so at SF 10: ``state.arrangement.CompactionPolicy``);
 and then ``--small-batches`` (5) small rounds of at most 2,000 changed source rows per model
 (``size`` 140 orders), each followed by an incremental run: the median batch seconds inside
-the warm session. Peak RSS of the driver's Python process and of the Spark JVM is reset
+the warm session. Before each timed variant the refresh generator's writes are flushed and
+Python's garbage collected (:func:`_settle`). Peak RSS of the driver's Python process and of the Spark JVM is reset
 before and read after each variant (``/proc/<pid>/clear_refs``, ``VmHWM``).
 
 Prints one JSON line per (scale factor, model) and a final summary line, on stdout.
@@ -115,6 +116,16 @@ def _table_model_seconds(spark, job) -> float:
     return secs
 
 
+def _settle() -> None:
+    """Before each timed variant: flush the writes of the refresh generator (a few GB at SF 10,
+    whose writeback otherwise competes with the run for the disk) and collect the Python
+    garbage it and the previous variant left (the generator runs in this process; a
+    source's writer runs in another one when a user runs dbt). Applied to every variant."""
+    import gc
+    os.sync()
+    gc.collect()
+
+
 def _run(spark, job, **kw) -> dict:
     from consistent_stream.job import run_job
     return run_job(spark, job, **kw)
@@ -148,11 +159,14 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
     rf_s = time.time() - t0
     out = []
     for job in jobs:
+        _settle()
         with PeakRSS(spark) as rss_inc:
             inc = _run(spark, job)
         ver = verify_target(spark, job.target_path)
+        _settle()
         with PeakRSS(spark) as rss_table:
             table_s = _table_model_seconds(spark, job)
+        _settle()
         with PeakRSS(spark) as rss_full:
             full = _run(spark, job, full_refresh=True)
         m = inc["metrics"][0] if inc["metrics"] else {}
@@ -183,6 +197,7 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
     for i in range(1, extra_rounds + 1):
         refresh_round(root / "data", 1 + i)
         for job in jobs:
+            _settle()
             s = _run(spark, job)
             m = s["metrics"][0] if s["metrics"] else {}
             rounds[job.model].append((s["seconds"], m.get("state_rows_compacted") or 0))
@@ -200,6 +215,7 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
     for i in range(small_batches):
         refresh_round(root / "data", 100 + i, size=SMALL_ROUND_ORDERS)
         for job in jobs:
+            _settle()
             s = _run(spark, job)
             assert s["batches"] == 1, s
             batches[job.model].append((s["metrics"][0]["seconds"], s["changes_read"], s["seconds"]))
