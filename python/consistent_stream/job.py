@@ -336,13 +336,14 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
             before = _last_spark_commit(job)
             seq = cuts.last()[0]
             planned = cuts.read(seq)
-            if planned is not None:   # read and evaluate it while Spark starts the query
+            if planned is not None:   # read and evaluate it while the query plans its micro-batch
                 runtime.prepare(_query_id(job), seq, *planned)
             try:
                 query = start_query({"availableNow": True})
             except BaseException:
                 runtime.discard_prepared()
                 raise
+            runtime.start_preparing()
             try:
                 query.awaitTermination()
             except Exception as e:

@@ -22,8 +22,8 @@ For batch ``b`` ending at cut ``C_b`` (the previous one ended at ``C_{b-1}``):
    txn ``b``. A replay of a committed batch is skipped whole.
 
 An available-now run does steps 1-3 of each planned incremental batch ahead, on a thread,
-while Spark starts the query that runs it (:meth:`QueryRuntime.prepare`); its micro-batch
-then checks for a replay and does steps 4-5. Nothing is written ahead.
+while Spark's query plans the micro-batch that runs it (:meth:`QueryRuntime.prepare`); the
+micro-batch then checks for a replay and does steps 4-5. Nothing is written ahead.
 
 A :class:`QueryRuntime` lives as long as the streaming query: its source, state and target
 handles, the compiled plan and its types are kept across micro-batches, and the metadata of
@@ -170,7 +170,8 @@ class _Evaluated:
 
 @dataclass
 class _Prepared:
-    """Batch ``batch_id`` of ``app_id``, ``(start, end]``, being prepared on ``thread``;
+    """Batch ``batch_id`` of ``app_id``, ``(start, end]``, prepared on ``thread`` (once
+    ``started``);
     ``evaluated`` once steps 1-3 are done (None when they were not: a rebuild, a replay,
     or a failure)."""
     app_id: str
@@ -179,6 +180,8 @@ class _Prepared:
     end: Cut
     thread: "threading.Thread | None" = None
     evaluated: _Evaluated | None = None
+    started: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass(frozen=True)
@@ -349,16 +352,20 @@ class QueryRuntime:
 
     # ---- steps 1-3 ahead of the micro-batch ----------------------------------------------------
     def prepare(self, app_id: str | None, batch_id: int, start: Cut, end: Cut) -> None:
-        """Start steps 1-3 of the planned batch ``batch_id`` ``(start, end]`` on a thread,
-        while Spark starts the query that will run it; the micro-batch then only commits
+        """Plan to do steps 1-3 of the planned batch ``batch_id`` ``(start, end]`` ahead, on
+        a thread that :meth:`start_preparing` starts once Spark's ``start()`` has returned,
+        while the query plans its micro-batch; the micro-batch then only commits
         (:meth:`_process`). An available-now run calls this between queries, when no batch
         runs and the run holds the model's writer lock, so the target, the state and the
         sources' planned versions cannot change before the micro-batch begins.
 
-        Why. Spark spends 0.08-0.15 s between ``start()`` and the query's first micro-batch
-        (the query's start, the file source's listing, the offset log's write), and this
+        Why. Spark spends 0.1-0.2 s between ``start()`` and the query's first micro-batch
+        (the file source's listing, the offset log's write, the batch's planning), and this
         project's batches spend a similar time reading their change and evaluating it on the
-        driver. Done one after the other, the run pays both.
+        driver. Done one after the other, the run pays both. The thread starts after
+        ``start()`` because its Python work (sqlglot's translations) holds the GIL that
+        ``start()``'s Py4J calls need: started before, it slowed ``start()`` from 0.005 s to
+        0.13 s.
 
         Only an incremental batch is prepared (not the first batch of a query, not a rebuild:
         those are table-sized work on the executors). Nothing is written: the state's and the
@@ -373,7 +380,16 @@ class QueryRuntime:
         p.thread = threading.Thread(target=self._prepare, args=(p,), daemon=True,
                                     name=f"consistent_stream prepare {self.job.model} {batch_id}")
         self._prepared = p
-        p.thread.start()
+
+    def start_preparing(self) -> None:
+        """Start the thread of the batch :meth:`prepare` planned (at most once: the
+        micro-batch starts it itself when it begins first)."""
+        p = self._prepared
+        if p is not None:
+            with p.lock:
+                if not p.started:
+                    p.started = True
+                    p.thread.start()
 
     def _prepare(self, p: "_Prepared") -> None:
         t0 = time.time()
@@ -396,6 +412,7 @@ class QueryRuntime:
 
     def _take_prepared(self, app_id: str, batch_id: int, start: Cut, end: Cut) -> "_Evaluated | None":
         """What :meth:`prepare` evaluated for exactly this batch (waiting for it), else None."""
+        self.start_preparing()
         p, self._prepared = self._prepared, None
         if p is None:
             return None
@@ -408,7 +425,15 @@ class QueryRuntime:
         return p.evaluated
 
     def discard_prepared(self) -> None:
-        """Drop a prepared batch no micro-batch took (its query failed to start, or ran none)."""
+        """Drop a prepared batch no micro-batch took (its query failed to start, or ran none);
+        one whose thread has not started is dropped without running."""
+        p = self._prepared
+        if p is not None:
+            with p.lock:
+                if not p.started:
+                    p.started = True   # and never runs
+                    self._prepared = None
+                    return
         self._take_prepared("", -1, Cut(), Cut())
 
     def _read_changes(self, b: "_Batch") -> tuple[dict, int, dict]:
