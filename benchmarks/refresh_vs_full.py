@@ -65,32 +65,37 @@ def _session(driver_memory: str | None, warehouse: Path):
 
 
 class PeakRSS:
-    """Peak resident memory (MB) of this process and of the Spark JVM during a block."""
+    """Peak resident memory (MB) of this process and of the Spark JVM during a block
+    (``peak``), and their resident memory when it began (``start``): the high-water mark is
+    reset to the current RSS on entry, so ``peak - start`` is what the block added, while
+    ``peak`` also counts what earlier work left (Arrow's allocator keeps freed memory)."""
 
     def __init__(self, spark):
         self.pids = {"python": os.getpid(),
                      "jvm": int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())}
         self.peak = {}
+        self.start = {}
 
     @staticmethod
-    def _hwm(pid: int) -> float:
+    def _status(pid: int, field: str) -> float:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024.0
         return 0.0
 
     def __enter__(self):
-        for pid in self.pids.values():
+        for k, pid in self.pids.items():
             try:
                 with open(f"/proc/{pid}/clear_refs", "w") as f:
                     f.write("5")
             except OSError:
                 pass
+            self.start[k] = round(self._status(pid, "VmRSS"), 1)
         return self
 
     def __exit__(self, *exc):
-        self.peak = {k: round(self._hwm(pid), 1) for k, pid in self.pids.items()}
+        self.peak = {k: round(self._status(pid, "VmHWM"), 1) for k, pid in self.pids.items()}
         return False
 
 
@@ -188,6 +193,8 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
             "initial_build_s": initial[job.model][0]["seconds"],
             "peak_rss_mb": {"initial_build": initial[job.model][1].peak, "incremental": rss_inc.peak,
                             "table": rss_table.peak, "full_refresh": rss_full.peak},
+            "start_rss_mb": {"initial_build": initial[job.model][1].start, "incremental": rss_inc.start,
+                             "table": rss_table.start, "full_refresh": rss_full.start},
             "generate_s": round(gen_s, 1), "refresh_round_s": round(rf_s, 1),
         })
     # further refresh rounds: what a run costs on average once state compactions (every few
