@@ -445,10 +445,10 @@ def test_a_full_refresh_keeps_the_local_engines_translations(spark, tmp_path):
         assert f.read() == made   # nothing new to translate: the file is not rewritten
 
 
-def test_each_batch_of_a_backlog_is_read_and_evaluated_while_spark_starts_its_query(spark, tmp_path):
+def test_each_batch_of_a_backlog_is_read_and_evaluated_while_spark_plans_its_micro_batch(spark, tmp_path):
     """An available-now run prepares each planned batch (reads its change and evaluates it)
-    while Spark starts the query that runs it; the micro-batch only commits. Every version
-    still equals batch evaluation at its cut."""
+    while Spark's query plans the micro-batch that runs it; the micro-batch only commits.
+    Every version still equals batch evaluation at its cut."""
     sc = Scenario(spark, tmp_path, {"o": pa.table({"id": [0], "c": [0], "amt": [1]}),
                                     "c": pa.table({"c": [0, 1, 2], "seg": ["x", "y", "z"]})},
                   {"o": ["id"], "c": ["c"]})

@@ -24,7 +24,7 @@ class BatchMetrics:
     delta queries the local engine (DuckDB) ran, ``spark_queries``: those it left to Spark;
     ``changes_on_executors``: materialized changes of more than ``MAX_DRIVER_ROWS`` rows, kept
     in files the executors wrote instead of on the driver; ``prepared_s``: seconds of the
-    batch's reading and evaluation done ahead, while Spark started its micro-batch
+    batch's reading and evaluation done ahead, while Spark's query planned its micro-batch
     (``QueryRuntime.prepare``; 0 when it was not), part of the batch's seconds and phases."""
     phases: dict = field(default_factory=dict)
     spark_jobs: int = 0

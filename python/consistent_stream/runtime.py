@@ -170,10 +170,9 @@ class _Evaluated:
 
 @dataclass
 class _Prepared:
-    """Batch ``batch_id`` of ``app_id``, ``(start, end]``, prepared on ``thread`` (once
-    ``started``);
-    ``evaluated`` once steps 1-3 are done (None when they were not: a rebuild, a replay,
-    or a failure)."""
+    """Batch ``batch_id`` of ``app_id``, ``(start, end]``, prepared on ``thread`` once
+    ``started``; ``evaluated`` once steps 1-3 are done (None when they were not: a rebuild,
+    a replay, or a failure)."""
     app_id: str
     batch_id: int
     start: Cut
@@ -269,7 +268,7 @@ class QueryRuntime:
                      m.target_rows_rewritten,
                      f"{m.changes_on_executors} changes too large for the driver written by the executors, "
                      if m.changes_on_executors else "", m.phases,
-                     f" ({m.prepared_s:.2f}s of them read and evaluated while Spark started the micro-batch)"
+                     f" ({m.prepared_s:.2f}s of them read and evaluated while Spark planned the micro-batch)"
                      if m.prepared_s else "")
         return result
 
