@@ -74,6 +74,11 @@ def arrow_schema(schema) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
+def plain_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with the types :func:`plain_arrow` casts to (plain string/binary)."""
+    return plain_arrow(schema.empty_table()).schema
+
+
 def plain_arrow(table: pa.Table) -> pa.Table:
     """Cast Arrow view and large string/binary types (delta-rs emits views, and rejects
     some of what Spark emits) to plain string/binary."""
@@ -195,6 +200,11 @@ class DeltaTableRef:
         dt = self.table() if version is None else self._at(version)
         return pa.schema(dt.schema().to_arrow())
 
+    def plain_arrow_schema(self, version: int | None = None) -> pa.Schema:
+        """:meth:`arrow_schema` with plain string/binary types (:func:`plain_schema`): the
+        types the table's rows have once read."""
+        return plain_schema(self.arrow_schema(version))
+
     def partition_columns(self) -> list[str]:
         return list(self.table().metadata().partition_columns)
 
@@ -271,7 +281,7 @@ class DeltaTableRef:
             from ..changelog import arrow_to_spark
             return arrow_to_spark(spark, pa.table(dt.to_pyarrow_table(columns=columns)))
         paths = self.files(version)
-        spark_schema = from_arrow_schema(plain_arrow(schema.empty_table()).schema)
+        spark_schema = from_arrow_schema(plain_schema(schema))
         if not paths:
             df = spark.createDataFrame([], spark_schema)
         else:
@@ -360,7 +370,7 @@ class DeltaTableRef:
         ``docs``) when missing, and replaces its schema, partitioning and descriptions (every
         file removed: a rebuild) when they differ. Give ``docs`` only with a commit whose
         ``removes`` are every current file. Returns the new version."""
-        schema = plain_arrow(schema.empty_table()).schema
+        schema = plain_schema(schema)
         fault_point("files_written")
         from deltalake import Schema
         from deltalake.transaction import create_table_with_add_actions
@@ -373,7 +383,7 @@ class DeltaTableRef:
             return self._dt.version()
         dt = self.table()
         current = pa.schema(dt.schema().to_arrow())
-        same = [(f.name, f.type) for f in plain_arrow(current.empty_table()).schema] == \
+        same = [(f.name, f.type) for f in plain_schema(current)] == \
                [(f.name, f.type) for f in schema] and \
                list(dt.metadata().partition_columns) == list(partition_by or [])
         before = dt.version()

@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
-from .deltars import DataFile, as_uri, plain_arrow
+from .deltars import DataFile, as_uri, plain_arrow, plain_schema
 
 MAX_STRING_STAT = 32
 """Strings longer than this get no min/max statistics (Delta truncates them; we skip)."""
@@ -152,7 +152,7 @@ def write_spark(df: DataFrame, table_path: str, rel_dir: str, *, partition_by: l
             spark.conf.unset("spark.sql.parquet.outputTimestampType")
         else:
             spark.conf.set("spark.sql.parquet.outputTimestampType", old)
-    schema = plain_arrow(_arrow_schema(df).empty_table()).schema
+    schema = plain_schema(_arrow_schema(df))
     fs, base = pafs.FileSystem.from_uri(out)
     files = []
     for info in fs.get_file_info(pafs.FileSelector(base, recursive=True)):

@@ -172,8 +172,7 @@ def _register(entry: CatalogTable, table_path: str, version: int, partition_by: 
         fault_point("publishing")
         os.replace(tmp, snap)
     from pyspark.sql.pandas.types import from_arrow_schema
-    from ..delta.deltars import plain_arrow
-    spark_schema = from_arrow_schema(plain_arrow(table.arrow_schema(version).empty_table()).schema)
+    spark_schema = from_arrow_schema(table.plain_arrow_schema(version))
     fq = entry.quoted
     if not entry.exists():
         spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{entry.schema}`")

@@ -146,7 +146,6 @@ def multiplicities(spark, target: DeltaTableRef, version: int, delta: pa.Table) 
 
 def _multiplicities_on_driver(target: DeltaTableRef, version: int, neg: pa.Table) -> pa.Table | None:
     """:func:`multiplicities` on the driver's DuckDB; None when it cannot answer (see there)."""
-    from ..delta.deltars import plain_arrow
     from ..duck import UNSUPPORTED, KeyedScan
     from ..plan.incremental import MAX_DRIVER_ROWS
     from ..state.arrangement import DRIVER_SCAN_ROWS
@@ -155,7 +154,7 @@ def _multiplicities_on_driver(target: DeltaTableRef, version: int, neg: pa.Table
     if target.num_records(version) > DRIVER_SCAN_ROWS:
         return None
     cols = neg.column_names
-    schema = plain_arrow(target.arrow_schema(version).empty_table()).schema
+    schema = target.plain_arrow_schema(version)
     if any(schema.get_field_index(c) < 0 for c in cols):
         return None
     schema = pa.schema([schema.field(c) for c in cols])

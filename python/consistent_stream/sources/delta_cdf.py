@@ -65,8 +65,7 @@ class DeltaSource:
         return [f.name for f in self._require().arrow_schema()]
 
     def schema(self) -> StructType:
-        from ..delta.deltars import plain_arrow
-        return from_arrow_schema(plain_arrow(self._require().arrow_schema().empty_table()).schema)
+        return from_arrow_schema(self._require().plain_arrow_schema())
 
     def latest_position(self) -> int:
         """The table's latest version. Raises SourceError when the table is missing or its
@@ -154,8 +153,7 @@ def _zset_schema(table: DeltaTableRef, version: int | None, columns: list[str] |
 
 
 def _schema(table: DeltaTableRef, version: int | None, columns: list[str] | None) -> pa.Schema:
-    from ..delta.deltars import plain_arrow
-    schema = plain_arrow(table.arrow_schema(version).empty_table()).schema
+    schema = table.plain_arrow_schema(version)
     return schema if columns is None else pa.schema([schema.field(c) for c in columns])
 
 
