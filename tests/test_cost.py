@@ -478,12 +478,12 @@ def test_a_batch_whose_preparation_fails_is_evaluated_by_its_micro_batch(spark, 
     real = QueryRuntime._evaluate
     failed = []
 
-    def failing(self, b, changes, rebuild, meta, read):
+    def failing(self, b, changes, rebuild, meta):
         import threading
         if threading.current_thread().name.startswith("consistent_stream prepare"):
             failed.append(b.batch_id)
             raise RuntimeError("preparation fails")
-        return real(self, b, changes, rebuild, meta, read)
+        return real(self, b, changes, rebuild, meta)
 
     monkeypatch.setattr(QueryRuntime, "_evaluate", failing)
     sc.insert("t", pa.table({"k": [1, 2], "v": [5, 6]}))

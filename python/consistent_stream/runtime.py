@@ -153,12 +153,12 @@ class _Batch:
 
 @dataclass
 class _Evaluated:
-    """A batch through step 3: its change rows read, whether it rebuilds, its commit
-    metadata, the evaluator and local engine still open, and the output (``out``: the
-    materialized changelog, or the SELECT of a rebuild on the executors, or None).
-    ``seconds`` and ``spark_jobs``: what preparing it ahead cost (:meth:`QueryRuntime.prepare`)."""
+    """A batch through step 3: whether it rebuilds, its commit metadata (with the change rows
+    it read, ``meta.changes_read``), the evaluator and local engine still open, and the output
+    (``out``: the materialized changelog, or the SELECT of a rebuild on the executors, or
+    None). ``seconds`` and ``spark_jobs``: what preparing it ahead cost
+    (:meth:`QueryRuntime.prepare`)."""
     b: _Batch
-    read: int
     rebuild: bool
     meta: "BatchMeta"
     ev: BatchEvaluator
@@ -276,8 +276,7 @@ class QueryRuntime:
         ahead = self._take_prepared(app_id, batch_id, start, end)   # steps 1-3, done ahead (prepare)
         if self._replayed(app_id, batch_id):
             if ahead is not None:
-                self._close(ahead)
-                ahead.b.views.drop()
+                self._discard(ahead)
             log.info("%s: batch %d already committed (target txn %d); replay skipped", self.job.model, batch_id,
                      self.target.txn_version(app_id))
             return BatchResult(batch_id, True, 0, 0, None, time.time() - t0, end.versions, BatchMetrics())
@@ -299,7 +298,7 @@ class QueryRuntime:
         m.target_rows_rewritten = rewritten
         m.phases = b.phases.times
         seconds = time.time() - t0 + (ahead.seconds if ahead is not None else 0.0)
-        return BatchResult(batch_id, False, e.read, written, version, seconds, end.versions, m)
+        return BatchResult(batch_id, False, e.meta.changes_read, written, version, seconds, end.versions, m)
 
     def _replayed(self, app_id: str, batch_id: int) -> bool:
         """Whether the target already holds batch ``batch_id`` of ``app_id`` (a replay)."""
@@ -347,7 +346,7 @@ class QueryRuntime:
                          cut_lsn=cut_metadata(list(self.sources.values()), end).get("cut_lsn", {}),
                          base_cut=base_cut(list(self.sources.values()), end.versions), unique_key=self.key,
                          changes_read=read, started_ms=int(t0 * 1000))
-        return self._evaluate(b, changes, rebuild, meta, read)       # step 3
+        return self._evaluate(b, changes, rebuild, meta)       # step 3
 
     # ---- steps 1-3 ahead of the micro-batch ----------------------------------------------------
     def prepare(self, app_id: str | None, batch_id: int, start: Cut, end: Cut) -> None:
@@ -418,8 +417,7 @@ class QueryRuntime:
         p.thread.join()
         if (p.app_id, p.batch_id, p.start, p.end) != (app_id, batch_id, start, end):
             if p.evaluated is not None:
-                self._close(p.evaluated)
-                p.evaluated.b.views.drop()
+                self._discard(p.evaluated)
             return None
         return p.evaluated
 
@@ -490,7 +488,7 @@ class QueryRuntime:
         b.metrics.reason += f"; on the driver ({total} source rows)"
         return True
 
-    def _evaluate(self, b: "_Batch", changes: dict, rebuild: bool, meta: BatchMeta, read: int) -> "_Evaluated":
+    def _evaluate(self, b: "_Batch", changes: dict, rebuild: bool, meta: BatchMeta) -> "_Evaluated":
         """Step 3: the delta rules (or the rebuild) over ``changes``; the state is staged, not
         committed. Closes what it opened when it raises."""
         job, spark = self.job, self.spark
@@ -503,7 +501,7 @@ class QueryRuntime:
                  if job.local_engine == "duckdb" and not executors and session_supported(spark) else None)
         ev = BatchEvaluator(spark, self.store, changes, b.views, rebuild=executors, first=rebuild, scratch=scratch,
                             types=self.types, local=local, parallelism=self.parallelism)
-        e = _Evaluated(b, read, rebuild, meta, ev, local)
+        e = _Evaluated(b, rebuild, meta, ev, local)
         try:
             with spark_confs(spark, {} if executors else INCREMENTAL_CONFS):
                 root, cols, schema = self.compiled.root, self.compiled.output_columns, self.output_schema
@@ -547,6 +545,12 @@ class QueryRuntime:
         if e.local is not None:
             e.local.close()
             self.translations.save()   # when this batch made new ones
+
+    def _discard(self, e: "_Evaluated") -> None:
+        """Drop an evaluation that will not be committed (a replay, or a batch prepared for
+        another cut): :meth:`_close` it and drop its batch's views."""
+        self._close(e)
+        e.b.views.drop()
 
     def _commit_target(self, out, rebuild: bool, txn: Txn, meta: BatchMeta, views: Views) -> tuple[int, int, int]:
         """Step 5: a rebuild replaces the target (``out``: the SELECT of the whole view, or
