@@ -168,12 +168,19 @@ def test_a_run_without_source_changes_runs_no_spark_job_and_commits_nothing(spar
     assert sc.run(job)["batches"] == 1
 
 
-def test_a_backlog_is_split_into_batches_of_at_most_max_batch_rows_each_at_a_consistent_cut(spark, tmp_path):
+def _orders_per_segment(spark, tmp_path):
+    """Orders ``o`` (id, c, amt) joined with customers ``c`` (c, seg), summed per segment:
+    the scenario and its job."""
     sc = Scenario(spark, tmp_path, {"o": pa.table({"id": [0], "c": [0], "amt": [1]}),
                                     "c": pa.table({"c": [0, 1, 2], "seg": ["x", "y", "z"]})},
                   {"o": ["id"], "c": ["c"]})
     job = sc.job("select c.seg, count(*) as n, sum(o.amt) as total from src.o o join src.c c on o.c = c.c "
                  "group by c.seg", "seg")
+    return sc, job
+
+
+def test_a_backlog_is_split_into_batches_of_at_most_max_batch_rows_each_at_a_consistent_cut(spark, tmp_path):
+    sc, job = _orders_per_segment(spark, tmp_path)
     job.max_batch_rows = 70
     job.recompute_threshold = 1000.0  # keep the backlog incremental
     sc.run(job, full_refresh=True)
@@ -449,11 +456,7 @@ def test_each_batch_of_a_backlog_is_read_and_evaluated_while_spark_plans_its_mic
     """An available-now run prepares each planned batch (reads its change and evaluates it)
     while Spark's query plans the micro-batch that runs it; the micro-batch only commits.
     Every version still equals batch evaluation at its cut."""
-    sc = Scenario(spark, tmp_path, {"o": pa.table({"id": [0], "c": [0], "amt": [1]}),
-                                    "c": pa.table({"c": [0, 1, 2], "seg": ["x", "y", "z"]})},
-                  {"o": ["id"], "c": ["c"]})
-    job = sc.job("select c.seg, count(*) as n, sum(o.amt) as total from src.o o join src.c c on o.c = c.c "
-                 "group by c.seg", "seg")
+    sc, job = _orders_per_segment(spark, tmp_path)
     job.max_batch_rows = 40
     job.recompute_threshold = 1000.0
     sc.run(job, full_refresh=True)
