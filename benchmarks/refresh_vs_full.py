@@ -25,8 +25,9 @@ round or so at SF 10: ``state.arrangement.CompactionPolicy``);
 and then ``--small-batches`` (5) small rounds of at most 2,000 changed source rows per model
 (``size`` 140 orders), each followed by an incremental run: the median batch seconds inside
 the warm session. Before each timed variant the refresh generator's writes are flushed and
-Python's garbage collected (:func:`_settle`). Peak RSS of the driver's Python process and of the Spark JVM is reset
-before and read after each variant (``/proc/<pid>/clear_refs``, ``VmHWM``).
+Python's garbage collected (:func:`_settle`). Peak RSS of the driver's Python process and of
+the Spark JVM is reset before and read after each variant (``/proc/<pid>/clear_refs``,
+``VmHWM``), beside the RSS each variant began with.
 
 Prints one JSON line per (scale factor, model) and a final summary line, on stdout.
 """

@@ -322,5 +322,5 @@ class JobSpec:
                        unique_key=unique_key, target_path=target, checkpoint_location=os.path.normpath(ckpt),
                        partition_by=partition_by, trigger=trigger, recompute_threshold=threshold,
                        state_file_rows=file_rows, max_batch_rows=batch_rows, driver_rebuild_rows=driver_rows,
-                       local_engine=local_engine, contract=contract, constraints=constraints, docs=docs, autoscale=autoscale, **retention,
-                       **policies)
+                       local_engine=local_engine, contract=contract, constraints=constraints, docs=docs,
+                       autoscale=autoscale, **retention, **policies)
