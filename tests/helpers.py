@@ -163,7 +163,8 @@ def assert_same_types(target: pa.Schema, spark_schema, duckdb_schema: pa.Schema,
 def latest_cut(job) -> dict:
     """The cut a run of ``job`` started now takes (the engine's rule over its inputs'
     newest positions; for a Delta source, checked against the table's own latest version)."""
-    from consistent_stream.sources.formats import latest_cut as engine_latest_cut, open_source
+    from consistent_stream.sources.dag import latest_cut as engine_latest_cut
+    from consistent_stream.sources.formats import open_source
     cut = engine_latest_cut([open_source(s) for s in job.sources])
     if all(s.format == "delta" for s in job.sources):   # no upstream model to align with
         assert cut == {s.key: DeltaTable(s.location).version() for s in job.sources}, cut

@@ -25,6 +25,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 import consistent_stream.job as job_module
+import consistent_stream.query as query_module
 import consistent_stream.runtime as runtime
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.errors import (CommitError, ConfigError, ConsistentStreamError, SourceError,
@@ -106,7 +107,7 @@ def _fail_batches(monkeypatch, spark, job) -> None:
     """Run ``job`` with a batch that fails before its commit: its cut file stays planned."""
     def boom(*a, **k):
         raise RuntimeError("injected failure inside the batch")
-    monkeypatch.setattr(job_module, "process_batch", boom)
+    monkeypatch.setattr(query_module, "process_batch", boom)
     with pytest.raises(RuntimeError, match="injected failure"):
         run_job(spark, job)
     monkeypatch.undo()
@@ -438,17 +439,18 @@ LOSE_JVM = textwrap.dedent("""
     import os, signal, sys
     import consistent_stream
     import consistent_stream.job as J
+    import consistent_stream.query as Q
     from pyspark.sql import SparkSession
     from consistent_stream.spec import JobSpec
     spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "1").getOrCreate())
     jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
-    real = J.process_batch
+    real = Q.process_batch
 
     def lose_the_jvm(*a, **k):                                 # mid-batch: the cut is read, nothing written
         os.kill(jvm_pid, signal.SIGKILL)
         return real(*a, **k)
-    J.process_batch = lose_the_jvm
+    Q.process_batch = lose_the_jvm
     try:
         J.run_job(spark, JobSpec.load(sys.argv[1]))
     except BaseException as e:

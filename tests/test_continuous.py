@@ -10,6 +10,7 @@ import time
 import pyarrow as pa
 
 import consistent_stream.job as job_module
+import consistent_stream.query as query_module
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.runtime import BatchMeta
 from consistent_stream.spec import JobSpec
@@ -21,12 +22,12 @@ def test_a_continuous_model_slower_than_its_trigger_catches_up_once_the_sources_
     job = sc.job("select k % 3 as g, count(*) as n, sum(v) as s from src.t group by k % 3", "g")
     sc.run(job, full_refresh=True)
 
-    real = job_module.process_batch
+    real = query_module.process_batch
 
     def slow(*a, **k):
         time.sleep(1.0)  # every batch takes five trigger intervals
         return real(*a, **k)
-    monkeypatch.setattr(job_module, "process_batch", slow)
+    monkeypatch.setattr(query_module, "process_batch", slow)
 
     def writer():  # 30 source commits in about 3 s
         for i in range(1, 31):
@@ -60,7 +61,7 @@ def test_a_growing_lag_scales_a_continuous_model_up_at_a_batch_boundary(spark, t
     job = sc.job("select k % 3 as g, count(*) as n, sum(v) as s from src.t group by k % 3", "g")
     sc.run(job, full_refresh=True)
 
-    real = job_module.process_batch
+    real = query_module.process_batch
     ran_with: list[int | None] = []
 
     def costly(runtime, *a, **k):
@@ -69,7 +70,7 @@ def test_a_growing_lag_scales_a_continuous_model_up_at_a_batch_boundary(spark, t
         pause = 0.05 * result.changes_read / (runtime.parallelism or 1)
         time.sleep(pause)
         return dataclasses.replace(result, seconds=result.seconds + pause)
-    monkeypatch.setattr(job_module, "process_batch", costly)
+    monkeypatch.setattr(query_module, "process_batch", costly)
 
     def writer():  # until a batch runs with parallelism 2 (or 17 s on a slow machine)
         i, t0 = 0, time.time()

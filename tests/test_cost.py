@@ -9,12 +9,12 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from consistent_stream import settings
 from consistent_stream.changelog import arrow_to_spark
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.errors import UniqueKeyViolation
 from consistent_stream.job import run_job
 from consistent_stream.oracle import batch_dataframe
-from consistent_stream.plan import incremental
 from consistent_stream.sources import Cut
 from consistent_stream.state import arrangement
 from consistent_stream.state.arrangement import CompactionPolicy
@@ -98,7 +98,7 @@ def test_a_change_too_large_for_the_driver_is_written_by_the_executors(spark, tm
     is stopped at ``MAX_DRIVER_ROWS`` rows by the local engine and written by the executors
     instead; an aggregate over the same join stays on the driver. Both targets equal batch
     evaluation, then after an incremental batch whose change blows up the same way."""
-    monkeypatch.setattr(incremental, "MAX_DRIVER_ROWS", 5000)
+    monkeypatch.setattr(settings, "MAX_DRIVER_ROWS", 5000)
     sc = Scenario(spark, tmp_path, {
         "a": pa.table({"id": list(range(3000)), "k": [i % 10 for i in range(3000)]}),
         "b": pa.table({"j": list(range(200)), "k": [i % 10 for i in range(200)],
@@ -216,7 +216,7 @@ def test_a_backlog_is_planned_one_cut_at_a_time_so_a_micro_batch_is_one_cut(spar
     the crash campaign once left a model stuck so. So a cut is planned only when the query has
     processed every earlier one: when cut file n is written, Spark has committed batch n - 1
     and no other cut file is waiting."""
-    import consistent_stream.job as job_module
+    import consistent_stream.query as query_module
     from consistent_stream.sources.stream import CutLog
     sc = Scenario(spark, tmp_path, {"o": pa.table({"id": [0], "amt": [1]})}, {"o": ["id"]})
     job = sc.job("select count(*) as n, sum(amt) as total from src.o", None)
@@ -229,7 +229,7 @@ def test_a_backlog_is_planned_one_cut_at_a_time_so_a_micro_batch_is_one_cut(spar
     append = CutLog.append
 
     def checked_append(self, seq, start, end):
-        done = job_module._last_spark_commit(job)
+        done = query_module.last_spark_commit(job)
         waiting = [n for n in self._files() if int(n[4:-5]) > (-1 if done is None else done)]
         planned.append((seq, done, waiting))
         append(self, seq, start, end)
@@ -314,7 +314,7 @@ def test_compaction_never_changes_what_state_reads_return(spark, tmp_path, monke
     monkeypatch.setattr(arrangement, "DEFAULT_POLICY", policy)
     if where == "executors":
         monkeypatch.setattr(arrangement, "DRIVER_READ_ROWS", 0)
-        monkeypatch.setattr(arrangement, "DRIVER_SCAN_ROWS", 0)
+        monkeypatch.setattr(settings, "DRIVER_SCAN_ROWS", 0)
     if where == "too-many-matches":
         monkeypatch.setattr(arrangement, "DRIVER_MATCH_ROWS", 0)
     sc = Scenario(spark, tmp_path, {"acct": pa.table({"id": list(range(6)), "br": [i % 2 for i in range(6)],

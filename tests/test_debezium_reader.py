@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from consistent_stream.errors import SourceError
-from consistent_stream.sources import landing_index
+from consistent_stream.sources import debezium_events, landing_index
 from consistent_stream.sources.debezium import LandingReader
 from consistent_stream.sources.landing import ColumnSchema, TableSchema, event_file_name, load_schemas, write_schema
 
@@ -299,7 +299,7 @@ def test_an_entry_made_in_isolation_is_not_used_where_the_file_reads_differently
     d = landing(tmp_path, [SNAPSHOT, old + TX1, TX2])
     digest = landing_index.schemas_digest(load_schemas(d))
     os.makedirs(os.path.join(d, landing_index.INDEX_DIR))
-    assert landing_index._main([d, digest] + [event_file_name(i) for i in (1, 2, 3)]) == 0
+    assert debezium_events._main([d, digest] + [event_file_name(i) for i in (1, 2, 3)]) == 0
     assert len(_entries(d)) == 3
     r = LandingReader(d).refresh()
     assert r.index_stats == {"parsed": 1, "loaded": 2, "workers": 0}

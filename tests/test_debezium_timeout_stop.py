@@ -7,6 +7,7 @@ import time
 import pyarrow as pa
 
 import consistent_stream.job as job_module
+import consistent_stream.query as query_module
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.spec import JobSpec
 from scenario import Scenario
@@ -20,12 +21,12 @@ def test_timeout_during_a_batch_lets_it_commit_then_stops(spark, tmp_path, monke
     v0 = target.latest_version()
     sc.insert("t", pa.table({"k": [3], "v": [30]}))
 
-    real = job_module.process_batch
+    real = query_module.process_batch
 
     def slow(*a, **k):
         time.sleep(6)  # the timeout below falls inside this batch
         return real(*a, **k)
-    monkeypatch.setattr(job_module, "process_batch", slow)
+    monkeypatch.setattr(query_module, "process_batch", slow)
     continuous = JobSpec(**{**job.__dict__, "trigger": "processing_time:0.5"})
     summary = job_module.run_job(spark, continuous, timeout_s=2)  # must not raise
     monkeypatch.undo()

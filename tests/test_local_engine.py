@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from consistent_stream.changelog import arrow_to_spark
-from consistent_stream.plan.local import LocalEngine, NotLocal, Translations, translate
+from consistent_stream.exec.local import LocalEngine, NotLocal, Translations, translate
 
 A = pa.table({
     "k": pa.array([1, 2, 2, None, 5, 7], pa.int64()),

@@ -203,7 +203,7 @@ def explain_model(job: JobSpec) -> str:
     checkpointed plan yet."""
     from .delta import DeltaTableRef
     from .plan import compile_model
-    from .plan.incremental import PlanTypes
+    from .exec.evaluator import PlanTypes
     from .plan.logical import explain
     from .runtime import BatchMeta
     from .state.arrangement import ARRANGEMENT

@@ -47,7 +47,7 @@ def rewrite_relations(sql: str, mapping: dict[tuple[str, ...], str], dialect: st
 
 def _upstream(source: SourceSpec):
     from .sources.formats import open_source
-    return open_source(source).job()
+    return open_source(source).definition()
 
 
 def _position(source: SourceSpec, cut: Cut) -> int:

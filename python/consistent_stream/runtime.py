@@ -47,9 +47,10 @@ from .delta.deltars import arrow_schema
 from .errors import CommitError
 from .faults import fault_point
 from .metrics import BatchMetrics, Phases, counted_jobs
+from .settings import spark_confs
 from .plan import CompiledModel
-from .plan.incremental import BatchEvaluator, PlanTypes, spark_confs
-from .plan.local import LocalEngine, Translations, session_supported
+from .exec.evaluator import BatchEvaluator, PlanTypes
+from .exec.local import LocalEngine, Translations, session_supported
 from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, multiplicities, sink_changes
 from .sink.constraints import check_constraints
 from .sink.maintenance import retention_of, table_properties

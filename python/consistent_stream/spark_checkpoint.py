@@ -6,7 +6,7 @@ named by batch id, ``<id>`` or, for a compacted log, ``<id>.compact``
 temporary name and renames it; names that are not a batch id (``.tmp`` files, Hadoop's
 ``.<name>.crc`` checksums) are not entries.
 
-Used by the preflight checks (:mod:`.preflight`), the run loop (:mod:`.job`) and the
+Used by the preflight checks (:mod:`.preflight`), the streaming query (:mod:`.query`) and the
 file source log's trimming (:mod:`.sink.maintenance`)."""
 from __future__ import annotations
 

@@ -7,33 +7,14 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from .errors import ConfigError
+from .settings import STATE_FILE_ROWS
+from .storage import read_text, replace_text
 from .sources import SourceSpec
-
-
-def replace_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (a temporary file renamed over it), unless the
-    file already holds exactly ``text``: a run rewrites the checkpoint's ``job.json``,
-    fingerprint and plan, which do not change from run to run. Not fsynced, as Spark's
-    checkpoint files and delta-rs' commits are not. (Rewriting them every run once took
-    0.3 s of a run at SF 10, customer_order_totals: the write waited on the disk behind the
-    refresh round's and the previous batch's writes.)"""
-    try:
-        with open(path) as f:
-            if f.read() == text:
-                return
-    except (OSError, UnicodeDecodeError):
-        pass
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
 
 
 RECOMPUTE_THRESHOLD = 0.25
 """Default ``recompute_threshold``: a batch whose source change rows exceed this fraction of
 the sources' rows is recomputed from snapshots instead of maintained incrementally."""
-STATE_FILE_ROWS = 1_000_000
-"""Default ``state_file_rows``: rows per state (and rebuilt target) file."""
 MAX_BATCH_ROWS = 500_000
 """Default ``max_batch_rows``: source change rows above which a backlog is split."""
 DRIVER_REBUILD_ROWS = 1_000_000
@@ -263,9 +244,13 @@ class JobSpec:
 
     @staticmethod
     def load(path: str) -> "JobSpec":
-        with open(path) as f:
-            d = json.load(f)
-        d["sources"] = [SourceSpec(**{**s, "primary_key": tuple(s.get("primary_key", ()))}) for s in d["sources"]]
+        """The job spec saved at ``path`` (:meth:`save`). Raises FileNotFoundError when there is
+        none, ValueError when it is not JSON."""
+        text = read_text(path)
+        if text is None:
+            raise FileNotFoundError(path)
+        d = json.loads(text)
+        d["sources"] = [SourceSpec.from_json(s) for s in d["sources"]]
         return JobSpec(**d)
 
     @staticmethod

@@ -21,7 +21,8 @@ from .delta import DeltaTableRef
 from .errors import ConsistentStreamError
 from .oracle import batch_dataframe
 from .sources import Cut
-from .spec import JobSpec, replace_text
+from .spec import JobSpec
+from .storage import replace_text
 
 INDEX_DIR = os.path.join(".consistent_stream", "models")
 

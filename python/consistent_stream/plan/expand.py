@@ -2,9 +2,10 @@
 
 A view holds no data of its own: a consistent_stream model that reads one is maintained over
 the sources underneath, so the view's SQL replaces its relation as a subquery (keeping the
-alias), the way dbt already inlines ``ephemeral`` models as CTEs. The view's SQL is the one
-Spark's catalog holds (``View Text``), i.e. what dbt's run of the view created; views of
-views are expanded until only sources and consistent_stream models remain.
+alias), the way dbt already inlines ``ephemeral`` models as CTEs. The views' SQL is given
+(the run reads it from Spark's catalog, ``View Text``: what dbt's run of the view created,
+:func:`consistent_stream.job.run_model`); views of views are expanded until only sources and
+consistent_stream models remain. Pure: no session, no I/O.
 
 Example, with ``stg_lineitem`` a view ``select l_orderkey, l_extendedprice * (1 - l_discount)
 as net from tpch.lineitem``::
@@ -19,25 +20,9 @@ import sqlglot
 from sqlglot import exp
 
 from ..errors import SourceError
-from ..sources.spec import normalize_relation
 
 MAX_DEPTH = 32
 """Views of views expanded at most this deep (a cycle is impossible in dbt's DAG)."""
-
-
-def view_text(spark, name: str, relation: str) -> str:
-    """The SQL of view ``relation`` (dbt model ``name``) from Spark's catalog. Raises
-    SourceError when the catalog has no such view (run the view model first)."""
-    try:
-        rows = spark.sql(f"DESCRIBE TABLE EXTENDED {relation}").collect()
-    except Exception as e:  # AnalysisException: not in the catalog
-        raise SourceError(f"ref('{name}'): the view {relation} is not in Spark's catalog "
-                          f"({str(e).splitlines()[0]}); run the view model first: dbt run -s +<this model>") from None
-    info = {r.col_name: r.data_type for r in rows}
-    if info.get("Type", "").upper() != "VIEW" or not info.get("View Text"):
-        raise SourceError(f"ref('{name}'): {relation} is not a view in Spark's catalog (type "
-                          f"{info.get('Type')!r}); run the view model again")
-    return info["View Text"]
 
 
 def expand_views(sql: str, views: dict[tuple[str, ...], str]) -> str:
@@ -61,10 +46,3 @@ def expand_views(sql: str, views: dict[tuple[str, ...], str]) -> str:
         if not hit:
             return ast.sql(dialect="spark")
     raise SourceError(f"views nested deeper than {MAX_DEPTH} levels in the model's SQL")
-
-
-def expand_view_refs(spark, sql: str, refs: list[dict]) -> str:
-    """``sql`` with the views of ``refs`` (``{name, relation}`` per view the model reads,
-    directly or through other views and ephemerals) expanded (:func:`expand_views`)."""
-    texts = {normalize_relation(r["relation"]): view_text(spark, r["name"], r["relation"]) for r in refs}
-    return expand_views(sql, texts)

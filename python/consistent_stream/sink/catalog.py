@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 
 from ..delta import DeltaTableRef, Docs
 from ..faults import fault_point
-from ..spec import replace_text
+from ..storage import replace_text
 
 SNAPSHOTS = "_consistent_stream/snapshots"
 KEEP = 2

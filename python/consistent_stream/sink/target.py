@@ -24,9 +24,11 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from .. import settings
 from ..changelog import WEIGHT
 from ..delta import DeltaTableRef, Docs, Txn
 from ..errors import CommitError, UniqueKeyViolation
+from ..settings import spark_confs
 from .unique import key_in, row_keys
 
 OP = "__op"
@@ -147,11 +149,9 @@ def multiplicities(spark, target: DeltaTableRef, version: int, delta: pa.Table) 
 def _multiplicities_on_driver(target: DeltaTableRef, version: int, neg: pa.Table) -> pa.Table | None:
     """:func:`multiplicities` on the driver's DuckDB; None when it cannot answer (see there)."""
     from ..duck import UNSUPPORTED, KeyedScan
-    from ..plan.incremental import MAX_DRIVER_ROWS
-    from ..state.arrangement import DRIVER_SCAN_ROWS
     if "://" in target.path or target.partition_columns():
         return None
-    if target.num_records(version) > DRIVER_SCAN_ROWS:
+    if target.num_records(version) > settings.DRIVER_SCAN_ROWS:
         return None
     cols = neg.column_names
     schema = target.plain_arrow_schema(version)
@@ -167,7 +167,7 @@ def _multiplicities_on_driver(target: DeltaTableRef, version: int, neg: pa.Table
         return None
     scan = KeyedScan()
     try:
-        found = scan.scan(paths, schema, {c: neg.column(c) for c in cols}, MAX_DRIVER_ROWS)
+        found = scan.scan(paths, schema, {c: neg.column(c) for c in cols}, settings.MAX_DRIVER_ROWS)
     finally:
         scan.close()
     if found is None or found is UNSUPPORTED:
@@ -282,7 +282,6 @@ def _write_rebuilt_spark(target: DeltaTableRef, output: DataFrame, unique_key: l
         n = max(1, int(rows.sparkSession.sparkContext.defaultParallelism))
         rows = rows.repartitionByRange(n, *key).sortWithinPartitions(*key)
     spark = rows.sparkSession
-    from ..plan.incremental import spark_confs
     with spark_confs(spark, {"spark.sql.files.maxRecordsPerFile": str(file_rows)}):
         files = write_spark(rows, target.path, new_dir("part"), partition_by=partition_by)
     return files, arrow_schema(output.select(*[F.col(f"`{c}`") for c in data_cols]).schema)

@@ -26,6 +26,21 @@ upstreams from the same source versions, or of their common ancestors first).
 from __future__ import annotations
 
 from ..errors import SourceError
+from .formats import Source, open_source
+from .model import ModelSource
+
+
+def latest_cut(sources: list[Source]) -> dict[str, int]:
+    """The newest consistent cut of ``sources``: each clock's newest position, read once per
+    clock so that all its sources share it (Delta's latest version; for Debezium sources the
+    last complete transaction of their landing directory); with upstream models, the newest
+    cut on which they and the base sources agree (:func:`aligned_cut`)."""
+    out, clocks = {}, {}
+    for s in sources:
+        if s.clock not in clocks:
+            clocks[s.clock] = s.latest_position()
+        out[s.spec.key] = clocks[s.clock]
+    return aligned_cut(sources, out)
 
 
 def aligned_cut(sources: list, newest: dict[str, int]) -> dict[str, int]:
@@ -33,8 +48,6 @@ def aligned_cut(sources: list, newest: dict[str, int]) -> dict[str, int]:
     :class:`~.model.ModelSource`) given each one's ``newest`` position (source key ->
     position). Returns source key -> position. Raises SourceError when no consistent cut
     exists, naming the upstream models and the base cuts of their newest versions."""
-    from .formats import open_source
-    from .model import ModelSource
     models = [s for s in sources if isinstance(s, ModelSource)]
     if not models:
         return dict(newest)

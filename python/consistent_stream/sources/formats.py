@@ -14,7 +14,8 @@ Formats (``meta.consistent_stream.format``):
 * ``model``: the target of an upstream consistent_stream model (``ref()``,
   :class:`.model.ModelSource`); positions are the target's versions, each one batch of the
   upstream that records the base cut it reflects. A cut over several inputs is chosen by the
-  DAG cut rule (:mod:`.dag`) so that they agree on every base source they share.
+  DAG cut rule (:mod:`.dag`, which also takes the newest cut of a model's sources) so that
+  they agree on every base source they share.
 
 Positions are ints; -1 (INITIAL) is "nothing read yet".
 """
@@ -83,20 +84,6 @@ def open_source(spec: SourceSpec) -> Source:
 def column_names(source: SourceSpec) -> list[str]:
     """The source table's columns. SourceError when the table or landing directory is missing."""
     return open_source(source).columns()
-
-
-def latest_cut(sources: list[Source]) -> dict[str, int]:
-    """The newest consistent cut of ``sources``: each clock's newest position, read once per
-    clock so that all its sources share it (Delta's latest version; for Debezium sources the
-    last complete transaction of their landing directory); with upstream models, the newest
-    cut on which they and the base sources agree (:func:`.dag.aligned_cut`)."""
-    out, clocks = {}, {}
-    for s in sources:
-        if s.clock not in clocks:
-            clocks[s.clock] = s.latest_position()
-        out[s.spec.key] = clocks[s.clock]
-    from .dag import aligned_cut
-    return aligned_cut(sources, out)
 
 
 def snapshot_arrow(source: SourceSpec, position: int) -> pa.Table:

@@ -49,9 +49,6 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -77,6 +74,21 @@ class TxInfo(NamedTuple):
     counts: dict
     file: str
     line: int
+    snapshot: bool = False
+
+
+@dataclass
+class OpenTransaction:
+    """A transaction (or the snapshot) the parser has seen BEGIN of and not yet END: its id,
+    position, commit time, where it began, whether it is skipped (already in the snapshot),
+    its rows per table so far and its event counts."""
+    id: str
+    position: int
+    ts_ms: int
+    where: tuple   # (file, line, byte offset) of its BEGIN
+    skip: bool
+    rows: dict = field(default_factory=dict)   # table -> list of (position, weight, row dict, Where)
+    counts: dict = field(default_factory=dict)
     snapshot: bool = False
 
 
@@ -127,10 +139,9 @@ class ParsedFile:
         return True
 
     def apply(self, parser) -> None:
-        """Move ``parser`` (a ``debezium._Parser``) past this file, as parsing it in context
+        """Move ``parser`` (a :class:`~.debezium_events.EventParser`) past this file, as parsing it in context
         would have; inside the snapshot, the snapshot's counts so far, its first read's time
         and place are carried into this file's snapshot (its END, or the one still open)."""
-        from .debezium import _Open
         held = parser.snap   # the snapshot open before this file (fits: this file goes on with it)
         if held is not None:
             for i, tx in enumerate(self.txs):
@@ -143,10 +154,10 @@ class ParsedFile:
             if held is not None:
                 for t, n in held.counts.items():
                     counts[t] = counts.get(t, 0) + n
-                parser.snap = _Open(held.id, held.position, held.ts_ms, held.where, False, counts=counts,
+                parser.snap = OpenTransaction(held.id, held.position, held.ts_ms, held.where, False, counts=counts,
                                     snapshot=True)
             else:
-                parser.snap = _Open(f"snapshot:{e['position']}", e["position"], e["ts_ms"], tuple(e["where"]), False,
+                parser.snap = OpenTransaction(f"snapshot:{e['position']}", e["position"], e["ts_ms"], tuple(e["where"]), False,
                                     counts=counts, snapshot=True)
         else:
             parser.snap = None
@@ -249,59 +260,3 @@ def load(location: str, digest: str, name: str, size: int, mtime_ns: int) -> Par
                                                       cols["snapshot"]))]
     return ParsedFile(name, size, mtime_ns, parts, txs, meta["first_pos"], meta["snapshot_pos"], meta["began"],
                       meta["snapshot_reads"], meta["leading_snapshot"], meta["snap_end"])
-
-
-def build(location: str, files: list[tuple[str, int, int]], digest: str, workers: int | None = None) -> int:
-    """Make the entries of ``files`` ([(name, size, mtime_ns)], in order) in ``workers``
-    processes (default: one per core), when they are worth it (at least
-    ``PARALLEL_MIN_BYTES``, two cores or more). Each worker parses a contiguous run of files in
-    isolation. Returns the number of workers started (0: the caller parses alone)."""
-    workers = workers or os.cpu_count() or 1
-    total = sum(size for _, size, _ in files)
-    if workers < 2 or len(files) < 2 or total < PARALLEL_MIN_BYTES:
-        return 0
-    workers = min(workers, len(files))
-    groups: list[list[str]] = [[] for _ in range(workers)]
-    acc, share = 0, total / workers
-    for name, size, _ in files:
-        groups[min(int(acc // share), workers - 1)].append(name)
-        acc += size
-    t0 = time.time()
-    procs = [subprocess.Popen([sys.executable, "-m", __name__, location, digest, *g],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for g in groups if g]
-    for p in procs:
-        _, err = p.communicate()
-        if p.returncode:
-            log.warning("landing index worker exited %s (its files are parsed by the reader): %s", p.returncode,
-                        err.decode(errors="replace")[-2000:])
-    log.info("%s: indexed %d event files (%.1f MB) in %d worker processes in %.2fs", location, len(files),
-             total / 1e6, len(procs), time.time() - t0)
-    return len(procs)
-
-
-def _main(argv: list[str]) -> int:
-    """Worker: ``python -m consistent_stream.sources.landing_index <location> <digest> <file>...``
-    parses each file in isolation and writes its entry; a file that raises or ends inside a
-    transaction gets none (the reader parses it in context)."""
-    from ..errors import SourceError
-    from .debezium import _Parser
-    from .landing import load_schemas
-    location, digest, names = argv[0], argv[1], argv[2:]
-    schemas = load_schemas(location)
-    if schemas_digest(schemas) != digest:
-        return 0  # the schema files changed since the reader listed them: the reader parses
-    for name in names:
-        st = os.stat(os.path.join(location, name))
-        parser = _Parser(location, schemas)
-        try:
-            parsed = parser.parse(name, st.st_size, st.st_mtime_ns)
-        except SourceError:
-            continue
-        if parser.open is None:
-            store(location, digest, parsed)
-    return 0
-
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING)
-    sys.exit(_main(sys.argv[1:]))

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 
 from ..errors import SourceError
+from ..storage import read_json
 from .delta_cdf import DeltaSource, SourceChanges
 from .spec import SourceSpec
 
@@ -112,26 +114,33 @@ class ModelSource(DeltaSource):
     def base_sources(self) -> dict[str, SourceSpec]:
         """Every base source under the upstream, by key (through its own upstream models),
         from the job specs beside the upstreams' checkpoints."""
-        from .formats import open_source
-        job = self.job()
         out: dict[str, SourceSpec] = {}
-        for s in job.sources:
+        for s in self.definition().sources:
             if s.format == MODEL_FORMAT:
-                out.update(open_source(s).base_sources())
+                out.update(ModelSource(s).base_sources())
             else:
                 out[s.key] = s
         return out
 
-    def job(self):
-        """The upstream's :class:`~consistent_stream.spec.JobSpec` (SQL and sources), from the
-        checkpoint its newest commit names."""
-        from ..spec import JobSpec
+    def definition(self) -> "UpstreamDefinition":
+        """The upstream's SQL and sources, from the job spec (``_consistent_stream/job.json``,
+        written by :meth:`consistent_stream.spec.JobSpec.save`) in the checkpoint its newest
+        commit names. Raises SourceError when that file is missing or unreadable."""
         ckpt = self.metadata(self.latest_position()).get("checkpoint_location")
         path = os.path.join(ckpt or "", "_consistent_stream", "job.json")
-        if not ckpt or not os.path.exists(path):
+        d = read_json(path) if ckpt else None
+        if not isinstance(d, dict) or "sql" not in d or "sources" not in d:
             raise SourceError(f"ref('{self.spec.name}'): the job spec of model {self.spec.name} is not at {path}; "
                               f"run dbt run -s {self.spec.name}")
-        return JobSpec.load(path)
+        return UpstreamDefinition(d["sql"], [SourceSpec.from_json(s) for s in d["sources"]])
+
+
+@dataclass(frozen=True)
+class UpstreamDefinition:
+    """What an upstream model computes: its SQL (Spark dialect, sources as relations) and its
+    sources (:class:`SourceSpec`), as its job spec records them."""
+    sql: str
+    sources: list[SourceSpec]
 
 
 def _decoded(meta: dict) -> dict:

@@ -48,6 +48,12 @@ class SourceSpec:
         return f"{self.source_name}.{self.name}" if self.source_name else self.name
 
     @staticmethod
+    def from_json(d: dict) -> "SourceSpec":
+        """The spec whose fields are ``d`` (``dataclasses.asdict`` of one, as ``job.json`` holds
+        them; ``primary_key`` a list there)."""
+        return SourceSpec(**{**d, "primary_key": tuple(d.get("primary_key", ()))})
+
+    @staticmethod
     def from_dbt(d: dict, project_root: str) -> "SourceSpec":
         """Build from the dict the materialization passes (source_name, name, relation, meta).
 

@@ -17,7 +17,7 @@ Its files come in two levels, like a two-level LSM tree:
 
 Keyed reads. ``lookup(name).read(keys)`` picks the files whose min/max statistics may hold one
 of the keys (driver only: no file is opened), then reads just those and keeps the rows at the
-keys: a scan on the driver that holds only the matches (up to ``DRIVER_SCAN_ROWS`` picked rows
+keys: a scan on the driver that holds only the matches (up to ``settings.DRIVER_SCAN_ROWS`` picked rows
 and ``DRIVER_MATCH_ROWS`` matches; DuckDB's Parquet reader, which filters on the key columns
 before it decodes the others, or Arrow's for key types DuckDB may compare differently), else
 Spark's executors and a broadcast semi join. The rows of the picked files are the batch's
@@ -57,7 +57,8 @@ from ..delta.files import new_dir, write_arrow, write_spark
 from ..duck import UNSUPPORTED, KeyedScan
 from ..errors import CommitError
 from ..faults import fault_point
-from ..spec import STATE_FILE_ROWS
+from .. import settings
+from ..settings import STATE_FILE_ROWS, spark_confs
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +96,6 @@ DEFAULT_POLICY = CompactionPolicy()
 DRIVER_READ_ROWS = 250_000
 """A read of whole files (no keys on the driver, an arrangement without a key, a compaction)
 holding at most this many rows runs on the driver."""
-DRIVER_SCAN_ROWS = 50_000_000
-"""A keyed read whose picked files hold at most this many rows is a scan on the driver
-(multi-threaded) that keeps only the rows at the keys: the driver holds the matches, never the
-files. At SF 1, q3's 3.2M-row lineitem arrangement at 3,000 random order keys took 0.09 s with
-Arrow's scanner, where Spark's broadcast semi join runs a job over every file; at SF 10 (34M
-rows, 15,000 keys) DuckDB's scan takes 0.25 s and Arrow's 0.53 s (``benchmarks/keyed_read.py``)."""
 DRIVER_MATCH_ROWS = 1_000_000
 """Matches a driver-side keyed scan may hold; past it the read goes to Spark's executors."""
 
@@ -307,7 +302,7 @@ class StateStore:
         """Rows of ``arrangement`` at ``keys`` (all rows when None) as of the previous batch;
         not consolidated across files, and possibly with rows of other keys of the picked
         files. Counts the picked files' rows as state rows read. Where it runs: keys on the
-        driver and picked files of at most ``DRIVER_SCAN_ROWS`` rows: a streaming scan on the
+        driver and picked files of at most ``settings.DRIVER_SCAN_ROWS`` rows: a streaming scan on the
         driver keeping the rows at the keys (up to ``DRIVER_MATCH_ROWS`` of them); whole files
         of at most ``DRIVER_READ_ROWS`` rows: read on the driver; otherwise Spark's executors
         read the files and a semi join keeps the rows at the keys."""
@@ -319,7 +314,7 @@ class StateStore:
         if not files:
             return Changelog.empty(self.views, schema)
         keyed = keys is not None and keys.arrow is not None and bool(arrangement.key)
-        if keyed and rows <= DRIVER_SCAN_ROWS:
+        if keyed and rows <= settings.DRIVER_SCAN_ROWS:
             data = self._read_local(arrangement, files, keys, limit=DRIVER_MATCH_ROWS)
             if data is not None:
                 return Changelog.of_arrow(self.views, data, schema=schema)
@@ -412,7 +407,6 @@ class StateStore:
             df = arrangement.consolidate(df)
         if key:
             df = df.sortWithinPartitions(*key)
-        from ..plan.incremental import spark_confs
         with spark_confs(self.spark, {"spark.sql.files.maxRecordsPerFile": str(self.file_rows)}):
             return write_spark(df, self.path, f"{ARRANGEMENT}={arrangement.name}/{new_dir('base')}",
                                partition_values={ARRANGEMENT: arrangement.name})

@@ -298,12 +298,12 @@ class Translations:
 
     def save(self) -> None:
         """Write the file when translations were made since it was read (atomically,
-        :func:`~consistent_stream.spec.replace_text`; a failure is logged, the next run
+        :func:`~consistent_stream.storage.replace_text`; a failure is logged, the next run
         translates again)."""
         if not self.path or not self._dirty:
             return
         import json
-        from ..spec import replace_text
+        from ..storage import replace_text
         try:
             replace_text(self.path, json.dumps({"version": _code_version(), "relations": self._relations,
                                                 "translated": self._translated}))

@@ -37,75 +37,27 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
-from ..changelog import SINGLE_PARTITION_ROWS, WEIGHT, Changelog, Views, consolidate_sql, q
+from .. import settings
+from ..changelog import WEIGHT, Changelog, Views, consolidate_sql, q
 from ..delta.files import new_dir, write_spark
 from ..operators.aggregate import AggregateSpec, aggregate_delta
 from ..operators.dedup import dedup_delta
 from ..operators.join import JoinSide, join_delta
 from ..operators.keyed import RelationLookup
 from ..operators.linear import filter_sql, project_sql, reweight_sql, union_sql
+from ..plan.logical import Aggregate, Dedup, Filter, Join, Node, Project, Reweight, Scan, Union, plain_column, walk
+from ..settings import small_query_confs, spark_confs
 from ..state import Arrangement, StateStore
 from .local import LocalEngine, TooLarge
-from .logical import Aggregate, Dedup, Filter, Join, Node, Project, Reweight, Scan, Union, plain_column, walk
 
 log = logging.getLogger(__name__)
-
-MAX_DRIVER_ROWS = 1_000_000
-"""State rows an incremental operator may read and still keep its change on the driver."""
-ROWS_PER_TASK = 100_000
-
-
-def shuffle_partitions(spark: SparkSession, rows: int, parallelism: int | None = None) -> int:
-    """Shuffle partitions for a query processing ``rows`` rows: one per ``ROWS_PER_TASK``,
-    at least 1, at most twice the cores, or at most ``parallelism`` when the autoscaler
-    (:mod:`consistent_stream.autoscale`) set one."""
-    cap = parallelism or 2 * max(1, int(spark.sparkContext.defaultParallelism))
-    return max(1, min(cap, math.ceil(rows / ROWS_PER_TASK)))
-
-
-CODEGEN_ROWS = 500_000
-"""Rows below which a query runs without whole-stage code generation: compiling the
-generated Java of each stage costs more than it saves on a change-sized query (a 100-row
-GROUP BY: 0.35 s with it, 0.11 s without, on this project's 2-core machine)."""
-
-
-def small_query_confs(spark: SparkSession, rows: int, parallelism: int | None = None) -> dict[str, str]:
-    """Session confs for a change-sized query over ``rows`` rows (inputs plus state read):
-    shuffle parallelism from the rows (capped by ``parallelism``), whole-stage code
-    generation only when it pays."""
-    confs = {"spark.sql.shuffle.partitions": str(shuffle_partitions(spark, rows, parallelism)),
-             "spark.sql.codegen.wholeStage": "true" if rows >= CODEGEN_ROWS else "false"}
-    if rows <= SINGLE_PARTITION_ROWS:
-        # every relation is one driver-side partition: a join needs no exchange, and a
-        # broadcast Spark would choose on its own is one more job
-        confs["spark.sql.autoBroadcastJoinThreshold"] = "-1"
-    return confs
-
-
-@contextmanager
-def spark_confs(spark: SparkSession, confs: dict[str, str]):
-    """Run with session confs set, restoring the previous values afterwards."""
-    old = {k: spark.conf.get(k, None) for k in confs}
-    for k, v in confs.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
-
 
 def _nullable(schema: StructType) -> StructType:
     return StructType([StructField(f.name, f.dataType, True) for f in schema.fields])
@@ -195,7 +147,7 @@ class BatchEvaluator:
         self.parallelism = parallelism
         self.rebuild, self.first, self.scratch, self.types = rebuild, first, scratch, types
         self.dry = types is None
-        self.max_driver_rows = MAX_DRIVER_ROWS if max_driver_rows is None else max_driver_rows
+        self.max_driver_rows = settings.MAX_DRIVER_ROWS if max_driver_rows is None else max_driver_rows
         self.local = None if rebuild or self.dry else local
         self.local_queries = self.spark_queries = 0
         self.changes_on_executors = 0   # materialized changes too large for the driver
@@ -211,7 +163,7 @@ class BatchEvaluator:
         """Run the SELECT ``sql`` (whose result has the Spark types ``schema``) once.
         Incremental batches keep the result on the driver: computed there by the local engine
         when every relation it reads is on the driver and it is eligible
-        (:mod:`~consistent_stream.plan.local`), else with Spark and ``toArrow`` when the state
+        (:mod:`~consistent_stream.exec.local`), else with Spark and ``toArrow`` when the state
         its operator read is change-sized, else the executors write it to scratch files first
         and only a result of at most ``max_driver_rows`` rows is then read by the driver.
         A result of more than ``max_driver_rows`` rows is never held on the driver: the local

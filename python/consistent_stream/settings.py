@@ -1,0 +1,69 @@
+"""Settings every layer shares: how much a driver may hold, and the Spark session confs a
+change-sized query runs with.
+
+The bounds are read at call time (``settings.MAX_DRIVER_ROWS``, not bound into a default
+argument), so a test can lower them for one run. What each bound costs and saves is measured
+in ``benchmarks/`` (``keyed_read.py``, ``driver_rebuild.py``), not restated here.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+from pyspark.sql import SparkSession
+
+from .changelog import SINGLE_PARTITION_ROWS
+
+MAX_DRIVER_ROWS = 1_000_000
+"""Rows a result held on the driver may have: the state rows an incremental operator may read
+and still keep its change on the driver, the rows the driver's DuckDB may return before the
+executors write the result instead, and the rows a keyed scan of the target may keep."""
+DRIVER_SCAN_ROWS = 50_000_000
+"""A keyed read whose picked files hold at most this many rows is a scan on the driver
+(multi-threaded) that keeps only the rows at the keys: the driver holds the matches, never the
+files. Above it, Spark's executors run a semi join over the files."""
+ROWS_PER_TASK = 100_000
+"""Rows per shuffle partition of a change-sized query."""
+STATE_FILE_ROWS = 1_000_000
+"""Default ``state_file_rows``: rows per state (and rebuilt target) file."""
+CODEGEN_ROWS = 500_000
+"""Rows below which a query runs without whole-stage code generation: compiling the generated
+Java of each stage costs more than it saves on a change-sized query."""
+
+
+def shuffle_partitions(spark: SparkSession, rows: int, parallelism: int | None = None) -> int:
+    """Shuffle partitions for a query processing ``rows`` rows: one per ``ROWS_PER_TASK``,
+    at least 1, at most twice the cores, or at most ``parallelism`` when the autoscaler
+    (:mod:`consistent_stream.autoscale`) set one."""
+    cap = parallelism or 2 * max(1, int(spark.sparkContext.defaultParallelism))
+    return max(1, min(cap, math.ceil(rows / ROWS_PER_TASK)))
+
+
+def small_query_confs(spark: SparkSession, rows: int, parallelism: int | None = None) -> dict[str, str]:
+    """Session confs for a change-sized query over ``rows`` rows (inputs plus state read):
+    shuffle parallelism from the rows (capped by ``parallelism``), whole-stage code
+    generation only when it pays."""
+    confs = {"spark.sql.shuffle.partitions": str(shuffle_partitions(spark, rows, parallelism)),
+             "spark.sql.codegen.wholeStage": "true" if rows >= CODEGEN_ROWS else "false"}
+    if rows <= SINGLE_PARTITION_ROWS:
+        # every relation is one driver-side partition: a join needs no exchange, and a
+        # broadcast Spark would choose on its own is one more job
+        confs["spark.sql.autoBroadcastJoinThreshold"] = "-1"
+    return confs
+
+
+@contextmanager
+def spark_confs(spark: SparkSession, confs: dict[str, str]):
+    """Run with session confs ``confs`` (conf name -> value) set, restoring the previous
+    values afterwards (unsetting those that were unset)."""
+    old = {k: spark.conf.get(k, None) for k in confs}
+    for k, v in confs.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
