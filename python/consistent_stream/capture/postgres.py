@@ -348,6 +348,10 @@ class PostgresCapture:
                                        "data_collection_order": per_table[table]}}
 
     def run(self) -> CaptureSummary:
+        """Capture until stopped (SIGTERM/SIGINT, or ``max_seconds``): check the landing
+        directory against the tables and the slot, take the snapshot when none is complete
+        (a new slot's exported snapshot), then stream the slot's transactions into event
+        files. Returns the capture's summary; raises CaptureError naming what to do."""
         t0 = time.time()
         for sig in (signal.SIGTERM, signal.SIGINT):  # graceful stop: flush, then exit
             try:
@@ -356,6 +360,32 @@ class PostgresCapture:
                 pass
         os.makedirs(self.landing, mode=0o700, exist_ok=True)  # change data: owner only
         conn = self._connect()
+        state, resumed = self._check_landing(conn)
+        rconn = self._connect(replication=True)
+        rcur = rconn.cursor()
+        summary = CaptureSummary(self.cfg.slot, "", resumed)
+        if not resumed:
+            rcur.execute(f'CREATE_REPLICATION_SLOT "{self.cfg.slot}" LOGICAL wal2json EXPORT_SNAPSHOT')
+            _, consistent_point, snapshot_name, _ = rcur.fetchone()
+            p0 = parse_lsn(consistent_point)
+            self._snapshot(conn, snapshot_name, p0, summary)
+            self._save_state(slot=self.cfg.slot, tables=self.tables, snapshot_lsn=p0, snapshot_done=True,
+                             snapshot_ts_ms=int(time.time() * 1000))
+            state = self._state()
+        summary.snapshot_lsn = format_lsn(int(state["snapshot_lsn"]))
+        seq, durable = self._durable()
+        dbname = conn.get_dsn_parameters().get("dbname", "")
+        conn.close()
+        self._stream(rcur, seq, durable, dbname, summary)
+        rconn.close()
+        summary.seconds = round(time.time() - t0, 3)
+        return summary
+
+    def _check_landing(self, conn) -> tuple[dict | None, bool]:
+        """Write the tables' schema files and check the landing directory's capture state
+        against ``--tables`` and ``--slot``: ``(state, resumed)``, where ``resumed`` says a
+        snapshot is complete and its slot still exists. A capture that died during its
+        snapshot starts over (its slot dropped, the landing directory reset)."""
         self._describe(conn)
         for ts in self.schemas.values():
             old_path = schema_path(self.landing, ts.table)
@@ -387,23 +417,12 @@ class PostgresCapture:
                         cur.execute("SELECT pg_drop_replication_slot(%s)", (self.cfg.slot,))
                 self._reset_landing()
             self._save_state(slot=self.cfg.slot, tables=self.tables, snapshot_lsn=None, snapshot_done=False)
+        return state, resumed
 
-        rconn = self._connect(replication=True)
-        rcur = rconn.cursor()
-        summary = CaptureSummary(self.cfg.slot, "", resumed)
-        if not resumed:
-            rcur.execute(f'CREATE_REPLICATION_SLOT "{self.cfg.slot}" LOGICAL wal2json EXPORT_SNAPSHOT')
-            _, consistent_point, snapshot_name, _ = rcur.fetchone()
-            p0 = parse_lsn(consistent_point)
-            self._snapshot(conn, snapshot_name, p0, summary)
-            self._save_state(slot=self.cfg.slot, tables=self.tables, snapshot_lsn=p0, snapshot_done=True,
-                             snapshot_ts_ms=int(time.time() * 1000))
-            state = self._state()
-        summary.snapshot_lsn = format_lsn(int(state["snapshot_lsn"]))
-        seq, durable = self._durable()
-        dbname = conn.get_dsn_parameters().get("dbname", "")
-        conn.close()
-
+    def _stream(self, rcur, seq: int, durable: int, dbname: str, summary: CaptureSummary) -> None:
+        """Stream the slot's transactions (wal2json format 2) into event files numbered from
+        ``seq``, skipping those at or below ``durable`` (already in a durable file), until
+        stopped; the slot's confirmed position follows the durable files only."""
         rcur.start_replication(slot_name=self.cfg.slot, decode=True, options={
             "format-version": "2", "include-xids": "1", "include-timestamp": "1", "include-lsn": "1",
             "include-types": "1", "add-tables": ",".join(self.tables)})
@@ -479,9 +498,6 @@ class PostgresCapture:
                 # server hears from us at every interval (see "keepalives" in the docstring)
                 flush()
         flush()
-        rconn.close()
-        summary.seconds = round(time.time() - t0, 3)
-        return summary
 
 
 def capture_postgres(cfg: CaptureConfig) -> CaptureSummary:

@@ -84,6 +84,35 @@ def _avg_sql(s: str, n: str, arg_type: DataType) -> str:
     return f"CAST({s} AS DOUBLE) / CAST({n} AS DOUBLE)"
 
 
+@dataclass
+class _Accumulators:
+    """The value columns of the ``acc`` arrangement: ``count`` (sum of weights), per linear
+    argument its ``s`` (sum of x*w, only for SUM and AVG) and ``n`` (sum of w over non-NULL x)
+    columns; ``exprs`` their aggregate expressions over the input, ``value_cols`` their names
+    in order."""
+    count: str
+    s_col: dict[str, str]
+    n_col: dict[str, str]
+    exprs: list[str]
+    value_cols: list[str]
+
+
+def _accumulators(spec: AggregateSpec, linear: list[AggCall]) -> _Accumulators:
+    count = f"{spec.op_id}__count"
+    linear_args = list(dict.fromkeys(spec.args[a.name] for a in linear))
+    s_col = {x: f"{spec.op_id}__s{i}" for i, x in enumerate(linear_args)}
+    n_col = {x: f"{spec.op_id}__n{i}" for i, x in enumerate(linear_args)}
+    exprs = [f"CAST(SUM({W}) AS BIGINT) AS {q(count)}"]
+    value_cols = [count]
+    for x in linear_args:
+        if any(a.func in ("sum", "avg") and spec.args[a.name] == x for a in linear):
+            exprs.append(f"SUM({q(x)} * {W}) AS {q(s_col[x])}")
+            value_cols.append(s_col[x])
+        exprs.append(f"CAST(SUM(CASE WHEN {q(x)} IS NOT NULL THEN {W} ELSE 0 END) AS BIGINT) AS {q(n_col[x])}")
+        value_cols.append(n_col[x])
+    return _Accumulators(count, s_col, n_col, exprs, value_cols)
+
+
 def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState, first: bool,
                     materialize: Callable[[str, StructType], Changelog]) -> str | None:
     """The aggregate's output changelog for one batch, as a SELECT; stages its arrangements.
@@ -101,24 +130,14 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
         schema = StructType([StructField(c, spec.arg_types[c], True) for c in delta.columns])
         delta = materialize(f"SELECT * FROM {delta.sql}", schema)  # read by acc and by each multiset
 
-    count = f"{spec.op_id}__count"
-    linear_args = list(dict.fromkeys(spec.args[a.name] for a in linear))
-    s_col = {x: f"{spec.op_id}__s{i}" for i, x in enumerate(linear_args)}
-    n_col = {x: f"{spec.op_id}__n{i}" for i, x in enumerate(linear_args)}
-    acc = [f"CAST(SUM({W}) AS BIGINT) AS {q(count)}"]
-    value_cols = [count]
-    for x in linear_args:
-        if any(a.func in ("sum", "avg") and spec.args[a.name] == x for a in linear):
-            acc.append(f"SUM({q(x)} * {W}) AS {q(s_col[x])}")
-            value_cols.append(s_col[x])
-        acc.append(f"CAST(SUM(CASE WHEN {q(x)} IS NOT NULL THEN {W} ELSE 0 END) AS BIGINT) AS {q(n_col[x])}")
-        value_cols.append(n_col[x])
+    acc = _accumulators(spec, linear)
+    count, value_cols = acc.count, acc.value_cols
     gsel = f"{cols_sql(g)}, " if g else ""
     group_by = f" GROUP BY {cols_sql(g)}" if g else ""
     # a group whose accumulators did not move (an update of a column the aggregate does not
     # read) is not touched: no state read, no output row for it
     moved = " OR ".join(f"COALESCE({q(c)} <> 0, FALSE)" for c in value_cols)
-    partial_sql = f"SELECT * FROM (SELECT {gsel}{', '.join(acc)} FROM {delta.sql}{group_by}) WHERE {moved}"
+    partial_sql = f"SELECT * FROM (SELECT {gsel}{', '.join(acc.exprs)} FROM {delta.sql}{group_by}) WHERE {moved}"
     partial = state.stage("acc", partial_sql, g + value_cols, g, additive=tuple(value_cols),
                           live=f"{q(count)} <> 0", consolidated=True)
     vals = {}
@@ -144,9 +163,27 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
     acc_new = summed(partial.sql if acc_old is None else
                      f"(SELECT {all_cols} FROM {acc_old} UNION ALL SELECT {all_cols} FROM {partial.sql})")
     acc_before = summed(acc_old) if acc_old is not None else None
+    ext_new, ext_old = _multiset_aggregates(spec, multiset_args, vals, old_rows)
 
-    # per multiset argument, one query of all its aggregates (MIN and MAX of one column share
-    # a scan and a GROUP BY) over the live values: new (old + change) and old
+    new_rows = _rows(spec, acc, acc_new, ext_new, 1)
+    if first or (acc_before is None and g):
+        return new_rows
+    if acc_before is None:  # a global aggregate whose old state was empty: its row of SQL's empty values
+        acc_before = summed(f"(SELECT * FROM {partial.sql} WHERE FALSE)")
+    out_cols = g + [a.name for a in spec.aggs]
+    both = f"(SELECT * FROM ({new_rows}) UNION ALL SELECT * FROM ({_rows(spec, acc, acc_before, ext_old, -1)}))"
+    return consolidate_sql(both, out_cols)
+
+
+def _multiset_aggregates(spec: AggregateSpec, multiset_args: list[str], vals: dict[str, Changelog],
+                         old_rows: Callable[[str], str | None]):
+    """Per multiset argument, one query of all its aggregates (MIN and MAX of one column share
+    a scan and a GROUP BY) over the live values: new (old + change) and old. Returns
+    ``(new, old)``, each argument -> (SELECT of the group columns and the aggregates, the
+    aggregates' names); an argument with no old values has no old entry."""
+    g = spec.group
+    gsel = f"{cols_sql(g)}, " if g else ""
+    group_by = f" GROUP BY {cols_sql(g)}" if g else ""
     ext_new: dict[str, tuple[str, list[str]]] = {}
     ext_old: dict[str, tuple[str, list[str]]] = {}
     for i, x in enumerate(multiset_args):
@@ -161,48 +198,46 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
                 continue
             live = f"({consolidate_sql(src, g + [x])})"  # each live (group, value) once
             out[x] = (f"(SELECT {gsel}{fns} FROM {live} WHERE {W} > 0{group_by})", [a.name for a in mine])
+    return ext_new, ext_old
 
-    def rows(acc_rel: str, exts: dict[str, tuple[str, list[str]]], weight: int) -> str:
-        if not g:
-            # a global aggregate always has its one row, even over an empty input
-            frm = f"(SELECT 1 AS `__one`) base LEFT JOIN {acc_rel} acc ON TRUE"
-            for i, (e, _) in enumerate(exts.values()):
-                frm += f" LEFT JOIN {e} e{i} ON TRUE"
-            where = ""
+
+def _rows(spec: AggregateSpec, acc: _Accumulators, acc_rel: str, exts: dict[str, tuple[str, list[str]]],
+          weight: int) -> str:
+    """The output rows, with ``weight``, of the groups in ``acc_rel`` (summed accumulators)
+    joined with the multiset aggregates ``exts`` (:func:`_multiset_aggregates`): one row per
+    group whose count is positive, or the one row of a global aggregate."""
+    g, count = spec.group, acc.count
+    if not g:
+        # a global aggregate always has its one row, even over an empty input
+        frm = f"(SELECT 1 AS `__one`) base LEFT JOIN {acc_rel} acc ON TRUE"
+        for i, (e, _) in enumerate(exts.values()):
+            frm += f" LEFT JOIN {e} e{i} ON TRUE"
+        where = ""
+    else:
+        frm = f"{acc_rel} acc"
+        for i, (e, _) in enumerate(exts.values()):
+            frm += f" LEFT JOIN {e} e{i} ON {key_condition('acc', g, f'e{i}', g, True)}"
+        where = f" WHERE acc.{q(count)} > 0"
+    ext_alias = {name: f"e{i}" for i, (_, names) in enumerate(exts.values()) for name in names}
+    cols = [f"acc.{q(c)}" for c in g]
+    for a in spec.aggs:
+        if a.func == "count_star":
+            cols.append(f"CAST(COALESCE(acc.{q(count)}, 0) AS BIGINT) AS {q(a.name)}")
+        elif a.func == "count_distinct":
+            v = f"{ext_alias[a.name]}.{q(a.name)}" if a.name in ext_alias else "NULL"
+            cols.append(f"CAST(COALESCE({v}, 0) AS BIGINT) AS {q(a.name)}")
+        elif a.func in MULTISET_AGGS:
+            v = (f"{ext_alias[a.name]}.{q(a.name)}" if a.name in ext_alias
+                 else f"CAST(NULL AS {spec.out_types[a.name]})")
+            cols.append(f"{v} AS {q(a.name)}")
         else:
-            frm = f"{acc_rel} acc"
-            for i, (e, _) in enumerate(exts.values()):
-                frm += f" LEFT JOIN {e} e{i} ON {key_condition('acc', g, f'e{i}', g, True)}"
-            where = f" WHERE acc.{q(count)} > 0"
-        ext_alias = {name: f"e{i}" for i, (_, names) in enumerate(exts.values()) for name in names}
-        cols = [f"acc.{q(c)}" for c in g]
-        for a in spec.aggs:
-            if a.func == "count_star":
-                cols.append(f"CAST(COALESCE(acc.{q(count)}, 0) AS BIGINT) AS {q(a.name)}")
-            elif a.func == "count_distinct":
-                v = f"{ext_alias[a.name]}.{q(a.name)}" if a.name in ext_alias else "NULL"
-                cols.append(f"CAST(COALESCE({v}, 0) AS BIGINT) AS {q(a.name)}")
-            elif a.func in MULTISET_AGGS:
-                v = (f"{ext_alias[a.name]}.{q(a.name)}" if a.name in ext_alias
-                     else f"CAST(NULL AS {spec.out_types[a.name]})")
-                cols.append(f"{v} AS {q(a.name)}")
+            x = spec.args[a.name]
+            n = f"COALESCE(acc.{q(acc.n_col[x])}, 0)"
+            if a.func == "count":
+                cols.append(f"CAST({n} AS BIGINT) AS {q(a.name)}")
+            elif a.func == "sum":
+                cols.append(f"CASE WHEN {n} > 0 THEN acc.{q(acc.s_col[x])} END AS {q(a.name)}")
             else:
-                x = spec.args[a.name]
-                n = f"COALESCE(acc.{q(n_col[x])}, 0)"
-                if a.func == "count":
-                    cols.append(f"CAST({n} AS BIGINT) AS {q(a.name)}")
-                elif a.func == "sum":
-                    cols.append(f"CASE WHEN {n} > 0 THEN acc.{q(s_col[x])} END AS {q(a.name)}")
-                else:
-                    avg = _avg_sql(f"acc.{q(s_col[x])}", f"acc.{q(n_col[x])}", spec.arg_types[x])
-                    cols.append(f"CASE WHEN {n} > 0 THEN {avg} END AS {q(a.name)}")
-        return f"SELECT {', '.join(cols)}, CAST({weight} AS BIGINT) AS {W} FROM {frm}{where}"
-
-    new_rows = rows(acc_new, ext_new, 1)
-    if first or (acc_before is None and g):
-        return new_rows
-    if acc_before is None:  # a global aggregate whose old state was empty: its row of SQL's empty values
-        acc_before = summed(f"(SELECT * FROM {partial.sql} WHERE FALSE)")
-    out_cols = g + [a.name for a in spec.aggs]
-    both = f"(SELECT * FROM ({new_rows}) UNION ALL SELECT * FROM ({rows(acc_before, ext_old, -1)}))"
-    return consolidate_sql(both, out_cols)
+                avg = _avg_sql(f"acc.{q(acc.s_col[x])}", f"acc.{q(acc.n_col[x])}", spec.arg_types[x])
+                cols.append(f"CASE WHEN {n} > 0 THEN {avg} END AS {q(a.name)}")
+    return f"SELECT {', '.join(cols)}, CAST({weight} AS BIGINT) AS {W} FROM {frm}{where}"
