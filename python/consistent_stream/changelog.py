@@ -36,8 +36,8 @@ SINGLE_PARTITION_ROWS = 100_000
 """Driver-side changelogs up to this many rows reach Spark as ONE partition: a query over
 such relations only needs no shuffle at all (a single partition satisfies every required
 distribution), so a delta rule's GROUP BYs, joins and UNIONs run as one stage instead of one
-stage per exchange (a q1 aggregate output over a 12k-row change: 7 exchanges -> 1, 0.55 s
--> 0.3 s on this project's 2-core machine)."""
+stage per exchange, each stage a fixed scheduling cost that dwarfs a change-sized query's work
+(a q1 aggregate output over a 12k-row change: 7 exchanges -> 1)."""
 
 
 def q(name: str) -> str:
@@ -138,8 +138,9 @@ class Views:
     snapshots), named uniquely and dropped by :meth:`drop` when the batch ends.
 
     A driver-side change is registered with Spark only when a Spark query first reads it
-    (:meth:`sql`): a change the local engine consumes never costs a ``createDataFrame``
-    (0.02-0.05 s each). Run every Spark query over these views through :meth:`sql`."""
+    (:meth:`sql`): a change the local engine consumes never costs a ``createDataFrame`` (an
+    Arrow transfer to the JVM and a plan, each time). Run every Spark query over these views
+    through :meth:`sql`."""
     _ids = itertools.count()
     _PREFIX = re.compile(r"\b__cs\d+_(?=\d+\b)")
 
@@ -157,7 +158,7 @@ class Views:
         self.names: list[str] = []
         self.arrow: dict[str, pa.Table] = {}
         """The views whose rows are on the driver: name -> the same rows as Arrow, with the
-        view's Spark types (what :mod:`consistent_stream.plan.local` may read)."""
+        view's Spark types (what :mod:`consistent_stream.exec.local` may read)."""
         self._pending: dict[str, Callable[[], DataFrame]] = {}
 
     def _name(self) -> str:

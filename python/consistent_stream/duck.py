@@ -1,9 +1,9 @@
 """The process's in-memory DuckDB databases, shared by the driver's change-sized work (the
-local engine's delta queries, :mod:`.plan.local`, and the keyed state scan,
+local engine's delta queries, :mod:`.exec.local`, and the keyed state scan,
 :mod:`.state.arrangement`).
 
-Opening a DuckDB database costs 10-20 ms (``duckdb.connect()``, measured on this project's
-2-core VM), and a batch opened two; a cursor of an open database costs microseconds. So each
+Opening a DuckDB database (``duckdb.connect()``) has a fixed cost that a change-sized batch
+notices, and a batch opened two; a cursor of an open database costs next to nothing. So each
 user takes its own cursor (:meth:`SharedDatabase.cursor`) of one database per process and
 thread count, and closes the cursor when done:
 
@@ -19,11 +19,10 @@ thread count, and closes the cursor when done:
 The batch-evaluation oracle (:mod:`.oracle`) keeps its own connection: it is the
 independent engine the results are checked against.
 
-A ``dbt run`` is a new process, and its first batch paid for importing DuckDB (30-70 ms),
-opening the database (15-30 ms) and loading sqlglot's DuckDB dialect (about 10 ms) before
-its first delta query: py-spy put 0.06-0.08 s of a 0.25 s first batch there (SF 0.1).
-:func:`prewarm` does that in a background thread while the run plans and Spark starts the
-query (the Python side waits on the JVM then).
+A ``dbt run`` is a new process, and its first batch paid for importing DuckDB, opening the
+database and loading sqlglot's DuckDB dialect before its first delta query: a large part of a
+small first batch (py-spy). :func:`prewarm` does that in a background thread while the run
+plans and Spark starts the query (the Python side waits on the JVM then).
 """
 from __future__ import annotations
 
@@ -113,11 +112,11 @@ class KeyedScan:
 
     Why DuckDB. Its Parquet reader evaluates the key filter on the key columns first and
     decodes the other columns only where rows match, on every core, and skips the row groups
-    whose statistics hold no key. Measured with ``benchmarks/keyed_read.py`` on an
-    arrangement shaped like q3's lineitem one at SF 10 (34M rows in 34 files): at 15,000
-    random keys (every row group holds one) 0.25 s, where Arrow's dataset scanner, which
-    decodes every column of every row group before it filters, takes 0.53 s; at a contiguous
-    range of 15,000 keys 0.015 s against 0.53 s.
+    whose statistics hold no key. Arrow's dataset scanner decodes every column of every row
+    group before it filters, so it costs the same whatever the keys. Measured against it by
+    ``benchmarks/keyed_read.py`` on an arrangement shaped like q3's lineitem one at SF 10 (34M
+    rows in 34 files), at 15,000 random keys (every row group holds one: no row group is
+    skipped, only the decoding is saved) and at a contiguous range of 15,000 keys.
 
     Exactness: the result is cast to the caller's Arrow schema with a safe cast; key types
     whose equality could differ from Arrow's (floating point, anything nested or binary) and

@@ -358,13 +358,12 @@ class QueryRuntime:
         runs and the run holds the model's writer lock, so the target, the state and the
         sources' planned versions cannot change before the micro-batch begins.
 
-        Why. Spark spends 0.1-0.2 s between ``start()`` and the query's first micro-batch
-        (the file source's listing, the offset log's write, the batch's planning), and this
-        project's batches spend a similar time reading their change and evaluating it on the
-        driver. Done one after the other, the run pays both. The thread starts after
-        ``start()`` because its Python work (sqlglot's translations) holds the GIL that
-        ``start()``'s Py4J calls need: started before, it slowed ``start()`` from 0.005 s to
-        0.13 s.
+        Why. Between ``start()`` and the query's first micro-batch Spark lists the file
+        source, writes the offset log and plans the batch, and this project's batches spend a
+        comparable time reading their change and evaluating it on the driver. Done one after
+        the other, the run pays both. The thread starts after ``start()`` because its Python
+        work (sqlglot's translations) holds the GIL that ``start()``'s Py4J calls need:
+        started before, it slowed ``start()`` down.
 
         Only an incremental batch is prepared (not the first batch of a query, not a rebuild:
         those are table-sized work on the executors). Nothing is written: the state's and the
@@ -521,8 +520,8 @@ class QueryRuntime:
         try:
             # The commits run with the session's own settings: what they run on Spark is
             # table-sized (a compaction, a change too large for the driver, a bag's
-            # multiplicities), and adaptive execution sizes its shuffles (a 1.1M-row state
-            # compaction at SF 10: 2.0-2.5 s with it, 4.5-8 s with Spark's 200 partitions).
+            # multiplicities), and adaptive execution sizes its shuffles (a state compaction
+            # with Spark's fixed 200 shuffle partitions pays 200 tasks' scheduling a shuffle).
             # the state first, the target last: the target's commit is the batch's commit point
             state_version = self.store.commit(b.txn, {"app_id": b.app_id, "batch_id": str(b.batch_id)})
             fault_point("state_committed")

@@ -22,12 +22,11 @@ and commit logs in ``start()``, and that of the file source's log when the query
 first plans, so neither the session nor other queries keep them. Hadoop's default local
 ``FileContext`` is ``ChecksumFs``: every log file gets a ``.<name>.crc`` beside it, written
 and renamed with it. A run of one micro-batch writes four log files (offsets, the file
-source's log, commits, and ``metadata`` once), and on this project's 2-core VM the checksums
-cost 60-80 ms of an available-now query's 0.21-0.24 s (a query of one empty micro-batch:
-0.14-0.16 s without them; ``walCommit`` 35-50 -> 18-22 ms). Atomicity does not depend on the
-checksum: Spark writes each log file under a temporary name and renames it, on either file
-system. What is given up is detecting bytes that rot on disk at read time; the logs are JSON
-and a corrupt one still fails Spark's parse. Only ``file://`` paths are affected."""
+source's log, commits, and ``metadata`` once), and each checksum is one more file written and
+renamed: a sizable part of a short available-now query's fixed cost. Atomicity does not
+depend on the checksum: Spark writes each log file under a temporary name and renames it, on
+either file system. What is given up is detecting bytes that rot on disk at read time; the
+logs are JSON and a corrupt one still fails Spark's parse. Only ``file://`` paths are affected."""
 
 
 def fs_path(path: str) -> str:

@@ -21,12 +21,11 @@ DRIVER_REBUILD_ROWS = 1_000_000
 """Default ``driver_rebuild_rows``: source rows (summed over the model's sources at the batch's
 cut) up to which a rebuild runs on the driver (:mod:`consistent_stream.runtime`); the bound of
 ``MAX_DRIVER_ROWS`` on a change held there. Above it, the executors rebuild, and the driver
-never holds a table-sized relation. ``benchmarks/driver_rebuild.py``, the example models in a
-warm session at Spark's defaults: on the driver 0.08-0.31 s from 3,300 to 382,000 source rows,
-0.52-0.78 s at TPC-H SF 0.1 (600,000-766,000), 0.7-1.5 s at SF 0.2 (1.2-1.5M); on the
-executors 2.0-3.2 s, 4.6-6.9 s and 5.0-5.5 s (21-29 Spark jobs). At SF 0.1 the driver's Python
-peaked at 560-740 MB (460-740 MB with the executors' rebuild), the JVM at 450-1,350 MB
-(930-1,380 MB)."""
+never holds a table-sized relation. Why: a rebuild on the driver runs no Spark job, where the
+executors' rebuild runs many, each with its fixed scheduling cost, so up to this size the driver
+is faster; but the driver holds the rebuild's relations, which grow with the sources, and the
+bound keeps them within what it may hold. Time and peak memory of both are measured by
+``benchmarks/driver_rebuild.py`` (the example models in a warm session at Spark's defaults)."""
 LOG_RETENTION_HOURS = 720.0
 """Default ``log_retention_hours``: the target's log entries are kept this long (Delta's
 ``delta.logRetentionDuration``, 30 days); see :mod:`consistent_stream.sink.maintenance`."""
@@ -156,7 +155,7 @@ class JobSpec:
     split into several micro-batches; ``driver_rebuild_rows``: source rows up to which a
     rebuild runs on the driver, not on the executors (0: never); ``local_engine``: where
     change-sized delta queries over driver-side relations run, ``duckdb`` (in-process, exact
-    or not at all, see :mod:`consistent_stream.plan.local`) or ``spark`` (always as Spark
+    or not at all, see :mod:`consistent_stream.exec.local`) or ``spark`` (always as Spark
     jobs).
     ``log_retention_hours``, ``deleted_file_retention_hours``, ``state_retention_versions``,
     ``checkpoint_interval``: what table maintenance keeps (:mod:`.sink.maintenance`).
@@ -214,7 +213,7 @@ class JobSpec:
 
     @property
     def local_sql_path(self) -> str:
-        """The local engine's translations of the plan's delta queries (:class:`.plan.local.Translations`)."""
+        """The local engine's translations of the plan's delta queries (:class:`.exec.local.Translations`)."""
         return os.path.join(self.checkpoint_location, "_consistent_stream", "local_sql.json")
 
     @property

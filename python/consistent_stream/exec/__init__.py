@@ -1,2 +1,3 @@
-"""Evaluating a compiled plan for one batch: the evaluator (:mod:`.evaluator`) and the
-local engine (:mod:`.local`, DuckDB on the driver) beside Spark."""
+"""Evaluating a compiled plan for one batch: the evaluator (:mod:`.evaluator`, the delta rules
+operator by operator) and its two engines, DuckDB on the driver (:mod:`.local`) and Spark
+(:mod:`.spark`), between which :meth:`.evaluator.BatchEvaluator.materialize` chooses."""

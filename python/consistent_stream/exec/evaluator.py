@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass
 
@@ -46,16 +45,16 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from .. import settings
 from ..changelog import WEIGHT, Changelog, Views, consolidate_sql, q
-from ..delta.files import new_dir, write_spark
 from ..operators.aggregate import AggregateSpec, aggregate_delta
 from ..operators.dedup import dedup_delta
 from ..operators.join import JoinSide, join_delta
 from ..operators.keyed import RelationLookup
 from ..operators.linear import filter_sql, project_sql, reweight_sql, union_sql
 from ..plan.logical import Aggregate, Dedup, Filter, Join, Node, Project, Reweight, Scan, Union, plain_column, walk
-from ..settings import small_query_confs, spark_confs
+from ..settings import small_query_confs
 from ..state import Arrangement, StateStore
 from .local import LocalEngine, TooLarge
+from .spark import SparkEngine
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +148,7 @@ class BatchEvaluator:
         self.dry = types is None
         self.max_driver_rows = settings.MAX_DRIVER_ROWS if max_driver_rows is None else max_driver_rows
         self.local = None if rebuild or self.dry else local
+        self.engine = SparkEngine(spark, views, scratch)
         self.local_queries = self.spark_queries = 0
         self.changes_on_executors = 0   # materialized changes too large for the driver
         self.memo: dict[str, Changelog] = {}
@@ -187,27 +187,15 @@ class BatchEvaluator:
                 return Changelog.of_arrow(self.views, data, schema=schema)
         self.spark_queries += 1
         rows = read + sum(c.rows or 0 for c in self.sources.values() if c.arrow is not None)
-        with spark_confs(self.spark, {} if self.rebuild else small_query_confs(self.spark, rows, self.parallelism)):
-            df = self.views.sql(sql)
-            # a rebuild on the driver (``first``, not ``rebuild``) read no state: its results
-            # are bounded by writing them first, as a result known to be large is
-            if not self.rebuild and not self.first and not large and read <= self.max_driver_rows:
-                return Changelog.of_arrow(self.views, df.toArrow(), schema=df.schema)
-            files = write_spark(df, self.scratch, new_dir("change"))
-        if not files:
-            return Changelog.empty(self.views, df.schema)
-        n = sum(f.num_records for f in files)
-        if n > self.max_driver_rows:
+        confs = {} if self.rebuild else small_query_confs(self.spark, rows, self.parallelism)
+        # a rebuild on the driver (``first``, not ``rebuild``) read no state: its results are
+        # bounded by writing them first, as a result known to be large is
+        collect = not self.rebuild and not self.first and not large and read <= self.max_driver_rows
+        change, written = self.engine.run(sql, confs, collect=collect,
+                                          read_back_rows=None if self.rebuild else self.max_driver_rows)
+        if written is not None and written > self.max_driver_rows:
             self.changes_on_executors += 1
-        from ..delta.deltars import as_uri
-        uris = [as_uri(os.path.join(self.scratch, f.path)) for f in files]
-        if not self.rebuild and n <= self.max_driver_rows:
-            import pyarrow.dataset as pads
-            from ..delta.deltars import arrow_schema
-            data = pads.dataset([os.path.join(self.scratch, f.path) for f in files], format="parquet",
-                                schema=arrow_schema(df.schema)).to_table()
-            return Changelog.of_arrow(self.views, data, schema=df.schema)
-        return Changelog.of_frame(self.views, self.spark.read.schema(df.schema).parquet(*uris), rows=n)
+        return change
 
     # ---- the plan -----------------------------------------------------------------------------
     def output_sql(self, root: Node, columns: list[str], schema: StructType) -> str | None:

@@ -2,11 +2,11 @@
 in-process on DuckDB instead of as a Spark job.
 
 Why. A batch's delta rules are a few SQL queries over a few thousand rows. Spark runs each
-as at least one job, and on this project's 2-core machine a job over 6,000 driver-side rows
-costs 0.2-0.45 s of planning, scheduling and Arrow transfer whatever it computes (a
-LocalRelation ``SELECT *`` alone: 0.12-0.2 s); DuckDB runs the same query in 0.03 s. So
-when every relation a query reads is an Arrow table on the driver (the batch's consolidated
-source changes, driver-side state reads, earlier materializations), the query runs here.
+as at least one job, and a job has a fixed cost of planning, scheduling and Arrow transfer
+whatever it computes (a LocalRelation ``SELECT *`` alone pays it), which dwarfs a
+change-sized query; DuckDB runs the same query in-process, without that cost. So when every
+relation a query reads is an Arrow table on the driver (the batch's consolidated source
+changes, driver-side state reads, earlier materializations), the query runs here.
 Anything table-sized still runs on the executors: this path never sees a relation that is not
 already on the driver.
 
@@ -246,9 +246,9 @@ class Translations:
     ``path``, in a JSON file beside the model's plan (``JobSpec.local_sql_path``), so a
     ``dbt run`` in a new process does not translate again.
 
-    Why. Parsing and typing with sqlglot costs about 50 ms per delta query (0.1-0.15 s of a
-    customer_order_totals batch whose evaluation is 0.05 s without it, SF 0.1), and every
-    batch of a plan runs the same few delta queries.
+    Why. Parsing and typing a delta query with sqlglot costs more than DuckDB's evaluation of
+    it (done every batch, it was most of a small batch's evaluation), and every batch of a
+    plan runs the same few delta queries.
 
     Exactness: a translation is a function of the SQL and the column types only (the row
     count bound is checked on every call), and the file is used only when it was made by

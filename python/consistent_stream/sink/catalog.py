@@ -38,10 +38,11 @@ class CatalogTable:
     """``schema.identifier`` in Spark's catalog while one version is published: whether it
     exists, its fields (with their comments) and its comment, each looked up at most once.
 
-    Every lookup is a catalog round trip (5-20 ms here, ``tableExists``, ``spark.table(..)
-    .schema``, ``getTable``), and a run of a model with ``persist_docs`` used to ask up to
-    seven of them for the same table. The statements :func:`publish` and :func:`apply_docs`
-    run update or forget what it knows (:meth:`dropped`, :meth:`changed`)."""
+    Every lookup is a catalog round trip through Py4J (``tableExists``, ``spark.table(..)
+    .schema``, ``getTable``), a fixed cost of every run, and a run of a model with
+    ``persist_docs`` used to ask up to seven of them for the same table. The statements
+    :func:`publish` and :func:`apply_docs` run update or forget what it knows
+    (:meth:`dropped`, :meth:`changed`)."""
 
     _UNKNOWN = object()
 
@@ -74,7 +75,8 @@ class CatalogTable:
 
     def comments(self) -> dict[str, tuple[str, str | None]]:
         """Lower-case column name -> (name, comment or None): the fields' ``comment``
-        metadata. (``spark.catalog.listColumns`` gives the same in 0.15-0.4 s a call here.)"""
+        metadata. (``spark.catalog.listColumns`` gives the same through a far costlier catalog
+        call.)"""
         return {f.name.lower(): (f.name, f.metadata.get("comment") or None) for f in self.fields()}
 
     def description(self) -> str | None:
@@ -196,7 +198,7 @@ def _register(entry: CatalogTable, table_path: str, version: int, partition_by: 
         spark.sql(f"ALTER TABLE {fq} RECOVER PARTITIONS")
         spark.sql(f"REFRESH TABLE {fq}")
     # else SET LOCATION has refreshed the table itself (its cached files and data): a
-    # separate REFRESH TABLE cost 30-35 ms of every run on a slow day
+    # separate REFRESH TABLE would be one more catalog statement in every run, for nothing
     _cleanup(home)
     import json
     replace_text(_marker(home), json.dumps({"version": version, "table": entry.name}))

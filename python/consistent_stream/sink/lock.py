@@ -72,7 +72,8 @@ class WriterLock:
               "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         # the holder record is for messages only (the flock is the lock), so it is not
         # fsynced: it outlives the process in the page cache, and a machine crash that loses
-        # it loses a message, never the lock's exclusion (fsync cost 16-30 ms a run)
+        # it loses a message, never the lock's exclusion (an fsync would make every run wait
+        # on the disk for nothing the lock needs)
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me).encode(), 0)
         self._fd = fd

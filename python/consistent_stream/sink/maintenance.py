@@ -38,10 +38,10 @@ offsets and commits, and the cut files are deleted by the file source once proce
 (``cleanSource``). One part of it grows with the run's history and Spark offers no retention
 for it (SPARK-30462 and the ``latestFirst`` discussion in apache/spark#28363): the file
 source's metadata log (``spark/sources/0``) lists every cut file ever processed in its
-``.compact`` file, about 120 bytes per micro-batch, read and rewritten whole every
-``spark.sql.streaming.fileSource.log.compactInterval`` (10) batches (measured by
-``benchmarks/long_run.py``: 1.1 MB of a 1.7 MB checkpoint after 600 batches). A pass trims
-the newest ``.compact`` file to the entries still needed (:func:`trim_file_source_log`).
+``.compact`` file, one entry per micro-batch, read and rewritten whole every
+``spark.sql.streaming.fileSource.log.compactInterval`` (10) batches: in a long run, most of
+the checkpoint's bytes (measured by ``benchmarks/long_run.py``). A pass trims the newest
+``.compact`` file to the entries still needed (:func:`trim_file_source_log`).
 
 Only local file systems are cleaned (URIs get checkpoints only, logged once).
 """

@@ -133,12 +133,11 @@ def multiplicities(spark, target: DeltaTableRef, version: int, delta: pa.Table) 
     the target's files for the rows whose every column holds one of the retracted rows'
     values (:class:`~consistent_stream.duck.KeyedScan`), then keeps the rows equal to a
     retracted one (NULLs equal, as the MERGE's IS NOT DISTINCT FROM) and counts them. No
-    Spark job, where Spark's semi join over the target ran 3: on a 200,000-row bag target
-    (``select g, v``), a batch of one retraction went from 0.25-0.31 s to 0.05-0.07 s, its
-    run from 0.44-0.51 s to 0.23-0.33 s (warm session). Spark scans instead when DuckDB
-    cannot answer exactly (a floating point or nested column, a partitioned or remote
-    target), when the files hold more than ``DRIVER_SCAN_ROWS`` rows, or when more than
-    ``MAX_DRIVER_ROWS`` rows match."""
+    Spark job, where Spark's semi join over the target ran 3, each with a fixed scheduling
+    cost that dwarfs a change-sized lookup. Spark scans instead when DuckDB cannot answer
+    exactly (a floating point or nested column, a partitioned or remote target), when the
+    files hold more than ``DRIVER_SCAN_ROWS`` rows, or when more than ``MAX_DRIVER_ROWS`` rows
+    match."""
     neg = delta.filter(pc.less(delta.column(WEIGHT), 0)).drop_columns([WEIGHT])
     if neg.num_rows == 0:
         return None

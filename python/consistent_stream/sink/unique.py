@@ -28,8 +28,8 @@ def row_keys(t: pa.Table, cols: list[str]) -> list[tuple]:
 def key_in(t: pa.Table, other: pa.Table, cols: list[str]) -> pa.Array:
     """For each row of ``t``, whether its key (columns ``cols``) is the key of a row of
     ``other``, NULLs comparing equal (as the MERGE's IS NOT DISTINCT FROM): a boolean array of
-    ``t.num_rows``. One key column is looked up with Arrow's hash set (``is_in``; a 1.5M-row
-    target key column in milliseconds, where Python tuples took 50 ms and more); several key
+    ``t.num_rows``. One key column is looked up with Arrow's hash set (``is_in``: vectorized,
+    where building a Python tuple per row of a target-sized key column is not); several key
     columns, or a column whose type the other side cannot be cast to, compare Python tuples
     (Arrow's joins never match NULLs)."""
     if not t.num_rows or not other.num_rows:

@@ -117,8 +117,9 @@ def pending(sources: list, cut: dict[str, int], latest: dict[str, int]) -> tuple
 class BacklogPlanner:
     """:func:`plan_cuts` once per backlog, its cuts handed out one at a time.
 
-    A run plans one cut at a time (``job._plan``: one cut file per micro-batch), so calling
-    :func:`plan_cuts` for every batch would read the backlog's commits again for each of
+    A run plans one cut at a time (:func:`consistent_stream.query.plan_next_cut`: one cut
+    file per micro-batch), so calling :func:`plan_cuts` for every batch would read the
+    backlog's commits again for each of
     its batches: quadratic in the backlog (a 410,000-event pgbench backlog in 9 batches spent
     more time planning than processing). The planner keeps the last plan: asked for the cuts
     from ``start`` to ``end`` again, where ``start`` is a cut of that plan and ``end`` is the

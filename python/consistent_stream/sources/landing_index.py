@@ -1,9 +1,10 @@
 """The landing index: each event file of a landing directory parsed once, kept as Arrow IPC.
 
-Parsing Debezium JSON is most of the cost of reading a landing directory (a 410,000-event
-pgbench backlog is 920,000 JSON lines: about 7 s in one Python thread), and every process that
+Parsing Debezium JSON is most of the cost of reading a landing directory (a Python call per
+line, and a 410,000-event pgbench backlog is 920,000 JSON lines), and every process that
 reads the directory parsed all of it again, so a ``dbt run``'s cost grew with the capture's
-history instead of with its change. The index keeps what the parser makes of each event file::
+history instead of with its change (``benchmarks/pgbench_catchup.py`` measures a catch-up
+cold and warm). The index keeps what the parser makes of each event file::
 
     <landing>/_index/<event file>.<size>.<mtime_ns>.<schemas digest>.v<FORMAT>.arrow
 
@@ -59,7 +60,8 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 INDEX_DIR = "_index"
 # below this many bytes of event files without an entry, the reader parses them itself:
-# starting worker processes (Python + pyarrow imports) costs about a second
+# starting worker processes (Python + pyarrow imports) is a fixed cost that parsing a
+# small backlog in parallel does not repay
 PARALLEL_MIN_BYTES = 32 * 1024 * 1024
 _TXS = "__txs"
 

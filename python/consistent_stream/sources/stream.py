@@ -24,9 +24,9 @@ file at a time, micro-batch ``n`` is exactly cut file ``n``.
 Processed files are deleted by Spark (``cleanSource``). A cut is source key -> position
 (:class:`~consistent_stream.sources.spec.Cut`).
 
-(Measured here: Spark's Python streaming data source, the first implementation, starts a
-Python runner process for every query, 0.9 s of every ``dbt run``; the file source costs no
-process and reaches the first batch in 0.25-0.3 s.)
+(Spark's Python streaming data source, the first implementation, starts a Python runner
+process for every query, a fixed cost of every ``dbt run`` larger than the file source's whole
+way to its first batch; the file source costs no process.)
 """
 from __future__ import annotations
 
@@ -77,8 +77,9 @@ class CutLog:
         delta-rs' commits of the state and the target): the stack's durability is the page
         cache's, so a killed process loses nothing and an operating system crash can tear
         any of them (a torn cut file is named by the next run, ``CommitError``). An fsync
-        here waited for the journal behind the previous batch's writes: 0-0.5 s of a run at
-        SF 10 (customer_order_totals), for a guarantee the commits beside it do not give."""
+        here waited for the journal behind the previous batch's writes (up to a large share
+        of a run at SF 10, where a refresh round rewrites the source files), for a guarantee
+        the commits beside it do not give."""
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, f"cut-{seq:012d}.json")
         tmp = os.path.join(self.directory, f".cut-{seq:012d}.tmp")

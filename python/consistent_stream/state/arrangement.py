@@ -74,13 +74,15 @@ class CompactionPolicy:
     compaction: a delta row is rewritten a logarithmic number of times before the base
     merge, not once per ``max_delta_files`` batches).
 
-    Why ``merge_fraction`` is 0.5 (it was 0.1): a keyed read scans the picked files at about
-    7 ns a row on DuckDB (``benchmarks/keyed_read.py``), a merge into base rewrites the
-    arrangement on Spark at about 1.2 us a row (1.5M rows: 1.2-1.4 s alone in a warm session,
-    about 2 s inside a batch's commit, about 5 s as a process's first Spark job). With ``d``
-    delta rows a batch over ``B`` base rows, the merge costs ``1.2us x d x (1 + f) / f`` a batch amortized and the deltas
-    add ``7ns x f x B / 2`` to a read: at SF 10 (customer_order_totals' 1M-row join state,
-    60k delta rows a batch) 0.78 s against 0.4 ms at f = 0.1, 0.22 s against 1.8 ms at 0.5."""
+    Why ``merge_fraction`` is 0.5 (it was 0.1): a keyed read scans the picked files on DuckDB
+    at a cost ``r`` a row (measured by ``benchmarks/keyed_read.py``), a merge into base
+    rewrites the arrangement on Spark at a cost ``w`` a row, orders of magnitude above ``r``
+    (and more inside a batch's commit, more again as a process's first Spark job). With ``d``
+    delta rows a batch over ``B`` base rows, the merge costs ``w x d x (1 + f) / f`` a batch
+    amortized and the deltas add ``r x f x B / 2`` to a read: from f = 0.1 to 0.5 the merge's
+    amortized cost falls to 3/11 and a read's added cost grows fivefold, and at SF 10
+    (customer_order_totals' 1M-row join state, 60k delta rows a batch) the read's stays far
+    below the merge's."""
     max_delta_files: int = 8
     merge_fraction: float = 0.5
     min_merge_rows: int = 100_000
@@ -393,9 +395,9 @@ class StateStore:
         ``merge``: ``df`` is the arrangement's files, not consolidated (a compaction). They
         are range-partitioned by the key first and consolidated within each range, which
         needs no second shuffle (a range of the key holds all rows of its groups): one
-        shuffle instead of two (a 1.5M-row arrangement at SF 10: 1.2-1.4 s instead of
-        2.0-2.5 s, warm). A rebuild's ``df`` comes consolidated: range partitioning samples
-        its input first, which would compute a rebuild's query twice."""
+        shuffle instead of two, each an exchange of all the arrangement's rows. A rebuild's
+        ``df`` comes consolidated: range partitioning samples its input first, which would
+        compute a rebuild's query twice."""
         cols = [F.col(f"`{f.name}`") for f in arrangement.schema.fields]
         df = df.select(*cols)
         key = [F.col(f"`{c}`") for c in arrangement.key]
