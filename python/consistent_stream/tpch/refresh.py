@@ -386,8 +386,6 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0, size: int |
             or ``orders``, ``customer`` or ``partsupp`` is empty.
         RuntimeError: a commit changed a different number of rows than planned.
     """
-    from deltalake import CommitProperties
-
     root = Path(root)
     orders = _open(root, "orders", need_cdf=True)
     lineitem = _open(root, "lineitem", need_cdf=True)
@@ -398,8 +396,40 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0, size: int |
         "customer": customer.version(),
     }
     rnd = random.Random(f"consistent_stream.tpch.refresh:{seed}:{round_no}")
+    plan = _plan_round(root, orders, customer, rnd, size)
+    commits, deleted_lines = _commit_round(orders, lineitem, customer, plan, round_no, seed)
+    return RefreshResult(
+        round_no=round_no,
+        seed=seed,
+        n=plan.n,
+        inserted_orders=plan.new_orders.num_rows,
+        inserted_lineitems=plan.new_lines.num_rows,
+        deleted_orders=len(plan.del_keys),
+        deleted_lineitems=deleted_lines,
+        updated_orders=plan.orders_upd.num_rows,
+        updated_customers=plan.cust_upd.num_rows,
+        start_versions=MappingProxyType(start_versions),
+        commits=tuple(commits),
+    )
 
-    # ---- plan everything from the snapshot at the start of the round
+
+@dataclass(frozen=True)
+class _RoundPlan:
+    """One round's changes, planned from the snapshot at its start: ``n`` (the round's
+    size), the order keys to delete (RF2), the orders' new status and priority and the
+    customers' new balances (keyed tables of the changed columns), and the inserted orders
+    and lineitems (RF1)."""
+    n: int
+    del_keys: pa.ChunkedArray
+    orders_upd: pa.Table
+    cust_upd: pa.Table
+    new_orders: pa.Table
+    new_lines: pa.Table
+
+
+def _plan_round(root: Path, orders, customer, rnd: random.Random, size: int | None) -> _RoundPlan:
+    """Plan a round (the rules in :func:`refresh_round` and the module docstring); ``rnd``
+    is drawn from in a fixed order, so the same seed plans the same changes."""
     live = _sorted(_read(orders, ["o_orderkey", "o_orderstatus", "o_orderpriority"]), "o_orderkey")
     if live.num_rows == 0:
         raise ValueError(f"{table_path(root, 'orders')} is empty")
@@ -472,8 +502,17 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0, size: int |
         _open(root, "part", need_cdf=False),
         clerks=max(1, n_supp // 10),
     )
+    return _RoundPlan(n, del_keys, orders_upd, cust_upd, new_orders, new_lines)
 
-    # ---- commit
+
+def _commit_round(orders, lineitem, customer, plan: _RoundPlan, round_no: int,
+                  seed: int) -> tuple[list[RefreshCommit], int]:
+    """Commit a planned round: RF1 (orders before lineitems), RF2 (lineitems before
+    orders), then the updates, each commit tagged with the round, the seed and the
+    operation. Returns the commits and the lineitems deleted. Raises RuntimeError when a
+    commit changed a different number of rows than planned."""
+    from deltalake import CommitProperties, write_deltalake
+
     commits: list[RefreshCommit] = []
 
     def props(op: str) -> CommitProperties:
@@ -493,8 +532,18 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0, size: int |
             )
         commits.append(RefreshCommit(name, operation, table.version(), rows))
 
-    from deltalake import write_deltalake
+    def merge(table, source: pa.Table, on: str, op: str, update: dict | None = None) -> dict:
+        m = table.merge(
+            source,
+            on,
+            source_alias="s",
+            target_alias="t",
+            streamed_exec=False,  # small in-memory source: allow source stats pruning
+            commit_properties=props(op),
+        )
+        return (m.when_matched_update(update) if update else m.when_matched_delete()).execute()
 
+    new_orders, new_lines = plan.new_orders, plan.new_lines
     # RF1: orders before lineitems.
     write_deltalake(orders, new_orders, mode="append", commit_properties=props("rf1_insert_orders"))
     record(orders, "orders", "insert", new_orders.num_rows, new_orders.num_rows)
@@ -504,75 +553,18 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0, size: int |
     record(lineitem, "lineitem", "insert", new_lines.num_rows, new_lines.num_rows)
 
     # RF2: lineitems before orders.
-    del_src = pa.table({"k": del_keys})
-    m = (
-        lineitem.merge(
-            del_src,
-            "t.l_orderkey = s.k",
-            source_alias="s",
-            target_alias="t",
-            streamed_exec=False,  # small in-memory source: allow source stats pruning
-            commit_properties=props("rf2_delete_lineitem"),
-        )
-        .when_matched_delete()
-        .execute()
-    )
-    deleted_lines = int(m["num_target_rows_deleted"])
+    del_src = pa.table({"k": plan.del_keys})
+    deleted_lines = int(merge(lineitem, del_src, "t.l_orderkey = s.k", "rf2_delete_lineitem")
+                        ["num_target_rows_deleted"])
     record(lineitem, "lineitem", "delete", deleted_lines, deleted_lines)
-    m = (
-        orders.merge(
-            del_src,
-            "t.o_orderkey = s.k",
-            source_alias="s",
-            target_alias="t",
-            streamed_exec=False,  # small in-memory source: allow source stats pruning
-            commit_properties=props("rf2_delete_orders"),
-        )
-        .when_matched_delete()
-        .execute()
-    )
-    record(orders, "orders", "delete", int(m["num_target_rows_deleted"]), len(del_keys))
+    m = merge(orders, del_src, "t.o_orderkey = s.k", "rf2_delete_orders")
+    record(orders, "orders", "delete", int(m["num_target_rows_deleted"]), len(plan.del_keys))
 
     # Updates.
-    m = (
-        orders.merge(
-            orders_upd,
-            "t.o_orderkey = s.o_orderkey",
-            source_alias="s",
-            target_alias="t",
-            streamed_exec=False,  # small in-memory source: allow source stats pruning
-            commit_properties=props("update_orders"),
-        )
-        .when_matched_update(
-            {"o_orderstatus": "s.o_orderstatus", "o_orderpriority": "s.o_orderpriority"}
-        )
-        .execute()
-    )
-    record(orders, "orders", "update", int(m["num_target_rows_updated"]), orders_upd.num_rows)
-    m = (
-        customer.merge(
-            cust_upd,
-            "t.c_custkey = s.c_custkey",
-            source_alias="s",
-            target_alias="t",
-            streamed_exec=False,  # small in-memory source: allow source stats pruning
-            commit_properties=props("update_customer"),
-        )
-        .when_matched_update({"c_acctbal": "s.c_acctbal"})
-        .execute()
-    )
-    record(customer, "customer", "update", int(m["num_target_rows_updated"]), cust_upd.num_rows)
-
-    return RefreshResult(
-        round_no=round_no,
-        seed=seed,
-        n=n,
-        inserted_orders=new_orders.num_rows,
-        inserted_lineitems=new_lines.num_rows,
-        deleted_orders=len(del_keys),
-        deleted_lineitems=deleted_lines,
-        updated_orders=orders_upd.num_rows,
-        updated_customers=cust_upd.num_rows,
-        start_versions=MappingProxyType(start_versions),
-        commits=tuple(commits),
-    )
+    m = merge(orders, plan.orders_upd, "t.o_orderkey = s.o_orderkey", "update_orders",
+              {"o_orderstatus": "s.o_orderstatus", "o_orderpriority": "s.o_orderpriority"})
+    record(orders, "orders", "update", int(m["num_target_rows_updated"]), plan.orders_upd.num_rows)
+    m = merge(customer, plan.cust_upd, "t.c_custkey = s.c_custkey", "update_customer",
+              {"c_acctbal": "s.c_acctbal"})
+    record(customer, "customer", "update", int(m["num_target_rows_updated"]), plan.cust_upd.num_rows)
+    return commits, deleted_lines
