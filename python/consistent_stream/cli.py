@@ -22,6 +22,7 @@ import os
 import sys
 from typing import Sequence
 
+from . import storage
 from .errors import ConsistentStreamError
 
 
@@ -51,12 +52,11 @@ def _cmd_verify(args) -> int:
     path = args.target_path
     if path is None:
         idx = index_path(os.path.abspath(args.project_dir), args.model)
-        if not os.path.exists(idx):
+        if not storage.exists(idx):
             print(f"verify: error: {idx} not found: model {args.model} has not been run by "
                   f"consistent_stream in project {args.project_dir} (or pass --target-path)", file=sys.stderr)
             return 2
-        with open(idx) as f:
-            path = json.load(f)["target_path"]
+        path = json.loads(storage.read_bytes(idx).decode())["target_path"]
     try:
         res = verify_target(local_spark(), path, version=args.version)
     except ConsistentStreamError as e:

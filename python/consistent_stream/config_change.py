@@ -24,10 +24,10 @@ missing materialized view). ``--full-refresh`` rebuilds whatever changed.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 from dataclasses import dataclass
 
+from . import storage
 from .errors import ConfigError
 from .spec import JobSpec
 
@@ -48,19 +48,11 @@ class Change:
 
 def saved_definition(job: JobSpec) -> dict | None:
     """The checkpoint's ``job.json`` (None when the checkpoint has none yet)."""
-    try:
-        with open(job.spec_path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
+    return storage.read_json(job.spec_path)
 
 
 def _saved_fingerprint(job: JobSpec) -> str | None:
-    try:
-        with open(job.fingerprint_path) as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
+    return (storage.read_text(job.fingerprint_path) or "").strip() or None
 
 
 def _source_text(s: dict) -> str:

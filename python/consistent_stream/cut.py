@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from . import storage
 from .errors import ConsistentStreamError
 
 
@@ -32,12 +33,11 @@ class ModelAtCut:
 def _target_path(project_root: str, model: str) -> str:
     from .verify import index_path
     idx = index_path(project_root, model)
-    try:
-        with open(idx) as f:
-            return json.load(f)["target_path"]
-    except OSError:
+    text = storage.read_text(idx)
+    if text is None:
         raise ConsistentStreamError(f"model {model} has not been run by consistent_stream in project {project_root} "
-                                    f"({idx} not found): run dbt run -s {model}") from None
+                                    f"({idx} not found): run dbt run -s {model}")
+    return json.loads(text)["target_path"]
 
 
 def models_at_one_cut(project_root: str, models: list[str]) -> list[ModelAtCut]:

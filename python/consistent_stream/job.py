@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
+from . import config_change, preflight, storage
 from .delta import Docs
 from .errors import CompileError, ConfigError, SourceError
 from .exec.evaluator import PlanTypes, type_plan
@@ -40,18 +41,13 @@ from .query import StreamingQuery, fold, last_spark_commit, no_totals, query_id
 from .runtime import BatchMeta, BatchResult, QueryRuntime, target_key
 from .sink.catalog import publish
 from .sources import Cut
-from .sources.spec import normalize_relation
 from .sources.dag import latest_cut
 from .sources.formats import open_source
+from .sources.spec import normalize_relation
 from .spec import JobSpec
-from . import storage
 from .storage import replace_text
 
 log = logging.getLogger("consistent_stream")
-
-
-def source_schemas(job: JobSpec) -> dict[str, list[str]]:
-    return {s.key: open_source(s).columns() for s in job.sources}
 
 
 def compile_job(spark: SparkSession, job: JobSpec, cut: Cut, sources=None):
@@ -159,14 +155,13 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
     The run holds the model's writer lock throughout (:mod:`consistent_stream.sink.lock`):
     a second run of the model raises ConcurrentWriterError before reading or writing
     anything. Raises ConfigError on a Spark Connect session (:func:`require_classic_session`)."""
-    from .preflight import explain_failure
     from .sink.lock import WriterLock
     require_classic_session(spark, job.model)
     try:
         with WriterLock(job.checkpoint_location, job.model):
             return _run_job(spark, job, full_refresh=full_refresh, timeout_s=timeout_s)
     except Exception as e:  # a full or read-only disk, a lost session: say so (README "Bad inputs")
-        explained = explain_failure(job, e)
+        explained = preflight.explain_failure(job, e)
         if explained is None:
             raise
         raise explained from e
@@ -182,7 +177,6 @@ def _decide(job: JobSpec, target, sources: dict, cut: Cut, fp: str,
 
     Raises CommitError / ConfigError from the preflight checks (the checkpoint of another
     model or damaged, the target deleted or written by someone else)."""
-    from . import config_change, preflight
     preflight.check_checkpoint_owner(job)
     changes = [] if full_refresh else config_change.definition_changes(job, fp)
     if not full_refresh and not changes:
@@ -233,12 +227,10 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
     if up_to_date is not None:
         return _report_up_to_date(run, up_to_date)
     if action == "fail":
-        from . import config_change
         raise config_change.failure(job, changes)
     if action == "continue":
         return _report_kept(run, action, changes)
     if action == "apply":
-        from . import config_change
         log.warning("%s: its definition changed since the checkpoint was made; rebuilding the view (a full "
                     "refresh):\n%s", job.model, config_change.describe(changes))
         run.full_refresh = True
@@ -269,7 +261,6 @@ def _prepare(run: _Run, action: str, changes: list) -> tuple[QueryRuntime, list 
     except (CompileError, ConfigError) as e:
         if action != "apply":
             raise
-        from . import config_change
         raise ConfigError(f"model {job.model}: rebuilding the view after its definition changed failed, and "
                           f"nothing was read or written:\n{config_change.describe(changes)}\n{e}") from e
     key = target_key(job, compiled, out_schema)
@@ -293,7 +284,6 @@ def _report_up_to_date(run: _Run, meta: BatchMeta) -> dict:
 def _report_kept(run: _Run, action: str, changes: list) -> dict:
     """``on_configuration_change: continue`` after a definition change: the view is kept at
     its version, published, and the changes are reported."""
-    from . import config_change
     job, target = run.job, run.target
     log.warning("%s: its definition changed since the checkpoint was made, and on_configuration_change is "
                 "'continue': the view is kept as it is, at target version %d, and not refreshed:\n%s",

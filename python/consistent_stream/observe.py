@@ -20,6 +20,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
+from . import storage
 from .errors import ConsistentStreamError
 from .spec import JobSpec
 from .verify import INDEX_DIR, index_path
@@ -29,7 +30,7 @@ def project_models(project_root: str) -> list[str]:
     """The consistent_stream models a ``dbt run`` recorded in ``project_root``, sorted."""
     d = os.path.join(project_root, INDEX_DIR)
     try:
-        return sorted(n[:-5] for n in os.listdir(d) if n.endswith(".json"))
+        return sorted(n[:-5] for n in storage.list_dir(d) if n.endswith(".json"))
     except OSError:
         return []
 
@@ -38,12 +39,11 @@ def load_model(project_root: str, model: str) -> JobSpec:
     """The job spec of ``model`` (its checkpoint's ``job.json``). Raises ConsistentStreamError
     naming the index file when the model has not been run in this project."""
     idx = index_path(project_root, model)
-    try:
-        with open(idx) as f:
-            checkpoint = json.load(f)["checkpoint_location"]
-    except (OSError, ValueError, KeyError):
+    entry = storage.read_json(idx)
+    if not isinstance(entry, dict) or "checkpoint_location" not in entry:
         raise ConsistentStreamError(f"{idx} not found: model {model} has not been run by consistent_stream in "
-                                    f"project {project_root}") from None
+                                    f"project {project_root}")
+    checkpoint = entry["checkpoint_location"]
     try:
         return JobSpec.load(os.path.join(checkpoint, "_consistent_stream", "job.json"))
     except (OSError, ValueError) as e:
@@ -208,11 +208,9 @@ def explain_model(job: JobSpec) -> str:
     from .runtime import BatchMeta
     from .state.arrangement import ARRANGEMENT
     plan_path = job.plan_path
-    try:
-        with open(plan_path) as f:
-            plan = json.load(f)
-    except (OSError, ValueError):
-        raise ConsistentStreamError(f"model {job.model}: no plan at {plan_path}; run the model first") from None
+    plan = storage.read_json(plan_path)
+    if plan is None:
+        raise ConsistentStreamError(f"model {job.model}: no plan at {plan_path}; run the model first")
     columns = {k: [f["name"] for f in v["fields"]] for k, v in json.loads(plan["source_schemas"]).items()}
     root = compile_model(job.sql, job.sources, columns).root
     types = PlanTypes.from_json(plan["types"])

@@ -27,6 +27,7 @@ import os
 
 from pyspark.sql.types import StructType
 
+from . import storage
 from .errors import (CommitError, CompileError, ConfigError, ConsistentStreamError, SessionLostError, StorageError,
                      UniqueKeyViolation)
 from .spark_checkpoint import log_entries
@@ -62,8 +63,7 @@ def _damaged(job: JobSpec, path: str, why: str) -> CommitError:
 def _check_spark_log_file(job: JobSpec, path: str) -> None:
     """A Spark metadata log file: a version line (``v1``) then one JSON document per line."""
     try:
-        with open(path) as f:
-            text = f.read()
+        text = storage.read_bytes(path).decode()
     except OSError as e:
         raise _damaged(job, path, e.strerror or str(e)) from None
     lines = text.split("\n")
@@ -85,14 +85,13 @@ def check_checkpoint_files(job: JobSpec) -> None:
     ``commits`` and source logs."""
     cuts = job.cuts_dir
     try:
-        names = sorted(n for n in os.listdir(cuts) if n.startswith("cut-") and n.endswith(".json"))
+        names = sorted(n for n in storage.list_dir(cuts) if n.startswith("cut-") and n.endswith(".json"))
     except OSError:
         names = []
     for n in names:
         path = os.path.join(cuts, n)
         try:
-            with open(path) as f:
-                d = json.load(f)
+            d = json.loads(storage.read_bytes(path).decode())
             if not isinstance(d, dict) or not {"seq", "start", "end"} <= set(d):
                 raise ValueError
         except ValueError:
@@ -101,18 +100,17 @@ def check_checkpoint_files(job: JobSpec) -> None:
             raise _damaged(job, path, e.strerror or str(e)) from None
     spark = job.spark_checkpoint
     meta = os.path.join(spark, "metadata")
-    if os.path.exists(meta):
+    if storage.exists(meta):
         try:
-            with open(meta) as f:
-                d = json.loads(f.read() or "null")
+            d = json.loads(storage.read_bytes(meta).decode() or "null")
             if not isinstance(d, dict) or "id" not in d:
                 raise ValueError
         except ValueError:
             raise _damaged(job, meta, "not Spark's query metadata: JSON with the query id") from None
     logs = [os.path.join(spark, "offsets"), os.path.join(spark, "commits")]
     sources = os.path.join(spark, "sources")
-    if os.path.isdir(sources):
-        logs += [os.path.join(sources, n) for n in sorted(os.listdir(sources))]
+    if storage.is_dir(sources):
+        logs += [os.path.join(sources, n) for n in sorted(storage.list_dir(sources))]
     for d in logs:
         for entry in log_entries(d)[-2:]:
             _check_spark_log_file(job, entry.path)
@@ -158,13 +156,12 @@ def source_schema_drift(job: JobSpec, fingerprint: str, schemas: dict[str, Struc
     read is no drift. Empty when nothing the model reads changed, or when the plan was made
     for another fingerprint (then the definition changed anyway:
     :mod:`consistent_stream.config_change`)."""
+    saved = storage.read_json(job.plan_path)
     try:
-        with open(job.plan_path) as f:
-            saved = json.load(f)
-        if saved.get("fingerprint") != fingerprint:
+        if saved is None or saved.get("fingerprint") != fingerprint:
             return {}
         before = {k: _fields(v) for k, v in json.loads(saved["source_schemas"]).items()}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return {}
     now = {k: {f.name.lower(): f.dataType.simpleString() for f in s.fields} for k, s in schemas.items()}
     changed = [k for k in now if k in before and before[k] != now[k]]

@@ -14,6 +14,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from . import storage
+
 
 QUERY_START_CONFS = {"fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs"}
 """Session confs our streaming queries start with, set from ``start()`` until the first
@@ -47,7 +49,7 @@ def log_entries(directory: str) -> list[LogEntry]:
     """The entries of one of Spark's metadata logs, oldest first; empty when the directory
     does not exist."""
     try:
-        names = os.listdir(fs_path(directory))
+        names = storage.list_dir(fs_path(directory))
     except OSError:
         return []
     out = []
@@ -61,11 +63,8 @@ def log_entries(directory: str) -> list[LogEntry]:
 def query_id(spark_checkpoint: str) -> str | None:
     """The id of the streaming query the checkpoint belongs to (its ``metadata`` file), or
     None when it has none yet."""
-    try:
-        with open(os.path.join(fs_path(spark_checkpoint), "metadata")) as f:
-            return json.load(f)["id"]
-    except OSError:
-        return None
+    text = storage.read_text(os.path.join(fs_path(spark_checkpoint), "metadata"))
+    return None if text is None else json.loads(text)["id"]
 
 
 def last_committed(spark_checkpoint: str) -> int | None:

@@ -42,11 +42,11 @@ import json
 import logging
 import os
 import select
-import shutil
 import signal
 import time
 from dataclasses import asdict, dataclass
 
+from .. import storage
 from ..errors import ConsistentStreamError
 from ..sources.debezium import forget_reader
 from ..sources.landing_index import INDEX_DIR
@@ -231,11 +231,10 @@ class PostgresCapture:
                 self.schemas[t] = TableSchema(t, cols, pk)
 
     def _state(self) -> dict | None:
-        p = os.path.join(self.landing, STATE_FILE)
-        if not os.path.exists(p):
+        try:
+            return json.loads(storage.read_bytes(os.path.join(self.landing, STATE_FILE)).decode())
+        except FileNotFoundError:
             return None
-        with open(p) as f:
-            return json.load(f)
 
     def _save_state(self, **state) -> None:
         atomic_write(os.path.join(self.landing, STATE_FILE), json.dumps(state, indent=2).encode())
@@ -247,8 +246,8 @@ class PostgresCapture:
 
     def _reset_landing(self) -> None:
         for _, name in list_event_files(self.landing):
-            os.remove(os.path.join(self.landing, name))
-        shutil.rmtree(os.path.join(self.landing, INDEX_DIR), ignore_errors=True)
+            storage.remove(os.path.join(self.landing, name))
+        storage.remove_tree(os.path.join(self.landing, INDEX_DIR), ignore_errors=True)
         forget_reader(self.landing)
 
     # -- snapshot --------------------------------------------------------------------------
@@ -307,15 +306,14 @@ class PostgresCapture:
             return 1, -1
         seq, name = files[-1]
         pos = -1
-        with open(os.path.join(self.landing, name), "rb") as f:
-            for raw in reversed(f.read().splitlines()):
-                if raw.strip():
-                    obj = json.loads(raw)
-                    if obj.get("status") == "END":
-                        pos = parse_lsn(str(obj["id"]).rpartition(":")[2])
-                        break
-                    if obj.get("op") == "r":
-                        break
+        for raw in reversed(storage.read_bytes(os.path.join(self.landing, name)).splitlines()):
+            if raw.strip():
+                obj = json.loads(raw)
+                if obj.get("status") == "END":
+                    pos = parse_lsn(str(obj["id"]).rpartition(":")[2])
+                    break
+                if obj.get("op") == "r":
+                    break
         if pos < 0:  # only snapshot files so far
             pos = int(self._state()["snapshot_lsn"])
         return seq + 1, pos
@@ -358,7 +356,7 @@ class PostgresCapture:
                 signal.signal(sig, lambda *_: setattr(self, "_stop", True))
             except ValueError:  # not the main thread
                 pass
-        os.makedirs(self.landing, mode=0o700, exist_ok=True)  # change data: owner only
+        storage.make_dirs(self.landing, mode=0o700)  # change data: owner only
         conn = self._connect()
         state, resumed = self._check_landing(conn)
         rconn = self._connect(replication=True)
@@ -389,7 +387,7 @@ class PostgresCapture:
         self._describe(conn)
         for ts in self.schemas.values():
             old_path = schema_path(self.landing, ts.table)
-            if os.path.exists(old_path) and TableSchema.load(old_path) != ts:
+            if storage.exists(old_path) and TableSchema.load(old_path) != ts:
                 raise CaptureError(f"table {ts.table} changed since {old_path} was written (schema changes of "
                                    f"captured tables are not supported): start a new capture with a new "
                                    f"--landing directory and --slot")

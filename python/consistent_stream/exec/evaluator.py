@@ -37,13 +37,12 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
-from .. import settings
+from .. import settings, storage
 from ..changelog import WEIGHT, Changelog, Views, consolidate_sql, q
 from ..operators.aggregate import AggregateSpec, aggregate_delta
 from ..operators.dedup import dedup_delta
@@ -156,7 +155,7 @@ class BatchEvaluator:
         self._read_at_last = 0
 
     def close(self) -> None:
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        storage.remove_tree(self.scratch, ignore_errors=True)
 
     # ---- materialization ----------------------------------------------------------------------
     def materialize(self, sql: str, schema: StructType) -> Changelog:

@@ -263,11 +263,10 @@ class Translations:
         self._dirty = False
         self.made = 0   # translations made (not found) by this object
         if path:
-            import json
+            from ..storage import read_json
+            d = read_json(path)
             try:
-                with open(path) as f:
-                    d = json.load(f)
-                if d.get("version") == _code_version():
+                if d is not None and d.get("version") == _code_version():
                     self._relations, self._translated = dict(d["relations"]), dict(d["translated"])
             except (OSError, ValueError, KeyError, TypeError):
                 pass

@@ -14,14 +14,13 @@ warehouse (``consistent_stream_sources/<schema>/<table>``), never inside the sou
 from __future__ import annotations
 
 import os
-import shutil
 from urllib.parse import unquote
 
 from pyspark.sql import SparkSession
 
 from ..delta import DeltaTableRef, Docs
 from ..faults import fault_point
-from ..storage import replace_text
+from .. import storage
 
 SNAPSHOTS = "_consistent_stream/snapshots"
 KEEP = 2
@@ -116,11 +115,8 @@ def _marker(home: str) -> str:
 def _published(table: CatalogTable, home: str, version: int) -> bool:
     """Whether ``table`` already shows ``version`` (our last publish recorded it under
     ``home`` and the catalog has the table)."""
-    import json
-    try:
-        with open(_marker(home)) as f:
-            m = json.load(f)
-    except (OSError, ValueError):
+    m = storage.read_json(_marker(home))
+    if m is None:
         return False
     return m.get("version") == version and m.get("table") == table.name and table.exists()
 
@@ -155,9 +151,9 @@ def _register(entry: CatalogTable, table_path: str, version: int, partition_by: 
     :func:`stale_partition_docs`); a table created here gets ``docs``' descriptions."""
     spark = entry.spark
     snap = snapshot_dir(home, version)
-    if not os.path.isdir(snap):
+    if not storage.is_dir(snap):
         tmp = snap + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
+        storage.remove_tree(tmp, ignore_errors=True)
         actions = table.add_actions(version)
         for i, a in enumerate(actions.to_pylist()):
             rel = unquote(a["path"])
@@ -165,14 +161,11 @@ def _register(entry: CatalogTable, table_path: str, version: int, partition_by: 
             # file itself may live anywhere in the table), one level per partition column
             parts = [f"{c}={_hive_escape(a.get(f'partition.{c}'))}" for c in partition_by]
             dst = os.path.join(tmp, *parts, f"{i:06d}-{os.path.basename(rel)}")
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            try:
-                os.link(os.path.join(table_path, rel), dst)
-            except OSError:   # another file system (a source outside the warehouse's)
-                shutil.copyfile(os.path.join(table_path, rel), dst)
-        os.makedirs(tmp, exist_ok=True)
+            storage.make_dirs(os.path.dirname(dst))
+            storage.link_or_copy(os.path.join(table_path, rel), dst)   # copied: a source on another file system
+        storage.make_dirs(tmp)
         fault_point("publishing")
-        os.replace(tmp, snap)
+        storage.rename(tmp, snap)
     from pyspark.sql.pandas.types import from_arrow_schema
     spark_schema = from_arrow_schema(table.plain_arrow_schema(version))
     fq = entry.quoted
@@ -201,7 +194,7 @@ def _register(entry: CatalogTable, table_path: str, version: int, partition_by: 
     # separate REFRESH TABLE would be one more catalog statement in every run, for nothing
     _cleanup(home)
     import json
-    replace_text(_marker(home), json.dumps({"version": version, "table": entry.name}))
+    storage.replace_text(_marker(home), json.dumps({"version": version, "table": entry.name}))
     return snap
 
 
@@ -279,6 +272,6 @@ def _reorder(schema, partition_by):
 
 def _cleanup(table_path: str) -> None:
     root = os.path.join(table_path, SNAPSHOTS)
-    dirs = sorted(d for d in os.listdir(root) if d.startswith("v") and not d.endswith(".tmp"))
+    dirs = sorted(d for d in storage.list_dir(root) if d.startswith("v") and not d.endswith(".tmp"))
     for d in dirs[:-KEEP]:
-        shutil.rmtree(os.path.join(root, d), ignore_errors=True)
+        storage.remove_tree(os.path.join(root, d), ignore_errors=True)

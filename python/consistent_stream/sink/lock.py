@@ -32,6 +32,7 @@ from ..errors import ConcurrentWriterError
 log = logging.getLogger(__name__)
 
 
+# An flock on a local file, not through storage.py: a lock for object stores replaces it in the object-storage work.
 class WriterLock:
     """The writer lock of the model whose checkpoint is ``checkpoint_location``; a context
     manager. :meth:`acquire` raises :class:`ConcurrentWriterError` naming the holder when

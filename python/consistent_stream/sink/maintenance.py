@@ -50,11 +50,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import unquote
 
+from .. import storage
 from ..spark_checkpoint import fs_path, log_entries
 
 log = logging.getLogger(__name__)
@@ -106,10 +106,12 @@ def _log_name(version: int, suffix: str) -> str:
 
 def _last_checkpoint(table: str) -> int | None:
     """The version of the table's newest checkpoint (``_delta_log/_last_checkpoint``), or None."""
+    last = storage.read_json(os.path.join(fs_path(table), "_delta_log", "_last_checkpoint"))
+    if last is None:
+        return None
     try:
-        with open(os.path.join(fs_path(table), "_delta_log", "_last_checkpoint")) as f:
-            return int(json.load(f)["version"])
-    except (OSError, ValueError, KeyError):
+        return int(last["version"])
+    except (ValueError, KeyError):
         return None
 
 
@@ -134,7 +136,7 @@ class LogCleaner:
         self.floor: int | None = None   # the lowest version whose entries may still exist
 
     def _lowest(self) -> int:
-        versions = [int(n[:20]) for n in os.listdir(self.log_dir) if n[:20].isdigit() and n.endswith(".json")]
+        versions = [int(n[:20]) for n in storage.list_dir(self.log_dir) if n[:20].isdigit() and n.endswith(".json")]
         return min(versions) if versions else 0
 
     def clean(self, keep_version: int, cutoff_s: float | None) -> int:
@@ -147,12 +149,12 @@ class LogCleaner:
         c, v = None, self.floor
         while v <= keep_version:
             try:
-                mtime = os.stat(os.path.join(self.log_dir, _log_name(v, "json"))).st_mtime
+                mtime = storage.stat(os.path.join(self.log_dir, _log_name(v, "json"))).mtime_ns / 1e9
             except FileNotFoundError:
                 mtime = None
             if cutoff_s is not None and mtime is not None and mtime >= cutoff_s:
                 break
-            if os.path.exists(os.path.join(self.log_dir, _log_name(v, "checkpoint.parquet"))):
+            if storage.exists(os.path.join(self.log_dir, _log_name(v, "checkpoint.parquet"))):
                 c = v
             v += 1
         if c is None or c <= self.floor:
@@ -160,11 +162,8 @@ class LogCleaner:
         deleted = 0
         for old in range(self.floor, c):
             for suffix in ("json", "crc", "checkpoint.parquet"):
-                try:
-                    os.remove(os.path.join(self.log_dir, _log_name(old, suffix)))
+                if storage.remove(os.path.join(self.log_dir, _log_name(old, suffix))):
                     deleted += 1
-                except FileNotFoundError:
-                    pass
         self.floor = c
         return deleted
 
@@ -183,8 +182,7 @@ class Tombstones:
 
     def refresh(self) -> dict[str, int]:
         import pyarrow.parquet as pq
-        with open(os.path.join(self.log_dir, "_last_checkpoint")) as f:
-            last = json.load(f)
+        last = json.loads(storage.read_bytes(os.path.join(self.log_dir, "_last_checkpoint")).decode())
         version = int(last["version"])
         if last.get("parts"):
             raise ValueError(f"multi-part checkpoint {version} in {self.log_dir}")
@@ -197,9 +195,9 @@ class Tombstones:
                                  for r in cp.column("remove").to_pylist() if r is not None})
             self.checkpoint, self.next_version = version, max(self.next_version, version + 1)
         while True:
+            path = os.path.join(self.log_dir, _log_name(self.next_version, "json"))
             try:
-                with open(os.path.join(self.log_dir, _log_name(self.next_version, "json"))) as f:
-                    lines = f.readlines()
+                lines = storage.read_bytes(path).splitlines()
             except FileNotFoundError:
                 break
             for line in lines:
@@ -230,31 +228,27 @@ def vacuum_target(dt, retention_hours: float, now_s: float, tombstones: Tombston
     removed = tombstones.refresh()
     for path, removed_ms in list(removed.items()):
         if removed_ms < cutoff_ms and path not in live:
-            try:
-                os.remove(os.path.join(root, path))
+            if storage.remove(os.path.join(root, path)):
                 data += 1
-            except FileNotFoundError:
-                pass
             del removed[path]   # gone: not tried again (a newer checkpoint may list it until it expires)
-    for dirpath, dirs, names in os.walk(root):
+    for dirpath, dirs, names in storage.walk(root):
         dirs[:] = [d for d in dirs if not d.startswith(("_", ".")) or "=" in d]   # partitions; not the log,
         for n in names:                                                           # CDF, catalog snapshots
-            path = os.path.relpath(os.path.join(dirpath, n), root)
+            p = os.path.join(dirpath, n)
+            path = os.path.relpath(p, root)
             if not n.endswith(".parquet") or path in live or path in removed:
                 continue
             try:
-                if os.stat(os.path.join(dirpath, n)).st_mtime * 1000.0 < cutoff_ms:
-                    os.remove(os.path.join(dirpath, n))
+                if storage.stat(p).mtime_ns / 1e6 < cutoff_ms and storage.remove(p):
                     data += 1
             except FileNotFoundError:
                 pass
     cdc = 0
-    for dirpath, _, names in os.walk(os.path.join(root, "_change_data")):
+    for dirpath, _, names in storage.walk(os.path.join(root, "_change_data")):
         for n in names:
             p = os.path.join(dirpath, n)
             try:
-                if os.stat(p).st_mtime * 1000.0 < cutoff_ms:
-                    os.remove(p)
+                if storage.stat(p).mtime_ns / 1e6 < cutoff_ms and storage.remove(p):
                     cdc += 1
             except FileNotFoundError:
                 pass
@@ -272,26 +266,18 @@ def vacuum_state(dt, keep_from: int, keep_to: int) -> int:
     deleted = 0
     for f in files:
         p = f if os.path.isabs(f) else os.path.join(root, unquote(f))
-        try:
-            os.remove(fs_path(p))
+        if storage.remove(fs_path(p)):
             deleted += 1
-        except FileNotFoundError:
-            pass
     return deleted
 
 
 def clean_scratch(scratch_dir: str, before_batch: int) -> int:
     """Remove ``<scratch_dir>/<batch>`` directories (``JobSpec.scratch_dir``) of batches
     before ``before_batch`` (left by a batch that crashed). Returns how many."""
-    d = scratch_dir
-    try:
-        names = os.listdir(d)
-    except FileNotFoundError:
-        return 0
     n = 0
-    for name in names:
+    for name in storage.list_dir(scratch_dir):
         if name.isdigit() and int(name) < before_batch:
-            shutil.rmtree(os.path.join(d, name), ignore_errors=True)
+            storage.remove_tree(os.path.join(scratch_dir, name), ignore_errors=True)
             n += 1
     return n
 
@@ -322,20 +308,15 @@ def trim_file_source_log(spark_checkpoint: str, before_batch: int) -> int:
     The file is replaced atomically; its Hadoop checksum (``.<name>.crc``) is removed first
     (a file without one is read unchecked; one with a stale checksum would fail the read)."""
     d = os.path.join(fs_path(spark_checkpoint), "sources", "0")
-    try:
-        names = os.listdir(d)
-    except FileNotFoundError:
-        return 0
-    for n in names:   # a pass killed before its rename
+    for n in storage.list_dir(d):   # a pass killed before its rename
         if n.endswith(".trim.tmp"):
-            os.remove(os.path.join(d, n))
+            storage.remove(os.path.join(d, n))
     compacts = [e for e in log_entries(d) if e.compact]
     if not compacts:
         return 0
     path = compacts[-1].path   # the one Spark's next compaction reads
     name = os.path.basename(path)
-    with open(path) as f:
-        lines = f.read().splitlines()
+    lines = storage.read_bytes(path).decode().splitlines()
     if not lines or lines[0] != FILE_SOURCE_LOG_VERSION:
         log.warning("%s: not a file source log of version %s (Spark changed its format?); left as it is",
                     path, FILE_SOURCE_LOG_VERSION)
@@ -348,21 +329,15 @@ def trim_file_source_log(spark_checkpoint: str, before_batch: int) -> int:
         except (ValueError, KeyError, TypeError):
             log.warning("%s: an entry this does not understand (%r); the log is left as it is", path, line[:200])
             return 0
-        if batch >= before_batch or os.path.exists(entry_path):
+        if batch >= before_batch or storage.exists(entry_path):
             keep.append(line)
     dropped = len(lines) - len(keep)
     if not dropped:
         return 0
     tmp = os.path.join(d, f".{name}.trim.tmp")
-    with open(tmp, "w") as f:
-        f.write("\n".join(keep))   # as Spark writes it: no newline after the last entry
-        f.flush()
-        os.fsync(f.fileno())
-    try:
-        os.remove(os.path.join(d, f".{name}.crc"))
-    except FileNotFoundError:
-        pass
-    os.replace(tmp, path)
+    storage.write_bytes(tmp, "\n".join(keep).encode(), fsync=True)   # as Spark writes it: no newline at the end
+    storage.remove(os.path.join(d, f".{name}.crc"))
+    storage.rename(tmp, path)
     return dropped
 
 
@@ -409,7 +384,7 @@ class Maintenance:
         t0 = time.time()
         r, job = MaintenanceReport(), self.job
         steps = [("target", lambda: self._target_pass(r, t0))]
-        if state_version is not None and os.path.isdir(os.path.join(job.state_root, "_delta_log")):
+        if state_version is not None and storage.is_dir(os.path.join(job.state_root, "_delta_log")):
             steps.append(("state", lambda: self._state_pass(r, state_version)))
         steps.append(("scratch", lambda: setattr(r, "scratch_dirs", clean_scratch(job.scratch_dir, batch_id))))
         if _local(job.spark_checkpoint):

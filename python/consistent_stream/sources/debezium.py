@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import storage
 from ..changelog import consolidate_arrow
 from ..errors import SourceError
 from . import landing_index
@@ -75,7 +76,7 @@ class LandingReader:
         """Read new event files: from the landing index (:mod:`.landing_index`) where an entry
         fits, else by parsing them. Raises SourceError (see the module docstring)."""
         with self._lock:
-            if not os.path.isdir(self.location):
+            if not storage.is_dir(self.location):
                 raise SourceError(f"landing directory {self.location} does not exist (meta.consistent_stream."
                                   f"location; it is written by `consistent-stream capture postgres --landing ..`)")
             self._schemas = self._parser.schemas = load_schemas(self.location)
@@ -85,16 +86,16 @@ class LandingReader:
             expected = (self._files[-1][0] + 1) if self._files else 1
             for seq, name in files:
                 path = os.path.join(self.location, name)
-                st = os.stat(path)
+                st = storage.stat(path)
                 if seq in known:
-                    if known[seq][0] != name or (st.st_size, st.st_mtime_ns) != known[seq][1:]:
+                    if known[seq][0] != name or (st.size, st.mtime_ns) != known[seq][1:]:
                         raise SourceError(f"{path}: event file changed after it was read; landing files must "
                                           f"be written once (temp file + rename)")
                     continue
                 if seq != expected:
                     raise SourceError(f"{path}: gap in the event file sequence: expected file number {expected} "
                                       f"before {seq} (a file is missing; nothing after the gap is read)")
-                new.append((seq, name, st.st_size, st.st_mtime_ns))
+                new.append((seq, name, st.size, st.mtime_ns))
                 expected = seq + 1
             if not new:
                 return self
@@ -104,7 +105,7 @@ class LandingReader:
             try:
                 if self._indexed:
                     missing = [(n, size, mt) for _, n, size, mt in new
-                               if not os.path.exists(landing_index.entry_path(self.location, n, size, mt, digest))]
+                               if not storage.exists(landing_index.entry_path(self.location, n, size, mt, digest))]
                     self.index_stats["workers"] += build_index(self.location, missing, digest)
                 for seq, name, size, mtime_ns in new:
                     self._read(seq, name, size, mtime_ns, digest)

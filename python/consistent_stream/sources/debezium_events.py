@@ -54,6 +54,7 @@ from operator import itemgetter
 import orjson
 import pyarrow as pa
 
+from .. import storage
 from ..errors import SourceError
 from . import landing_index
 from .landing import TableSchema, arrow_type, load_schemas, parse_lsn
@@ -187,8 +188,7 @@ class EventParser:
         self.acc = acc
         out = self.out = ParsedFile(name, size, mtime_ns)
         self.leading = True   # no event read yet in this file
-        with open(path, "rb") as f:
-            data = f.read()
+        data = storage.read_bytes(path)
         loads, decode_error = orjson.loads, orjson.JSONDecodeError
         decimals = any(ts.has_decimal for ts in self.schemas.values())
         offset = 0
@@ -426,10 +426,10 @@ def _main(argv: list[str]) -> int:
     if landing_index.schemas_digest(schemas) != digest:
         return 0  # the schema files changed since the reader listed them: the reader parses
     for name in names:
-        st = os.stat(os.path.join(location, name))
+        st = storage.stat(os.path.join(location, name))
         parser = EventParser(location, schemas)
         try:
-            parsed = parser.parse(name, st.st_size, st.st_mtime_ns)
+            parsed = parser.parse(name, st.size, st.mtime_ns)
         except SourceError:
             continue
         if parser.open is None:

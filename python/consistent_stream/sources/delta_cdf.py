@@ -16,14 +16,13 @@ Out: the source's columns (or the requested subset) plus ``__weight`` bigint.
 """
 from __future__ import annotations
 
-import os
-
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
+from .. import storage
 from ..changelog import WEIGHT, Changelog, with_weight
 from ..delta import DeltaTableRef
 from ..errors import SourceError
@@ -53,7 +52,7 @@ class DeltaSource:
     def _require(self) -> DeltaTableRef:
         if not self.table.exists():
             where = (f"meta.consistent_stream.location of source('{self.spec.source_name}', '{self.spec.name}')")
-            if os.path.isdir(self.spec.location):
+            if storage.is_dir(self.spec.location):
                 raise SourceError(f"source {self.spec.key}: {self.spec.location} is not a Delta table (it has no "
                                   f"_delta_log directory; plain Parquet or other files are not a changelog). Point "
                                   f"{where} at the root of a Delta table with the Change Data Feed on")

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from .. import storage
 from ..errors import SourceError
 
 SCHEMA_DIR = "_schemas"
@@ -123,8 +124,7 @@ class TableSchema:
     def load(path: str) -> "TableSchema":
         """Read a schema file; SourceError naming the file when it is not a valid schema."""
         try:
-            with open(path) as f:
-                d = json.load(f)
+            d = json.loads(storage.read_bytes(path).decode())
             cols = tuple(ColumnSchema(c["name"], c["type"], c.get("source_type", ""), bool(c.get("nullable", True)))
                          for c in d["columns"])
             ts = TableSchema(d["table"], cols, tuple(d.get("primary_key") or ()))
@@ -147,8 +147,8 @@ def load_schemas(landing: str) -> dict[str, TableSchema]:
     """Every ``_schemas/*.json`` of ``landing``: table name -> TableSchema."""
     d = os.path.join(landing, SCHEMA_DIR)
     out = {}
-    if os.path.isdir(d):
-        for name in sorted(os.listdir(d)):
+    if storage.is_dir(d):
+        for name in sorted(storage.list_dir(d)):
             if name.endswith(".json") and not name.startswith("."):
                 ts = TableSchema.load(os.path.join(d, name))
                 out[ts.table] = ts
@@ -160,11 +160,12 @@ def event_file_name(seq: int) -> str:
 
 
 def list_event_files(landing: str) -> list[tuple[int, str]]:
-    """``[(sequence number, file name)]`` of the event files in ``landing``, by sequence.
+    """``[(sequence number, file name)]`` of the event files in ``landing``, by sequence (none
+    when it does not exist).
 
     Raises SourceError when two files have the same number."""
     out = {}
-    for name in os.listdir(landing):
+    for name in storage.list_dir(landing):
         if name.startswith((".", "_")) or name.endswith(".tmp"):
             continue
         m = EVENT_FILE.match(name)
@@ -178,18 +179,8 @@ def list_event_files(landing: str) -> list[tuple[int, str]]:
 
 
 def atomic_write(path: str, data: bytes) -> None:
-    """Write ``path`` so that readers see nothing or all of it: hidden temp file, fsync,
-    rename, fsync of the directory (the rename itself is durable when this returns)."""
-    d = os.path.dirname(path)
-    os.makedirs(d, exist_ok=True)
-    tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Write ``path`` so that readers see nothing or all of it, creating its directory: hidden
+    temp file, fsync, rename, fsync of the directory (the rename itself is durable when this
+    returns; :func:`consistent_stream.storage.replace_bytes`)."""
+    storage.make_dirs(os.path.dirname(path))
+    storage.replace_bytes(path, data, fsync=True)

@@ -55,6 +55,8 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
+from .. import storage
+
 log = logging.getLogger(__name__)
 
 FORMAT = 1
@@ -186,10 +188,10 @@ def writable(location: str) -> bool:
     """Whether entries can be written under ``location`` (its ``_index`` made if missing)."""
     d = os.path.join(location, INDEX_DIR)
     try:
-        os.makedirs(d, exist_ok=True)
+        storage.make_dirs(d)
     except OSError:
         return False
-    return os.access(d, os.W_OK)
+    return storage.is_writable(d)
 
 
 def store(location: str, digest: str, parsed: ParsedFile) -> None:
@@ -217,26 +219,22 @@ def store(location: str, digest: str, parsed: ParsedFile) -> None:
             "snap_end": parsed.snap_end}
     container = pa.table({"name": pa.array(names, pa.string()), "data": pa.array(blobs, pa.large_binary())})
     container = container.replace_schema_metadata({"entry": json.dumps(meta)})
+    out = pa.BufferOutputStream()
+    with pa.ipc.new_file(out, container.schema) as w:
+        w.write_table(container)
     path = entry_path(location, parsed.name, parsed.size, parsed.mtime_ns, digest)
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
     try:
-        with pa.OSFile(tmp, "wb") as f, pa.ipc.new_file(f, container.schema) as w:
-            w.write_table(container)
-        os.replace(tmp, path)
+        storage.replace_bytes(path, out.getvalue())
     except OSError as e:
         log.warning("%s: could not write the landing index entry (%s); the file will be parsed again next time",
                     path, e)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
 
 
 def load(location: str, digest: str, name: str, size: int, mtime_ns: int) -> ParsedFile | None:
     """The entry of event file ``name`` (of this size, mtime and schemas), or None when there
     is none or it cannot be read (a miss: the caller parses the file)."""
     path = entry_path(location, name, size, mtime_ns, digest)
-    try:
+    try:   # mapped, not read (storage.read_bytes): the tables point into the file, not into a copy of it
         with pa.memory_map(path) as src:
             container = pa.ipc.open_file(src).read_all()
     except FileNotFoundError:

@@ -35,6 +35,7 @@ import os
 
 from pyspark.sql import DataFrame, SparkSession
 
+from .. import storage
 from ..faults import fault_point
 from .spec import Cut
 
@@ -48,10 +49,7 @@ class CutLog:
         self.directory = directory
 
     def _files(self) -> list[str]:
-        try:
-            return sorted(n for n in os.listdir(self.directory) if n.startswith("cut-") and n.endswith(".json"))
-        except FileNotFoundError:
-            return []
+        return sorted(n for n in storage.list_dir(self.directory) if n.startswith("cut-") and n.endswith(".json"))
 
     def last(self) -> tuple[int, Cut] | None:
         """The newest planned cut: ``(seq, end cut)``, or None when nothing is planned (or
@@ -59,8 +57,7 @@ class CutLog:
         files = self._files()
         if not files:
             return None
-        with open(os.path.join(self.directory, files[-1])) as f:
-            d = json.load(f)
+        d = json.loads(storage.read_bytes(os.path.join(self.directory, files[-1])).decode())
         return int(d["seq"]), Cut.from_json(d["end"])
 
     def append(self, seq: int, start: Cut, end: Cut) -> None:
@@ -80,23 +77,23 @@ class CutLog:
         here waited for the journal behind the previous batch's writes (up to a large share
         of a run at SF 10, where a refresh round rewrites the source files), for a guarantee
         the commits beside it do not give."""
-        os.makedirs(self.directory, exist_ok=True)
+        storage.make_dirs(self.directory)
         path = os.path.join(self.directory, f"cut-{seq:012d}.json")
         tmp = os.path.join(self.directory, f".cut-{seq:012d}.tmp")
-        with open(tmp, "w") as f:
-            json.dump({"seq": seq, "start": start.versions, "end": end.versions}, f, sort_keys=True)
+        storage.write_bytes(tmp, json.dumps({"seq": seq, "start": start.versions, "end": end.versions},
+                                            sort_keys=True).encode())
         ms = 1_000_000
-        stamp = os.stat(tmp).st_mtime_ns // ms
+        stamp = storage.stat(tmp).mtime_ns // ms
         prev = self._files()
         if prev:
-            stamp = max(stamp, os.stat(os.path.join(self.directory, prev[-1])).st_mtime_ns // ms + 1)
-        os.utime(tmp, ns=(stamp * ms, stamp * ms))
-        os.replace(tmp, path)
+            stamp = max(stamp, storage.stat(os.path.join(self.directory, prev[-1])).mtime_ns // ms + 1)
+        storage.set_mtime_ns(tmp, stamp * ms)
+        storage.rename(tmp, path)
         fault_point("cut_planned")
 
     def stream(self, spark: SparkSession) -> DataFrame:
         """The streaming DataFrame of planned cuts, one file per micro-batch."""
-        os.makedirs(self.directory, exist_ok=True)
+        storage.make_dirs(self.directory)
         return (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1)
                 .option("cleanSource", "delete").json(self.directory))
 
@@ -105,8 +102,7 @@ class CutLog:
         processed and cleaned up, or never planned). Micro-batch ``n`` reads file ``n`` (one
         file per batch), so a batch reads its cut here, on the driver, with no Spark job."""
         try:
-            with open(os.path.join(self.directory, f"cut-{seq:012d}.json")) as f:
-                d = json.load(f)
+            d = json.loads(storage.read_bytes(os.path.join(self.directory, f"cut-{seq:012d}.json")).decode())
         except FileNotFoundError:
             return None
         if int(d["seq"]) != seq:
