@@ -31,8 +31,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from . import config_change, preflight, storage
-from .delta import Docs
-from .errors import CompileError, ConfigError, SourceError
+from .delta import DeltaError, Docs
+from .errors import CompileError, ConfigError, ConsistentStreamError, SourceError
 from .exec.evaluator import PlanTypes, type_plan
 from .oracle import batch_dataframe
 from .plan import compile_model, fingerprint
@@ -65,6 +65,8 @@ def compile_job(spark: SparkSession, job: JobSpec, cut: Cut, sources=None):
     else:
         try:
             out_schema = batch_dataframe(spark, job.sql, job.sources, cut).schema
+        except (ConsistentStreamError, DeltaError, OSError):
+            raise   # a source's table or files, never the model's SQL: the error names them
         except Exception as e:  # AnalysisException: the SQL is not valid Spark SQL
             raise CompileError("model SQL", f"Spark cannot analyze it: {e}") from e
         types = type_plan(spark, compiled.root, schemas)

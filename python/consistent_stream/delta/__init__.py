@@ -7,6 +7,8 @@ come back as Parquet files written by Spark's executors (committed by delta-rs a
 :mod:`.files`) or, when change-sized, as Arrow for a delta-rs MERGE. Tables written this way are standard
 Delta tables that delta-spark, DuckDB or Trino read unchanged.
 """
+from deltalake.exceptions import DeltaError  # noqa: F401  (what delta-rs raises for a table it cannot read)
+
 from .deltars import (  # noqa: F401
     Commit,
     DataFile,

@@ -132,6 +132,12 @@ def _commented(schema: pa.Schema, docs: Docs | None) -> pa.Schema:
                       for f in schema])
 
 
+READABLE_FEATURES = frozenset({"timestampNtz", "vacuumProtocolCheck"})
+"""Reader features with which this face's reads stay exact: they change how the log is kept or
+a type, not which rows or columns a data file holds (an allowlist: a feature added to Delta
+later is refused until it is known to be harmless)."""
+
+
 class DeltaTableRef:
     """A Delta table at ``path``: one handle, refreshed; reads at explicit versions and
     idempotent commits.
@@ -207,6 +213,25 @@ class DeltaTableRef:
 
     def partition_columns(self) -> list[str]:
         return list(self.table().metadata().partition_columns)
+
+    def reader_features(self) -> set[str]:
+        """The reader features the table's protocol requires (Delta protocol, "Table
+        Features"): the ``readerFeatures`` of reader version 3, or for reader version 2 the
+        ``columnMapping`` it implies when ``delta.columnMapping.mode`` is set."""
+        dt = self.table()
+        protocol = dt.protocol()
+        features = set(protocol.reader_features or ())
+        mode = str(dt.metadata().configuration.get("delta.columnMapping.mode", "none")).lower()
+        if protocol.min_reader_version == 2 and mode != "none":
+            features.add("columnMapping")
+        return features
+
+    def unreadable_features(self) -> set[str]:
+        """The table's reader features (:meth:`reader_features`) outside
+        :data:`READABLE_FEATURES`: a snapshot or Change Data Feed read through this face would
+        not be exact (deletion vectors mask rows of the files it reads; column mapping renames
+        the files' columns), so a reader must refuse the table."""
+        return self.reader_features() - READABLE_FEATURES
 
     def change_data_feed_enabled(self) -> bool:
         conf = self.table().metadata().configuration

@@ -39,6 +39,18 @@ class SourceChanges:
         self.changelog, self.rows, self.commit_ms = changelog, rows, commit_ms
 
 
+_FEATURE_ADVICE = {
+    "deletionVectors": (
+        "its data files may have rows deleted by deletion vectors, which a read of the files would keep. Drop the "
+        "feature (ALTER TABLE <table> DROP FEATURE deletionVectors, Delta 3.1+ or Databricks Runtime 14.1+, rewrites "
+        "the files that have them), or point the source at a copy written with delta.enableDeletionVectors = false"),
+    "columnMapping": (
+        "its data files name columns by physical names, not the table's. Point the source at a copy written without "
+        "column mapping (delta.columnMapping.mode = none)"),
+}
+_OTHER_FEATURE = "point the source at a copy of the table written without it"
+
+
 class DeltaSource:
     """A Delta table with the Change Data Feed on, read through one handle per run. Each
     table is its own clock (its versions), and a backlog may end a batch at any version."""
@@ -48,6 +60,7 @@ class DeltaSource:
         self.spec = spec
         self.table = DeltaTableRef(spec.location)
         self.clock = f"source:{spec.key}"
+        self._readable = False   # the protocol's reader features were checked
 
     def _require(self) -> DeltaTableRef:
         if not self.table.exists():
@@ -58,7 +71,23 @@ class DeltaSource:
                                   f"{where} at the root of a Delta table with the Change Data Feed on")
             raise SourceError(f"source {self.spec.key}: no Delta table at {self.spec.location} ({where}). Restore "
                               f"the table there or fix the location; nothing was read or written")
+        if not self._readable:
+            self._check_features()
         return self.table
+
+    def _check_features(self) -> None:
+        """Raise SourceError when the table's protocol needs a reader feature this engine's
+        reads are not exact under (:meth:`DeltaTableRef.unreadable_features`): naming the
+        source, the table, each feature and what to do. Checked at the handle's first use,
+        before anything of the table is read, and at every newest version a cut may reach."""
+        features = self.table.unreadable_features()
+        if features:
+            what = "; ".join(f"{f}: {_FEATURE_ADVICE.get(f, _OTHER_FEATURE)}" for f in sorted(features))
+            raise SourceError(
+                f"source {self.spec.key}: the Delta table at {self.spec.location} needs the reader feature(s) "
+                f"{', '.join(sorted(features))} (its protocol), which consistent_stream cannot read exactly yet; "
+                f"nothing was read or written. {what}")
+        self._readable = True
 
     def columns(self) -> list[str]:
         return [f.name for f in self._require().arrow_schema()]
@@ -67,10 +96,12 @@ class DeltaSource:
         return from_arrow_schema(self._require().plain_arrow_schema())
 
     def latest_position(self) -> int:
-        """The table's latest version. Raises SourceError when the table is missing or its
-        Change Data Feed is off (checked at every run's start, before anything is written)."""
+        """The table's latest version. Raises SourceError when the table is missing, its
+        Change Data Feed is off, or its protocol needs a reader feature that cannot be read
+        exactly (checked at every run's start, before anything is written)."""
         table = self._require()
         version = table.latest_version()
+        self._check_features()   # at the new version too: a feature added later is seen before it is read
         if not table.change_data_feed_enabled():
             raise SourceError(
                 f"source {self.spec.key}: the Delta table {self.spec.location} does not have the Change Data Feed "
@@ -115,6 +146,7 @@ class DeltaSource:
 
     def snapshot_arrow(self, position: int) -> pa.Table:
         from deltalake import DeltaTable
+        self._require()
         return pa.table(DeltaTable(self.spec.location, version=position).to_pyarrow_table())
 
     def changes(self, views, start: int, end: int, columns: list[str] | None) -> SourceChanges:
