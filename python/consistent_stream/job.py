@@ -31,7 +31,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from . import config_change, preflight, storage
-from .delta import DeltaError, Docs
+from .delta import DeltaError, DeltaTableRef, Docs
 from .errors import CompileError, ConfigError, ConsistentStreamError, SourceError
 from .exec.evaluator import PlanTypes, type_plan
 from .oracle import batch_dataframe
@@ -45,7 +45,6 @@ from .sources.dag import latest_cut
 from .sources.formats import open_source
 from .sources.spec import normalize_relation
 from .spec import JobSpec
-from .storage import replace_text
 
 log = logging.getLogger("consistent_stream")
 
@@ -94,7 +93,7 @@ def _load_plan(job: JobSpec, fp: str, schema_key: str):
 
 
 def _save_plan(job: JobSpec, compiled, out_schema: StructType, types: PlanTypes) -> None:
-    replace_text(job.plan_path, json.dumps({
+    storage.replace_text(job.plan_path, json.dumps({
         "fingerprint": compiled.fingerprint, "source_schemas": compiled.schema_key,
         "output_schema": json.loads(out_schema.json()), "types": types.to_json(),
         "unique_key": target_key(job, compiled, out_schema)}))
@@ -122,9 +121,9 @@ def _start_checkpoint(job: JobSpec, fp: str, full_refresh: bool) -> None:
         translations = storage.read_text(job.local_sql_path)
         storage.remove_tree(job.checkpoint_location)
         if translations:
-            replace_text(job.local_sql_path, translations)
+            storage.replace_text(job.local_sql_path, translations)
     job.save()
-    replace_text(job.fingerprint_path, fp)
+    storage.replace_text(job.fingerprint_path, fp)
 
 
 def require_classic_session(spark, model: str) -> None:
@@ -206,13 +205,12 @@ class _Run:
     t0: float
     sources: dict
     cut: Cut
-    target: object
+    target: DeltaTableRef
 
     @staticmethod
     def open(spark: SparkSession, job: JobSpec, full_refresh: bool) -> "_Run":
         """Open the sources and take the cut the run processes up to (their newest
         consistent cut, :func:`~consistent_stream.sources.dag.latest_cut`)."""
-        from .delta import DeltaTableRef
         t0 = time.time()
         sources = {s.key: open_source(s) for s in job.sources}
         return _Run(spark, job, full_refresh, t0, sources, Cut(latest_cut(list(sources.values()))),
