@@ -56,7 +56,7 @@ def _cmd_verify(args) -> int:
             print(f"verify: error: {idx} not found: model {args.model} has not been run by "
                   f"consistent_stream in project {args.project_dir} (or pass --target-path)", file=sys.stderr)
             return 2
-        path = json.loads(storage.read_bytes(idx).decode())["target_path"]
+        path = storage.load_json(idx)["target_path"]
     try:
         res = verify_target(local_spark(), path, version=args.version)
     except ConsistentStreamError as e:

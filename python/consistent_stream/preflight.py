@@ -91,7 +91,7 @@ def check_checkpoint_files(job: JobSpec) -> None:
     for n in names:
         path = os.path.join(cuts, n)
         try:
-            d = json.loads(storage.read_bytes(path).decode())
+            d = storage.load_json(path)
             if not isinstance(d, dict) or not {"seq", "start", "end"} <= set(d):
                 raise ValueError
         except ValueError:

@@ -65,6 +65,13 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
+def load_json(path: str):
+    """The JSON value in file ``path`` (UTF-8). Raises FileNotFoundError when it does not
+    exist, OSError when it cannot be read, ValueError when it is not JSON: for a caller that
+    must tell a missing file from a damaged one (:func:`read_json` takes both for none)."""
+    return json.loads(read_bytes(path).decode())
+
+
 def replace_text(path: str, text: str) -> None:
     """Write ``text`` to ``path`` atomically (a temporary file renamed over it), creating its
     directory, unless the file already holds exactly ``text``: a run rewrites the checkpoint's

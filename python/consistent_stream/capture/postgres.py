@@ -232,7 +232,7 @@ class PostgresCapture:
 
     def _state(self) -> dict | None:
         try:
-            return json.loads(storage.read_bytes(os.path.join(self.landing, STATE_FILE)).decode())
+            return storage.load_json(os.path.join(self.landing, STATE_FILE))
         except FileNotFoundError:
             return None
 

@@ -27,7 +27,7 @@ no Spark job at all; its types come from :class:`PlanTypes`, computed once per p
 analyzing the plan over empty sources without running anything.
 
 Each materialization runs with a shuffle parallelism sized from the rows it processes
-(:func:`shuffle_partitions`): a few thousand rows need one task, not Spark's default 200.
+(:func:`~consistent_stream.settings.shuffle_partitions`): a few thousand rows need one task, not Spark's default 200.
 Driver-side changes of up to ``SINGLE_PARTITION_ROWS`` are single partitions, so a query over
 them only runs as one stage with no shuffle. A change known to be consolidated (a source's
 change, an aggregate's output, and filters and column-keeping projections of them) is not
@@ -56,6 +56,7 @@ from .local import LocalEngine, TooLarge
 from .spark import SparkEngine
 
 log = logging.getLogger(__name__)
+
 
 def _nullable(schema: StructType) -> StructType:
     return StructType([StructField(f.name, f.dataType, True) for f in schema.fields])

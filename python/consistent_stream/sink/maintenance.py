@@ -182,7 +182,7 @@ class Tombstones:
 
     def refresh(self) -> dict[str, int]:
         import pyarrow.parquet as pq
-        last = json.loads(storage.read_bytes(os.path.join(self.log_dir, "_last_checkpoint")).decode())
+        last = storage.load_json(os.path.join(self.log_dir, "_last_checkpoint"))
         version = int(last["version"])
         if last.get("parts"):
             raise ValueError(f"multi-part checkpoint {version} in {self.log_dir}")

@@ -124,7 +124,7 @@ class TableSchema:
     def load(path: str) -> "TableSchema":
         """Read a schema file; SourceError naming the file when it is not a valid schema."""
         try:
-            d = json.loads(storage.read_bytes(path).decode())
+            d = storage.load_json(path)
             cols = tuple(ColumnSchema(c["name"], c["type"], c.get("source_type", ""), bool(c.get("nullable", True)))
                          for c in d["columns"])
             ts = TableSchema(d["table"], cols, tuple(d.get("primary_key") or ()))

@@ -57,7 +57,7 @@ class CutLog:
         files = self._files()
         if not files:
             return None
-        d = json.loads(storage.read_bytes(os.path.join(self.directory, files[-1])).decode())
+        d = storage.load_json(os.path.join(self.directory, files[-1]))
         return int(d["seq"]), Cut.from_json(d["end"])
 
     def append(self, seq: int, start: Cut, end: Cut) -> None:
@@ -102,7 +102,7 @@ class CutLog:
         processed and cleaned up, or never planned). Micro-batch ``n`` reads file ``n`` (one
         file per batch), so a batch reads its cut here, on the driver, with no Spark job."""
         try:
-            d = json.loads(storage.read_bytes(os.path.join(self.directory, f"cut-{seq:012d}.json")).decode())
+            d = storage.load_json(os.path.join(self.directory, f"cut-{seq:012d}.json"))
         except FileNotFoundError:
             return None
         if int(d["seq"]) != seq:
