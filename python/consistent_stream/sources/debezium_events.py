@@ -332,7 +332,8 @@ class EventParser:
             except (TypeError, ValueError):
                 raise _err(where, f"snapshot read without a valid source.lsn ({src.get('lsn')!r})") from None
             if self.snap is None:
-                self.snap = OpenTransaction(f"snapshot:{pos}", pos, int(src.get("ts_ms") or 0), where, False, snapshot=True)
+                self.snap = OpenTransaction(f"snapshot:{pos}", pos, int(src.get("ts_ms") or 0), where, False,
+                                            snapshot=True)
                 if self.leading:
                     self.out.leading_snapshot = pos
             elif pos != self.snap.position:

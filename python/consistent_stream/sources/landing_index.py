@@ -158,11 +158,11 @@ class ParsedFile:
             if held is not None:
                 for t, n in held.counts.items():
                     counts[t] = counts.get(t, 0) + n
-                parser.snap = OpenTransaction(held.id, held.position, held.ts_ms, held.where, False, counts=counts,
-                                    snapshot=True)
+                parser.snap = OpenTransaction(held.id, held.position, held.ts_ms, held.where, False,
+                                              counts=counts, snapshot=True)
             else:
-                parser.snap = OpenTransaction(f"snapshot:{e['position']}", e["position"], e["ts_ms"], tuple(e["where"]), False,
-                                    counts=counts, snapshot=True)
+                parser.snap = OpenTransaction(f"snapshot:{e['position']}", e["position"], e["ts_ms"],
+                                              tuple(e["where"]), False, counts=counts, snapshot=True)
         else:
             parser.snap = None
         if self.snapshot_pos is not None:

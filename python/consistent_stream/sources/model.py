@@ -57,8 +57,8 @@ class ModelSource(DeltaSource):
     with the upstream version's base cut).
 
     Beyond :class:`~consistent_stream.sources.formats.Source`: :meth:`versions_newest_first`,
-    :meth:`base_sources` (every base source under the upstream, by key) and :meth:`job`, which
-    the DAG cut rule and the oracle use."""
+    :meth:`base_sources` (every base source under the upstream, by key) and :meth:`definition`
+    (its SQL and sources), which the DAG cut rule and the oracle use."""
     splits_backlog = False
 
     def __init__(self, spec: SourceSpec):
