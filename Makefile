@@ -1,7 +1,9 @@
 # make test: the test suite; make demo: the example project end to end on TPC-H SF 0.1.
 # make test also installs PostgreSQL 15 + wal2json from Debian packages when missing
 # (scripts/ensure_postgres.sh) for the CDC tests.
-# Both set up .venv at the repository root first (re-installed when setup.py changes).
+# Both set up .venv at the repository root first (re-installed when setup.py changes), with
+# delta-spark's jars resolved from Maven Central into .venv/share/consistent-stream/jars: after
+# that, nothing needs the network.
 
 PYTHON := .venv/bin/python
 STAMP := .venv/installed.stamp
@@ -13,6 +15,7 @@ STAMP := .venv/installed.stamp
 $(STAMP): setup.py
 	test -x $(PYTHON) || python3 -m venv .venv
 	$(PYTHON) -m pip install -e '.[test]'
+	$(PYTHON) -m consistent_stream.session resolve
 	touch $@
 
 # Two pytest workers (pytest-xdist), each test file on one of them: each worker has its own

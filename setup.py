@@ -35,7 +35,11 @@ setup(
     },
     include_package_data=False,
     install_requires=[
-        "pyspark==4.2.*",
+        # delta-spark 4.4 supports pyspark up to 4.2.0; its jars (io.delta:delta-spark_4.2_2.13:4.4.0,
+        # the newest Maven Central serves for Spark 4.2) are fetched at install by
+        # `python -m consistent_stream.session resolve` (make .venv)
+        "pyspark==4.2.0",
+        "delta-spark==4.4.0",
         "dbt-core>=1.10,<1.12",
         "dbt-spark[session]>=1.11,<1.12",
         "deltalake>=1,<2",
@@ -52,8 +56,8 @@ setup(
     extras_require={
         # the Spark Connect client (grpcio, ...): only to reach a Connect server; the engine
         # itself needs a classic session (README, "On a Spark cluster")
-        "connect": ["pyspark[connect]==4.2.*"],
-        "test": ["pytest", "pytest-xdist", "hypothesis", "dbt-tests-adapter==1.20.0", "pyspark[connect]==4.2.*"],
+        "connect": ["pyspark[connect]==4.2.0"],
+        "test": ["pytest", "pytest-xdist", "hypothesis", "dbt-tests-adapter==1.20.0", "pyspark[connect]==4.2.0"],
     },
     entry_points={"console_scripts": ["consistent-stream = consistent_stream.cli:main"]},
     zip_safe=False,

@@ -45,7 +45,8 @@ def _session(master: str, warehouse: Path, driver_memory: str | None, executor_m
     import consistent_stream  # noqa: F401  (PYSPARK_PYTHON before the session)
     from consistent_stream.cluster import driver_conf
     from pyspark.sql import SparkSession
-    b = (SparkSession.builder.master(master).appName("consistent-stream-cluster-vs-local")
+    from consistent_stream.session import with_delta
+    b = (with_delta(SparkSession.builder).master(master).appName("consistent-stream-cluster-vs-local")
          .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.session.timeZone", "UTC").config("spark.sql.warehouse.dir", str(warehouse)))
     if master.startswith("spark://"):

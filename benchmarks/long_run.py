@@ -9,7 +9,7 @@ Creates two Delta source tables with the Change Data Feed on under ``DIR/src`` (
 
 * starts the continuous run (trigger ``processing_time:<--interval>``) in a separate process
   (``consistent_stream.job.run_job(spark, job, timeout_s=minutes x 60)``, a
-  ``SparkSession.builder.master("local[*]")`` with Spark's defaults), logging to
+  ``SparkSession.builder.master("local[*]")`` (with delta-spark) with Spark's defaults), logging to
   ``DIR/run.log``;
 * a change generator applies one MERGE per table every ``--change-every`` seconds: order
   amounts updated, orders deleted and as many inserted, a customer renamed (live rows stay
@@ -56,12 +56,13 @@ RUNNER = textwrap.dedent("""
     import logging, sys
     import consistent_stream
     from pyspark.sql import SparkSession
+    from consistent_stream.session import with_delta
     from consistent_stream.job import run_job
     from consistent_stream.spec import JobSpec
     logging.basicConfig(filename=sys.argv[2], level=logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    spark = SparkSession.builder.master("local[*]").appName("long_run").getOrCreate()
+    spark = with_delta(SparkSession.builder).master("local[*]").appName("long_run").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if len(sys.argv) > 4 and float(sys.argv[4]) > 0:   # --python-memory: what the driver's Python holds
         import gc, threading, tracemalloc

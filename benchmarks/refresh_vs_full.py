@@ -16,6 +16,11 @@ variant. Per scale factor: TPC-H is generated as Delta tables (on the fly, under
   (``consistent-stream verify``);
 * as a dbt ``table`` would be: CREATE TABLE .. USING parquet AS <the SQL> over the sources'
   snapshots;
+* as a dbt-spark ``incremental`` model with ``file_format='delta'`` and
+  ``incremental_strategy='merge'`` would be (every model with a unique_key): the SQL over the
+  snapshots MERGEd into a Delta table by the key (:func:`_merge_model_seconds`), with the rows
+  in which its result differs from the target (``merge_rows_wrong``: the merge deletes
+  nothing);
 * with ``--full-refresh`` (a rebuild from snapshots);
 
 then, with ``--rounds N``, N - 1 more refresh rounds, each followed by an incremental run of
@@ -54,7 +59,8 @@ lineitem rows, two updates), so every model reads at most 2,000."""
 def _session(driver_memory: str | None, warehouse: Path):
     import consistent_stream  # noqa: F401  (PYSPARK_PYTHON before the session)
     from pyspark.sql import SparkSession
-    b = (SparkSession.builder.master("local[*]").appName("consistent-stream-bench")
+    from consistent_stream.session import with_delta
+    b = (with_delta(SparkSession.builder).master("local[*]").appName("consistent-stream-bench")
          .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.session.timeZone", "UTC")
          .config("spark.sql.warehouse.dir", str(warehouse)))
@@ -103,16 +109,9 @@ class PeakRSS:
 def _table_model_seconds(spark, job) -> float:
     """What dbt's `table` materialization does: CREATE TABLE .. USING parquet AS <the SQL>,
     over each source's current snapshot (read like the engine reads it)."""
-    from consistent_stream.delta import DeltaTableRef
-    from consistent_stream.oracle import rewrite_relations, view_name
+    from consistent_stream.oracle import rewrite_relations
     t0 = time.time()
-    mapping = {}
-    for s in job.sources:
-        t = DeltaTableRef(s.location)
-        v = t.latest_version()
-        name = view_name(s, v)
-        t.read_snapshot(spark, v).createOrReplaceTempView(name)
-        mapping[s.relation_parts] = name
+    mapping = _source_views(spark, job)
     spark.sql("CREATE SCHEMA IF NOT EXISTS bench")
     spark.sql(f"DROP TABLE IF EXISTS bench.{job.identifier}_table")
     spark.sql(f"CREATE TABLE bench.{job.identifier}_table USING parquet AS {rewrite_relations(job.sql, mapping)}")
@@ -120,6 +119,60 @@ def _table_model_seconds(spark, job) -> float:
     for name in mapping.values():
         spark.catalog.dropTempView(name)
     return secs
+
+
+def _source_views(spark, job) -> dict:
+    """Each source's current snapshot as a temporary view (read like the engine reads it):
+    relation parts -> view name."""
+    from consistent_stream.delta import DeltaTableRef
+    from consistent_stream.oracle import view_name
+    mapping = {}
+    for s in job.sources:
+        t = DeltaTableRef(s.location)
+        v = t.latest_version()
+        name = view_name(s, v)
+        t.read_snapshot(spark, v).createOrReplaceTempView(name)
+        mapping[s.relation_parts] = name
+    return mapping
+
+
+def _merge_model_seconds(spark, job, *, create: bool) -> float:
+    """What dbt-spark's ``incremental`` materialization with ``file_format='delta'`` and
+    ``incremental_strategy='merge'`` runs: on the first run (``create``) CREATE TABLE .. USING
+    delta AS <the SQL>; on a later run a temporary view of the SQL, then ``MERGE INTO`` the
+    Delta table ``ON`` the model's unique_key, ``WHEN MATCHED THEN UPDATE SET * WHEN NOT
+    MATCHED THEN INSERT *`` (dbt-spark's statement). The SQL has no ``is_incremental()``
+    filter: the TPC-H sources have no column that says which rows changed since the last run
+    (no updated_at), so the SQL is evaluated over the whole snapshots, as a user of these
+    models would have to. dbt-spark's merge deletes nothing: a group or order that vanished
+    stays in the table (``merge_rows_wrong`` counts them)."""
+    from consistent_stream.oracle import rewrite_relations
+    t0 = time.time()
+    mapping = _source_views(spark, job)
+    sql = rewrite_relations(job.sql, mapping)
+    name = f"bench.{job.identifier}_merge"
+    spark.sql("CREATE SCHEMA IF NOT EXISTS bench")
+    if create:
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
+        spark.sql(f"CREATE TABLE {name} USING delta AS {sql}")
+    else:
+        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW {job.identifier}__dbt_tmp AS {sql}")
+        on = " AND ".join(f"DBT_INTERNAL_SOURCE.`{k}` <=> DBT_INTERNAL_DEST.`{k}`" for k in job.unique_key)
+        spark.sql(f"MERGE INTO {name} AS DBT_INTERNAL_DEST USING {job.identifier}__dbt_tmp AS DBT_INTERNAL_SOURCE "
+                  f"ON {on} WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
+    secs = time.time() - t0
+    for view in mapping.values():
+        spark.catalog.dropTempView(view)
+    return secs
+
+
+def _rows_differing(spark, job, table: str) -> int:
+    """Rows of ``table`` and of the model's target (newest version) in one but not the other
+    (as multisets; floating-point columns rounded to 9 significant digits would matter only
+    for the aggregates, which both compute from the same rows)."""
+    target = spark.read.format("delta").load(job.target_path)
+    other = spark.table(table).select(*target.columns)
+    return other.exceptAll(target).count() + target.exceptAll(other).count()
 
 
 def _settle() -> None:
@@ -160,6 +213,8 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
     for job in jobs:
         with PeakRSS(spark) as rss:
             initial[job.model] = (_run(spark, job, full_refresh=True), rss)
+        if job.unique_key:
+            _merge_model_seconds(spark, job, create=True)   # the merge model's first run
     t0 = time.time()
     refresh_round(root / "data", 1)
     rf_s = time.time() - t0
@@ -172,6 +227,11 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
         _settle()
         with PeakRSS(spark) as rss_table:
             table_s = _table_model_seconds(spark, job)
+        merge_s = merge_wrong = None
+        if job.unique_key:
+            _settle()
+            merge_s = _merge_model_seconds(spark, job, create=False)
+            merge_wrong = _rows_differing(spark, job, f"bench.{job.identifier}_merge")
         _settle()
         with PeakRSS(spark) as rss_full:
             full = _run(spark, job, full_refresh=True)
@@ -181,6 +241,9 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
             "sf": sf, "model": job.model, "driver_memory": driver_memory or "default",
             "incremental_s": inc["seconds"], "table_model_s": round(table_s, 3), "full_refresh_s": full["seconds"],
             "ratio_table_to_incremental": round(table_s / inc["seconds"], 2),
+            "merge_model_s": round(merge_s, 3) if merge_s is not None else None,
+            "ratio_merge_to_incremental": round(merge_s / inc["seconds"], 2) if merge_s is not None else None,
+            "merge_rows_wrong": merge_wrong,
             "ratio_full_refresh_to_incremental": round(full["seconds"] / inc["seconds"], 2),
             "incremental_batch_s": m.get("seconds"), "strategy": m.get("strategy"),
             "spark_jobs_per_batch": m.get("spark_jobs"),
@@ -274,6 +337,7 @@ def main() -> int:
             print(json.dumps({"sf": sf, "error": f"exit code {proc.returncode}"}), flush=True)
     print(json.dumps({"summary": [{k: r.get(k) for k in (
         "sf", "model", "incremental_s", "table_model_s", "full_refresh_s", "ratio_table_to_incremental",
+        "merge_model_s", "ratio_merge_to_incremental", "merge_rows_wrong",
         "spark_jobs_per_batch", "delta_queries", "state_rows_read", "target_rows_rewritten", "small_batch_s_median",
         "peak_rss_mb", "verified", "rounds_mean_s", "rounds_ratio_table_to_mean")} for r in summary]}))
     return 0

@@ -441,8 +441,9 @@ LOSE_JVM = textwrap.dedent("""
     import consistent_stream.job as J
     import consistent_stream.query as Q
     from pyspark.sql import SparkSession
+    from consistent_stream.session import with_delta
     from consistent_stream.spec import JobSpec
-    spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+    spark = (with_delta(SparkSession.builder).master("local[1]").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "1").getOrCreate())
     jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
     real = Q.process_batch

@@ -28,9 +28,10 @@ CONTINUOUS = textwrap.dedent("""
     import sys
     import consistent_stream
     from pyspark.sql import SparkSession
+    from consistent_stream.session import with_delta
     from consistent_stream.job import run_job
     from consistent_stream.spec import JobSpec
-    spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+    spark = (with_delta(SparkSession.builder).master("local[1]").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "1").getOrCreate())
     run_job(spark, JobSpec.load(sys.argv[1]), timeout_s=300)
 """)

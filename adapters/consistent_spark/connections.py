@@ -2,7 +2,9 @@
 
 Every dbt-spark profile field works unchanged; with ``method: session`` the SparkSession is
 built in this process by ``SparkSession.builder.enableHiveSupport()`` with the profile's
-``server_side_parameters`` as builder configs (on the first statement dbt runs).
+``server_side_parameters`` as builder configs (on the first statement dbt runs), to which
+:meth:`ConsistentSparkConnectionManager.open` adds delta-spark's jars, SQL extension and
+catalog (``consistent_stream.session.delta_confs``) where the profile does not set them.
 """
 
 import os
@@ -34,4 +36,7 @@ class ConsistentSparkConnectionManager(SparkConnectionManager):
             # code: they must run this interpreter, where it is installed. pyspark's default is
             # whatever "python3" is on PATH, read once, when the SparkContext starts.
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            from consistent_stream.session import delta_confs
+            parameters = connection.credentials.server_side_parameters
+            parameters.update(delta_confs(parameters))
         return super().open(connection)

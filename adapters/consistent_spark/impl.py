@@ -167,15 +167,15 @@ class ConsistentSparkAdapter(SparkAdapter):
 
     def _drop_relation_of_another_materialization(self, spark: Any, schema: str, identifier: str) -> None:
         """Drop ``schema.identifier`` when it is a view, or a table that is not a published
-        consistent_stream target (an external table whose location is one of the engine's
-        snapshot directories): the model's materialization was changed to consistent_stream.
+        consistent_stream target (an external Delta table whose location is a target the
+        engine registered): the model's materialization was changed to consistent_stream.
 
-        The engine registers the target under that name, by ``ALTER TABLE .. SET LOCATION``
-        when the name exists, which fails on a view, and on a table dbt built would leave a
-        managed table whose ``DROP`` deletes the snapshot directory. dbt-spark's ``table``
-        materialization likewise drops an existing view or non-Delta table before it builds.
+        The engine registers the target under that name (``CREATE TABLE .. USING delta
+        LOCATION``), which fails on a view, and must not drop a managed table dbt built with
+        the engine's own statement. dbt-spark's ``table`` materialization likewise drops an
+        existing view or non-Delta table before it builds.
         """
-        from consistent_stream.sink.catalog import SNAPSHOTS
+        from consistent_stream.sink.catalog import is_target
 
         name = f"`{schema}`.`{identifier}`"
         if not spark.catalog.tableExists(f"{schema}.{identifier}"):
@@ -183,10 +183,10 @@ class ConsistentSparkAdapter(SparkAdapter):
         details = {
             row.col_name: row.data_type
             for row in spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect()
-            if row.col_name in ("Type", "Location")
+            if row.col_name in ("Type", "Location", "Provider")
         }
         kind = details.get("Type", "")
-        if kind == "EXTERNAL" and f"/{SNAPSHOTS}/v" in details.get("Location", ""):
+        if kind == "EXTERNAL" and details.get("Provider") == "delta" and is_target(details.get("Location", "")):
             return
         relation_type = "view" if kind == "VIEW" else "table"
         logger.info(f"consistent_stream: dropping the {relation_type} {schema}.{identifier} (another "
@@ -274,17 +274,15 @@ _LOCATION = re.compile(r"^Location: (\S+)$", re.MULTILINE)
 
 def consistent_stream_target(information: str) -> Optional[str]:
     """The target path of a relation published by consistent_stream, from its ``DESCRIBE``
-    / ``SHOW TABLE EXTENDED`` text (its location is one of the target's snapshot
-    directories, ``<target>/_consistent_stream/snapshots/v<version>``), else None."""
-    from consistent_stream.sink.catalog import SNAPSHOTS
+    / ``SHOW TABLE EXTENDED`` text (its location is a Delta table the engine registered,
+    ``consistent_stream.sink.catalog.is_target``), else None."""
+    from consistent_stream.sink.catalog import is_target
 
     match = _LOCATION.search(information or "")
-    if not match or f"/{SNAPSHOTS}/v" not in match.group(1):
+    if not match or not is_target(match.group(1)):
         return None
     location = match.group(1)
-    if location.startswith("file:"):
-        location = location[len("file:"):]
-    return location[: location.index(f"/{SNAPSHOTS}/v")]
+    return "/" + location[len("file:"):].lstrip("/") if location.startswith("file:") else location
 
 
 def _engine_error(what: str, exc: Exception) -> DbtRuntimeError:

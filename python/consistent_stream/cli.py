@@ -28,12 +28,14 @@ from .errors import ConsistentStreamError
 
 def local_spark():
     """A SparkSession for the command line (no Hive catalog needed, no tuning: the engine sizes
-    each batch's shuffles itself): ``local[2]``, or ``$CONSISTENT_STREAM_MASTER`` (e.g. a
-    standalone cluster's ``spark://127.0.0.1:7077``)."""
+    each batch's shuffles itself), with delta-spark (:mod:`consistent_stream.session`):
+    ``local[2]``, or ``$CONSISTENT_STREAM_MASTER`` (e.g. a standalone cluster's
+    ``spark://127.0.0.1:7077``)."""
     import consistent_stream  # noqa: F401  (sets PYSPARK_PYTHON before the session starts)
     from pyspark.sql import SparkSession
+    from .session import with_delta
     master = os.environ.get("CONSISTENT_STREAM_MASTER", "local[2]")
-    b = (SparkSession.builder.master(master)
+    b = (with_delta(SparkSession.builder).master(master)
          .appName("consistent-stream")
          .config("spark.ui.enabled", "false")
          .config("spark.ui.showConsoleProgress", "false")

@@ -31,7 +31,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from . import config_change, preflight, storage
-from .delta import DeltaError, DeltaTableRef, Docs
+from .delta import DeltaError, DeltaTableRef
 from .errors import CompileError, ConfigError, ConsistentStreamError, SourceError
 from .exec.evaluator import PlanTypes, type_plan
 from .oracle import batch_dataframe
@@ -273,7 +273,7 @@ def _prepare(run: _Run, action: str, changes: list) -> tuple[QueryRuntime, list 
 
 def _report_up_to_date(run: _Run, meta: BatchMeta) -> dict:
     """An available-now run whose target already reflects the cut: publish, report."""
-    _publish(run.spark, run.job, run.target, run.target.version())
+    _publish(run.spark, run.job)
     commit = run.target.latest_commit()
     log.info("%s: up to date (target version %d reflects the sources' latest versions)", run.job.model,
              commit.version)
@@ -288,7 +288,7 @@ def _report_kept(run: _Run, action: str, changes: list) -> dict:
     log.warning("%s: its definition changed since the checkpoint was made, and on_configuration_change is "
                 "'continue': the view is kept as it is, at target version %d, and not refreshed:\n%s",
                 job.model, target.version(), config_change.describe(changes))
-    _publish(run.spark, job, target, target.version())
+    _publish(run.spark, job)
     summary = _summary(job, run.t0, [], run.cut, target.version(), None, False, _cached_key(job))
     summary["configuration_change"] = {"action": action, "changes": [str(c) for c in changes]}
     return summary
@@ -300,7 +300,7 @@ def _report(run: _Run, query: StreamingQuery, key) -> dict:
     target = run.target
     version = target.latest_version() if target.exists() else None
     if version is not None:
-        _publish(run.spark, run.job, target, version)
+        _publish(run.spark, run.job)
     freshness = None
     if version is not None and any(not r.skipped for r in query.results):
         c = target.latest_commit()
@@ -327,11 +327,10 @@ def _cached_key(job: JobSpec):
     return d.get("unique_key") if isinstance(d, dict) else (job.unique_key or None)
 
 
-def _publish(spark: SparkSession, job: JobSpec, target, version: int) -> None:
-    """Register the target's ``version`` in the catalog unless it already is, with the
-    model's descriptions (``persist_docs``)."""
-    publish(spark, job.schema, job.identifier, job.target_path, version, job.partition_by,
-            docs=Docs.from_dbt(job.docs), table=target)
+def _publish(spark: SparkSession, job: JobSpec) -> None:
+    """Register the target in the catalog (``USING delta``) unless it already is; its
+    descriptions (``persist_docs``) are in its Delta metadata."""
+    publish(spark, job.schema, job.identifier, job.target_path)
 
 
 def _summary(job: JobSpec, t0: float, results: list[BatchResult], cut: Cut, version, freshness,

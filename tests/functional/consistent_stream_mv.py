@@ -36,7 +36,6 @@ from consistent_stream.runtime import BatchMeta
 SOURCE = "my_seed"  # dbt's seed, now a source of the same name in the test's schema
 SOURCE_LOCATION = f"data/{SOURCE}"  # relative to the dbt project directory
 SOURCE_ROWS = {"id": [1, 2, 3], "value": [100, 200, 300]}  # dbt's files.MY_SEED
-SNAPSHOTS = "/_consistent_stream/snapshots/v"  # where the engine publishes a target version
 
 SOURCES_YML = f"""
 version: 2
@@ -98,19 +97,17 @@ def relation_rows(relation: BaseRelation) -> list[tuple]:
 
 def published_batch(relation: BaseRelation) -> Optional[BatchMeta]:
     """The consistent_stream batch whose target version the catalog shows as ``relation``:
-    an external table whose location is the snapshot directory of the target's newest
-    version, that version a batch's commit. None for anything else (a view, a table dbt
-    built, a stale snapshot, no such relation)."""
+    an external Delta table whose location is a target the engine committed, at its newest
+    version. None for anything else (a view, a table dbt built, no such relation)."""
     spark = spark_session()
     name = f"{relation.schema}.{relation.identifier}"
     if not spark.catalog.tableExists(name):
         return None
     details = {row.col_name: row.data_type for row in spark.sql(f"describe table extended {name}").collect()}
-    target, published, version = details.get("Location", "").removeprefix("file:").partition(SNAPSHOTS)
-    if details.get("Type") != "EXTERNAL" or not published or not (Path(target) / "_delta_log").is_dir():
+    target = details.get("Location", "").removeprefix("file:")
+    if details.get("Type") != "EXTERNAL" or details.get("Provider") != "delta" or not (Path(target) / "_delta_log").is_dir():
         return None
-    commit = DeltaTableRef(target).latest_commit()
-    return BatchMeta.from_commit(commit) if commit.version == int(version) else None
+    return BatchMeta.from_commit(DeltaTableRef(target).latest_commit())
 
 
 def relation_type(relation: BaseRelation) -> Optional[str]:

@@ -132,10 +132,65 @@ def _commented(schema: pa.Schema, docs: Docs | None) -> pa.Schema:
                       for f in schema])
 
 
-READABLE_FEATURES = frozenset({"timestampNtz", "vacuumProtocolCheck"})
-"""Reader features with which this face's reads stay exact: they change how the log is kept or
-a type, not which rows or columns a data file holds (an allowlist: a feature added to Delta
-later is refused until it is known to be harmless)."""
+PARQUET = "Parquet files"
+DATASET = "delta-rs (dataset)"
+QUERY_BUILDER = "delta-rs (QueryBuilder)"
+DELTA_RS = "delta-rs"
+DELTA_SPARK = "delta-spark"
+
+FILE_EXACT_FEATURES = frozenset({"timestampNtz", "vacuumProtocolCheck", "v2Checkpoint"})
+"""Reader features under which the Parquet files the log lists for a version hold exactly its
+rows and columns: they change how the log is kept (v2 checkpoints, which delta-rs' log replay
+reads) or a type, not which rows or columns a file holds. An allowlist: a feature added to
+Delta later goes to delta-spark until it is known to be harmless here."""
+DATASET_FEATURES = frozenset({"timestampNtz", "vacuumProtocolCheck"})
+"""Reader features delta-rs' pyarrow dataset (``to_pyarrow_table``) accepts."""
+CHANGE_FEED_DELTA_RS_EXCLUDED = frozenset({"columnMapping"})
+"""Reader features under which delta-rs' ``load_cdf`` refuses the table (1.6: "Column mapping
+is not supported for read operation 'CHANGE DATA FEED scans'")."""
+SPARK_FEATURES = frozenset(FILE_EXACT_FEATURES | {"deletionVectors", "columnMapping"})
+"""Reader features delta-spark reads and this project tests (snapshots and Change Data Feed
+of tables delta-spark wrote with them): the features a source may have."""
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """Which engine reads a Delta table, decided from the reader features of its protocol
+    (``features``):
+
+    * ``snapshot_executors``: :data:`PARQUET` (Spark's executors read the version's files, as
+      the log lists them: exact under :data:`FILE_EXACT_FEATURES`) or :data:`DELTA_SPARK`
+      (``spark.read.format("delta")``: deletion vectors, column mapping);
+    * ``snapshot_driver``: :data:`DATASET` (delta-rs' pyarrow dataset) or
+      :data:`QUERY_BUILDER` (delta-rs' DataFusion scan, which applies deletion vectors and
+      column mapping);
+    * ``change_feed``: :data:`DELTA_RS` (``load_cdf``, on the driver) or :data:`DELTA_SPARK`
+      (``readChangeFeed``, collected to the driver) under column mapping.
+
+    ``unreadable`` holds the features neither engine reads (outside :data:`SPARK_FEATURES`)."""
+    features: frozenset
+
+    @property
+    def snapshot_executors(self) -> str:
+        return PARQUET if self.features <= FILE_EXACT_FEATURES else DELTA_SPARK
+
+    @property
+    def snapshot_driver(self) -> str:
+        return DATASET if self.features <= DATASET_FEATURES else QUERY_BUILDER
+
+    @property
+    def change_feed(self) -> str:
+        return DELTA_SPARK if self.features & CHANGE_FEED_DELTA_RS_EXCLUDED else DELTA_RS
+
+    @property
+    def unreadable(self) -> frozenset:
+        return self.features - SPARK_FEATURES
+
+    def describe(self) -> str:
+        """One line for the run log: the features and the engine of each read."""
+        return (f"reader features {', '.join(sorted(self.features)) or 'none'}: snapshots read by "
+                f"{self.snapshot_executors} on the executors and {self.snapshot_driver} on the driver, the Change "
+                f"Data Feed by {self.change_feed}")
 
 
 class DeltaTableRef:
@@ -214,11 +269,12 @@ class DeltaTableRef:
     def partition_columns(self) -> list[str]:
         return list(self.table().metadata().partition_columns)
 
-    def reader_features(self) -> set[str]:
-        """The reader features the table's protocol requires (Delta protocol, "Table
-        Features"): the ``readerFeatures`` of reader version 3, or for reader version 2 the
-        ``columnMapping`` it implies when ``delta.columnMapping.mode`` is set."""
-        dt = self.table()
+    def reader_features(self, version: int | None = None) -> set[str]:
+        """The reader features the table's protocol requires at ``version`` (default: the
+        handle's) (Delta protocol, "Table Features"): the ``readerFeatures`` of reader version
+        3, or for reader version 2 the ``columnMapping`` it implies when
+        ``delta.columnMapping.mode`` is set."""
+        dt = self.table() if version is None else self._at(version)
         protocol = dt.protocol()
         features = set(protocol.reader_features or ())
         mode = str(dt.metadata().configuration.get("delta.columnMapping.mode", "none")).lower()
@@ -226,12 +282,10 @@ class DeltaTableRef:
             features.add("columnMapping")
         return features
 
-    def unreadable_features(self) -> set[str]:
-        """The table's reader features (:meth:`reader_features`) outside
-        :data:`READABLE_FEATURES`: a snapshot or Change Data Feed read through this face would
-        not be exact (deletion vectors mask rows of the files it reads; column mapping renames
-        the files' columns), so a reader must refuse the table."""
-        return self.reader_features() - READABLE_FEATURES
+    def read_plan(self, version: int | None = None) -> ReadPlan:
+        """Which engine reads the table (:class:`ReadPlan`), from the reader features of its
+        protocol at ``version`` (default: the handle's version)."""
+        return ReadPlan(frozenset(self.reader_features(version)))
 
     def change_data_feed_enabled(self) -> bool:
         conf = self.table().metadata().configuration
@@ -293,36 +347,55 @@ class DeltaTableRef:
 
     # ---- reads into Spark -------------------------------------------------------------------
     def read_snapshot(self, spark: SparkSession, version: int, columns: list[str] | None = None) -> DataFrame:
-        """The table at ``version`` as a Spark DataFrame (its columns, or ``columns``).
-
-        Spark's executors read the version's Parquet files directly (nothing passes through the
-        driver); tables with deletion vectors or column mapping, which plain Parquet reading
-        would get wrong, go through delta-rs.
-        """
+        """The table at ``version`` as a Spark DataFrame (its columns, or ``columns``), read by
+        the engine its protocol needs (:class:`ReadPlan`): Spark's executors read the
+        version's Parquet files directly (nothing passes through the driver), or, for deletion
+        vectors and column mapping, delta-spark reads the version (``versionAsOf``).
+        Raises SourceError when the session has no delta-spark and the table needs it."""
         dt = self._at(version)
         schema = pa.schema(dt.schema().to_arrow())
-        features = set(dt.protocol().reader_features or [])
-        if features & {"deletionVectors", "columnMapping"}:
-            from ..changelog import arrow_to_spark
-            return arrow_to_spark(spark, pa.table(dt.to_pyarrow_table(columns=columns)))
-        paths = self.files(version)
-        spark_schema = from_arrow_schema(plain_schema(schema))
-        if not paths:
-            df = spark.createDataFrame([], spark_schema)
+        if self.read_plan(version).snapshot_executors == DELTA_SPARK:
+            df = self._spark_reader(spark, version).option("versionAsOf", version).load(as_uri(self.path))
         else:
-            reader = spark.read.schema(spark_schema)
-            if dt.metadata().partition_columns:
-                reader = reader.option("basePath", as_uri(self.path))
-            df = reader.parquet(*[self.file_uri(p) for p in paths])
-            df = df.select(*[f"`{f.name}`" for f in schema])
+            paths = self.files(version)
+            spark_schema = from_arrow_schema(plain_schema(schema))
+            if not paths:
+                df = spark.createDataFrame([], spark_schema)
+            else:
+                reader = spark.read.schema(spark_schema)
+                if dt.metadata().partition_columns:
+                    reader = reader.option("basePath", as_uri(self.path))
+                df = reader.parquet(*[self.file_uri(p) for p in paths])
+        df = df.select(*[f"`{f.name}`" for f in schema])
         if columns is not None:
             df = df.select(*[f"`{c}`" for c in columns])
         return df
 
+    def _spark_reader(self, spark: SparkSession, version: int):
+        """``spark.read.format("delta")``. Raises SourceError when the session has no
+        delta-spark (its SQL extension), naming the table and the features that need it."""
+        extensions = spark.conf.get("spark.sql.extensions", "") or ""
+        if "io.delta.sql.DeltaSparkSessionExtension" not in extensions:
+            features = ", ".join(sorted(self.reader_features(version)))
+            raise SourceError(
+                f"the Delta table at {self.path} has the reader feature(s) {features}, which only delta-spark reads "
+                f"on the executors, and this Spark session has no delta-spark: build it with "
+                f"consistent_stream.session.delta_confs() (the dbt profile and the command line do)")
+        return spark.read.format("delta")
+
     def read_snapshot_arrow(self, version: int, columns: list[str] | None = None) -> pa.Table:
         """The table at ``version`` read on the driver by delta-rs (its columns, or
-        ``columns``), with plain string/binary types; for tables small enough to hold there."""
-        return plain_arrow(pa.table(self._at(version).to_pyarrow_table(columns=columns)))
+        ``columns``), with plain string/binary types; for tables small enough to hold there.
+        Tables with deletion vectors, column mapping or v2 checkpoints are read by delta-rs'
+        DataFusion scan (``QueryBuilder``), which applies them."""
+        dt = self._at(version)
+        if self.read_plan(version).snapshot_driver == DATASET:
+            return plain_arrow(pa.table(dt.to_pyarrow_table(columns=columns)))
+        from deltalake import QueryBuilder
+        names = columns if columns is not None else [f.name for f in dt.schema().to_arrow()]
+        reader = QueryBuilder().register("t", dt).execute(f"SELECT {', '.join(dq(c) for c in names)} FROM t")
+        schema = plain_schema(pa.schema([pa.schema(dt.schema().to_arrow()).field(c) for c in names]))
+        return plain_arrow(pa.table(reader.read_all())).cast(schema)
 
     def file_uri(self, rel: str) -> str:
         """URI of a data file given its path relative to the table root (as in the log)."""
@@ -336,10 +409,12 @@ class DeltaTableRef:
         return os.path.join(self.path, unquote(rel)) if "://" not in self.path else self.file_uri(rel)
 
     def read_changes_arrow(self, start_exclusive: int, end_inclusive: int,
-                           columns: list[str] | None = None) -> pa.Table:
+                           columns: list[str] | None = None, spark: SparkSession | None = None) -> pa.Table:
         """Change Data Feed rows of versions ``(start_exclusive, end_inclusive]`` as Arrow,
         with ``_change_type`` (insert, delete, update_preimage, update_postimage),
-        ``_commit_version`` and ``_commit_timestamp``.
+        ``_commit_version`` and ``_commit_timestamp``: read by delta-rs (``load_cdf``), or, for
+        a table with column mapping (:class:`ReadPlan`), by delta-spark's ``readChangeFeed`` in
+        ``spark`` and collected to the driver (the rows of one change).
 
         Raises SourceError naming the table and the table property to set when the
         Change Data Feed is off or the versions are gone.
@@ -349,14 +424,23 @@ class DeltaTableRef:
                 f"Delta table {self.path} does not have the Change Data Feed on: set table "
                 f"property delta.enableChangeDataFeed = true, then run with --full-refresh")
         cols = None if columns is None else list(columns) + ["_change_type", "_commit_version", "_commit_timestamp"]
+        first = start_exclusive + 1
         try:
-            reader = self.table().load_cdf(starting_version=start_exclusive + 1,
-                                           ending_version=end_inclusive, columns=cols)
+            if self.read_plan().change_feed == DELTA_SPARK:
+                if spark is None:
+                    raise ValueError("a Change Data Feed read by delta-spark needs the Spark session")
+                df = (self._spark_reader(spark, end_inclusive).option("readChangeFeed", "true")
+                      .option("startingVersion", first).option("endingVersion", end_inclusive)
+                      .load(as_uri(self.path)))
+                return plain_arrow(df.select(*[f"`{c}`" for c in (cols or df.columns)]).toArrow())
+            reader = self.table().load_cdf(starting_version=first, ending_version=end_inclusive, columns=cols)
             return plain_arrow(pa.table(reader.read_all()))
+        except SourceError:
+            raise
         except Exception as e:
             raise SourceError(
                 f"cannot read the Change Data Feed of {self.path} for versions "
-                f"{start_exclusive + 1}..{end_inclusive}: {e}. If those versions were vacuumed, "
+                f"{first}..{end_inclusive}: {e}. If those versions were vacuumed, "
                 f"run with --full-refresh") from e
 
     # ---- commits ----------------------------------------------------------------------------

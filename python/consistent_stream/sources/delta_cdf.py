@@ -3,18 +3,24 @@
 Between two cut positions ``(start, end]`` of one source table (positions are Delta versions):
 
 * ``start == -1`` (first batch, a rebuild): the snapshot at ``end``, every row +1, read by
-  Spark's executors from the version's Parquet files (or, for a rebuild small enough to run
-  on the driver, by delta-rs);
+  Spark's executors (or, for a rebuild small enough to run on the driver, by delta-rs);
 * ``start == end``: the empty changelog (no read at all);
-* otherwise: the Change Data Feed of versions ``start+1 .. end``, read by delta-rs on the
-  driver (change-sized) and mapped to weights insert/update_postimage -> +1,
+* otherwise: the Change Data Feed of versions ``start+1 .. end``, read on the driver
+  (change-sized) and mapped to weights insert/update_postimage -> +1,
   delete/update_preimage -> -1 (not consolidated here: linear operators do not need it, and
   stateful operators consolidate their inputs, after projection, where an update of an
   unused column cancels out).
 
+Which engine reads each of these is decided per table from its protocol's reader features
+(:class:`~consistent_stream.delta.deltars.ReadPlan`; the run log says which): the version's
+Parquet files or delta-spark on the executors, delta-rs' dataset or its DataFusion scan on the
+driver, delta-rs' or delta-spark's Change Data Feed. A feature neither reads is refused.
+
 Out: the source's columns (or the requested subset) plus ``__weight`` bigint.
 """
 from __future__ import annotations
+
+import logging
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,16 +45,12 @@ class SourceChanges:
         self.changelog, self.rows, self.commit_ms = changelog, rows, commit_ms
 
 
-_FEATURE_ADVICE = {
-    "deletionVectors": (
-        "its data files may have rows deleted by deletion vectors, which a read of the files would keep. Drop the "
-        "feature (ALTER TABLE <table> DROP FEATURE deletionVectors, Delta 3.1+ or Databricks Runtime 14.1+, rewrites "
-        "the files that have them), or point the source at a copy written with delta.enableDeletionVectors = false"),
-    "columnMapping": (
-        "its data files name columns by physical names, not the table's. Point the source at a copy written without "
-        "column mapping (delta.columnMapping.mode = none)"),
-}
-_OTHER_FEATURE = "point the source at a copy of the table written without it"
+_FEATURE_ADVICE = (
+    "consistent_stream reads deletion vectors, column mapping, v2 checkpoints, timestampNtz and "
+    "vacuumProtocolCheck (README, \"Sources written by Spark and Databricks\"). Point the source at a copy of the "
+    "table written without the feature, or drop it (ALTER TABLE <table> DROP FEATURE <feature>, where Delta can)")
+
+log = logging.getLogger("consistent_stream")
 
 
 class DeltaSource:
@@ -60,7 +62,7 @@ class DeltaSource:
         self.spec = spec
         self.table = DeltaTableRef(spec.location)
         self.clock = f"source:{spec.key}"
-        self._readable = False   # the protocol's reader features were checked
+        self._plan = None   # the table's ReadPlan, once its protocol's reader features were checked
 
     def _require(self) -> DeltaTableRef:
         if not self.table.exists():
@@ -71,23 +73,25 @@ class DeltaSource:
                                   f"{where} at the root of a Delta table with the Change Data Feed on")
             raise SourceError(f"source {self.spec.key}: no Delta table at {self.spec.location} ({where}). Restore "
                               f"the table there or fix the location; nothing was read or written")
-        if not self._readable:
+        if self._plan is None:
             self._check_features()
         return self.table
 
     def _check_features(self) -> None:
-        """Raise SourceError when the table's protocol needs a reader feature this engine's
-        reads are not exact under (:meth:`DeltaTableRef.unreadable_features`): naming the
-        source, the table, each feature and what to do. Checked at the handle's first use,
-        before anything of the table is read, and at every newest version a cut may reach."""
-        features = self.table.unreadable_features()
-        if features:
-            what = "; ".join(f"{f}: {_FEATURE_ADVICE.get(f, _OTHER_FEATURE)}" for f in sorted(features))
+        """Raise SourceError when the table's protocol needs a reader feature neither engine
+        reads (:attr:`ReadPlan.unreadable`), naming the source, the table, each feature and
+        what to do. Checked at the handle's first use, before anything of the table is read,
+        and at every newest version a cut may reach. The run log says which engine reads
+        what (:meth:`ReadPlan.describe`) the first time and whenever the features change."""
+        plan = self.table.read_plan()
+        if plan.unreadable:
             raise SourceError(
                 f"source {self.spec.key}: the Delta table at {self.spec.location} needs the reader feature(s) "
-                f"{', '.join(sorted(features))} (its protocol), which consistent_stream cannot read exactly yet; "
-                f"nothing was read or written. {what}")
-        self._readable = True
+                f"{', '.join(sorted(plan.unreadable))} (its protocol), which consistent_stream does not read; "
+                f"nothing was read or written. {_FEATURE_ADVICE}")
+        if plan != self._plan:
+            log.info("source %s (%s): %s", self.spec.key, self.spec.location, plan.describe())
+            self._plan = plan
 
     def columns(self) -> list[str]:
         return [f.name for f in self._require().arrow_schema()]
@@ -145,9 +149,7 @@ class DeltaSource:
         return self._require().read_snapshot(spark, position)
 
     def snapshot_arrow(self, position: int) -> pa.Table:
-        from deltalake import DeltaTable
-        self._require()
-        return pa.table(DeltaTable(self.spec.location, version=position).to_pyarrow_table())
+        return self._require().read_snapshot_arrow(position)
 
     def changes(self, views, start: int, end: int, columns: list[str] | None) -> SourceChanges:
         """The changes in ``(start, end]`` as a driver-side Z-set (a relation among ``views``).
@@ -159,7 +161,7 @@ class DeltaSource:
         zschema = _zset_schema(table, None, columns)
         if start == end:
             return SourceChanges(Changelog.empty(views, zschema), 0, None)
-        arrow = table.read_changes_arrow(start, end, columns)
+        arrow = table.read_changes_arrow(start, end, columns, spark=views.spark)
         n = arrow.num_rows
         kinds = arrow.column("_change_type")
         unknown = pc.invert(pc.is_in(kinds, pa.array(list(_SIGN))))

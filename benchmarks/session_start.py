@@ -1,0 +1,60 @@
+"""Benchmark: what delta-spark adds to a Spark session's start.
+
+    .venv/bin/python benchmarks/session_start.py [--runs 5]
+
+Starts a fresh Python process per sample, alternating two variants, each building a local
+SparkSession at Spark's defaults (``local[*]``, no tuning) and running its first query
+(``SELECT 1``), as a `dbt run` or the ``consistent-stream`` command does at its start:
+
+* ``plain``: the builder alone;
+* ``delta``: the builder with ``consistent_stream.session.delta_confs()`` (delta-spark's
+  cached jars by path, its SQL extension and catalog).
+
+Prints one JSON line per sample (variant, seconds from the builder to the first query's
+result, seconds to import pyspark before it) and a summary line with the medians and their
+difference.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+CHILD = """
+import json, sys, time
+t0 = time.time()
+from pyspark.sql import SparkSession
+t1 = time.time()
+b = SparkSession.builder.master("local[*]").config("spark.ui.enabled", "false")
+if sys.argv[1] == "delta":
+    from consistent_stream.session import with_delta
+    b = with_delta(b)
+s = b.getOrCreate()
+s.sql("SELECT 1").collect()
+t2 = time.time()
+print(json.dumps({"variant": sys.argv[1], "import_s": round(t1 - t0, 3), "start_s": round(t2 - t1, 3)}))
+s.stop()
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=5)
+    args = ap.parse_args()
+    samples: dict[str, list[float]] = {"plain": [], "delta": []}
+    for _ in range(args.runs):
+        for variant in ("plain", "delta"):
+            out = subprocess.run([sys.executable, "-c", CHILD, variant], capture_output=True, text=True, check=True)
+            rec = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+            samples[variant].append(rec["start_s"])
+            print(json.dumps(rec), flush=True)
+    med = {k: round(statistics.median(v), 3) for k, v in samples.items()}
+    print(json.dumps({"summary": {"median_start_s": med, "delta_adds_s": round(med["delta"] - med["plain"], 3),
+                                  "runs": args.runs}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
