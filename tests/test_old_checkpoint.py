@@ -41,8 +41,14 @@ def test_a_checkpoint_of_an_earlier_release_is_resumed_incrementally(spark):
     before = BatchMeta.from_commit(target.latest_commit())
     assert before is not None and before.batch_id == 1
 
-    # nothing changed: the old checkpoint says the target is up to date
+    # nothing changed: the old checkpoint says the target is up to date; the target is
+    # registered as a Delta table, and the hard-link snapshot directory the old release
+    # published is removed
+    snapshots = os.path.join(job.target_path, "_consistent_stream", "snapshots")
+    assert os.path.isdir(snapshots)
     assert run_job(spark, job)["up_to_date"]
+    assert not os.path.exists(snapshots)
+    assert spark.table(f"{job.schema}.{job.identifier}").count() == target.num_records(target.version())
 
     orders = os.path.join(ROOT, "src", "orders")
     write_deltalake(orders, pa.table({"o_id": pa.array([43, 44], pa.int64()), "cust": pa.array([4, 6], pa.int64()),

@@ -170,6 +170,11 @@ class ReadPlan:
     ``unreadable`` holds the features neither engine reads (outside :data:`SPARK_FEATURES`)."""
     features: frozenset
 
+    @staticmethod
+    def of(dt: DeltaTable) -> "ReadPlan":
+        """The plan of an open delta-rs handle (its version's protocol)."""
+        return ReadPlan(frozenset(_reader_features(dt)))
+
     @property
     def snapshot_executors(self) -> str:
         return PARQUET if self.features <= FILE_EXACT_FEATURES else DELTA_SPARK
@@ -191,6 +196,16 @@ class ReadPlan:
         return (f"reader features {', '.join(sorted(self.features)) or 'none'}: snapshots read by "
                 f"{self.snapshot_executors} on the executors and {self.snapshot_driver} on the driver, the Change "
                 f"Data Feed by {self.change_feed}")
+
+
+def _reader_features(dt: DeltaTable) -> set[str]:
+    """:meth:`DeltaTableRef.reader_features` of an open handle."""
+    protocol = dt.protocol()
+    features = set(protocol.reader_features or ())
+    mode = str(dt.metadata().configuration.get("delta.columnMapping.mode", "none")).lower()
+    if protocol.min_reader_version == 2 and mode != "none":
+        features.add("columnMapping")
+    return features
 
 
 class DeltaTableRef:
@@ -274,18 +289,12 @@ class DeltaTableRef:
         handle's) (Delta protocol, "Table Features"): the ``readerFeatures`` of reader version
         3, or for reader version 2 the ``columnMapping`` it implies when
         ``delta.columnMapping.mode`` is set."""
-        dt = self.table() if version is None else self._at(version)
-        protocol = dt.protocol()
-        features = set(protocol.reader_features or ())
-        mode = str(dt.metadata().configuration.get("delta.columnMapping.mode", "none")).lower()
-        if protocol.min_reader_version == 2 and mode != "none":
-            features.add("columnMapping")
-        return features
+        return _reader_features(self.table() if version is None else self._at(version))
 
     def read_plan(self, version: int | None = None) -> ReadPlan:
         """Which engine reads the table (:class:`ReadPlan`), from the reader features of its
         protocol at ``version`` (default: the handle's version)."""
-        return ReadPlan(frozenset(self.reader_features(version)))
+        return ReadPlan.of(self.table() if version is None else self._at(version))
 
     def change_data_feed_enabled(self) -> bool:
         conf = self.table().metadata().configuration
@@ -354,7 +363,7 @@ class DeltaTableRef:
         Raises SourceError when the session has no delta-spark and the table needs it."""
         dt = self._at(version)
         schema = pa.schema(dt.schema().to_arrow())
-        if self.read_plan(version).snapshot_executors == DELTA_SPARK:
+        if ReadPlan.of(dt).snapshot_executors == DELTA_SPARK:
             df = self._spark_reader(spark, version).option("versionAsOf", version).load(as_uri(self.path))
         else:
             paths = self.files(version)
@@ -389,7 +398,7 @@ class DeltaTableRef:
         Tables with deletion vectors, column mapping or v2 checkpoints are read by delta-rs'
         DataFusion scan (``QueryBuilder``), which applies them."""
         dt = self._at(version)
-        if self.read_plan(version).snapshot_driver == DATASET:
+        if ReadPlan.of(dt).snapshot_driver == DATASET:
             return plain_arrow(pa.table(dt.to_pyarrow_table(columns=columns)))
         from deltalake import QueryBuilder
         names = columns if columns is not None else [f.name for f in dt.schema().to_arrow()]
