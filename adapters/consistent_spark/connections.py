@@ -2,8 +2,8 @@
 
 Every dbt-spark profile field works unchanged; with ``method: session`` the SparkSession is
 built in this process by ``SparkSession.builder.enableHiveSupport()`` with the profile's
-``server_side_parameters`` as builder configs (on the first statement dbt runs), to which
-:meth:`ConsistentSparkConnectionManager.open` adds delta-spark's jars, SQL extension and
+``server_side_parameters`` as builder configs. :meth:`ConsistentSparkConnectionManager.open`
+builds it that way when the connection opens, adding delta-spark's jars, SQL extension and
 catalog (``consistent_stream.session.delta_confs``) where the profile does not set them.
 """
 
@@ -36,7 +36,24 @@ class ConsistentSparkConnectionManager(SparkConnectionManager):
             # code: they must run this interpreter, where it is installed. pyspark's default is
             # whatever "python3" is on PATH, read once, when the SparkContext starts.
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-            from consistent_stream.session import delta_confs
-            parameters = connection.credentials.server_side_parameters
-            parameters.update(delta_confs(parameters))
+            _start_session(connection.credentials.server_side_parameters)
         return super().open(connection)
+
+
+def _start_session(parameters: dict) -> None:
+    """Build the process's SparkSession as dbt-spark's session cursor would
+    (``SparkSession.builder.enableHiveSupport()`` with the profile's ``parameters``), plus
+    delta-spark's confs where the profile does not set them, unless a session is already
+    active. dbt-spark's cursor then finds it and applies only the profile's (runtime) confs:
+    delta-spark's static confs in ``server_side_parameters`` would make every statement warn
+    "Using an existing Spark session; only runtime SQL configurations will take effect"."""
+    from pyspark.sql import SparkSession
+
+    if SparkSession.getActiveSession() is not None:
+        return
+    from consistent_stream.session import with_delta
+
+    builder = with_delta(SparkSession.builder.enableHiveSupport(), parameters)
+    for parameter, value in parameters.items():
+        builder = builder.config(parameter, value)
+    builder.getOrCreate()
