@@ -70,8 +70,9 @@ def assert_spark_reads_the_target(spark, target_path: str, label: str, checked: 
             cols = mine.column_names
             added = feed.filter(pa.array([k in ("insert", "update_postimage") for k in kinds])).select(cols)
             removed = feed.filter(pa.array([k in ("delete", "update_preimage") for k in kinds])).select(cols)
-            assert_same_rows(_minus(mine, prev), _minus(added, removed), f"{label}: change feed of version {v}, inserts")
-            assert_same_rows(_minus(prev, mine), _minus(removed, added), f"{label}: change feed of version {v}, deletes")
+            what = f"{label}: change feed of version {v}"
+            assert_same_rows(_minus(mine, prev), _minus(added, removed), f"{what}, inserts")
+            assert_same_rows(_minus(prev, mine), _minus(removed, added), f"{what}, deletes")
         prev = mine
     return latest
 

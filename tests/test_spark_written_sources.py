@@ -21,7 +21,8 @@ STEPS = {
     "merge": ["MERGE INTO {orders} t USING (SELECT id AS o_id, id % 6 + 1 AS cust, id AS amount FROM range(35, 46)) s "
               "ON t.o_id = s.o_id WHEN MATCHED THEN UPDATE SET amount = s.amount "
               "WHEN NOT MATCHED THEN INSERT (o_id, cust, amount, note) VALUES (s.o_id, s.cust, s.amount, 'm')"],
-    "optimize": [*(f"INSERT INTO {{orders}} VALUES ({100 + i}, {i + 1}, 1, 'c')" for i in range(3)), "OPTIMIZE {orders}"],
+    "optimize": [*(f"INSERT INTO {{orders}} VALUES ({100 + i}, {i + 1}, 1, 'c')" for i in range(3)),
+                 "OPTIMIZE {orders}"],
     "rename": ["ALTER TABLE {orders} RENAME COLUMN note TO remark",
                "UPDATE {orders} SET remark = 'x', amount = amount * 2 WHERE o_id < 4"],
 }
