@@ -1,6 +1,6 @@
 """The face for files that are not a Delta table's own I/O: the checkpoint's own files
 (``job.json``, the fingerprint, the plan, the local engine's translations, the cut log, Spark's
-streaming checkpoint read as files), markers and snapshot directories beside catalog entries,
+streaming checkpoint read as files), the markers of catalog entries (and the removal of the old snapshot directories),
 the project's index of models, a CDC capture's landing directory (event files, schema files,
 its state, the landing index), and directories removed whole.
 
@@ -129,16 +129,6 @@ def rename(src: str, dst: str) -> None:
     an empty directory, for a directory). Raises OSError (FileNotFoundError when ``src`` is
     gone)."""
     os.replace(src, dst)
-
-
-def link_or_copy(src: str, dst: str) -> None:
-    """Make file ``dst`` hold ``src``'s bytes: a hard link (no copy, and it outlives ``src``'s
-    deletion), or a copy where linking fails (``src`` on another file system). ``dst``'s
-    directory must exist. Raises OSError when the copy fails too."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
 
 
 def exists(path: str) -> bool:
