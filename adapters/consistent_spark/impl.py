@@ -277,12 +277,12 @@ def consistent_stream_target(information: str) -> Optional[str]:
     / ``SHOW TABLE EXTENDED`` text (its location is a Delta table the engine registered,
     ``consistent_stream.sink.catalog.is_target``), else None."""
     from consistent_stream.sink.catalog import is_target
+    from consistent_stream.spark_checkpoint import fs_path
 
     match = _LOCATION.search(information or "")
     if not match or not is_target(match.group(1)):
         return None
-    location = match.group(1)
-    return "/" + location[len("file:"):].lstrip("/") if location.startswith("file:") else location
+    return fs_path(match.group(1))
 
 
 def _engine_error(what: str, exc: Exception) -> DbtRuntimeError:

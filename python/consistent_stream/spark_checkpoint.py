@@ -32,8 +32,10 @@ logs are JSON and a corrupt one still fails Spark's parse. Only ``file://`` path
 
 
 def fs_path(path: str) -> str:
-    """A local ``file://`` URI as a path (other paths unchanged)."""
-    return path[len("file://"):] if path.startswith("file://") else path
+    """A local ``file:`` URI as a path: ``file:///x`` (as Spark's checkpoints and delta-rs
+    write it) and ``file:/x`` (as Spark's catalog shows a location) give ``/x``; other paths
+    unchanged."""
+    return "/" + path[len("file:"):].lstrip("/") if path.startswith("file:") else path
 
 
 @dataclass(frozen=True)

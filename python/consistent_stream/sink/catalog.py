@@ -25,6 +25,7 @@ from .. import storage
 from ..delta import DeltaTableRef
 from ..delta.deltars import as_uri
 from ..faults import fault_point
+from ..spark_checkpoint import fs_path
 
 LEGACY_SNAPSHOTS = "_consistent_stream/snapshots"
 """Where the hard-link snapshot directories of a Parquet catalog entry were kept (removed)."""
@@ -37,8 +38,7 @@ def _marker(home: str) -> str:
 def is_target(location: str) -> bool:
     """Whether ``location`` (a path or ``file:`` URI, as the catalog shows it) is a target
     this module registered: a Delta table with our publish record in it."""
-    path = location[len("file:"):] if location.startswith("file:") else location
-    path = "/" + path.lstrip("/") if location.startswith("file:") else path
+    path = fs_path(location)
     return storage.exists(_marker(path)) and storage.is_dir(os.path.join(path, "_delta_log"))
 
 
