@@ -2,8 +2,9 @@
 # make test also installs PostgreSQL 15 + wal2json from Debian packages when missing
 # (scripts/ensure_postgres.sh) for the CDC tests.
 # Both set up .venv at the repository root first (re-installed when setup.py changes), with
-# delta-spark's jars resolved from Maven Central into .venv/share/consistent-stream/jars: after
-# that, nothing needs the network.
+# delta-spark's and the S3A connector's jars resolved from Maven Central into
+# .venv/share/consistent-stream/jars (and s3proxy's, the S3 API server the tests and the S3
+# demos start on loopback): after that, nothing needs the network.
 
 PYTHON := .venv/bin/python
 STAMP := .venv/installed.stamp
@@ -16,6 +17,7 @@ $(STAMP): setup.py
 	test -x $(PYTHON) || python3 -m venv .venv
 	$(PYTHON) -m pip install -e '.[test]'
 	$(PYTHON) -m consistent_stream.session resolve
+	$(PYTHON) -m consistent_stream.s3server install
 	touch $@
 
 # Two pytest workers (pytest-xdist), each test file on one of them: each worker has its own

@@ -43,6 +43,11 @@ setup(
         "dbt-core>=1.10,<1.12",
         "dbt-spark[session]>=1.11,<1.12",
         "deltalake>=1,<2",
+        # object stores (consistent_stream.location): files that are not Delta tables and the
+        # writer lock's conditional puts (obstore: the object_store crate delta-rs commits
+        # through), and the standard AWS credential chain (botocore)
+        "obstore>=0.12,<0.13",
+        "botocore>=1.34",
         "sqlglot>=26",
         "pyarrow>=15",
         "pandas<3",

@@ -24,10 +24,9 @@ missing materialized view). ``--full-refresh`` rebuilds whatever changed.
 from __future__ import annotations
 
 import difflib
-import os
 from dataclasses import dataclass
 
-from . import storage
+from . import location, storage
 from .errors import ConfigError
 from .spec import JobSpec
 
@@ -96,7 +95,7 @@ def definition_changes(job: JobSpec, fingerprint: str) -> list[Change]:
     if old_c != new_c:   # rows committed before were not checked against a new constraint
         changes.append(Change("constraints", f"{old_c or 'none'} -> {new_c or 'none'}"))
     old_target = saved.get("target_path")
-    if old_target and os.path.normpath(old_target) != os.path.normpath(job.target_path):
+    if old_target and location.normalize(old_target) != location.normalize(job.target_path):
         changes.append(Change("target", f"{old_target} -> {job.target_path} (location_root or the alias changed; "
                                          f"the old target is left as it is)"))
     old_fp = _saved_fingerprint(job)

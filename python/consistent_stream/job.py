@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from . import config_change, preflight, storage
+from . import config_change, location, preflight, storage
 from .delta import DeltaError, DeltaTableRef
 from .errors import CompileError, ConfigError, ConsistentStreamError, SourceError
 from .exec.evaluator import PlanTypes, type_plan
@@ -158,9 +158,10 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
     anything. Raises ConfigError on a Spark Connect session (:func:`require_classic_session`)."""
     from .sink.lock import WriterLock
     require_classic_session(spark, job.model)
+    reach_storage(spark, job)
     try:
-        with WriterLock(job.checkpoint_location, job.model):
-            return _run_job(spark, job, full_refresh=full_refresh, timeout_s=timeout_s)
+        with WriterLock(job.checkpoint_location, job.model) as lock:
+            return _run_job(spark, job, full_refresh=full_refresh, timeout_s=timeout_s, fence=lock.check)
     except Exception as e:  # a full or read-only disk, a lost session: say so (README "Bad inputs")
         explained = preflight.explain_failure(job, e)
         if explained is None:
@@ -217,10 +218,12 @@ class _Run:
                     DeltaTableRef(job.target_path))
 
 
-def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s: float | None) -> dict:
+def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s: float | None,
+             fence=lambda: None) -> dict:
     """The run's steps, in order: open the sources and take the cut; decide (nothing to do,
     keep, fail or rebuild: :func:`_decide`); compile; start or resume the checkpoint; run the
-    streaming query (:mod:`.query`: plan cuts, run batches, maintain); publish and report."""
+    streaming query (:mod:`.query`: plan cuts, run batches, maintain); publish and report.
+    ``fence`` is called before every commit (the writer lock's :meth:`check`)."""
     run = _Run.open(spark, job, full_refresh)
     action, changes, up_to_date = _decide(job, run.target, run.sources, run.cut,
                                           fingerprint(job.sql, job.sources), full_refresh)
@@ -235,6 +238,7 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
                     "refresh):\n%s", job.model, config_change.describe(changes))
         run.full_refresh = True
     runtime, key = _prepare(run, action, changes)
+    runtime.fence = fence
     query = StreamingQuery(spark, job, runtime, run.sources, run.target)
     query.plan(run.cut)
     if job.trigger == "available_now":
@@ -353,6 +357,23 @@ def _summary(job: JobSpec, t0: float, results: list[BatchResult], cut: Cut, vers
         "metrics": [{"batch_id": r.batch_id, "seconds": round(r.seconds, 3), "changes_read": r.changes_read,
                      **r.metrics.to_dict()} for r in committed],
     }
+
+
+def reach_storage(spark: SparkSession, job: JobSpec) -> None:
+    """Before a run reads or writes anything: when a location of ``job`` is on an object
+    store, give the session the store's settings (:func:`location.apply_to_spark`) and check
+    that each such location's bucket answers to the credentials (one LIST each). Raises
+    StorageError naming the config key, the location and what to do."""
+    places = [(f"model {job.model}: target (location_root)", job.target_path),
+              (f"model {job.model}: config checkpoint_location", job.checkpoint_location)]
+    places += [(f"source {s.relation}: meta.consistent_stream.location", s.location) for s in job.sources]
+    location.apply_to_spark(spark, [p for _, p in places])
+    checked = set()
+    for key, path in places:
+        bucket = location.split(path)[0] if location.is_remote(path) else None
+        if bucket and bucket not in checked:
+            location.check_reachable(path, key)
+            checked.add(bucket)
 
 
 def run_model(spark, *, project_root, schema, identifier, model_name, sql, sources, config, full_refresh):

@@ -37,6 +37,7 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
@@ -236,6 +237,9 @@ class QueryRuntime:
         self.last: BatchMeta | None = None   # the newest committed batch, once known
         self.parallelism: int | None = None  # set by the autoscaler between batches (None: the engine's defaults)
         self._prepared: _Prepared | None = None   # the next batch's steps 1-3, done ahead (prepare)
+        # called before each commit: raises when the run lost the model's writer lock (an
+        # object store lock whose lease another run took over); the run sets it
+        self.fence: Callable[[], None] = lambda: None
 
     # ---- the previous batch ------------------------------------------------------------------
     def previous(self, app_id: str, batch_id: int) -> BatchMeta:
@@ -523,10 +527,12 @@ class QueryRuntime:
             # multiplicities), and adaptive execution sizes its shuffles (a state compaction
             # with Spark's fixed 200 shuffle partitions pays 200 tasks' scheduling a shuffle).
             # the state first, the target last: the target's commit is the batch's commit point
+            self.fence()
             state_version = self.store.commit(b.txn, {"app_id": b.app_id, "batch_id": str(b.batch_id)})
             fault_point("state_committed")
             meta = BatchMeta(**{**asdict(e.meta), "state_version": state_version})
             b.phases.mark("commit_state")
+            self.fence()
             version, written, rewritten = self._commit_target(e.out, e.rebuild, b.txn, meta, b.views)
             fault_point("target_committed")
             b.phases.mark("commit_target")

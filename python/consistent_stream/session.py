@@ -1,5 +1,6 @@
 """The Spark session every entry point builds: delta-spark's jars, Delta's SQL extension and
-its catalog, without the user writing them.
+its catalog, and Hadoop's S3A connector (hadoop-aws and the AWS SDK modules it uses), without
+the user writing them.
 
 delta-spark is two halves: a Python package (``delta``, from PyPI, installed with this one)
 and its jars (``io.delta:delta-spark_<spark major.minor>_2.13:<same version>`` and what it
@@ -9,6 +10,12 @@ depends on, from Maven Central). The jars are resolved once, at install: ``make 
 ``configure_spark_with_delta_pip`` use) fetch them, and keeps the jar files in a cache
 directory (:func:`jars_dir`) with a manifest. A session then loads them by path
 (``spark.jars``): no resolution at start, and no network after set-up.
+
+The S3A connector (``s3://`` and ``s3a://`` locations, :mod:`consistent_stream.location`) is
+resolved the same way into its own directory (:func:`s3a_jars_dir`): ``org.apache.hadoop:
+hadoop-aws`` at the version of the Hadoop client pyspark ships, with the AWS SDK v2 modules it
+calls (``s3``, ``s3-transfer-manager``, ``sts``) at the SDK version that Hadoop release was
+built against, in place of the SDK's 690 MB ``bundle`` jar, which hadoop-aws names.
 
 Every session this project builds goes through :func:`delta_confs`: the command line's
 (``cli.local_spark``), dbt's (the ``consistent_spark`` connection adds them to the profile's
@@ -35,6 +42,10 @@ DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 MANIFEST = "jars.txt"
 SCALA = "2.13"
+AWS_SDK = {"3.5.0": "2.35.4", "3.4.2": "2.29.52", "3.4.1": "2.24.6"}
+"""The AWS SDK v2 version each Hadoop release's hadoop-aws was built against (its
+``hadoop-project`` POM, ``aws-java-sdk-v2.version``)."""
+AWS_SDK_MODULES = ("s3", "s3-transfer-manager", "sts")
 
 
 class SessionError(ConsistentStreamError):
@@ -55,21 +66,63 @@ def delta_coordinate() -> str:
     return f"io.delta:delta-spark_{spark_mm}_{SCALA}:{delta_version}"
 
 
+def hadoop_version() -> str:
+    """The version of the Hadoop client jars pyspark ships (``hadoop-client-api-<v>.jar``)."""
+    import pyspark
+    for name in os.listdir(os.path.join(os.path.dirname(pyspark.__file__), "jars")):
+        if name.startswith("hadoop-client-api-") and name.endswith(".jar"):
+            return name[len("hadoop-client-api-"):-len(".jar")]
+    raise SessionError("pyspark's jars hold no hadoop-client-api jar: reinstall pyspark")
+
+
+def s3a_coordinates() -> list[str]:
+    """Maven coordinates of the S3A connector for pyspark's Hadoop: hadoop-aws and the AWS SDK
+    modules it calls. Raises SessionError for a Hadoop version whose SDK version is not known
+    here."""
+    hadoop = hadoop_version()
+    sdk = AWS_SDK.get(hadoop)
+    if sdk is None:
+        raise SessionError(f"pyspark ships Hadoop {hadoop}, whose AWS SDK version this package does not know: "
+                           f"add it to consistent_stream.session.AWS_SDK (its hadoop-project POM's "
+                           f"aws-java-sdk-v2.version)")
+    return [f"org.apache.hadoop:hadoop-aws:{hadoop}"] + [f"software.amazon.awssdk:{m}:{sdk}" for m in AWS_SDK_MODULES]
+
+
+def jars_root() -> Path:
+    """``$CONSISTENT_STREAM_JARS``, else ``<the interpreter's prefix>/share/consistent-stream/jars``
+    (inside the virtualenv): the root of every jar cache of this package."""
+    return Path(os.environ.get("CONSISTENT_STREAM_JARS") or os.path.join(sys.prefix, "share", "consistent-stream",
+                                                                         "jars"))
+
+
 def jars_dir() -> Path:
-    """Where the jars of :func:`delta_coordinate` are kept: ``$CONSISTENT_STREAM_JARS``, else
-    ``<the interpreter's prefix>/share/consistent-stream/jars`` (inside the virtualenv), in a
+    """Where the jars of :func:`delta_coordinate` are kept: under :func:`jars_root`, in a
     subdirectory named after the coordinate, so another version never mixes with it."""
-    root = os.environ.get("CONSISTENT_STREAM_JARS") or os.path.join(sys.prefix, "share", "consistent-stream", "jars")
-    return Path(root) / delta_coordinate().replace(":", "_")
+    return jars_root() / delta_coordinate().replace(":", "_")
+
+
+def s3a_jars_dir() -> Path:
+    """Where the S3A connector's jars are kept (:func:`s3a_coordinates`), beside delta-spark's."""
+    return jars_root() / s3a_coordinates()[0].replace(":", "_")
 
 
 def delta_jars() -> list[str]:
     """Paths of the cached jars (delta-spark first). Raises SessionError when the cache is
     missing or incomplete, naming the directory and the command that fills it."""
-    jars = _cached(jars_dir())
+    return _installed(jars_dir(), "delta-spark's jars")
+
+
+def s3a_jars() -> list[str]:
+    """Paths of the cached S3A connector jars (hadoop-aws first). Raises SessionError as
+    :func:`delta_jars` does."""
+    return _installed(s3a_jars_dir(), "the S3A connector's jars (hadoop-aws)")
+
+
+def _installed(d: Path, what: str) -> list[str]:
+    jars = _cached(d)
     if jars is None:
         raise SessionError(
-            f"delta-spark's jars are not installed in {jars_dir()}: run "
+            f"{what} are not installed in {d}: run "
             f"`{sys.executable} -m consistent_stream.session resolve` once with Maven Central reachable "
             f"(`make .venv` does), or set CONSISTENT_STREAM_JARS to a directory where it was run")
     return jars
@@ -90,18 +143,26 @@ def has_delta(confs: Mapping[str, str]) -> bool:
             or any("delta-spark" in os.path.basename(j) for j in confs.get("spark.jars", "").split(",")))
 
 
+def has_s3a(confs: Mapping[str, str]) -> bool:
+    """Whether ``confs`` already bring hadoop-aws."""
+    return ("hadoop-aws" in confs.get("spark.jars.packages", "")
+            or any("hadoop-aws" in os.path.basename(j) for j in confs.get("spark.jars", "").split(",")))
+
+
 def delta_confs(existing: Mapping[str, str] | None = None) -> dict[str, str]:
     """The session confs (name -> value) to add to ``existing`` (the confs a profile or
-    caller already sets) so that the session has Delta: ``spark.jars`` with the cached jars
-    (unless ``existing`` brings delta-spark's jars itself), Delta's SQL extension appended to
+    caller already sets) so that the session has Delta and S3A: ``spark.jars`` with the
+    cached jars of each (unless ``existing`` brings delta-spark's or hadoop-aws' jars
+    itself), Delta's SQL extension appended to
     ``spark.sql.extensions``, and ``spark.sql.catalog.spark_catalog`` = DeltaCatalog unless set.
     Values in ``existing`` that need no change are not repeated. Raises SessionError
     (:func:`delta_jars`)."""
     existing = dict(existing or {})
     out: dict[str, str] = {}
-    if not has_delta(existing):
+    add = ([] if has_delta(existing) else delta_jars()) + ([] if has_s3a(existing) else s3a_jars())
+    if add:
         jars = [j for j in existing.get("spark.jars", "").split(",") if j]
-        out["spark.jars"] = ",".join(jars + delta_jars())
+        out["spark.jars"] = ",".join(jars + add)
     extensions = [e.strip() for e in existing.get("spark.sql.extensions", "").split(",") if e.strip()]
     if DELTA_EXTENSION not in extensions:
         out["spark.sql.extensions"] = ",".join(extensions + [DELTA_EXTENSION])
@@ -121,28 +182,40 @@ _RESOLVER = """
 import sys
 from pyspark.sql import SparkSession
 s = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
-     .config("spark.jars.packages", sys.argv[1]).config("spark.jars.ivy", sys.argv[2]).getOrCreate())
+     .config("spark.jars.packages", sys.argv[1]).config("spark.jars.ivy", sys.argv[2])
+     .config("spark.jars.excludes", sys.argv[3]).getOrCreate())
 print("\\n".join(j for j in s.sparkContext.getConf().get("spark.jars").split(",")))
 s.stop()
 """
 
 
-def resolve(target: Path | None = None) -> list[str]:
-    """Fetch :func:`delta_coordinate` and its dependencies with Spark's Ivy resolver (Maven
-    Central) and keep the jars in ``target`` (default :func:`jars_dir`) with a manifest, in
-    the order Spark resolved them. Does nothing when the manifest's jars are all there.
-    Returns the jar paths. Raises SessionError with Spark's output when resolution fails."""
+# the SDK's bundle (hadoop-aws names it) is replaced by AWS_SDK_MODULES; Spark ships netty
+S3A_EXCLUDES = ("software.amazon.awssdk:bundle", "io.netty:netty-codec-http", "io.netty:netty-codec-http2",
+                "io.netty:netty-codec", "io.netty:netty-transport", "io.netty:netty-common", "io.netty:netty-buffer",
+                "io.netty:netty-handler", "io.netty:netty-resolver", "io.netty:netty-transport-classes-epoll",
+                "io.netty:netty-transport-native-unix-common", "org.slf4j:slf4j-api", "commons-codec:commons-codec",
+                "commons-logging:commons-logging")
+
+
+def resolve(target: Path | None = None, coordinates: list[str] | None = None,
+            excludes: tuple[str, ...] = ()) -> list[str]:
+    """Fetch ``coordinates`` (default :func:`delta_coordinate`) and their dependencies, less
+    ``excludes`` (``group:artifact``), with Spark's Ivy resolver (Maven Central) and keep the
+    jars in ``target`` (default :func:`jars_dir`) with a manifest, in the order Spark resolved
+    them. Does nothing when the manifest's jars are all there. Returns the jar paths. Raises
+    SessionError with Spark's output when resolution fails."""
     target = Path(target) if target else jars_dir()
+    coordinates = coordinates or [delta_coordinate()]
     cached = _cached(target)
     if cached is not None:
         return cached
     with tempfile.TemporaryDirectory(prefix="consistent-stream-ivy-") as ivy:
-        p = subprocess.run([sys.executable, "-c", _RESOLVER, delta_coordinate(), ivy],
+        p = subprocess.run([sys.executable, "-c", _RESOLVER, ",".join(coordinates), ivy, ",".join(excludes)],
                            capture_output=True, text=True)
         jars = [line.strip().removeprefix("file://") for line in p.stdout.splitlines()
                 if line.strip().endswith(".jar")]
         if p.returncode != 0 or not jars:
-            raise SessionError(f"could not resolve {delta_coordinate()} from Maven Central:\n{p.stderr[-3000:]}")
+            raise SessionError(f"could not resolve {', '.join(coordinates)} from Maven Central:\n{p.stderr[-3000:]}")
         tmp = Path(str(target) + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -160,10 +233,12 @@ def _main(argv: list[str]) -> int:
         return 2
     try:
         jars = resolve()
+        s3a = resolve(s3a_jars_dir(), s3a_coordinates(), S3A_EXCLUDES)
     except SessionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"delta-spark's jars: {len(jars)} in {jars_dir()}")
+    print(f"the S3A connector's jars: {len(s3a)} in {s3a_jars_dir()}")
     return 0
 
 

@@ -32,10 +32,15 @@ logs are JSON and a corrupt one still fails Spark's parse. Only ``file://`` path
 
 
 def fs_path(path: str) -> str:
-    """A local ``file:`` URI as a path: ``file:///x`` (as Spark's checkpoints and delta-rs
-    write it) and ``file:/x`` (as Spark's catalog shows a location) give ``/x``; other paths
-    unchanged."""
-    return "/" + path[len("file:"):].lstrip("/") if path.startswith("file:") else path
+    """A location as Spark writes it, as :mod:`.storage` takes it: a local ``file:`` URI as a
+    path (``file:///x``, as Spark's checkpoints and delta-rs write it, and ``file:/x``, as
+    Spark's catalog shows a location, give ``/x``), ``s3a://b/k`` as ``s3://b/k``; other
+    paths unchanged."""
+    if path.startswith("file:"):
+        return "/" + path[len("file:"):].lstrip("/")
+    if path.startswith("s3a://"):
+        return "s3://" + path[len("s3a://"):]
+    return path
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
+from . import location
 from .errors import ConfigError
 from .settings import STATE_FILE_ROWS
 from .storage import read_text, replace_text
@@ -110,13 +111,11 @@ def _constraint(c: dict, model: str) -> dict:
 
 
 def warehouse_path(project_root: str, warehouse_dir: str) -> str:
-    """``spark.sql.warehouse.dir`` as an absolute path (a ``file:`` URI's path; a relative
-    directory is relative to the project)."""
+    """``spark.sql.warehouse.dir`` as a location (:func:`location.normalize`: a ``file:``
+    URI's path, a relative directory relative to the project, an S3 URI as ``s3://``)."""
     from urllib.parse import urlparse
     base = urlparse(warehouse_dir).path if warehouse_dir.startswith("file:") else warehouse_dir
-    if "://" not in base and not os.path.isabs(base):
-        base = os.path.join(project_root, base)
-    return base
+    return location.normalize(base, project_root, key="spark.sql.warehouse.dir")
 
 
 def target_location(project_root: str, schema: str, identifier: str, config: dict, warehouse_dir: str) -> str:
@@ -125,11 +124,10 @@ def target_location(project_root: str, schema: str, identifier: str, config: dic
     ``<warehouse>/consistent_stream/<schema>/<identifier>``."""
     root = config.get("location_root")
     if root:
-        if "://" not in root and not os.path.isabs(root):
-            root = os.path.join(project_root, root)
+        root = location.normalize(str(root), project_root, key="config location_root")
     else:
-        root = os.path.join(warehouse_path(project_root, warehouse_dir), "consistent_stream", schema)
-    return os.path.normpath(os.path.join(root, identifier))
+        root = location.join(warehouse_path(project_root, warehouse_dir), "consistent_stream", schema)
+    return location.normalize(location.join(root, identifier))
 
 
 def _source_spec(d: dict, project_root: str, warehouse_dir: str) -> SourceSpec:
@@ -261,8 +259,7 @@ class JobSpec:
         target = target_location(project_root, schema, identifier, config, warehouse_dir)
         ckpt = config.get("checkpoint_location")
         if ckpt:
-            if "://" not in ckpt and not os.path.isabs(ckpt):
-                ckpt = os.path.join(project_root, ckpt)
+            ckpt = location.normalize(str(ckpt), project_root, key=f"model {model_name}: config checkpoint_location")
         else:
             ckpt = target + "__checkpoint"
         trigger = str(config.get("trigger") or "available_now")
@@ -303,7 +300,7 @@ class JobSpec:
             raise ConfigError(f"model {model_name}: a consistent_stream model reads at least one source() "
                               f"or ref() of a consistent_stream model")
         return JobSpec(model=model_name, schema=schema, identifier=identifier, sql=sql, sources=srcs,
-                       unique_key=unique_key, target_path=target, checkpoint_location=os.path.normpath(ckpt),
+                       unique_key=unique_key, target_path=target, checkpoint_location=ckpt,
                        partition_by=partition_by, trigger=trigger, recompute_threshold=threshold,
                        state_file_rows=file_rows, max_batch_rows=batch_rows, driver_rebuild_rows=driver_rows,
                        local_engine=local_engine, contract=contract, constraints=constraints, docs=docs,

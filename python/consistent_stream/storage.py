@@ -1,17 +1,16 @@
 """The face for files that are not a Delta table's own I/O: the checkpoint's own files
 (``job.json``, the fingerprint, the plan, the local engine's translations, the cut log, Spark's
-streaming checkpoint read as files), the markers of catalog entries (and the removal of the old snapshot directories),
-the project's index of models, a CDC capture's landing directory (event files, schema files,
-its state, the landing index), and directories removed whole.
+streaming checkpoint read as files), the markers of catalog entries, the project's index of
+models, a CDC capture's landing directory (event files, schema files, its state, the landing
+index), table maintenance's reads of a Delta log and deletes of expired files, and directories
+removed whole.
 
-Delta tables are read and written through :mod:`consistent_stream.delta`, except what table
-maintenance does without a commit (:mod:`consistent_stream.sink.maintenance`: it reads a
-table's log and deletes its expired files), which comes here. Everything else that touches
-storage goes through here, so that a backend for another store (an object store's URIs) is one
-module. Paths are local paths today, and three places still use a local path themselves:
-the landing index maps its entries (``pa.memory_map``), maintenance reads a Delta checkpoint's
-tombstones with pyarrow's Parquet reader, and the writer lock is an ``flock``
-(:mod:`consistent_stream.sink.lock`).
+Every function takes a local path or an S3 URI (``s3://bucket/key``, see
+:mod:`consistent_stream.location`): local paths go to the operating system, URIs to the
+bucket's object store (obstore, the Python face of the ``object_store`` crate delta-rs
+commits through). On an object store a "directory" is a key prefix: it exists while an
+object is under it, :func:`make_dirs` has nothing to do, and a listing is one LIST request per
+1,000 keys.
 
 Reads: :func:`read_text` and :func:`read_json` take a missing or unreadable file (and
 :func:`read_json` a torn one) for no file, as a checkpoint file the run writes again;
@@ -19,27 +18,90 @@ Reads: :func:`read_text` and :func:`read_json` take a missing or unreadable file
 Listings (:func:`list_dir`, :func:`walk`) take a missing directory for an empty one, as an
 object store's listing of a prefix does.
 
-Small files are replaced atomically (a temporary file renamed over the old one) and not
-fsynced, as Spark's checkpoint files and delta-rs' commits are not: a lost write after a crash
-is made again by the next run. Two writes fsync: a capture's landing files (:func:`replace_bytes`
-with ``fsync``: the replication slot's confirmed position is advanced past what a file holds
-once the write returns, so the file must be on disk by then), and the trimmed compact file of
-Spark's file source log (:func:`write_bytes` with ``fsync`` before its rename: a crash of the
-machine leaves the old file or the whole new one, and no run could write that log again).
+Small files are replaced atomically (locally a temporary file renamed over the old one; on an
+object store one PUT, which readers see whole or not at all) and not fsynced, as Spark's
+checkpoint files and delta-rs' commits are not: a lost write after a crash is made again by the
+next run. Two local writes fsync: a capture's landing files (:func:`replace_bytes` with
+``fsync``: the replication slot's confirmed position is advanced past what a file holds once
+the write returns, so the file must be on disk by then; a PUT has returned once the store
+holds the object), and the trimmed compact file of Spark's file source log (:func:`write_bytes`
+with ``fsync`` before its rename). A rename on an object store is a copy and a delete: the
+callers rename only hidden temporary files of their own, so a crash between the two leaves a
+stray temporary file, never a torn one.
+
+:func:`write_after` writes a file whose modification time is later than another's (Spark's file
+source orders the cut log by it): locally the time is set before the rename, on an object store
+(where the store sets it) the PUT is repeated once the store's clock has moved past.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import time
 from typing import Iterator, NamedTuple
 
+from . import location
 
+
+# ---- the object store's side ----------------------------------------------------------------
+def _store(path: str):
+    return location.object_store(path)
+
+
+def _prefix(key: str) -> str:
+    """The listing prefix of "directory" ``key`` ('' for the bucket's root)."""
+    return key.rstrip("/") + "/" if key else ""
+
+
+def _s3_get(path: str) -> bytes:
+    import obstore
+    store, key = _store(path)
+    try:
+        return bytes(obstore.get(store, key).bytes())
+    except FileNotFoundError:
+        raise
+    except Exception as e:   # obstore's errors for refused credentials, a missing bucket, ...
+        raise OSError(f"cannot read {path}: {e}") from e
+
+
+def _s3_put(path: str, data) -> None:
+    import obstore
+    store, key = _store(path)
+    try:
+        obstore.put(store, key, bytes(data))
+    except Exception as e:
+        raise OSError(f"cannot write {path}: {e}") from e
+
+
+def _s3_head(path: str):
+    import obstore
+    store, key = _store(path)
+    try:
+        return obstore.head(store, key) if key else None
+    except FileNotFoundError:
+        return None
+    except Exception as e:
+        raise OSError(f"cannot read {path}: {e}") from e
+
+
+def _s3_keys(path: str) -> list[str]:
+    """Every object key under "directory" ``path``."""
+    import obstore
+    store, key = _store(path)
+    try:
+        return [m["path"] for chunk in obstore.list(store, _prefix(key) or None) for m in chunk]
+    except FileNotFoundError:
+        return []
+    except Exception as e:
+        raise OSError(f"cannot list {path}: {e}") from e
+
+
+# ---- reads ------------------------------------------------------------------------------------
 def read_text(path: str) -> str | None:
     """The text of file ``path``, or None when it does not exist or cannot be read."""
     try:
-        with open(path) as f:
-            return f.read()
+        return read_bytes(path).decode()
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -61,6 +123,8 @@ def read_bytes(path: str) -> bytes:
     when it cannot be read: unlike :func:`read_text`, a file that is there but unreadable is
     not taken for a missing one (a landing's event file, a Delta log entry maintenance reads,
     a checkpoint file the preflight checks name when damaged)."""
+    if location.is_remote(path):
+        return _s3_get(path)
     with open(path, "rb") as f:
         return f.read()
 
@@ -72,12 +136,17 @@ def load_json(path: str):
     return json.loads(read_bytes(path).decode())
 
 
+# ---- writes -----------------------------------------------------------------------------------
 def replace_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (a temporary file renamed over it), creating its
-    directory, unless the file already holds exactly ``text``: a run rewrites the checkpoint's
-    ``job.json``, fingerprint and plan, which rarely change from run to run, and an unchanged
-    file costs no write (a write can wait on the disk behind a batch's writes)."""
+    """Write ``text`` to ``path`` atomically, creating its directory, unless the file already
+    holds exactly ``text``: a run rewrites the checkpoint's ``job.json``, fingerprint and plan,
+    which rarely change from run to run, and an unchanged file costs no write (a write can
+    wait on the disk behind a batch's writes; on an object store a GET is cheaper than a
+    PUT)."""
     if read_text(path) == text:
+        return
+    if location.is_remote(path):
+        _s3_put(path, text.encode())
         return
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as f:
@@ -87,11 +156,15 @@ def replace_text(path: str, text: str) -> None:
 
 def replace_bytes(path: str, data: bytes, *, fsync: bool = False) -> None:
     """Write ``data`` (bytes or any bytes-like object) to ``path`` so that readers see the old
-    file or all of the new one: written to the hidden temporary ``.<name>.<pid>.tmp`` beside it
-    (a name landing readers skip, unique per writing process), then renamed over it. Its
-    directory must exist. With ``fsync``, the temporary file is fsynced before the rename and
-    the directory after it, so the new file is on disk when this returns (a capture's landing
-    files, see the module docstring). Raises OSError; the temporary file is removed then."""
+    file or all of the new one. Locally: written to the hidden temporary ``.<name>.<pid>.tmp``
+    beside it (a name landing readers skip, unique per writing process), then renamed over it;
+    its directory must exist; with ``fsync``, the temporary file is fsynced before the rename
+    and the directory after it, so the new file is on disk when this returns (a capture's
+    landing files, see the module docstring). On an object store: one PUT. Raises OSError;
+    the temporary file is removed then."""
+    if location.is_remote(path):
+        _s3_put(path, data)
+        return
     d = os.path.dirname(path)
     tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.tmp")
     try:
@@ -112,11 +185,13 @@ def replace_bytes(path: str, data: bytes, *, fsync: bool = False) -> None:
 
 
 def write_bytes(path: str, data: bytes, *, fsync: bool = False) -> None:
-    """Create or overwrite file ``path`` with ``data``, in place: a reader may see part of it,
-    so it is for a temporary file the caller renames (:func:`rename`) once it has done what
-    must come before the rename (the cut log sets the file's modification time; the file
-    source log's trimming removes a checksum). With ``fsync``, the file is fsynced before this
-    returns. Raises OSError."""
+    """Create or overwrite file ``path`` with ``data``, in place: a local reader may see part
+    of it, so it is for a temporary file the caller renames (:func:`rename`) once it has done
+    what must come before the rename (the file source log's trimming removes a checksum).
+    With ``fsync``, a local file is fsynced before this returns. Raises OSError."""
+    if location.is_remote(path):
+        _s3_put(path, data)
+        return
     with open(path, "wb") as f:
         f.write(data)
         if fsync:
@@ -124,26 +199,87 @@ def write_bytes(path: str, data: bytes, *, fsync: bool = False) -> None:
             os.fsync(f.fileno())
 
 
+def write_after(path: str, data: bytes, after: str | None) -> None:
+    """Create file ``path`` holding ``data``, whole (no reader sees part of it), with a
+    modification time at least 1 ms after file ``after``'s (when given and present) in whole
+    milliseconds: Spark's file source orders the files it reads by modification time, a tie
+    in listing order (the cut log, :class:`consistent_stream.sources.stream.CutLog`).
+
+    Locally the time is set on a hidden temporary file before the rename, so a process killed
+    in between leaves no file with the wrong time. On an object store the store sets the time
+    of a PUT: when it is not past ``after``'s, the PUT is repeated after a pause (a store that
+    keeps whole seconds costs up to a second, only when two files are written within one).
+    Raises OSError."""
+    ms = 1_000_000
+    floor = None
+    if after:
+        try:
+            floor = stat(after).mtime_ns // ms + 1
+        except FileNotFoundError:
+            floor = None
+    if location.is_remote(path):
+        for _ in range(50):
+            _s3_put(path, data)
+            if floor is None or stat(path).mtime_ns // ms >= floor:
+                return
+            time.sleep(0.1)
+        raise OSError(f"cannot write {path} with a modification time after {after}'s: the store's clock "
+                      f"did not move past it within 5 s")
+    d, name = os.path.split(path)
+    tmp = os.path.join(d, f".{name}.{os.getpid()}.tmp")
+    write_bytes(tmp, data)
+    stamp = os.stat(tmp).st_mtime_ns // ms
+    if floor is not None:
+        stamp = max(stamp, floor)
+    os.utime(tmp, ns=(stamp * ms, stamp * ms))
+    os.replace(tmp, path)
+
+
 def rename(src: str, dst: str) -> None:
-    """Rename file or directory ``src`` to ``dst`` atomically, replacing a file at ``dst`` (or
-    an empty directory, for a directory). Raises OSError (FileNotFoundError when ``src`` is
-    gone)."""
+    """Rename file ``src`` to ``dst``, replacing a file at ``dst``: atomically on a local file
+    system (a directory too, over an empty one), as a copy and a delete of the object on an
+    object store. Raises OSError (FileNotFoundError when ``src`` is gone)."""
+    if location.is_remote(src):
+        import obstore
+        store, key = _store(src)
+        _, dst_key = _store(dst)
+        try:
+            obstore.rename(store, key, dst_key)
+        except FileNotFoundError:
+            raise
+        except Exception as e:
+            raise OSError(f"cannot rename {src} to {dst}: {e}") from e
+        return
     os.replace(src, dst)
 
 
+# ---- what is there ----------------------------------------------------------------------------
 def exists(path: str) -> bool:
     """Whether a file or directory is at ``path``."""
+    if location.is_remote(path):
+        return _s3_head(path) is not None or is_dir(path)
     return os.path.exists(path)
 
 
 def is_dir(path: str) -> bool:
-    """Whether a directory is at ``path`` (False for a file, or nothing)."""
+    """Whether a directory is at ``path`` (False for a file, or nothing; on an object store,
+    whether an object is under the prefix)."""
+    if location.is_remote(path):
+        import obstore
+        store, key = _store(path)
+        try:
+            return bool(next(iter(obstore.list(store, _prefix(key) or None, chunk_size=1)), None))
+        except Exception as e:
+            raise OSError(f"cannot list {path}: {e}") from e
     return os.path.isdir(path)
 
 
 def is_writable(path: str) -> bool:
     """Whether this process may create files in directory ``path`` (False when it does not
-    exist): a reader that caches beside what it reads asks before it writes."""
+    exist): a reader that caches beside what it reads asks before it writes. True for an
+    object store's prefix (a refused PUT raises where it is made)."""
+    if location.is_remote(path):
+        return True
     return os.access(path, os.W_OK)
 
 
@@ -157,20 +293,30 @@ class FileStat(NamedTuple):
 def stat(path: str) -> FileStat:
     """The size and modification time of file ``path``. Raises FileNotFoundError when it does
     not exist."""
+    if location.is_remote(path):
+        meta = _s3_head(path)
+        if meta is None:
+            raise FileNotFoundError(path)
+        return FileStat(int(meta["size"]), int(meta["last_modified"].timestamp() * 1000) * 1_000_000)
     st = os.stat(path)
     return FileStat(st.st_size, st.st_mtime_ns)
-
-
-def set_mtime_ns(path: str, mtime_ns: int) -> None:
-    """Set the modification (and access) time of file ``path`` to ``mtime_ns`` (ns since the
-    epoch): Spark's file source orders the files it reads by modification time, and the cut
-    log sets it (:class:`consistent_stream.sources.stream.CutLog`). Raises OSError."""
-    os.utime(path, ns=(mtime_ns, mtime_ns))
 
 
 def list_dir(path: str) -> list[str]:
     """The names in directory ``path``, in no particular order; empty when it does not exist.
     Raises OSError when it cannot be read (or is not a directory)."""
+    if location.is_remote(path):
+        import obstore
+        store, key = _store(path)
+        prefix = _prefix(key)
+        try:
+            out = obstore.list_with_delimiter(store, prefix or None)
+        except FileNotFoundError:
+            return []
+        except Exception as e:
+            raise OSError(f"cannot list {path}: {e}") from e
+        dirs = [p.rstrip("/").rsplit("/", 1)[-1] for p in out["common_prefixes"]]
+        return dirs + [n for n in (m["path"].rsplit("/", 1)[-1] for m in out["objects"]) if n and n not in dirs]
     try:
         return os.listdir(path)
     except FileNotFoundError:
@@ -181,21 +327,59 @@ def walk(path: str) -> Iterator[tuple[str, list[str], list[str]]]:
     """The directories under ``path`` and itself, top down, as ``os.walk`` gives them:
     ``(directory, subdirectory names, file names)``; a caller may remove names from the
     subdirectory list to skip them. Nothing when ``path`` does not exist; a directory that
-    cannot be read is skipped."""
-    return os.walk(path)
+    cannot be read is skipped. On an object store the whole prefix is listed once."""
+    if not location.is_remote(path):
+        yield from os.walk(path)
+        return
+    bucket, key = location.split(path)
+    base = _prefix(key)
+    tree: dict[str, tuple[set, list]] = {}
+    for k in _s3_keys(path):
+        parts = k[len(base):].split("/")
+        for i in range(len(parts)):
+            d = "/".join(parts[:i])
+            subdirs, files = tree.setdefault(d, (set(), []))
+            if i == len(parts) - 1:
+                files.append(parts[i])
+            else:
+                subdirs.add(parts[i])
+
+    def visit(rel: str):
+        subdirs, files = tree[rel]
+        names = sorted(subdirs)
+        # an empty name or one that is also a prefix: a directory marker (S3A's mkdirs)
+        files = sorted(f for f in files if f and f not in subdirs)
+        yield location.join(path, rel) if rel else path, names, files
+        for n in names:
+            yield from visit(f"{rel}/{n}" if rel else n)
+
+    if "" in tree:
+        yield from visit("")
 
 
 def make_dirs(path: str, mode: int | None = None) -> None:
-    """Create directory ``path`` and its missing parents; nothing when it exists. ``mode``:
-    the permissions ``path`` is created with (before the umask; default 0o777), as
-    ``os.makedirs``: its parents get the default. Raises OSError (FileExistsError when a file
-    is at ``path``)."""
+    """Create directory ``path`` and its missing parents; nothing when it exists (nor on an
+    object store, where a prefix needs no creating). ``mode``: the permissions ``path`` is
+    created with (before the umask; default 0o777), as ``os.makedirs``: its parents get the
+    default. Raises OSError (FileExistsError when a file is at ``path``)."""
+    if location.is_remote(path):
+        return
     os.makedirs(path, 0o777 if mode is None else mode, exist_ok=True)
 
 
 def remove(path: str) -> bool:
     """Remove file ``path``; returns whether there was one (False: nothing to remove). Raises
     OSError when it cannot be removed."""
+    if location.is_remote(path):
+        if _s3_head(path) is None:
+            return False
+        import obstore
+        store, key = _store(path)
+        try:
+            obstore.delete(store, key)
+        except Exception as e:
+            raise OSError(f"cannot remove {path}: {e}") from e
+        return True
     try:
         os.remove(path)
     except FileNotFoundError:
@@ -207,7 +391,19 @@ def remove_tree(path: str, *, ignore_errors: bool = False) -> None:
     """Remove directory ``path`` and everything under it; nothing when it does not exist.
     Raises OSError when something under it cannot be removed, unless ``ignore_errors``: then
     what can be removed is, the rest is left, and nothing is raised (a scratch directory or a
-    cache the next pass removes again)."""
+    cache the next pass removes again). On an object store: one LIST per 1,000 keys and one
+    bulk DELETE per 1,000 objects."""
+    if location.is_remote(path):
+        import obstore
+        try:
+            keys = _s3_keys(path)
+            store, _ = _store(path)
+            for i in range(0, len(keys), 1000):
+                obstore.delete(store, keys[i:i + 1000])
+        except Exception as e:
+            if not ignore_errors:
+                raise OSError(f"cannot remove {path}: {e}") from e
+        return
     try:
         shutil.rmtree(path, ignore_errors=ignore_errors)
     except FileNotFoundError:

@@ -46,7 +46,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass
 
-from .. import storage
+from .. import location, storage
 from ..errors import ConsistentStreamError
 from ..sources.debezium import forget_reader
 from ..sources.landing_index import INDEX_DIR
@@ -175,7 +175,7 @@ class PostgresCapture:
         self.tables = [normalize_table(t) for t in cfg.tables]
         if not self.tables:
             raise CaptureError("--tables: name at least one table (schema.table)")
-        self.landing = os.path.abspath(cfg.landing)
+        self.landing = location.normalize(cfg.landing, key="landing")
         self.schemas: dict[str, TableSchema] = {}
         self._as_text: dict[str, set[str]] = {}
         self._stop = False

@@ -22,6 +22,7 @@ from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Tra
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from .. import location
 from ..errors import CommitError, SourceError
 from ..faults import fault_point
 
@@ -217,6 +218,7 @@ class DeltaTableRef:
 
     def __init__(self, path: str):
         self.path = str(path)
+        self.storage_options = location.delta_storage_options(self.path)
         self._dt: DeltaTable | None = None
         self._files: dict[int, pa.Table] = {}  # version -> add actions (flattened), newest two kept
 
@@ -224,10 +226,10 @@ class DeltaTableRef:
     def exists(self) -> bool:
         if self._dt is not None:
             return True
-        if "://" not in self.path and not os.path.isdir(os.path.join(self.path, "_delta_log")):
+        if not location.is_remote(self.path) and not os.path.isdir(os.path.join(self.path, "_delta_log")):
             return False
         try:
-            self._dt = DeltaTable(self.path)
+            self._dt = DeltaTable(self.path, storage_options=self.storage_options)
             return True
         except TableNotFoundError:
             return False
@@ -236,7 +238,7 @@ class DeltaTableRef:
         """The open handle (opened on first use, at the latest version)."""
         if self._dt is None:
             try:
-                self._dt = DeltaTable(self.path)
+                self._dt = DeltaTable(self.path, storage_options=self.storage_options)
             except TableNotFoundError as e:
                 raise SourceError(f"no Delta table at {self.path}: {e}") from e
         return self._dt
@@ -262,7 +264,7 @@ class DeltaTableRef:
         if dt.version() == version:
             return dt
         try:
-            return DeltaTable(self.path, version=version)
+            return DeltaTable(self.path, version=version, storage_options=self.storage_options)
         except Exception as e:  # delta-rs raises plain exceptions for vacuumed versions
             raise SourceError(f"cannot open Delta table {self.path} at version {version}: {e}. If the "
                               f"version was vacuumed or its log cleaned up, run with --full-refresh") from e
@@ -471,11 +473,12 @@ class DeltaTableRef:
         data = plain_arrow(data)
         exists = self.exists()
         write_deltalake(self.path, data, mode=mode, partition_by=partition_by or None,
+                        storage_options=self.storage_options,
                         schema_mode="overwrite" if (mode == "overwrite" and exists) else None,
                         configuration=None if exists else configuration,
                         commit_properties=self._props(txn, metadata))
         if not exists:
-            self._dt = DeltaTable(self.path)
+            self._dt = DeltaTable(self.path, storage_options=self.storage_options)
         return self._advanced()
 
     def commit_files(self, adds: list[DataFile], removes: list[DataFile], *, schema: pa.Schema,
@@ -495,9 +498,10 @@ class DeltaTableRef:
         if not self.exists():
             create_table_with_add_actions(self.path, Schema.from_arrow(_commented(schema, docs)),
                                           [a.add_action() for a in adds], partition_by=partition_by or None,
+                                          storage_options=self.storage_options,
                                           description=docs.description if docs else None,
                                           configuration=configuration, commit_properties=self._props(txn, metadata))
-            self._dt = DeltaTable(self.path)
+            self._dt = DeltaTable(self.path, storage_options=self.storage_options)
             return self._dt.version()
         dt = self.table()
         current = pa.schema(dt.schema().to_arrow())
@@ -515,6 +519,7 @@ class DeltaTableRef:
             # NULL; and it cannot change the description.)
             create_table_with_add_actions(self.path, Schema.from_arrow(_commented(schema, wanted)),
                                           [a.add_action() for a in adds], mode="overwrite",
+                                          storage_options=self.storage_options,
                                           partition_by=partition_by or None, description=wanted.description,
                                           configuration={**dt.metadata().configuration, **(configuration or {})},
                                           commit_properties=self._props(txn, metadata))

@@ -26,6 +26,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
+from .. import location
 from .deltars import DataFile, as_uri, plain_arrow, plain_schema
 
 MAX_STRING_STAT = 32
@@ -79,7 +80,7 @@ def write_arrow(table_path: str, rel_dir: str, data: pa.Table,
     ``table_path/rel_dir`` from the driver. For change-sized data only."""
     data = plain_arrow(data)
     rel = f"{rel_dir}/part-{uuid.uuid4().hex}.parquet"
-    fs, base = pafs.FileSystem.from_uri(as_uri(table_path))
+    fs, base = location.pyarrow_filesystem(table_path)
     full = f"{base.rstrip('/')}/{rel}"
     fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
     pq.write_table(data, full, filesystem=fs, compression="snappy")
@@ -153,7 +154,7 @@ def write_spark(df: DataFrame, table_path: str, rel_dir: str, *, partition_by: l
         else:
             spark.conf.set("spark.sql.parquet.outputTimestampType", old)
     schema = plain_schema(_arrow_schema(df))
-    fs, base = pafs.FileSystem.from_uri(out)
+    fs, base = location.pyarrow_filesystem(out)
     files = []
     for info in fs.get_file_info(pafs.FileSelector(base, recursive=True)):
         name = info.path.rsplit("/", 1)[-1]

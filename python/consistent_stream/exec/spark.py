@@ -45,7 +45,10 @@ class SparkEngine:
             import pyarrow.dataset as pads
 
             from ..delta.deltars import arrow_schema
-            data = pads.dataset(paths, format="parquet", schema=arrow_schema(df.schema)).to_table()
+            from ..location import pyarrow_filesystem
+            fs, _ = pyarrow_filesystem(paths[0])
+            data = pads.dataset([pyarrow_filesystem(p)[1] for p in paths], format="parquet", filesystem=fs,
+                                schema=arrow_schema(df.schema)).to_table()
             return Changelog.of_arrow(self.views, data, schema=df.schema), n
         from ..delta.deltars import as_uri
         return Changelog.of_frame(self.views, self.spark.read.schema(df.schema).parquet(*map(as_uri, paths)),

@@ -54,7 +54,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import unquote
 
-from .. import storage
+from .. import location, storage
 from ..spark_checkpoint import fs_path, log_entries
 
 log = logging.getLogger(__name__)
@@ -96,8 +96,10 @@ class MaintenanceReport:
         return asdict(self)
 
 
-def _local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
+def _reachable(path: str) -> bool:
+    """Whether :mod:`consistent_stream.storage` reaches ``path``: a local path, a ``file://``
+    URI or an object store's (``s3://``, ``s3a://``)."""
+    return "://" not in path or path.startswith(("file://", "s3://", "s3a://"))
 
 
 def _log_name(version: int, suffix: str) -> str:
@@ -118,7 +120,7 @@ def _last_checkpoint(table: str) -> int | None:
 def ensure_checkpoint(dt, interval: int) -> bool:
     """Write a checkpoint of ``dt`` (a deltalake DeltaTable, at its latest version) when its
     newest is more than ``interval`` versions old. Returns whether one was written."""
-    last = _last_checkpoint(dt.table_uri) if _local(dt.table_uri) else None
+    last = _last_checkpoint(dt.table_uri) if _reachable(dt.table_uri) else None
     if last is not None and dt.version() - last < interval:
         return False
     if last is None and dt.version() < interval:
@@ -187,8 +189,9 @@ class Tombstones:
         if last.get("parts"):
             raise ValueError(f"multi-part checkpoint {version} in {self.log_dir}")
         if version != self.checkpoint:
-            cp = pq.read_table(os.path.join(self.log_dir, _log_name(version, "checkpoint.parquet")),
-                               columns=["remove"])
+            fs, cp_path = location.pyarrow_filesystem(
+                os.path.join(self.log_dir, _log_name(version, "checkpoint.parquet")))
+            cp = pq.read_table(cp_path, columns=["remove"], filesystem=fs)
             # merged: a checkpoint leaves out tombstones older than the table's
             # deletedFileRetentionDuration, which this process may not have vacuumed yet
             self.removed.update({unquote(r["path"]): int(r.get("deletionTimestamp") or 0)
@@ -235,7 +238,7 @@ def vacuum_target(dt, retention_hours: float, now_s: float, tombstones: Tombston
         dirs[:] = [d for d in dirs if not d.startswith(("_", ".")) or "=" in d]   # partitions; not the log,
         for n in names:                                                           # CDF, catalog snapshots
             p = os.path.join(dirpath, n)
-            path = os.path.relpath(p, root)
+            path = p[len(root.rstrip("/")) + 1:]
             if not n.endswith(".parquet") or path in live or path in removed:
                 continue
             try:
@@ -387,7 +390,7 @@ class Maintenance:
         if state_version is not None and storage.is_dir(os.path.join(job.state_root, "_delta_log")):
             steps.append(("state", lambda: self._state_pass(r, state_version)))
         steps.append(("scratch", lambda: setattr(r, "scratch_dirs", clean_scratch(job.scratch_dir, batch_id))))
-        if _local(job.spark_checkpoint):
+        if _reachable(job.spark_checkpoint):
             steps.append(("Spark file source log",
                           lambda: setattr(r, "source_log_entries", trim_file_source_log(job.spark_checkpoint, batch_id))))
         for name, step in steps:
@@ -405,9 +408,10 @@ class Maintenance:
         job, ret = self.job, self.retention
         dt = self._latest(self._target)
         r.checkpoints += ensure_checkpoint(dt, ret.checkpoint_interval)
-        if not _local(job.target_path):
+        if not _reachable(job.target_path):
             if not self._warned:
-                log.warning("%s: the target %s is not on a local file system: only checkpoints are written",
+                log.warning("%s: the target %s is on a file system this package does not reach: only "
+                            "checkpoints are written",
                             job.model, job.target_path)
                 self._warned = True
             return
@@ -422,7 +426,7 @@ class Maintenance:
             dt.alter.set_table_properties({"delta.deletedFileRetentionDuration": STATE_TOMBSTONE_RETENTION})
             dt.update_incremental()
         r.checkpoints += ensure_checkpoint(dt, ret.checkpoint_interval)
-        if not _local(job.state_root):
+        if not _reachable(job.state_root):
             return
         keep_from = state_version - ret.state_retention_versions + 1
         r.state_data_files = vacuum_state(dt, keep_from, dt.version())

@@ -15,6 +15,7 @@ import bisect
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import location
 from ..changelog import WEIGHT
 from ..delta import DeltaTableRef
 from ..errors import CommitError, UniqueKeyViolation
@@ -120,7 +121,8 @@ def _target_keys(target: DeltaTableRef, version: int, new: pa.Table, unique_key:
     stored = [c for c in unique_key if c not in parts]
     tables = []
     for i in _may_hold(actions, new, unique_key, parts):
-        t = plain_arrow(pq.read_table(target.file_path(actions.column("path")[i].as_py()), columns=stored))
+        fs, path = location.pyarrow_filesystem(target.file_path(actions.column("path")[i].as_py()))
+        t = plain_arrow(pq.read_table(path, columns=stored, filesystem=fs))
         for c in unique_key:
             if c in parts:  # a partition column: its value is in the log, not in the file
                 value = actions.column(f"partition.{c}")[i].as_py()   # typed by delta-rs, or a string

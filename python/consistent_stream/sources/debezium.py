@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
+from ..location import normalize
 from ..changelog import consolidate_arrow
 from ..errors import SourceError
 from . import landing_index
@@ -61,7 +62,7 @@ class LandingReader:
     """
 
     def __init__(self, location: str):
-        self.location = os.path.abspath(location)
+        self.location = normalize(location)
         self._lock = threading.RLock()
         self._schemas: dict[str, TableSchema] = {}
         self._files: list[tuple[int, str, int, int]] = []   # seq, name, size, mtime_ns (parsed)
@@ -269,7 +270,7 @@ _READERS_LOCK = threading.Lock()
 
 def reader_for(location: str) -> LandingReader:
     """The process-wide reader of landing directory ``location``, refreshed (new files parsed)."""
-    key = os.path.abspath(location)
+    key = normalize(location)
     with _READERS_LOCK:
         r = _READERS.get(key)
         if r is None:
@@ -280,7 +281,7 @@ def reader_for(location: str) -> LandingReader:
 def forget_reader(location: str) -> None:
     """Drop the cached reader of ``location`` (after its files were deleted and rewritten)."""
     with _READERS_LOCK:
-        _READERS.pop(os.path.abspath(location), None)
+        _READERS.pop(normalize(location), None)
 
 
 class DebeziumSource:

@@ -56,6 +56,7 @@ from typing import NamedTuple
 import pyarrow as pa
 
 from .. import storage
+from ..location import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -234,9 +235,12 @@ def load(location: str, digest: str, name: str, size: int, mtime_ns: int) -> Par
     """The entry of event file ``name`` (of this size, mtime and schemas), or None when there
     is none or it cannot be read (a miss: the caller parses the file)."""
     path = entry_path(location, name, size, mtime_ns, digest)
-    try:   # mapped, not read (storage.read_bytes): the tables point into the file, not into a copy of it
-        with pa.memory_map(path) as src:
-            container = pa.ipc.open_file(src).read_all()
+    try:   # a local file is mapped, not read: the tables point into the file, not into a copy of it
+        if is_remote(path):
+            container = pa.ipc.open_file(pa.BufferReader(storage.read_bytes(path))).read_all()
+        else:
+            with pa.memory_map(path) as src:
+                container = pa.ipc.open_file(src).read_all()
     except FileNotFoundError:
         return None
     except (OSError, pa.ArrowInvalid) as e:

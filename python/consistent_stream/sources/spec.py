@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 
+from .. import location
 from ..errors import ConfigError
 
 SUPPORTED_FORMATS = ("delta", "debezium")
@@ -79,8 +79,7 @@ class SourceSpec:
             if not table or "." not in table:
                 raise ConfigError(f"{label}: meta.consistent_stream.table is required for format: debezium: the "
                                   f"captured table as schema.table, e.g. table: public.{d.get('name')}")
-        if "://" not in loc and not os.path.isabs(loc):
-            loc = os.path.normpath(os.path.join(project_root, loc))
+        loc = location.normalize(str(loc), project_root, key=f"{label}: meta.consistent_stream.location")
         pk = meta.get("primary_key") or []
         if isinstance(pk, str):
             pk = [pk]

@@ -65,10 +65,11 @@ class CutLog:
         and with its final modification time, at least 1 ms after every earlier file's.
 
         Spark's file source orders files by modification time in whole milliseconds, a tie in
-        listing order, and deletes each file once processed (``cleanSource``). The time is set
-        on the temporary file before the rename: set after it, a process killed in between
-        (the crash campaign's ``cut_planned``) left two files in one millisecond, the later
-        one was processed first and deleted, and the next batch's cut was lost.
+        listing order, and deletes each file once processed (``cleanSource``).
+        :func:`consistent_stream.storage.write_after` writes the file whole with a time after
+        the newest planned file's: a time set after the file appeared let a process killed in
+        between (the crash campaign's ``cut_planned``) leave two files in one millisecond, the
+        later one was processed first and deleted, and the next batch's cut was lost.
 
         Not fsynced, as the files it sits among are not (Spark's offset and commit logs,
         delta-rs' commits of the state and the target): the stack's durability is the page
@@ -79,16 +80,10 @@ class CutLog:
         the commits beside it do not give."""
         storage.make_dirs(self.directory)
         path = os.path.join(self.directory, f"cut-{seq:012d}.json")
-        tmp = os.path.join(self.directory, f".cut-{seq:012d}.tmp")
-        storage.write_bytes(tmp, json.dumps({"seq": seq, "start": start.versions, "end": end.versions},
-                                            sort_keys=True).encode())
-        ms = 1_000_000
-        stamp = storage.stat(tmp).mtime_ns // ms
         prev = self._files()
-        if prev:
-            stamp = max(stamp, storage.stat(os.path.join(self.directory, prev[-1])).mtime_ns // ms + 1)
-        storage.set_mtime_ns(tmp, stamp * ms)
-        storage.rename(tmp, path)
+        storage.write_after(path, json.dumps({"seq": seq, "start": start.versions, "end": end.versions},
+                                             sort_keys=True).encode(),
+                            os.path.join(self.directory, prev[-1]) if prev else None)
         fault_point("cut_planned")
 
     def stream(self, spark: SparkSession) -> DataFrame:

@@ -337,7 +337,9 @@ class StateStore:
         superset for several columns), read on the driver batch by batch. None when more
         than ``limit`` rows match."""
         import pyarrow.fs as pafs
-        fs, base = pafs.FileSystem.from_uri(self.table.file_uri(""))
+
+        from ..location import pyarrow_filesystem
+        fs, base = pyarrow_filesystem(self.table.file_uri(""))
         from urllib.parse import unquote
         paths = [base.rstrip("/") + "/" + unquote(f.data.path) for f in files]
         schema = _arrow_schema(arrangement.schema)

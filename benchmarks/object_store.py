@@ -1,0 +1,178 @@
+"""Benchmark: the example models' small batches with every location on local disk against
+every location on an S3 API server on loopback (s3proxy, :mod:`consistent_stream.s3server`),
+in one process and one untuned Spark session, and the object store requests each batch makes.
+
+    .venv/bin/python benchmarks/object_store.py [--sf 0.1] [--batches 5] [--models ...]
+
+TPC-H is generated once on local disk and copied to the store (the same Delta tables on both
+sides); every example model is built on each side, then ``--batches`` small refresh rounds
+(140 orders each, at most 2,000 changed source rows per model) are applied locally and copied
+to the store, each followed by an incremental run of every model on both sides. Per model:
+the median run and batch seconds on each side and their ratio (S3 / local), and the store's
+requests per incremental run, by kind (GET, PUT, LIST, HEAD, DELETE, POST) and by what they
+touched (Delta logs, data files, Spark's checkpoint, the cut log, the lock, other), from the
+server's request log. The source copy's own requests are not counted (they happen between
+runs). Both sides are verified against batch evaluation at the end.
+
+Prints one JSON line per model and a summary line, on stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+DATA = REPO / "benchmarks" / ".data" / "object_store"
+BUCKET = "cs-bench"
+SMALL_ROUND_ORDERS = 140
+
+
+def _sync(local: Path, remote: str, sent: set) -> int:
+    """Upload the files under ``local`` not uploaded yet (Delta tables only grow: new log
+    entries and data files) to ``remote``; returns how many."""
+    from consistent_stream import storage
+    n = 0
+    for d, _, files in os.walk(local):
+        for f in files:
+            p = os.path.join(d, f)
+            rel = os.path.relpath(p, local)
+            if rel in sent or f.endswith(".crc"):
+                continue
+            storage.replace_bytes(f"{remote}/{rel}", Path(p).read_bytes())
+            sent.add(rel)
+            n += 1
+    return n
+
+
+_PATH = re.compile(r"request: .*?\{(GET|PUT|HEAD|POST|DELETE)@\w+ https?://[^/\s]+/(\S*) HTTP/")
+
+
+def _what(path: str) -> str:
+    if "_delta_log/" in path:
+        return "delta_log"
+    if "/spark/" in path:
+        return "spark_checkpoint"
+    if "/cuts" in path:
+        return "cut_log"
+    if path.split("?")[0].endswith(".lock") or ".lock." in path:
+        return "lock"
+    if ".parquet" in path:
+        return "data_files"
+    return "other"
+
+
+def _requests(server, since: int) -> dict:
+    by_kind = server.requests(since)
+    with open(server.log_path, "rb") as f:
+        f.seek(since)
+        text = f.read().decode(errors="replace")
+    by_what = collections.Counter(_what(p) for _, p in _PATH.findall(text))
+    return {"total": sum(by_kind.values()), "by_kind": dict(by_kind), "by_what": dict(by_what)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sf", type=float, default=0.1)
+    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--models", nargs="*")
+    args = ap.parse_args()
+
+    import consistent_stream  # noqa: F401
+    from consistent_stream import location, s3server
+    from consistent_stream.job import run_job
+    from consistent_stream.spec import JobSpec
+    from consistent_stream.tpch.generate import generate
+    from consistent_stream.tpch.refresh import refresh_round
+    from consistent_stream.verify import verify_target
+    from helpers import EXAMPLE_MODELS, render_model, tpch_sources
+
+    shutil.rmtree(DATA, ignore_errors=True)
+    DATA.mkdir(parents=True)
+    server = s3server.start(Path(tempfile.mkdtemp(prefix="cs-bench-s3-")), buckets=(BUCKET,), request_log=True)
+    os.environ.update(server.env())
+    location.reset()
+    try:
+        from pyspark.sql import SparkSession
+        from consistent_stream.session import with_delta
+        spark = (with_delta(SparkSession.builder).master("local[*]").config("spark.ui.enabled", "false")
+                 .config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.sql.warehouse.dir", str(DATA / "warehouse")).getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        local_data = DATA / "data"
+        generate(args.sf, local_data)
+        remote_data = f"s3://{BUCKET}/data"
+        sent: set = set()
+        _sync(local_data, remote_data, sent)
+        # the example models over sources only, as refresh_vs_full.py takes them
+        names = args.models or sorted(p.stem for p in EXAMPLE_MODELS.glob("*.sql")
+                                      if not render_model(p)[3] and render_model(p)[1].get("materialized") != "view")
+        sides = {"local": (str(local_data), str(DATA / "targets")), "s3": (remote_data, f"s3://{BUCKET}/targets")}
+        jobs: dict[str, dict] = {side: {} for side in sides}
+        for name in names:
+            sql, config, used, refs = render_model(EXAMPLE_MODELS / f"{name}.sql")
+            if refs:
+                continue   # a ref() chain's downstream: its upstream's side would have to be built first
+            for side, (data, targets) in sides.items():
+                jobs[side][name] = JobSpec.from_dbt(
+                    project_root=str(DATA), schema="bench", identifier=name, model_name=name, sql=sql,
+                    sources=tpch_sources(data, used), config={"unique_key": config["unique_key"],
+                                                              "location_root": targets},
+                    warehouse_dir=str(DATA / "warehouse"))
+        for side in sides:
+            for job in jobs[side].values():
+                run_job(spark, job, full_refresh=True)
+        samples = {(side, m): [] for side in sides for m in jobs["local"]}
+        for i in range(args.batches):
+            refresh_round(local_data, 100 + i, size=SMALL_ROUND_ORDERS)
+            _sync(local_data, remote_data, sent)
+            for m in jobs["local"]:
+                for side in sides:
+                    since = server.log_offset()
+                    t0 = time.time()
+                    s = run_job(spark, jobs[side][m])
+                    wall = time.time() - t0
+                    time.sleep(0.2)   # the log's last lines
+                    req = _requests(server, since) if side == "s3" else None
+                    samples[(side, m)].append({"run_s": wall, "batch_s": s["metrics"][0]["seconds"] if s["metrics"]
+                                               else None, "batches": s["batches"], "requests": req,
+                                               "changes_read": s["changes_read"]})
+        summary = []
+        for m in jobs["local"]:
+            loc, s3 = samples[("local", m)], samples[("s3", m)]
+            med = {side: round(statistics.median(x["run_s"] for x in samples[(side, m)]), 3) for side in sides}
+            reqs = [x["requests"] for x in s3]
+            rec = {"sf": args.sf, "model": m, "batches": args.batches,
+                   "local_run_s_median": med["local"], "s3_run_s_median": med["s3"],
+                   "ratio_s3_to_local": round(med["s3"] / med["local"], 2),
+                   "local_batch_s_median": round(statistics.median(x["batch_s"] or 0 for x in loc), 3),
+                   "s3_batch_s_median": round(statistics.median(x["batch_s"] or 0 for x in s3), 3),
+                   "changed_rows_max": max(x["changes_read"] for x in s3),
+                   "s3_requests_per_run_median": statistics.median(r["total"] for r in reqs),
+                   "s3_requests_per_run": [r["total"] for r in reqs],
+                   "s3_requests_by_kind_last": reqs[-1]["by_kind"], "s3_requests_by_what_last": reqs[-1]["by_what"],
+                   "verified_local": verify_target(spark, jobs["local"][m].target_path).ok,
+                   "verified_s3": verify_target(spark, jobs["s3"][m].target_path).ok}
+            summary.append(rec)
+            print(json.dumps(rec), flush=True)
+        print(json.dumps({"summary": True, "sf": args.sf, "models": len(summary),
+                          "ratio_s3_to_local_median": statistics.median(r["ratio_s3_to_local"] for r in summary),
+                          "s3_requests_per_run_median": statistics.median(r["s3_requests_per_run_median"]
+                                                                          for r in summary),
+                          "all_verified": all(r["verified_local"] and r["verified_s3"] for r in summary)}))
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""Every location on an object store: sources, targets, checkpoints (state tables, the cut log,
+Spark's streaming checkpoint, the plan) and the warehouse on a real S3 API server (s3proxy, a
+separate JVM on loopback, started here), read and written by delta-rs, obstore, pyarrow and
+Spark's S3A. No local path holds any of it: the test checks the project directory is empty
+of data afterwards.
+
+Covered: the central check after inserts, updates and deletes; a ``ref()`` chain; kill -9
+at the state commit and at the target commit, each followed by a run that repairs it;
+``--full-refresh``; and the bad inputs: a bucket that does not exist, refused credentials, a
+location whose scheme no engine reads, a model whose writer lock a live run holds.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from consistent_stream import location, s3server, storage
+from consistent_stream.delta import DeltaTableRef
+from consistent_stream.errors import ConcurrentWriterError, ConfigError, StorageError
+from consistent_stream.job import run_job
+from consistent_stream.spec import JobSpec
+from helpers import assert_target_equals_batch_evaluation
+
+BUCKET = "cs-test"
+LEASE_S = 4.0
+"""The writer lock's lease here: a killed run's lock is free this long after its last renewal."""
+CDF = {"delta.enableChangeDataFeed": "true"}
+SQL = """
+select c.id, c.name, count(o.oid) as orders, sum(o.amount) as total
+from src.customers c left join src.orders o on c.id = o.cid
+group by c.id, c.name
+"""
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """The S3 server, with the environment every engine here reads (the AWS variables; the
+    two object_store ones let the tests' own delta-rs calls, which pass no options, reach
+    it too)."""
+    srv = s3server.start(tmp_path_factory.mktemp("s3server"), buckets=(BUCKET,), request_log=True)
+    saved = dict(os.environ)
+    os.environ.update(srv.env(), AWS_ALLOW_HTTP="true", AWS_CONDITIONAL_PUT="etag",
+                      CONSISTENT_STREAM_LOCK_LEASE_S=str(LEASE_S))
+    location.reset()
+    yield srv
+    os.environ.clear()
+    os.environ.update(saved)
+    location.reset()
+    srv.stop()
+
+
+class S3Sources:
+    """Source tables under ``s3://cs-test/<name>/src``."""
+
+    def __init__(self, root: str, tables: dict[str, pa.Table], keys: dict[str, list[str]]):
+        self.root, self.keys = root, keys
+        storage.remove_tree(root)
+        for name, data in tables.items():
+            write_deltalake(self.path(name), data, configuration=CDF)
+
+    def path(self, name: str) -> str:
+        return f"{self.root}/src/{name}"
+
+    def sources(self) -> list[dict]:
+        return [{"source_name": "src", "name": n, "relation": f"src.{n}",
+                 "meta": {"location": self.path(n), "primary_key": k}} for n, k in self.keys.items()]
+
+    def job(self, project, sql: str, unique_key, name: str = "m", sources=None) -> JobSpec:
+        return JobSpec.from_dbt(project_root=str(project), schema="s3t", identifier=name, model_name=name, sql=sql,
+                                sources=sources or self.sources(),
+                                config={"unique_key": unique_key, "location_root": f"{self.root}/targets"},
+                                warehouse_dir=f"{self.root}/warehouse")
+
+
+def _shop(root: str) -> S3Sources:
+    return S3Sources(root, {
+        "customers": pa.table({"id": [1, 2, 3], "name": ["ann", "bob", "cy"]}),
+        "orders": pa.table({"oid": [10, 11, 12], "cid": [1, 1, 2], "amount": [5, 7, 1]}),
+    }, {"customers": ["id"], "orders": ["oid"]})
+
+
+def _no_local_data(project) -> None:
+    left = [os.path.join(d, f) for d, _, files in os.walk(project) for f in files]
+    assert not left, f"files written to the local project directory: {left[:5]}"
+
+
+def test_a_model_on_s3_equals_batch_evaluation_through_changes_a_chain_and_a_full_refresh(spark, s3, tmp_path,
+                                                                                         caplog):
+    caplog.set_level("DEBUG", logger="consistent_stream")
+    src = _shop(f"s3://{BUCKET}/central")
+    job = src.job(tmp_path, SQL, "id")
+    assert job.target_path.startswith("s3://") and job.checkpoint_location.startswith("s3://")
+    run_job(spark, job, full_refresh=True)
+    assert_target_equals_batch_evaluation(spark, job, "initial")
+
+    write_deltalake(src.path("orders"), pa.table({"oid": [13, 14], "cid": [3, 3], "amount": [4, 9]}), mode="append")
+    DeltaTable(src.path("customers")).update(updates={"name": "'bo'"}, predicate="id = 2")
+    run_job(spark, job)
+    assert_target_equals_batch_evaluation(spark, job, "after inserts and an update")
+    DeltaTable(src.path("orders")).delete("oid = 10")
+    run_job(spark, job)
+    assert_target_equals_batch_evaluation(spark, job, "after a delete")
+
+    # the checkpoint is on the store: the cut log, the state table, Spark's checkpoint
+    names = storage.list_dir(job.checkpoint_location)
+    assert names, "nothing under the checkpoint location on S3"
+
+    # a ref() chain: a second model over the first one's target, on S3 as well
+    down = src.job(tmp_path, "select count(*) as customers, sum(total) as total from s3t.m", None, name="d",
+                   sources=[{"kind": "model", "name": "m", "relation": "s3t.m", "schema": "s3t", "identifier": "m",
+                             "config": {"location_root": f"{src.root}/targets"}}])
+    run_job(spark, down, full_refresh=True)
+    assert_target_equals_batch_evaluation(spark, down, "chain, initial")
+    write_deltalake(src.path("orders"), pa.table({"oid": [15], "cid": [1], "amount": [2]}), mode="append")
+    run_job(spark, job)
+    run_job(spark, down)
+    assert_target_equals_batch_evaluation(spark, down, "chain, after a change")
+
+    # --full-refresh: the checkpoint is removed from the store and rebuilt
+    before = DeltaTableRef(job.target_path).latest_version()
+    summary = run_job(spark, job, full_refresh=True)
+    assert summary["batches"] >= 1 and DeltaTableRef(job.target_path).latest_version() > before
+    assert_target_equals_batch_evaluation(spark, job, "after --full-refresh")
+    _no_local_data(tmp_path)
+
+    # the secret key is in no log line and in no object the runs stored (checkpoint files,
+    # the job spec, commit metadata, the lock)
+    secret = s3.secret_key
+    assert secret not in caplog.text
+    stored = [p for p in (Path(s3.directory) / "data" / BUCKET).rglob("*") if p.is_file()]
+    assert stored and not [p for p in stored if secret.encode() in p.read_bytes()]
+
+
+CHILD = textwrap.dedent("""
+    import sys
+    from pyspark.sql import SparkSession
+    from consistent_stream.session import with_delta
+    from consistent_stream.job import run_job
+    from consistent_stream.spec import JobSpec
+    spark = (with_delta(SparkSession.builder).master("local[1]").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    run_job(spark, JobSpec.load(sys.argv[1]), timeout_s=float(sys.argv[2]) or None)
+""")
+
+
+def _child(job: JobSpec, tmp_path, *, fault: str | None = None, timeout_s: float = 0) -> subprocess.Popen:
+    spec = tmp_path / f"{job.model}-{time.time_ns()}.json"
+    spec.write_text(job.to_json())
+    env = {k: v for k, v in os.environ.items() if k != "CONSISTENT_STREAM_FAULT"}
+    if fault:
+        env["CONSISTENT_STREAM_FAULT"] = fault
+    return subprocess.Popen([sys.executable, "-c", CHILD, str(spec), str(timeout_s)], env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("point", ["state_committed", "target_committed"])
+def test_kill_9_at_a_commit_on_s3_is_repaired_by_the_next_run(spark, s3, tmp_path, point):
+    src = _shop(f"s3://{BUCKET}/kill-{point}")
+    job = src.job(tmp_path / "p", SQL, "id", name=f"k_{point}")
+    run_job(spark, job, full_refresh=True)
+    write_deltalake(src.path("orders"), pa.table({"oid": [20, 21], "cid": [2, 3], "amount": [3, 8]}), mode="append")
+    target = DeltaTableRef(job.target_path)
+    before = target.latest_version()
+    proc = _child(job, tmp_path, fault=point)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == -9, f"the child was not killed at {point}: rc {proc.returncode}\n{err.decode()[-2000:]}"
+    after_kill = DeltaTableRef(job.target_path).latest_version()
+    assert after_kill == before + (1 if point == "target_committed" else 0)
+    with pytest.raises(ConcurrentWriterError, match="lease"):   # the killed run's lock, until its lease ends
+        run_job(spark, job)
+    deadline = time.time() + 2 * LEASE_S + 3   # the lease, renewed up to a third of it before the kill, and
+    while True:                                # the store's whole-second clock
+        try:
+            run_job(spark, job)
+            break
+        except ConcurrentWriterError:
+            assert time.time() < deadline, "the killed run's lock was not released by its lease"
+            time.sleep(0.5)
+    assert_target_equals_batch_evaluation(spark, job, f"after kill -9 at {point}")
+    from consistent_stream.runtime import BatchMeta
+    batches = [(m.app_id, m.batch_id) for m in map(BatchMeta.from_commit, DeltaTableRef(job.target_path).history())
+               if m is not None]
+    assert len(batches) == len(set(batches)), f"a batch committed twice: {batches}"
+
+
+def test_bad_locations_are_named_before_anything_is_written(spark, s3, tmp_path):
+    src = _shop(f"s3://{BUCKET}/bad")
+    good = src.job(tmp_path, SQL, "id")
+
+    # a bucket that does not exist
+    cfg = {"unique_key": "id", "location_root": "s3://no-such-bucket-here/targets"}
+    job = JobSpec.from_dbt(project_root=str(tmp_path), schema="s3t", identifier="nb", model_name="nb", sql=SQL,
+                           sources=src.sources(), config=cfg, warehouse_dir=str(tmp_path / "wh"))
+    with pytest.raises(StorageError, match=r"model nb: target \(location_root\) s3://no-such-bucket-here/targets/nb: "
+                                           r"bucket 'no-such-bucket-here' does not exist"):
+        run_job(spark, job)
+
+    # a scheme no engine here reads
+    with pytest.raises(ConfigError, match=r"config location_root 'gs://b/x': scheme gs:// is not supported"):
+        JobSpec.from_dbt(project_root=str(tmp_path), schema="s3t", identifier="gs", model_name="gs", sql=SQL,
+                         sources=src.sources(), config={"unique_key": "id", "location_root": "gs://b/x"},
+                         warehouse_dir=str(tmp_path / "wh"))
+    bad_source = [{**src.sources()[0],
+                   "meta": {"location": "abfss://c@a.dfs.core.windows.net/t", "primary_key": ["id"]}}]
+    with pytest.raises(ConfigError, match=r"meta.consistent_stream.location .*scheme abfss:// is not supported"):
+        src.job(tmp_path, "select id from src.customers", None, name="az", sources=bad_source)
+
+    # credentials the store refuses; the secret is in no message
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"]
+    os.environ["AWS_SECRET_ACCESS_KEY"] = "wrong-" + secret[:4]
+    location.reset()
+    try:
+        with pytest.raises(StorageError, match=r"refused the credentials from the AWS chain") as e:
+            run_job(spark, good)
+        assert secret[:4] not in str(e.value) or "wrong-" not in str(e.value)
+    finally:
+        os.environ["AWS_SECRET_ACCESS_KEY"] = secret
+        location.reset()
+    assert not DeltaTableRef(good.target_path).exists(), "a refused run wrote the target"
+
+
+def test_a_second_writer_on_another_host_gets_the_holders_name(spark, s3, tmp_path):
+    """The writer lock is an object on the store with a lease: a run in another process (as
+    another host would run it: it shares nothing with this one but the store) holds it; this
+    run is refused with the holder's pid and host and nothing written."""
+    src = _shop(f"s3://{BUCKET}/lock")
+    job = src.job(tmp_path, SQL, "id", name="locked")
+    spec = tmp_path / "continuous.json"
+    spec.write_text(job.to_json().replace('"trigger": "available_now"', '"trigger": "processing_time:1"'))
+    job = JobSpec.load(str(spec))
+    assert job.trigger == "processing_time:1"
+    proc = _child(job, tmp_path, timeout_s=120)
+    try:
+        lock = job.checkpoint_location + ".lock"
+        deadline = time.time() + 120
+        while time.time() < deadline and not storage.exists(lock):
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            time.sleep(0.5)
+        with pytest.raises(ConcurrentWriterError, match=rf"pid {proc.pid} on host .*Nothing was read"):
+            run_job(spark, src.job(tmp_path, SQL, "id", name="locked"))
+    finally:
+        proc.kill()
+        proc.wait()
