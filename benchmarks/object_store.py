@@ -58,6 +58,8 @@ _PATH = re.compile(r"request: .*?\{(GET|PUT|HEAD|POST|DELETE)@\w+ https?://[^/\s
 
 
 def _what(path: str) -> str:
+    from urllib.parse import unquote
+    path = unquote(path)
     if "_delta_log/" in path:
         return "delta_log"
     if "/spark/" in path:

@@ -250,3 +250,109 @@ def test_a_second_writer_on_another_host_gets_the_holders_name(spark, s3, tmp_pa
     finally:
         proc.kill()
         proc.wait()
+
+
+DBT_SOURCES = """
+version: 2
+sources:
+  - name: shop
+    schema: shop
+    tables:
+      - name: orders
+        meta:
+          consistent_stream: {{format: delta, location: "{loc}", primary_key: [oid]}}
+"""
+DBT_TOTALS = """
+{{{{ config(materialized='consistent_stream', unique_key='cid', location_root='{root}') }}}}
+select cid, count(*) as n, sum(amount) as total from {{{{ source('shop', 'orders') }}}} group by cid
+"""
+DBT_BIG = """
+{{{{ config(materialized='consistent_stream', unique_key='cid', location_root='{root}') }}}}
+select cid, total from {{{{ ref('totals') }}}} where total >= 10
+"""
+DBT_SCHEMA = """
+version: 2
+models:
+  - name: totals
+    columns:
+      - name: cid
+        data_tests: [unique, not_null]
+"""
+
+
+def test_dbt_run_and_test_with_every_location_on_s3(spark, s3, tmp_path):
+    """`dbt run` and `dbt test` of a model and a ``ref()`` of it, sources and targets on S3:
+    the targets are Delta tables in Spark's catalog at their S3 locations, and `dbt test`
+    reads them there."""
+    import uuid
+
+    from test_dbt_plugin import PROJECT, dbt, messages, profile, write
+    schema = f"s3dbt_{uuid.uuid4().hex[:8]}"
+    root = f"s3://{BUCKET}/dbt-{schema}"
+    src = f"{root}/src/orders"
+    write_deltalake(src, pa.table({"oid": [1, 2, 3], "cid": [1, 1, 2], "amount": [5, 6, 7]}), configuration=CDF)
+    write(tmp_path, {
+        "dbt_project.yml": PROJECT,
+        "profiles.yml": profile(schema, tmp_path / "spark", "s3"),
+        "models/sources.yml": DBT_SOURCES.format(loc=src),
+        "models/totals.sql": DBT_TOTALS.format(root=f"{root}/targets"),
+        "models/big.sql": DBT_BIG.format(root=f"{root}/targets"),
+        "models/schema.yml": DBT_SCHEMA,
+    })
+    res = dbt(tmp_path, "run")
+    assert res.success, messages(res)
+    assert {r["cid"]: r["total"] for r in spark.table(f"{schema}.totals").collect()} == {1: 11, 2: 7}
+    location_of = {r.col_name: r.data_type for r in spark.sql(f"DESCRIBE TABLE EXTENDED {schema}.totals").collect()}
+    assert location_of["Location"].startswith(("s3://", "s3a://")), location_of["Location"]
+    res = dbt(tmp_path, "test")
+    assert res.success, messages(res)
+
+    write_deltalake(src, pa.table({"oid": [4], "cid": [2], "amount": [8]}), mode="append")
+    DeltaTable(src).delete("oid = 1")
+    res = dbt(tmp_path, "run")
+    assert res.success, messages(res)
+    assert {r["cid"]: r["total"] for r in spark.table(f"{schema}.totals").collect()} == {1: 6, 2: 15}
+    assert {r["cid"]: r["total"] for r in spark.table(f"{schema}.big").collect()} == {2: 15}
+    local = [os.path.join(d, f) for d, _, files in os.walk(tmp_path) for f in files]
+    assert not [f for f in local if f.endswith(".parquet") or "_delta_log" in f or "checkpoint" in f], local
+
+
+def test_a_capture_lands_on_s3_and_a_model_over_it_stays_exact(spark, s3, tmp_path):
+    """``consistent-stream capture postgres`` with its landing directory on the store (event
+    files, schemas, its state, the landing index), and a model over the captured tables whose
+    targets and checkpoint are there too: every version equals batch evaluation at its cut,
+    and money is conserved."""
+    from consistent_stream.sources.debezium import reader_for
+    from postgres_server import Database, start_capture, stop_capture, wait_for
+    from test_debezium_model import N_ACCOUNTS, SQL as BANK_SQL, _sources, _transfers
+    db = Database()
+    db.execute(f"""create table accounts (id int primary key, branch int, balance bigint);
+                   create table transfers (tid serial primary key, src int, dst int, amount int);
+                   alter table accounts replica identity full; alter table transfers replica identity full;
+                   insert into accounts select g, g % 4, 1000 from generate_series(0, {N_ACCOUNTS - 1}) g;""")
+    landing = f"s3://{BUCKET}/capture/landing"
+    cap = start_capture(db.dsn, "public.accounts,public.transfers", "s_s3", landing, log_path=str(tmp_path / "cap.log"))
+
+    def landed(tid: int) -> bool:
+        r = reader_for(landing)
+        return tid in r.table_at("public.transfers", r.latest_position()).column("tid").to_pylist()
+
+    try:
+        wait_for(lambda: reader_for(landing).latest_position() > 0, what="the snapshot on S3")
+        first = _transfers(db, 10, 1)
+        wait_for(lambda: landed(first), what="the transfers to land on S3")
+        job = JobSpec.from_dbt(project_root=str(tmp_path), schema="s3t", identifier="bank", model_name="bank",
+                               sql=BANK_SQL, sources=_sources(landing),
+                               config={"unique_key": "branch", "location_root": f"s3://{BUCKET}/capture/targets"},
+                               warehouse_dir=f"s3://{BUCKET}/capture/warehouse")
+        run_job(spark, job, full_refresh=True)
+        assert_target_equals_batch_evaluation(spark, job, "capture on S3, initial")
+        last = _transfers(db, 15, 2)
+        wait_for(lambda: landed(last), what="more transfers to land on S3")
+        run_job(spark, job)
+        assert_target_equals_batch_evaluation(spark, job, "capture on S3, after transfers")
+    finally:
+        stop_capture(cap)
+    rows = DeltaTable(job.target_path).to_pyarrow_table().to_pylist()
+    assert sum(r["balance"] for r in rows) == N_ACCOUNTS * 1000
+    assert storage.list_dir(landing), "nothing landed on the store"

@@ -43,6 +43,11 @@ ON_SCHEMA_CHANGE = ("ignore", "fail", "append_new_columns", "sync_all_columns")
 CHECKPOINT_INTERVAL = 100
 """Default ``checkpoint_interval``: commits between Delta checkpoints (delta-rs' default
 ``delta.checkpointInterval``)."""
+CHECKPOINT_INTERVAL_OBJECT_STORE = 10
+"""The default when the target or the checkpoint is on an object store: every open of a Delta
+table, and delta-rs' ``transaction_version``, reads each commit since the newest checkpoint
+with one GET, so a batch's requests grow with that distance (10 is Delta Spark's own
+``checkpointInterval``)."""
 
 
 def _as_list(value, key: str) -> list[str]:
@@ -277,7 +282,10 @@ class JobSpec:
                                                  float, model_name, low=0.0),
             state_retention_versions=_number(config, "state_retention_versions", STATE_RETENTION_VERSIONS, int,
                                              model_name, low=1),
-            checkpoint_interval=_number(config, "checkpoint_interval", CHECKPOINT_INTERVAL, int, model_name, low=1))
+            checkpoint_interval=_number(config, "checkpoint_interval",
+                                        CHECKPOINT_INTERVAL_OBJECT_STORE if location.is_remote(ckpt)
+                                        or location.is_remote(target) else CHECKPOINT_INTERVAL,
+                                        int, model_name, low=1))
         if local_engine not in ("duckdb", "spark"):
             raise ConfigError(f"model {model_name}: config local_engine must be 'duckdb' or 'spark', "
                               f"got {config.get('local_engine')!r}")

@@ -2,8 +2,8 @@
 (``job.json``, the fingerprint, the plan, the local engine's translations, the cut log, Spark's
 streaming checkpoint read as files), the markers of catalog entries, the project's index of
 models, a CDC capture's landing directory (event files, schema files, its state, the landing
-index), table maintenance's reads of a Delta log and deletes of expired files, and directories
-removed whole.
+index), table maintenance's reads of a Delta log and deletes of expired files, the one commit
+file :mod:`consistent_stream.delta` reads back after a commit, and directories removed whole.
 
 Every function takes a local path or an S3 URI (``s3://bucket/key``, see
 :mod:`consistent_stream.location`): local paths go to the operating system, URIs to the
@@ -15,8 +15,8 @@ object is under it, :func:`make_dirs` has nothing to do, and a listing is one LI
 Reads: :func:`read_text` and :func:`read_json` take a missing or unreadable file (and
 :func:`read_json` a torn one) for no file, as a checkpoint file the run writes again;
 :func:`read_bytes` raises, for a caller that must tell a missing file from one it cannot read.
-Listings (:func:`list_dir`, :func:`walk`) take a missing directory for an empty one, as an
-object store's listing of a prefix does.
+Listings (:func:`list_dir`, :func:`list_files`) take a missing directory for an empty one, as
+an object store's listing of a prefix does.
 
 Small files are replaced atomically (locally a temporary file renamed over the old one; on an
 object store one PUT, which readers see whole or not at all) and not fsynced, as Spark's
@@ -323,38 +323,40 @@ def list_dir(path: str) -> list[str]:
         return []
 
 
-def walk(path: str) -> Iterator[tuple[str, list[str], list[str]]]:
-    """The directories under ``path`` and itself, top down, as ``os.walk`` gives them:
-    ``(directory, subdirectory names, file names)``; a caller may remove names from the
-    subdirectory list to skip them. Nothing when ``path`` does not exist; a directory that
-    cannot be read is skipped. On an object store the whole prefix is listed once."""
+def list_files(path: str, *, skip_dirs=lambda name: False) -> Iterator[tuple[str, FileStat]]:
+    """Every file under directory ``path`` (recursively), as ``(path, FileStat)``, skipping the
+    subdirectories whose name ``skip_dirs`` accepts and what is under them. Nothing when
+    ``path`` does not exist. On an object store the sizes and times come from the listing
+    itself (one LIST per 1,000 keys, no request per file); locally one ``stat`` per file. A
+    file removed while listed is left out."""
     if not location.is_remote(path):
-        yield from os.walk(path)
+        for d, dirs, names in os.walk(path):
+            dirs[:] = [n for n in dirs if not skip_dirs(n)]
+            for n in names:
+                p = os.path.join(d, n)
+                try:
+                    st = os.stat(p)
+                except FileNotFoundError:
+                    continue
+                yield p, FileStat(st.st_size, st.st_mtime_ns)
         return
-    bucket, key = location.split(path)
+    import obstore
+    store, key = _store(path)
     base = _prefix(key)
-    tree: dict[str, tuple[set, list]] = {}
-    for k in _s3_keys(path):
-        parts = k[len(base):].split("/")
-        for i in range(len(parts)):
-            d = "/".join(parts[:i])
-            subdirs, files = tree.setdefault(d, (set(), []))
-            if i == len(parts) - 1:
-                files.append(parts[i])
-            else:
-                subdirs.add(parts[i])
-
-    def visit(rel: str):
-        subdirs, files = tree[rel]
-        names = sorted(subdirs)
-        # an empty name or one that is also a prefix: a directory marker (S3A's mkdirs)
-        files = sorted(f for f in files if f and f not in subdirs)
-        yield location.join(path, rel) if rel else path, names, files
-        for n in names:
-            yield from visit(f"{rel}/{n}" if rel else n)
-
-    if "" in tree:
-        yield from visit("")
+    try:
+        chunks = obstore.list(store, base or None)
+        for chunk in chunks:
+            for m in chunk:
+                rel = m["path"][len(base):]
+                parts = rel.split("/")
+                if not parts[-1] or any(skip_dirs(d) for d in parts[:-1]):
+                    continue   # a directory marker, or under a skipped directory
+                yield (location.join(path, rel),
+                       FileStat(int(m["size"]), int(m["last_modified"].timestamp() * 1000) * 1_000_000))
+    except FileNotFoundError:
+        return
+    except Exception as e:
+        raise OSError(f"cannot list {path}: {e}") from e
 
 
 def make_dirs(path: str, mode: int | None = None) -> None:

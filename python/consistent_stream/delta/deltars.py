@@ -219,6 +219,7 @@ class DeltaTableRef:
     def __init__(self, path: str):
         self.path = str(path)
         self.storage_options = location.delta_storage_options(self.path)
+        self._txns: dict[str, tuple[int, int | None]] = {}   # app id -> (handle version, its txn version)
         self._dt: DeltaTable | None = None
         self._files: dict[int, pa.Table] = {}  # version -> add actions (flattened), newest two kept
 
@@ -271,8 +272,35 @@ class DeltaTableRef:
 
     # ---- metadata -------------------------------------------------------------------------
     def txn_version(self, app_id: str) -> int | None:
-        """Latest transaction version committed by ``app_id`` (at the handle's version), or None."""
-        return self.table().transaction_version(app_id) if self.exists() else None
+        """Latest transaction version committed by ``app_id`` (at the handle's version), or None.
+
+        delta-rs reads it by replaying the log since the newest checkpoint (one read per
+        commit: on an object store, one GET each), so it is remembered per handle version, and
+        a commit this ref makes with a txn records it (:meth:`_recorded`) without a replay."""
+        if not self.exists():
+            return None
+        version = self.table().version()
+        known = self._txns.get(app_id)
+        if known is None or known[0] != version:
+            known = (version, self.table().transaction_version(app_id))
+            self._txns[app_id] = known
+        return known[1]
+
+    def _recorded(self, version: int, txn: Txn) -> bool:
+        """Whether commit ``version`` (this ref's own, just made) records ``txn``: read from
+        that one commit file (one read, however long the log). Remembers it for
+        :meth:`txn_version`."""
+        from .. import storage
+        uri = self.storage_path(f"_delta_log/{version:020d}.json")
+        for line in storage.read_bytes(uri).splitlines():
+            action = json.loads(line).get("txn") if line.strip() else None
+            if action and action.get("appId") == txn.app_id:
+                if int(action.get("version", -1)) != txn.version:
+                    return False
+                if self.table().version() == version:
+                    self._txns[txn.app_id] = (version, txn.version)
+                return True
+        return False
 
     def arrow_schema(self, version: int | None = None) -> pa.Schema:
         dt = self.table() if version is None else self._at(version)
@@ -413,6 +441,12 @@ class DeltaTableRef:
         from urllib.parse import unquote
         return as_uri(os.path.join(self.path, "")) + unquote(rel)
 
+    def storage_path(self, rel: str) -> str:
+        """Where :mod:`consistent_stream.storage` reaches the file at ``rel`` (relative to the
+        table root): a local path, or an ``s3://`` URI."""
+        path = self.path[len("file://"):] if self.path.startswith("file://") else self.path
+        return path.rstrip("/") + "/" + rel
+
     def file_path(self, rel: str) -> str:
         """Where a data file (its path relative to the table root, as in the log) is read
         from: a local path for a table on the local file system, else its URI."""
@@ -528,7 +562,7 @@ class DeltaTableRef:
                                         "append", current, partition_by=partition_by or None,
                                         commit_properties=self._props(txn, metadata))
         version = self._advanced()
-        if version != before + 1 or (txn is not None and self.txn_version(txn.app_id) != txn.version):
+        if version != before + 1 or (txn is not None and not self._recorded(version, txn)):
             raise CommitError(f"commit to {self.path} did not record txn {txn} as version {before + 1}")
         return version
 
@@ -582,7 +616,7 @@ class DeltaTableRef:
                                     commit_properties=self._props(txn, metadata))
         metrics = clauses(merger, cols).execute()
         v = self._advanced()
-        if self.txn_version(txn.app_id) != txn.version:
+        if not self._recorded(v, txn):
             raise CommitError(f"merge into {self.path} did not record txn {txn}")
         return v, dict(metrics or {})
 

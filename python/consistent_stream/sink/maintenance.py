@@ -234,27 +234,20 @@ def vacuum_target(dt, retention_hours: float, now_s: float, tombstones: Tombston
             if storage.remove(os.path.join(root, path)):
                 data += 1
             del removed[path]   # gone: not tried again (a newer checkpoint may list it until it expires)
-    for dirpath, dirs, names in storage.walk(root):
-        dirs[:] = [d for d in dirs if not d.startswith(("_", ".")) or "=" in d]   # partitions; not the log,
-        for n in names:                                                           # CDF, catalog snapshots
-            p = os.path.join(dirpath, n)
-            path = p[len(root.rstrip("/")) + 1:]
-            if not n.endswith(".parquet") or path in live or path in removed:
-                continue
-            try:
-                if storage.stat(p).mtime_ns / 1e6 < cutoff_ms and storage.remove(p):
-                    data += 1
-            except FileNotFoundError:
-                pass
+
+    def skip(name: str) -> bool:   # not the log, the Change Data Feed or the catalog's marker; partitions
+        return name.startswith(("_", ".")) and "=" not in name
+
+    for p, st in storage.list_files(root, skip_dirs=skip):
+        path = p[len(root.rstrip("/")) + 1:]
+        if not path.endswith(".parquet") or path in live or path in removed:
+            continue
+        if st.mtime_ns / 1e6 < cutoff_ms and storage.remove(p):
+            data += 1
     cdc = 0
-    for dirpath, _, names in storage.walk(os.path.join(root, "_change_data")):
-        for n in names:
-            p = os.path.join(dirpath, n)
-            try:
-                if storage.stat(p).mtime_ns / 1e6 < cutoff_ms and storage.remove(p):
-                    cdc += 1
-            except FileNotFoundError:
-                pass
+    for p, st in storage.list_files(os.path.join(root, "_change_data")):
+        if st.mtime_ns / 1e6 < cutoff_ms and storage.remove(p):
+            cdc += 1
     return data, cdc
 
 
