@@ -9,7 +9,7 @@
 PYTHON := .venv/bin/python
 STAMP := .venv/installed.stamp
 
-.PHONY: .venv test demo demo-cluster
+.PHONY: .venv test demo demo-cluster demo-cluster-s3
 
 .venv: $(STAMP)
 
@@ -34,3 +34,9 @@ demo: .venv
 # 127.0.0.1, from pyspark's distribution), stopped at the end.
 demo-cluster: .venv
 	scripts/demo_cluster.sh
+
+# The same demo on a cluster whose nodes share nothing but an S3 server (s3proxy): master and
+# workers each in a network namespace of their own, run as an account that cannot read the
+# driver's files; sources, targets, checkpoints and the warehouse on S3. Root only.
+demo-cluster-s3: .venv
+	scripts/demo_cluster_s3.sh

@@ -7,7 +7,10 @@ in one process and one untuned Spark session, and the object store requests each
 TPC-H is generated once on local disk and copied to the store (the same Delta tables on both
 sides); every example model is built on each side, then ``--batches`` small refresh rounds
 (140 orders each, at most 2,000 changed source rows per model) are applied locally and copied
-to the store, each followed by an incremental run of every model on both sides. Per model:
+to the store, each followed by an incremental run of every model on both sides. The source
+tables get a Delta checkpoint every 10 commits, as Delta Spark writes them (delta-rs, which
+generates them, writes none by default; without one, every open of a source reads its whole
+log). Per model:
 the median run and batch seconds on each side and their ratio (S3 / local), and the store's
 requests per incremental run, by kind (GET, PUT, LIST, HEAD, DELETE, POST) and by what they
 touched (Delta logs, data files, Spark's checkpoint, the cut log, the lock, other), from the
@@ -54,6 +57,17 @@ def _sync(local: Path, remote: str, sent: set) -> int:
     return n
 
 
+def _checkpoint_sources(root: Path) -> None:
+    """A Delta checkpoint of each source table whose newest is 10 or more commits old (Delta
+    Spark's ``checkpointInterval``)."""
+    from deltalake import DeltaTable
+    for d in sorted(p for p in root.iterdir() if (p / "_delta_log").is_dir()):
+        dt = DeltaTable(str(d))
+        cps = [int(n.name[:20]) for n in (d / "_delta_log").glob("*.checkpoint.parquet")]
+        if dt.version() - max(cps, default=0) >= 10:
+            dt.create_checkpoint()
+
+
 _PATH = re.compile(r"request: .*?\{(GET|PUT|HEAD|POST|DELETE)@\w+ https?://[^/\s]+/(\S*) HTTP/")
 
 
@@ -61,7 +75,8 @@ def _what(path: str) -> str:
     from urllib.parse import unquote
     path = unquote(path)
     if "_delta_log/" in path:
-        return "delta_log"
+        return "source_delta_log" if path.split("?")[0].startswith(f"{BUCKET}/data/") or "prefix=data/" in path \
+            else "delta_log"
     if "/spark/" in path:
         return "spark_checkpoint"
     if "/cuts" in path:
@@ -136,6 +151,7 @@ def main() -> int:
         samples = {(side, m): [] for side in sides for m in jobs["local"]}
         for i in range(args.batches):
             refresh_round(local_data, 100 + i, size=SMALL_ROUND_ORDERS)
+            _checkpoint_sources(local_data)
             _sync(local_data, remote_data, sent)
             for m in jobs["local"]:
                 for side in sides:

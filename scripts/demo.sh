@@ -12,10 +12,12 @@ bin=$repo/.venv/bin
 models=(q3_revenue_per_order q1_pricing_summary customer_order_totals order_revenue nation_revenue)
 rounds=3
 
-cd "$repo/models/example"
+# CS_PROJECT_DIR: a copy of the example project to run instead (demo_cluster_s3.sh's); TPCH_DIR:
+# where the sources go (a local directory or an s3:// URI; default data/tpch in the project)
+cd "${CS_PROJECT_DIR:-$repo/models/example}"
 # Paths below (TPCH_DIR, and the warehouse and metastore in profiles.yml) are relative to
 # the example project; DBT_PROJECT_DIR and DBT_PROFILES_DIR are dbt's own variables.
-export DBT_PROJECT_DIR=$PWD DBT_PROFILES_DIR=$PWD TPCH_DIR=data/tpch
+export DBT_PROJECT_DIR=$PWD DBT_PROFILES_DIR=$PWD TPCH_DIR=${TPCH_DIR:-data/tpch}
 export DBT_SEND_ANONYMOUS_USAGE_STATS=false
 
 step() { printf '\n==== %s ====\n' "$*"; }
@@ -30,7 +32,7 @@ verify_all() {
 step "clean: sources, catalog and dbt artifacts of a previous demo"
 rm -rf data spark-warehouse metastore_db derby.log target logs
 
-step "generate TPC-H SF 0.1 into $PWD/$TPCH_DIR"
+step "generate TPC-H SF 0.1 into $TPCH_DIR"
 "$bin/consistent-stream" tpch-generate --sf 0.1 --dir "$TPCH_DIR"
 
 step "dbt build --full-refresh (initial build; tests run after each level of the chain)"

@@ -252,16 +252,6 @@ def test_a_second_writer_on_another_host_gets_the_holders_name(spark, s3, tmp_pa
         proc.wait()
 
 
-DBT_SOURCES = """
-version: 2
-sources:
-  - name: shop
-    schema: shop
-    tables:
-      - name: orders
-        meta:
-          consistent_stream: {{format: delta, location: "{loc}", primary_key: [oid]}}
-"""
 DBT_TOTALS = """
 {{{{ config(materialized='consistent_stream', unique_key='cid', location_root='{root}') }}}}
 select cid, count(*) as n, sum(amount) as total from {{{{ source('shop', 'orders') }}}} group by cid
@@ -286,6 +276,7 @@ def test_dbt_run_and_test_with_every_location_on_s3(spark, s3, tmp_path):
     reads them there."""
     import uuid
 
+    from test_dbt_end_to_end import SOURCES
     from test_dbt_plugin import PROJECT, dbt, messages, profile, write
     schema = f"s3dbt_{uuid.uuid4().hex[:8]}"
     root = f"s3://{BUCKET}/dbt-{schema}"
@@ -294,7 +285,7 @@ def test_dbt_run_and_test_with_every_location_on_s3(spark, s3, tmp_path):
     write(tmp_path, {
         "dbt_project.yml": PROJECT,
         "profiles.yml": profile(schema, tmp_path / "spark", "s3"),
-        "models/sources.yml": DBT_SOURCES.format(loc=src),
+        "models/sources.yml": SOURCES.format(loc=src),
         "models/totals.sql": DBT_TOTALS.format(root=f"{root}/targets"),
         "models/big.sql": DBT_BIG.format(root=f"{root}/targets"),
         "models/schema.yml": DBT_SCHEMA,

@@ -51,9 +51,17 @@ def _start_session(parameters: dict) -> None:
 
     if SparkSession.getActiveSession() is not None:
         return
+    from consistent_stream import location
     from consistent_stream.session import with_delta
 
     builder = with_delta(SparkSession.builder.enableHiveSupport(), parameters)
+    if location.is_remote(str(parameters.get("spark.sql.warehouse.dir") or "")):
+        # the catalog reaches the warehouse when the session starts, before any model runs:
+        # the store's S3A settings (the profile's own fs.s3a keys, else the AWS chain) go in
+        # first, and the profile's parameters below still win
+        location.configure(parameters)
+        for k, v in location.spark_hadoop_confs().items():
+            builder = builder.config(f"spark.hadoop.{k}", v)
     for parameter, value in parameters.items():
         builder = builder.config(parameter, value)
     builder.getOrCreate()

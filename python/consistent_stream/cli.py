@@ -30,7 +30,8 @@ def local_spark():
     """A SparkSession for the command line (no Hive catalog needed, no tuning: the engine sizes
     each batch's shuffles itself), with delta-spark (:mod:`consistent_stream.session`):
     ``local[2]``, or ``$CONSISTENT_STREAM_MASTER`` (e.g. a standalone cluster's
-    ``spark://127.0.0.1:7077``)."""
+    ``spark://127.0.0.1:7077``; the driver then binds ``$SPARK_LOCAL_IP``, default
+    127.0.0.1, :func:`consistent_stream.cluster.driver_conf`)."""
     import consistent_stream  # noqa: F401  (sets PYSPARK_PYTHON before the session starts)
     from pyspark.sql import SparkSession
     from .session import with_delta
@@ -40,7 +41,7 @@ def local_spark():
          .config("spark.ui.enabled", "false")
          .config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.session.timeZone", "UTC"))
-    if master.startswith("spark://"):  # a standalone cluster: the driver on the loopback address too
+    if master.startswith("spark://"):  # a standalone cluster: the driver on $SPARK_LOCAL_IP (loopback)
         from .cluster import driver_conf
         for k, v in driver_conf(master).items():
             b = b.config(k, v)

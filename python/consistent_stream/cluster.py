@@ -10,20 +10,29 @@ pyspark's wheel ships ``bin/spark-class``; this module runs
 process group, with its log, pid and work directory under ``--dir`` (default
 ``$CONSISTENT_STREAM_CLUSTER_DIR``, else ``<tmp>/consistent-stream-cluster-<uid>``).
 
-Loopback only: every daemon gets ``SPARK_LOCAL_IP=127.0.0.1`` and ``--host 127.0.0.1``, so
-their RPC endpoints and web UIs (Spark's ``WebUI`` binds to ``SPARK_LOCAL_IP``) listen on
+Loopback by default: every daemon gets ``SPARK_LOCAL_IP=127.0.0.1`` and ``--host 127.0.0.1``,
+so their RPC endpoints and web UIs (Spark's ``WebUI`` binds to ``SPARK_LOCAL_IP``) listen on
 127.0.0.1, and so do the executors the workers launch (they inherit the worker's environment
 and host name). A driver joins with ``spark.master=spark://127.0.0.1:<port>`` plus
 ``spark.driver.host`` / ``spark.driver.bindAddress`` = 127.0.0.1 (:func:`driver_conf`; the
 example project's ``cluster`` target sets them).
 
+Nodes of their own: ``--host`` (the master's address), ``--worker-hosts`` (one address per
+worker), ``--launcher`` (a command prefix each daemon's command line is run through, with
+``{daemon}`` replaced by ``master``, ``worker-1`` ...) and ``--user`` (the account the daemons
+run as; their work directories are its own, mode 0700) place each daemon where the launcher
+puts it: ``make demo-cluster-s3`` runs each in a network namespace of its own
+(``scripts/netns_cluster.sh exec cs-{daemon} --``) as an unprivileged user, sharing nothing
+with the driver but the object store.
+
 What the executors need, and have on this machine: the same Python (``PYSPARK_PYTHON``,
 which ``import consistent_stream`` sets to the interpreter that has the package; the
 driver sends it with every Python function), and the same paths (Delta tables, checkpoints
-and the warehouse on a file system every node resolves: here the local one). On separate
-machines that means the package installed at the same path on every node and table URIs on
-shared storage (HDFS, or an object store with its Hadoop connector jars on the classpath:
-``s3a://`` needs hadoop-aws, which pyspark does not ship).
+and the warehouse on a file system every node resolves: on the loopback cluster the local
+one). On separate machines that means the package installed at the same path on every node
+and table URIs on shared storage: an object store (``s3://``, whose connector jars the
+session brings: :mod:`consistent_stream.session`), as ``make demo-cluster-s3`` shows with
+nodes that share nothing else.
 
 Errors: :class:`ClusterError` names what failed and the log to read (a port in use, a daemon
 that exited, workers that did not register within the timeout).
@@ -32,6 +41,8 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shlex
 import signal
 import socket
 import subprocess
@@ -74,6 +85,9 @@ class Cluster:
     memory_per_worker: str
     pids: dict[str, int] = field(default_factory=dict)  # daemon name -> pid (= its process group)
     connect_url: str | None = None  # sc://127.0.0.1:<port> when a Spark Connect server runs
+    hosts: dict[str, str] = field(default_factory=dict)  # daemon name -> the address it binds
+    launcher: str | None = None  # the command prefix of every daemon ({daemon}: its name)
+    user: str | None = None  # the account the daemons run as (None: this process's)
 
     def save(self) -> None:
         Path(self.dir, STATE_FILE).write_text(json.dumps(asdict(self), indent=2))
@@ -106,11 +120,12 @@ class Cluster:
 
 
 def driver_conf(master_url: str) -> dict[str, str]:
-    """Spark confs of a driver on this machine joining the cluster at ``master_url``: loopback
-    only, no web UI. Also sets ``SPARK_LOCAL_IP=127.0.0.1`` in this process's environment
-    (unless set), which the driver's JVM reads when it starts: call it before the session."""
-    os.environ.setdefault("SPARK_LOCAL_IP", HOST)
-    return {"spark.master": master_url, "spark.driver.host": HOST, "spark.driver.bindAddress": HOST,
+    """Spark confs of a driver on this machine joining the cluster at ``master_url``: bound
+    to ``$SPARK_LOCAL_IP`` (an address the executors reach; 127.0.0.1 when unset, and then
+    set in this process's environment, which the driver's JVM reads when it starts: call it
+    before the session), no web UI."""
+    host = os.environ.setdefault("SPARK_LOCAL_IP", HOST)
+    return {"spark.master": master_url, "spark.driver.host": host, "spark.driver.bindAddress": host,
             "spark.ui.enabled": "false"}
 
 
@@ -128,32 +143,48 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _port_free(port: int) -> bool:
+def _port_free(port: int, host: str = HOST) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((HOST, port))
+            s.bind((host, port))
         except OSError:
             return False
     return True
 
 
-def _env(directory: Path) -> dict[str, str]:
+def _env(directory: Path, host: str = HOST, user: str | None = None) -> dict[str, str]:
+    """The environment of a daemon bound to ``host`` (run as ``user``: its HOME, USER)."""
     import consistent_stream  # noqa: F401  (PYSPARK_PYTHON: the interpreter with the package)
     home = spark_home()
     env = dict(os.environ)
-    env.update({"SPARK_HOME": str(home), "SPARK_LOCAL_IP": HOST, "SPARK_LOG_DIR": str(directory),
+    if user is not None:
+        pw = pwd.getpwnam(user)
+        env.update({"HOME": pw.pw_dir, "USER": user, "LOGNAME": user})
+    env.update({"SPARK_HOME": str(home), "SPARK_LOCAL_IP": host, "SPARK_LOG_DIR": str(directory),
                 "SPARK_WORKER_DIR": str(directory / "work"), "SPARK_NO_DAEMONIZE": "1",
                 "PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"],
                 # the master's REST submission server (port 6066) is not needed: jobs come from drivers
-                "SPARK_MASTER_OPTS": (os.environ.get("SPARK_MASTER_OPTS", "") + " -Dspark.master.rest.enabled=false").strip()})
+                "SPARK_MASTER_OPTS": (os.environ.get("SPARK_MASTER_OPTS", "")
+                                      + " -Dspark.master.rest.enabled=false").strip()})
     return env
 
 
-def _spawn(name: str, args: list[str], directory: Path, env: dict[str, str]) -> int:
+def _prefix(name: str, launcher: str | None, user: str | None) -> list[str]:
+    """The command prefix of daemon ``name``: ``launcher`` (``{daemon}`` replaced by ``name``),
+    then a switch to ``user`` (util-linux ``setpriv``, which execs: the daemon keeps the pid
+    and process group :func:`stop` signals)."""
+    out = [a.replace("{daemon}", name) for a in shlex.split(launcher)] if launcher else []
+    if user is not None:
+        pw = pwd.getpwnam(user)
+        out += ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--"]
+    return out
+
+
+def _spawn(name: str, args: list[str], directory: Path, env: dict[str, str], prefix: list[str] | None = None) -> int:
     log = open(directory / f"{name}.log", "ab")
     try:
-        p = subprocess.Popen([str(spark_home() / "bin" / "spark-class"), *args], stdout=log,
+        p = subprocess.Popen([*(prefix or []), str(spark_home() / "bin" / "spark-class"), *args], stdout=log,
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                              start_new_session=True)
     finally:
@@ -161,20 +192,57 @@ def _spawn(name: str, args: list[str], directory: Path, env: dict[str, str]) -> 
     return p.pid
 
 
+def _work_dir(d: Path, name: str, user: str | None) -> Path:
+    """Worker ``name``'s work directory (its executors' logs and files), created; with
+    ``user``, owned by that account, mode 0700 (no other account reads it)."""
+    w = d / "work" / name
+    w.mkdir(parents=True, exist_ok=True)
+    if user is not None:
+        pw = pwd.getpwnam(user)
+        os.chown(w, pw.pw_uid, pw.pw_gid)
+        w.chmod(0o700)
+    return w
+
+
+def _check_placement(host: str, worker_hosts: list[str], launcher: str | None, user: str | None,
+                     connect_port: int | None) -> None:
+    """Raise ClusterError for options that cannot work together (see :func:`start`)."""
+    if user is not None:
+        if os.geteuid() != 0:
+            raise ClusterError(f"--user {user}: only root can start the daemons as another account")
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            raise ClusterError(f"--user {user}: no such account (create it, e.g. useradd --system {user})") from None
+    if connect_port is not None and (launcher or host != HOST or any(h != HOST for h in worker_hosts)):
+        raise ClusterError("--connect-port needs the loopback cluster (no --launcher, --host or --worker-hosts)")
+
+
 def start(*, workers: int = 2, cores_per_worker: int = 1, memory_per_worker: str = "2g", port: int = 7077,
           webui_port: int = 8080, connect_port: int | None = None, directory: str | Path | None = None,
-          timeout_s: float = 60.0) -> Cluster:
+          timeout_s: float = 60.0, host: str = HOST, worker_hosts: list[str] | None = None,
+          launcher: str | None = None, user: str | None = None) -> Cluster:
     """Start a master and ``workers`` workers (each offering ``cores_per_worker`` cores and
-    ``memory_per_worker`` for executors) bound to 127.0.0.1, and wait until every worker has
-    registered with the master. With ``connect_port``, also a Spark Connect server
+    ``memory_per_worker`` for executors), and wait until every worker has registered with the
+    master. With ``connect_port``, also a Spark Connect server
     (``org.apache.spark.sql.connect.service.SparkConnectServer`` from pyspark's
     ``spark-connect`` jar, through ``spark-submit``) whose driver runs on the cluster, listening
     on ``sc://127.0.0.1:<connect_port>``. Returns the :class:`Cluster` (``master_url`` is what
     ``spark.master`` takes, ``connect_url`` what ``SparkSession.builder.remote`` takes).
 
+    Where the daemons run: the master binds ``host`` (default 127.0.0.1), worker ``i`` binds
+    ``worker_hosts[i - 1]`` (default ``host``; a list of ``workers`` addresses); each is
+    started through ``launcher`` (a command prefix, ``{daemon}`` replaced by the daemon's
+    name: ``master``, ``worker-1`` ...; e.g. ``ip netns exec cs-{daemon}``) and, with
+    ``user`` (root only), as that account, its work directory its own. The ports are checked
+    on this machine's side only without a launcher (a launcher's namespace has ports of its
+    own); the master's web UI must answer from here at ``http://<host>:<webui_port>``.
+
     Raises ClusterError when a cluster from ``directory`` is still running (stop it first), a
-    port is in use, or a daemon exits or the workers do not register within ``timeout_s``
-    seconds; daemons already started are stopped again."""
+    port is in use, ``worker_hosts`` does not name one address per worker, ``user`` is not an
+    account (or this process is not root), ``connect_port`` is combined with a placement, or a
+    daemon exits or the workers do not register within ``timeout_s`` seconds; daemons
+    already started are stopped again."""
     d = Path(directory) if directory else default_dir()
     d.mkdir(parents=True, exist_ok=True)
     old = Cluster.load(d)
@@ -182,30 +250,39 @@ def start(*, workers: int = 2, cores_per_worker: int = 1, memory_per_worker: str
         raise ClusterError(f"a cluster from {d} is running ({old.master_url}, pids "
                            f"{sorted(old.alive_pids().values())}); run `consistent-stream cluster stop"
                            f" --dir {d}` first")
-    for p, what in ((port, "--port"), (webui_port, "--webui-port"), (connect_port, "--connect-port")):
-        if p is not None and not _port_free(p):
-            raise ClusterError(f"port {p} on {HOST} is in use; pick another with {what}")
     if workers < 1 or cores_per_worker < 1:
         raise ClusterError("--workers and --cores-per-worker must be at least 1")
-    env = _env(d)
-    c = Cluster(dir=str(d), master_url=f"spark://{HOST}:{port}", webui_url=f"http://{HOST}:{webui_port}",
-                workers=workers, cores_per_worker=cores_per_worker, memory_per_worker=memory_per_worker)
-    c.pids["master"] = _spawn("master", ["org.apache.spark.deploy.master.Master", "--host", HOST,
-                                         "--port", str(port), "--webui-port", str(webui_port)], d, env)
+    worker_hosts = list(worker_hosts) if worker_hosts else [host] * workers
+    if len(worker_hosts) != workers:
+        raise ClusterError(f"--worker-hosts names {len(worker_hosts)} address(es) for {workers} workers")
+    _check_placement(host, worker_hosts, launcher, user, connect_port)
+    if launcher is None:
+        for p, what in ((port, "--port"), (webui_port, "--webui-port"), (connect_port, "--connect-port")):
+            if p is not None and not _port_free(p, host):
+                raise ClusterError(f"port {p} on {host} is in use; pick another with {what}")
+    hosts = {"master": host, **{f"worker-{i}": h for i, h in enumerate(worker_hosts, 1)}}
+    c = Cluster(dir=str(d), master_url=f"spark://{host}:{port}", webui_url=f"http://{host}:{webui_port}",
+                workers=workers, cores_per_worker=cores_per_worker, memory_per_worker=memory_per_worker,
+                hosts=hosts, launcher=launcher, user=user)
+    c.pids["master"] = _spawn("master", ["org.apache.spark.deploy.master.Master", "--host", host,
+                                         "--port", str(port), "--webui-port", str(webui_port)], d,
+                              _env(d, host, user), _prefix("master", launcher, user))
     c.save()
     try:
         _wait(c, lambda s: True, timeout_s, "the master to start")
         for i in range(1, workers + 1):
-            (d / "work" / f"worker-{i}").mkdir(parents=True, exist_ok=True)
-            c.pids[f"worker-{i}"] = _spawn(f"worker-{i}", [
-                "org.apache.spark.deploy.worker.Worker", "--host", HOST, "--port", "0", "--webui-port", "0",
+            name = f"worker-{i}"
+            work = _work_dir(d, name, user)
+            c.pids[name] = _spawn(name, [
+                "org.apache.spark.deploy.worker.Worker", "--host", hosts[name], "--port", "0", "--webui-port", "0",
                 "--cores", str(cores_per_worker), "--memory", memory_per_worker,
-                "--work-dir", str(d / "work" / f"worker-{i}"), c.master_url], d, env)
+                "--work-dir", str(work), c.master_url], d, _env(d, hosts[name], user),
+                _prefix(name, launcher, user))
             c.save()
         _wait(c, lambda s: sum(w.get("state") == "ALIVE" for w in s.get("workers", [])) >= workers,
               timeout_s, f"{workers} workers to register")
         if connect_port is not None:
-            c.pids["connect"] = _spawn_connect(c, connect_port, env)
+            c.pids["connect"] = _spawn_connect(c, connect_port, _env(d))
             c.connect_url = f"sc://{HOST}:{connect_port}"
             c.save()
             _wait_for_port(c, connect_port, timeout_s, "the Spark Connect server to listen")
@@ -240,7 +317,8 @@ def _wait_for_port(c: Cluster, port: int, timeout_s: float, what: str) -> None:
             raise ClusterError(f"{', '.join(dead)} exited while waiting for {what}; see "
                                + ", ".join(str(Path(c.dir, f'{n}.log')) for n in dead))
         if time.monotonic() > deadline:
-            raise ClusterError(f"timed out after {timeout_s:.0f} s waiting for {what}; see {Path(c.dir, 'connect.log')}")
+            raise ClusterError(f"timed out after {timeout_s:.0f} s waiting for {what}; "
+                               f"see {Path(c.dir, 'connect.log')}")
         time.sleep(0.3)
 
 
@@ -303,7 +381,7 @@ def status(directory: str | Path | None = None) -> dict:
         return {"running": False, "dir": str(d)}
     s = c.master_state()
     return {"running": True, "dir": str(d), "master_url": c.master_url, "webui_url": c.webui_url,
-            "connect_url": c.connect_url,
+            "connect_url": c.connect_url, "hosts": c.hosts, "user": c.user,
             "daemons": c.alive_pids(),
             "workers": [{k: w.get(k) for k in ("id", "host", "state", "cores", "coresused", "memory", "memoryused")}
                         for w in s.get("workers", [])],
@@ -314,14 +392,17 @@ def executor_tasks(directory: str | Path | None = None) -> list[dict]:
     """Per executor the workers launched (any application since the cluster started): its
     application, executor id, worker and the number of tasks it finished, read from the
     executor's log (``work/worker-N/<app>/<executor id>/stderr``, Spark's default INFO
-    ``Executor: Finished task`` lines). Executor ids are never ``driver``: a count > 0 is a
-    task that ran on a worker."""
+    ``Executor: Finished task`` lines), and the worker's address (``host``; None when the
+    cluster's record is gone). Executor ids are never ``driver``: a count > 0 is a task that
+    ran on a worker."""
     d = Path(directory) if directory else default_dir()
+    c = Cluster.load(d)
+    hosts = c.hosts if c is not None else {}
     out = []
     for stderr in sorted((d / "work").glob("worker-*/app-*/*/stderr")):
         text = stderr.read_text(errors="replace")
-        out.append({"worker": stderr.parts[-4], "app": stderr.parts[-3], "executor_id": stderr.parts[-2],
-                    "tasks_finished": text.count("Executor: Finished task")})
+        out.append({"worker": stderr.parts[-4], "host": hosts.get(stderr.parts[-4]), "app": stderr.parts[-3],
+                    "executor_id": stderr.parts[-2], "tasks_finished": text.count("Executor: Finished task")})
     return out
 
 
@@ -332,7 +413,9 @@ def _cmd(args) -> int:
         if args.action == "start":
             c = start(workers=args.workers, cores_per_worker=args.cores_per_worker,
                       memory_per_worker=args.memory_per_worker, port=args.port, webui_port=args.webui_port,
-                      connect_port=args.connect_port, directory=args.dir)
+                      connect_port=args.connect_port, directory=args.dir, host=args.host,
+                      worker_hosts=[h for h in (args.worker_hosts or "").split(",") if h] or None,
+                      launcher=args.launcher, user=args.user)
             print(json.dumps({"command": "cluster start", "master_url": c.master_url, "webui_url": c.webui_url,
                               "connect_url": c.connect_url,
                               "dir": c.dir, "workers": c.workers, "pids": c.pids}))
@@ -342,7 +425,10 @@ def _cmd(args) -> int:
             print(json.dumps(status(args.dir)))
         else:  # tasks
             executors = executor_tasks(args.dir)
-            print(json.dumps({"command": "cluster tasks", "executors": executors}))
+            by_worker: dict[str, int] = {}
+            for e in executors:
+                by_worker[e["worker"]] = by_worker.get(e["worker"], 0) + e["tasks_finished"]
+            print(json.dumps({"command": "cluster tasks", "executors": executors, "tasks_by_worker": by_worker}))
             busy = sorted({e["worker"] for e in executors if e["tasks_finished"]})
             if len(busy) < args.require_workers:
                 print(f"cluster tasks: error: tasks ran on {len(busy)} worker(s) {busy}, expected at least "
@@ -356,17 +442,26 @@ def _cmd(args) -> int:
 
 def add_cluster_command(subparsers) -> None:
     """Register ``cluster start|stop|status|tasks`` on the ``consistent-stream`` CLI."""
-    c = subparsers.add_parser("cluster", help="a local Spark standalone cluster (master + workers on 127.0.0.1) "
-                                              "from pyspark's distribution")
+    c = subparsers.add_parser("cluster", help="a local Spark standalone cluster (master + workers, on 127.0.0.1 "
+                                              "unless placed elsewhere) from pyspark's distribution")
     c.add_argument("action", choices=["start", "stop", "status", "tasks"],
                    help="start / stop the cluster, show its workers, or count the tasks each executor ran")
-    c.add_argument("--dir", default=None, help="pids, logs and work directories (default: "
-                                              "$CONSISTENT_STREAM_CLUSTER_DIR, else <tmp>/consistent-stream-cluster-<uid>)")
+    c.add_argument("--dir", default=None,
+                   help="pids, logs and work directories (default: $CONSISTENT_STREAM_CLUSTER_DIR, "
+                        "else <tmp>/consistent-stream-cluster-<uid>)")
     c.add_argument("--workers", type=int, default=2, help="workers to start (default 2)")
     c.add_argument("--cores-per-worker", type=int, default=1, help="cores each worker offers (default 1)")
     c.add_argument("--memory-per-worker", default="2g", help="memory each worker offers executors (default 2g)")
     c.add_argument("--port", type=int, default=7077, help="the master's port (default 7077)")
-    c.add_argument("--webui-port", type=int, default=8080, help="the master's web UI port, on 127.0.0.1 (default 8080)")
+    c.add_argument("--webui-port", type=int, default=8080, help="the master's web UI port, on --host (default 8080)")
+    c.add_argument("--host", default=HOST, help="the address the master binds (default 127.0.0.1)")
+    c.add_argument("--worker-hosts", default=None,
+                   help="comma-separated address each worker binds, one per worker (default: --host)")
+    c.add_argument("--launcher", default=None,
+                   help="command prefix each daemon runs through, {daemon} replaced by master, worker-1, ... "
+                        "(e.g. 'ip netns exec cs-{daemon}')")
+    c.add_argument("--user", default=None,
+                   help="run the daemons as this account (root only); their work directories are its own")
     c.add_argument("--require-workers", type=int, default=0,
                    help="tasks: exit 1 unless executors on at least this many workers finished tasks")
     c.add_argument("--connect-port", type=int, default=None,

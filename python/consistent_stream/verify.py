@@ -17,6 +17,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, FloatType
 
+from . import location
 from .delta import DeltaTableRef
 from .errors import ConsistentStreamError
 from .oracle import batch_dataframe
@@ -100,6 +101,8 @@ def verify_target(spark: SparkSession, target_path: str, examples: int = 5,
     commit = latest_commit(target) if version is None else commit_of_version(target, version)
     meta = commit.metadata
     job = JobSpec.load(os.path.join(meta["checkpoint_location"], "_consistent_stream", "job.json"))
+    # an object store's settings (endpoint, credentials, s3:// as S3A) on the session
+    location.apply_to_spark(spark, [target_path, job.checkpoint_location, *[s.location for s in job.sources]])
     cut = Cut.from_json(meta["cut"])
     base = Cut.from_json(meta.get("base_cut") or meta["cut"])
     expected = _normalized(batch_dataframe(spark, job.sql, job.sources, base, chain=True))

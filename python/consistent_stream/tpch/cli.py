@@ -17,13 +17,14 @@ __all__ = ["add_tpch_commands", "main"]
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    from ..errors import ConsistentStreamError
     from .generate import ALL, TpchGenError, generate
 
     t0 = time.perf_counter()
     tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables else ALL
     try:
         counts = generate(args.sf, args.dir, tables=tables)
-    except (TpchGenError, ValueError, FileExistsError) as e:
+    except (TpchGenError, ValueError, OSError, ConsistentStreamError) as e:
         print(f"tpch-generate: error: {e}", file=sys.stderr)
         return 1
     print(
@@ -42,12 +43,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_refresh(args: argparse.Namespace) -> int:
+    from ..errors import ConsistentStreamError
     from .refresh import refresh_round
 
     t0 = time.perf_counter()
     try:
         result = refresh_round(args.dir, args.round, seed=args.seed)
-    except (FileNotFoundError, ValueError) as e:
+    except (ValueError, OSError, ConsistentStreamError) as e:
         print(f"tpch-refresh: error: {e}", file=sys.stderr)
         return 1
     out = {"command": "tpch-refresh", "dir": str(args.dir), **result.to_dict()}
@@ -62,8 +64,10 @@ def add_tpch_commands(subparsers) -> None:
     ``subparsers`` is what ``ArgumentParser.add_subparsers()`` returns. Each sub-parser
     gets ``func`` set to a callable taking the parsed ``argparse.Namespace`` and
     returning an exit code (0, or 1 after printing ``<command>: error: ...`` to stderr
-    for a missing tool or table, a bad argument or data in the way); the caller
-    dispatches with ``args.func(args)``.
+    for a missing tool or table, a bad argument, data in the way or an object store that
+    cannot be reached); the caller dispatches with ``args.func(args)``. ``--dir`` is a
+    local directory or an S3 URI (``s3://bucket/prefix``, reached through the AWS chain:
+    ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID`` ...).
 
     * ``tpch-generate --sf FLOAT --dir PATH [--tables a,b,...]``: see
       :func:`consistent_stream.tpch.generate.generate`.
@@ -77,7 +81,7 @@ def add_tpch_commands(subparsers) -> None:
         "Delta table DIR/<table> with delta.enableChangeDataFeed=true.",
     )
     g.add_argument("--sf", type=float, required=True, help="TPC-H scale factor, e.g. 0.1")
-    g.add_argument("--dir", required=True, help="root directory of the Delta tables")
+    g.add_argument("--dir", required=True, help="root directory (or s3://bucket/prefix) of the Delta tables")
     g.add_argument(
         "--tables",
         default=None,
@@ -91,7 +95,7 @@ def add_tpch_commands(subparsers) -> None:
         description="Apply one deterministic refresh round to the TPC-H Delta tables "
         "under DIR: 6 Delta commits on orders, lineitem and customer.",
     )
-    r.add_argument("--dir", required=True, help="root directory of the Delta tables")
+    r.add_argument("--dir", required=True, help="root directory (or s3://bucket/prefix) of the Delta tables")
     r.add_argument("--round", type=int, required=True, help="round number")
     r.add_argument("--seed", type=int, default=0, help="stream seed (default 0)")
     r.set_defaults(func=_cmd_refresh)

@@ -2,7 +2,10 @@
 
 The data comes from ``tpchgen-cli`` (PyPI package ``tpchgen-cli``, a Rust port of
 TPC-H ``dbgen``), written as Parquet into a temporary directory and then copied into
-one Delta table per TPC-H table with :func:`deltalake.write_deltalake`.
+one Delta table per TPC-H table with :func:`deltalake.write_deltalake`. The tables' root is
+a local directory or an S3 URI (``s3://bucket/prefix``): delta-rs reaches it with
+:func:`consistent_stream.location.delta_storage_options` (the AWS chain's endpoint and
+credentials, conditional-put commits).
 
 Column names are TPC-H's, lower case (``o_orderkey``, ``l_extendedprice`` ...). Types
 are the ones ``tpchgen-cli`` produces, with ``string_view`` turned into plain
@@ -34,6 +37,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from .. import location, storage
 
 __all__ = [
     "ALL",
@@ -153,9 +158,10 @@ class TpchGenError(RuntimeError):
     """``tpchgen-cli`` is missing, failed, or produced something unexpected."""
 
 
-def table_path(root: str | Path, table: str) -> Path:
-    """Path of the Delta table of TPC-H ``table`` (lower-case name) under ``root``."""
-    return Path(root) / table
+def table_path(root: str | Path, table: str) -> str:
+    """Location of the Delta table of TPC-H ``table`` (lower-case name) under ``root``, a
+    local directory or an S3 URI: ``root/table`` as a string (:func:`location.join`)."""
+    return location.join(str(root), table)
 
 
 def tpchgen_executable() -> str:
@@ -234,33 +240,35 @@ def _cast_batches(files: list[Path], schema: pa.Schema) -> Iterator[pa.RecordBat
             yield batch.cast(schema)
 
 
-def _prepare_target(path: Path) -> bool:
+def _prepare_target(path: str) -> bool:
     """Return whether ``path`` already holds a Delta table; refuse to clobber other data."""
     from deltalake import DeltaTable
 
-    if DeltaTable.is_deltatable(str(path)):
+    if DeltaTable.is_deltatable(path, storage_options=location.delta_storage_options(path)):
         return True
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    if storage.exists(path) and (not storage.is_dir(path) or storage.list_dir(path)):
         raise FileExistsError(
             f"{path} exists and is not a Delta table; refusing to overwrite it"
         )
     return False
 
 
-def _write_delta(path: Path, files: list[Path], schema: pa.Schema) -> int:
+def _write_delta(path: str, files: list[Path], schema: pa.Schema) -> int:
     from deltalake import DeltaTable, write_deltalake
 
     existed = _prepare_target(path)
-    path.mkdir(parents=True, exist_ok=True)
+    storage.make_dirs(path)
+    options = location.delta_storage_options(path)
     reader = pa.RecordBatchReader.from_batches(schema, _cast_batches(files, schema))
     write_deltalake(
-        str(path),
+        path,
         reader,
         mode="overwrite",
         schema_mode="overwrite" if existed else None,
         configuration=CDF_CONFIGURATION,
+        storage_options=options,
     )
-    dt = DeltaTable(str(path))
+    dt = DeltaTable(path, storage_options=options)
     if dt.metadata().configuration.get("delta.enableChangeDataFeed") != "true":
         # Overwriting an existing table may keep its old properties: turn CDF on.
         dt.alter.set_table_properties(CDF_CONFIGURATION)
@@ -291,7 +299,9 @@ def generate(
     Args:
         sf: TPC-H scale factor (> 0; 1 is about 1 GB of text data). Fractions such as
             0.01 work.
-        root: directory holding one Delta table per TPC-H table; created if missing.
+        root: directory holding one Delta table per TPC-H table, created if missing; or an
+            S3 URI ``s3://bucket/prefix`` (the bucket must exist; endpoint and credentials
+            from the AWS chain, see :mod:`consistent_stream.location`).
         tables: which tables to (re)generate (lower-case names); default all 8.
 
     Returns:
@@ -301,12 +311,16 @@ def generate(
         ValueError: ``sf`` is not positive or a table name is unknown.
         TpchGenError: ``tpchgen-cli`` is missing (PyPI package ``tpchgen-cli``) or failed.
         FileExistsError: ``root/<table>`` exists but is not a Delta table.
+        ConfigError: ``root`` is a URI of a scheme other than ``s3://`` / ``file://``.
+        StorageError: ``root``'s bucket does not exist or refuses the credentials.
+        OSError: the object store cannot be read or written.
     """
     if not sf > 0:
         raise ValueError(f"scale factor must be > 0, got {sf!r}")
     names = _normalize_tables(tables)
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    root = location.normalize(str(root), key="--dir")
+    storage.make_dirs(root)
+    location.check_reachable(root, key="--dir")
     for t in names:  # fail before generating anything
         _prepare_target(table_path(root, t))
     counts: dict[str, int] = {}

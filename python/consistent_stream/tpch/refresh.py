@@ -37,6 +37,9 @@ reproducible. Rules that keep the stream meaningful over many rounds:
 
 Each commit carries custom commit metadata ``tpch_refresh_round``,
 ``tpch_refresh_seed`` and ``tpch_refresh_op`` (visible in ``DeltaTable.history()``).
+
+The tables' root is a local directory or an S3 URI, as for :mod:`.generate` (delta-rs opens
+each table with :func:`consistent_stream.location.delta_storage_options`).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import location
 from .generate import SCHEMAS, table_path
 
 __all__ = [
@@ -184,16 +188,17 @@ class RefreshResult:
 # --------------------------------------------------------------------------- helpers
 
 
-def _open(root: Path, table: str, *, need_cdf: bool):
+def _open(root: str, table: str, *, need_cdf: bool):
     from deltalake import DeltaTable
 
     path = table_path(root, table)
-    if not DeltaTable.is_deltatable(str(path)):
+    options = location.delta_storage_options(path)
+    if not DeltaTable.is_deltatable(path, storage_options=options):
         raise FileNotFoundError(
             f"no Delta table at {path}; generate the TPC-H tables first "
             "(consistent_stream.tpch.generate.generate or `tpch-generate`)"
         )
-    t = DeltaTable(str(path))
+    t = DeltaTable(path, storage_options=options)
     if need_cdf and t.metadata().configuration.get(_CDF_KEY) != "true":
         raise ValueError(f"Change Data Feed is off on {path} ({_CDF_KEY} is not 'true')")
     return t
@@ -370,7 +375,7 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0, size: int |
     ``o_orderstatus`` derived from the lineitems as in dbgen.
 
     Args:
-        root: directory with the Delta tables written by ``generate``.
+        root: directory (or S3 URI) with the Delta tables written by ``generate``.
         round_no: round number (>= 1 by convention; any int works), part of the seed.
         seed: stream seed; the same ``(seed, round_no)`` on the same data makes the
             same changes.
@@ -385,8 +390,11 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0, size: int |
         ValueError: Change Data Feed is off on ``orders``, ``lineitem`` or ``customer``,
             or ``orders``, ``customer`` or ``partsupp`` is empty.
         RuntimeError: a commit changed a different number of rows than planned.
+        ConfigError: ``root`` is a URI of a scheme other than ``s3://`` / ``file://``.
+        StorageError: ``root``'s bucket does not exist or refuses the credentials.
     """
-    root = Path(root)
+    root = location.normalize(str(root), key="--dir")
+    location.check_reachable(root, key="--dir")
     orders = _open(root, "orders", need_cdf=True)
     lineitem = _open(root, "lineitem", need_cdf=True)
     customer = _open(root, "customer", need_cdf=True)
@@ -427,7 +435,7 @@ class _RoundPlan:
     new_lines: pa.Table
 
 
-def _plan_round(root: Path, orders, customer, rnd: random.Random, size: int | None) -> _RoundPlan:
+def _plan_round(root: str, orders, customer, rnd: random.Random, size: int | None) -> _RoundPlan:
     """Plan a round (the rules in :func:`refresh_round` and the module docstring); ``rnd``
     is drawn from in a fixed order, so the same seed plans the same changes."""
     live = _sorted(_read(orders, ["o_orderkey", "o_orderstatus", "o_orderpriority"]), "o_orderkey")
