@@ -201,8 +201,8 @@ def _from_aws_chain() -> S3Settings:
 
 def delta_storage_options(path: str) -> dict[str, str] | None:
     """delta-rs' ``storage_options`` for the table at ``path`` (None for a local path).
-    Commits use conditional puts (``AWS_CONDITIONAL_PUT``, default ``etag``; the environment
-    may set another mode, e.g. a DynamoDB lock, which it then passes on)."""
+    Commits use conditional puts (``AWS_CONDITIONAL_PUT``, default ``etag``: ``If-None-Match:
+    *`` for the next log entry; a value in the environment is passed on instead)."""
     if not is_remote(path):
         return None
     s = settings()
