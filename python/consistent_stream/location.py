@@ -125,7 +125,8 @@ class S3Settings:
 
 _lock = threading.Lock()
 _settings: S3Settings | None = None
-_stores: dict[str, object] = {}
+_stores: dict[str, object] = {}   # bucket -> obstore S3Store, and PYARROW -> the pyarrow S3FileSystem
+PYARROW = "//pyarrow"   # not a bucket name (buckets have no '/')
 
 # Hadoop S3A settings -> S3Settings fields (a profile that configures S3A for Spark configures us)
 _S3A_KEYS = {"fs.s3a.endpoint": "endpoint", "fs.s3a.endpoint.region": "region",
@@ -298,16 +299,20 @@ def pyarrow_filesystem(path: str):
     if not is_remote(path):
         return pafs.LocalFileSystem(), path[len("file://"):] if scheme(path) == "file" else path
     s = settings()
-    kwargs = {"region": s.region, "force_virtual_addressing": not s.path_style}
-    if s.endpoint:
-        kwargs["endpoint_override"] = s.endpoint
-        kwargs["scheme"] = "http" if s.allow_http else "https"
-    if s.access_key:
-        kwargs.update(access_key=s.access_key, secret_key=s.secret_key or "", session_token=s.session_token)
-    else:
-        kwargs["anonymous"] = True
+    with _lock:
+        fs = _stores.get(PYARROW)   # one per process, as the obstore stores (re-made with the settings)
+        if fs is None:
+            kwargs = {"region": s.region, "force_virtual_addressing": not s.path_style}
+            if s.endpoint:
+                kwargs["endpoint_override"] = s.endpoint
+                kwargs["scheme"] = "http" if s.allow_http else "https"
+            if s.access_key:
+                kwargs.update(access_key=s.access_key, secret_key=s.secret_key or "", session_token=s.session_token)
+            else:
+                kwargs["anonymous"] = True
+            fs = _stores[PYARROW] = pafs.S3FileSystem(**kwargs)
     bucket, key = split(path)
-    return pafs.S3FileSystem(**kwargs), f"{bucket}/{key}"
+    return fs, f"{bucket}/{key}"
 
 
 def check_reachable(path: str, key: str = "location") -> None:

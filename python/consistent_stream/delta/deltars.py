@@ -291,7 +291,7 @@ class DeltaTableRef:
         that one commit file (one read, however long the log). Remembers it for
         :meth:`txn_version`."""
         from .. import storage
-        uri = self.storage_path(f"_delta_log/{version:020d}.json")
+        uri = self.file_path(f"_delta_log/{version:020d}.json")
         for line in storage.read_bytes(uri).splitlines():
             action = json.loads(line).get("txn") if line.strip() else None
             if action and action.get("appId") == txn.app_id:
@@ -440,12 +440,6 @@ class DeltaTableRef:
         """URI of a data file given its path relative to the table root (as in the log)."""
         from urllib.parse import unquote
         return as_uri(os.path.join(self.path, "")) + unquote(rel)
-
-    def storage_path(self, rel: str) -> str:
-        """Where :mod:`consistent_stream.storage` reaches the file at ``rel`` (relative to the
-        table root): a local path, or an ``s3://`` URI."""
-        path = self.path[len("file://"):] if self.path.startswith("file://") else self.path
-        return path.rstrip("/") + "/" + rel
 
     def file_path(self, rel: str) -> str:
         """Where a data file (its path relative to the table root, as in the log) is read
