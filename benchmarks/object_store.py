@@ -25,7 +25,6 @@ import argparse
 import collections
 import json
 import os
-import re
 import shutil
 import statistics
 import sys
@@ -68,9 +67,6 @@ def _checkpoint_sources(root: Path) -> None:
             dt.create_checkpoint()
 
 
-_PATH = re.compile(r"request: .*?\{(GET|PUT|HEAD|POST|DELETE)@\w+ https?://[^/\s]+/(\S*) HTTP/")
-
-
 def _what(path: str) -> str:
     from urllib.parse import unquote
     path = unquote(path)
@@ -90,10 +86,7 @@ def _what(path: str) -> str:
 
 def _requests(server, since: int) -> dict:
     by_kind = server.requests(since)
-    with open(server.log_path, "rb") as f:
-        f.seek(since)
-        text = f.read().decode(errors="replace")
-    by_what = collections.Counter(_what(p) for _, p in _PATH.findall(text))
+    by_what = collections.Counter(_what(p) for _, p in server.request_log(since))
     return {"total": sum(by_kind.values()), "by_kind": dict(by_kind), "by_what": dict(by_what)}
 
 

@@ -114,14 +114,18 @@ class S3Server:
         except FileNotFoundError:
             return 0
 
+    def request_log(self, since: int = 0) -> list[tuple[str, str]]:
+        """The requests served since log offset ``since`` (needs ``request_log``), in order:
+        ``(HTTP method, bucket/key?query)`` as the client sent it (URL-encoded)."""
+        with open(self.log_path, "rb") as f:
+            f.seek(since)
+            return _REQUEST.findall(f.read().decode(errors="replace"))
+
     def requests(self, since: int = 0) -> Counter:
         """Requests served since log offset ``since`` (needs ``request_log``), by kind: LIST
         (a GET of a bucket with a listing query), GET, HEAD, PUT, POST, DELETE."""
-        with open(self.log_path, "rb") as f:
-            f.seek(since)
-            text = f.read().decode(errors="replace")
         out = Counter()
-        for method, url in _REQUEST.findall(text):
+        for method, url in self.request_log(since):
             path, _, query = url.partition("?")
             parts = path.split("/", 1)
             if method == "GET" and (len(parts) == 1 or not parts[1] or "list-type" in query or "prefix=" in query):

@@ -22,7 +22,7 @@ from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Tra
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from .. import location
+from .. import location, storage
 from ..errors import CommitError, SourceError
 from ..faults import fault_point
 
@@ -290,7 +290,6 @@ class DeltaTableRef:
         """Whether commit ``version`` (this ref's own, just made) records ``txn``: read from
         that one commit file (one read, however long the log). Remembers it for
         :meth:`txn_version`."""
-        from .. import storage
         uri = self.file_path(f"_delta_log/{version:020d}.json")
         for line in storage.read_bytes(uri).splitlines():
             action = json.loads(line).get("txn") if line.strip() else None
