@@ -24,16 +24,18 @@ def test_the_confs_added_to_a_bare_profile():
     jars = confs["spark.jars"].split(",")
     assert "delta-spark" in jars[0] and all(j.endswith(".jar") for j in jars)
     assert any("hadoop-aws" in j for j in jars) and any("awssdk_s3-" in j for j in jars)
+    assert any("spark-sql-kafka-0-10" in j for j in jars)
 
 
 def test_a_profile_that_sets_delta_itself_keeps_its_settings():
     mine = {"spark.jars.packages": "io.delta:delta-spark_4.2_2.13:4.4.0",
             "spark.sql.extensions": f"org.example.Other,{DELTA_EXTENSION}",
             "spark.sql.catalog.spark_catalog": DELTA_CATALOG}
-    added = delta_confs(mine)   # only the S3A connector, which the profile does not bring
+    added = delta_confs(mine)   # only the S3A connector and Kafka source, which the profile does not bring
     assert list(added) == ["spark.jars"] and "hadoop-aws" in added["spark.jars"].split(",")[0]
     assert "delta-spark" not in added["spark.jars"]
-    mine["spark.jars.packages"] += ",org.apache.hadoop:hadoop-aws:3.5.0"
+    assert any("spark-sql-kafka" in j for j in added["spark.jars"].split(","))
+    mine["spark.jars.packages"] += ",org.apache.hadoop:hadoop-aws:3.5.0,org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
     assert delta_confs(mine) == {}
     other = {"spark.sql.extensions": "org.example.Other", "spark.jars": "/opt/x.jar"}
     confs = delta_confs(other)

@@ -17,6 +17,11 @@ hadoop-aws`` at the version of the Hadoop client pyspark ships, with the AWS SDK
 calls (``s3``, ``s3-transfer-manager``, ``sts``) at the SDK version that Hadoop release was
 built against, in place of the SDK's 690 MB ``bundle`` jar, which hadoop-aws names.
 
+Spark's Kafka source (``org.apache.spark:spark-sql-kafka-0-10_2.13`` at pyspark's version, with
+the Kafka client it was built with), which ``format: kafka`` sources read through
+(:mod:`consistent_stream.sources.kafka_log`), is resolved the same way into a third directory
+(:func:`kafka_jars_dir`).
+
 Every session this project builds goes through :func:`delta_confs`: the command line's
 (``cli.local_spark``), dbt's (the ``consistent_spark`` connection adds them to the profile's
 ``server_side_parameters`` before dbt-spark builds its session), the tests' and the
@@ -88,6 +93,13 @@ def s3a_coordinates() -> list[str]:
     return [f"org.apache.hadoop:hadoop-aws:{hadoop}"] + [f"software.amazon.awssdk:{m}:{sdk}" for m in AWS_SDK_MODULES]
 
 
+def kafka_coordinate() -> str:
+    """The Maven coordinate of Spark's Kafka source matching pyspark
+    (``org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0``)."""
+    import pyspark
+    return f"org.apache.spark:spark-sql-kafka-0-10_{SCALA}:{pyspark.__version__}"
+
+
 def jars_root() -> Path:
     """``$CONSISTENT_STREAM_JARS``, else ``<the interpreter's prefix>/share/consistent-stream/jars``
     (inside the virtualenv): the root of every jar cache of this package."""
@@ -106,6 +118,11 @@ def s3a_jars_dir() -> Path:
     return jars_root() / s3a_coordinates()[0].replace(":", "_")
 
 
+def kafka_jars_dir() -> Path:
+    """Where Spark's Kafka source's jars are kept (:func:`kafka_coordinate`)."""
+    return jars_root() / kafka_coordinate().replace(":", "_")
+
+
 def delta_jars() -> list[str]:
     """Paths of the cached jars (delta-spark first). Raises SessionError when the cache is
     missing or incomplete, naming the directory and the command that fills it."""
@@ -116,6 +133,12 @@ def s3a_jars() -> list[str]:
     """Paths of the cached S3A connector jars (hadoop-aws first). Raises SessionError as
     :func:`delta_jars` does."""
     return _installed(s3a_jars_dir(), "the S3A connector's jars (hadoop-aws)")
+
+
+def kafka_jars() -> list[str]:
+    """Paths of the cached jars of Spark's Kafka source. Raises SessionError as
+    :func:`delta_jars` does."""
+    return _installed(kafka_jars_dir(), "Spark's Kafka source jars (spark-sql-kafka-0-10)")
 
 
 def _installed(d: Path, what: str) -> list[str]:
@@ -149,17 +172,24 @@ def has_s3a(confs: Mapping[str, str]) -> bool:
             or any("hadoop-aws" in os.path.basename(j) for j in confs.get("spark.jars", "").split(",")))
 
 
+def has_kafka(confs: Mapping[str, str]) -> bool:
+    """Whether ``confs`` already bring Spark's Kafka source."""
+    return ("spark-sql-kafka" in confs.get("spark.jars.packages", "")
+            or any("spark-sql-kafka" in os.path.basename(j) for j in confs.get("spark.jars", "").split(",")))
+
+
 def delta_confs(existing: Mapping[str, str] | None = None) -> dict[str, str]:
     """The session confs (name -> value) to add to ``existing`` (the confs a profile or
-    caller already sets) so that the session has Delta and S3A: ``spark.jars`` with the
-    cached jars of each (unless ``existing`` brings delta-spark's or hadoop-aws' jars
-    itself), Delta's SQL extension appended to
+    caller already sets) so that the session has Delta, S3A and Kafka: ``spark.jars`` with the
+    cached jars of each (unless ``existing`` brings delta-spark's, hadoop-aws' or
+    spark-sql-kafka's jars itself), Delta's SQL extension appended to
     ``spark.sql.extensions``, and ``spark.sql.catalog.spark_catalog`` = DeltaCatalog unless set.
     Values in ``existing`` that need no change are not repeated. Raises SessionError
     (:func:`delta_jars`)."""
     existing = dict(existing or {})
     out: dict[str, str] = {}
-    add = ([] if has_delta(existing) else delta_jars()) + ([] if has_s3a(existing) else s3a_jars())
+    add = (([] if has_delta(existing) else delta_jars()) + ([] if has_s3a(existing) else s3a_jars())
+           + ([] if has_kafka(existing) else kafka_jars()))
     if add:
         jars = [j for j in existing.get("spark.jars", "").split(",") if j]
         out["spark.jars"] = ",".join(jars + add)
@@ -195,6 +225,13 @@ S3A_EXCLUDES = ("software.amazon.awssdk:bundle", "io.netty:netty-codec-http", "i
                 "io.netty:netty-handler", "io.netty:netty-resolver", "io.netty:netty-transport-classes-epoll",
                 "io.netty:netty-transport-native-unix-common", "org.slf4j:slf4j-api", "commons-codec:commons-codec",
                 "commons-logging:commons-logging")
+
+
+# Spark ships these (and hadoop-client-runtime); a second copy on the class path would conflict
+KAFKA_EXCLUDES = ("org.slf4j:slf4j-api", "org.apache.hadoop:hadoop-client-runtime",
+                  "org.apache.hadoop:hadoop-client-api", "com.google.code.findbugs:jsr305", "org.xerial.snappy:snappy-java", "org.lz4:lz4-java",
+                  "com.github.luben:zstd-jni", "at.yawk.lz4:lz4-java",
+                  "org.scala-lang.modules:scala-parallel-collections_2.13")
 
 
 def resolve(target: Path | None = None, coordinates: list[str] | None = None,
@@ -234,11 +271,13 @@ def _main(argv: list[str]) -> int:
     try:
         jars = resolve()
         s3a = resolve(s3a_jars_dir(), s3a_coordinates(), S3A_EXCLUDES)
+        kafka = resolve(kafka_jars_dir(), [kafka_coordinate()], KAFKA_EXCLUDES)
     except SessionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"delta-spark's jars: {len(jars)} in {jars_dir()}")
     print(f"the S3A connector's jars: {len(s3a)} in {s3a_jars_dir()}")
+    print(f"Spark's Kafka source jars: {len(kafka)} in {kafka_jars_dir()}")
     return 0
 
 

@@ -48,7 +48,123 @@ def _min_max(a) -> tuple[int, int]:
     return m["min"].as_py(), m["max"].as_py()
 
 
-class LandingReader:
+class TransactionLog:
+    """Complete transactions kept in memory on the driver, served as changelogs: what a
+    landing directory (:class:`LandingReader`) and a set of Kafka topics
+    (:class:`consistent_stream.sources.kafka.KafkaReader`) are both read into.
+
+    Subclasses fill ``_schemas`` (table -> TableSchema), ``_chunks`` (rows of complete
+    transactions, per table an Arrow table of its columns + __pos + __weight) and ``_txs``
+    (TxInfo in position order) and give :meth:`latest_position`; ``location`` names what is
+    read in errors. Positions grow strictly with commit order. Thread-safe (``_lock``).
+    """
+
+    def __init__(self, location: str):
+        self.location = location
+        self._lock = threading.RLock()
+        self._schemas: dict[str, TableSchema] = {}
+        self._chunks: list[_Chunk] = []
+        self._txs: list[TxInfo] = []
+
+    def latest_position(self) -> int:
+        """Position of the last complete transaction (or the snapshot); -1 when none."""
+        raise NotImplementedError
+
+    def _add_chunk(self, seq: int, name: str, tables: dict) -> None:
+        """Keep the rows ``tables`` (table -> Arrow table with __pos, __weight) of complete
+        transactions; ``seq``/``name`` say where they came from."""
+        tables = {t: v for t, v in tables.items() if v.num_rows}
+        if tables:
+            lo, hi = zip(*(_min_max(t.column(POS)) for t in tables.values()))
+            self._chunks.append(_Chunk(seq, name, min(lo), max(hi), tables))
+
+    def tables(self) -> list[str]:
+        with self._lock:
+            return sorted(self._schemas)
+
+    def schema(self, table: str) -> TableSchema:
+        with self._lock:
+            if table not in self._schemas:
+                raise SourceError(f"{self.location}: no schema file for table {table!r} in _schemas/ "
+                                  f"(captured tables: {sorted(self._schemas) or 'none'}); check "
+                                  f"meta.consistent_stream.table")
+            return self._schemas[table]
+
+    def transactions(self, after: int | None = None, upto: int | None = None) -> list[TxInfo]:
+        """The complete transactions in commit order (the snapshot first, when there is one);
+        only those with ``after < position <= upto`` when given (a binary search: positions
+        grow)."""
+        with self._lock:
+            lo = 0 if after is None else bisect.bisect_right(self._txs, after, key=lambda t: t.position)
+            hi = len(self._txs) if upto is None else bisect.bisect_right(self._txs, upto, key=lambda t: t.position)
+            return self._txs[lo:hi]
+
+    def commit_ms(self, position: int) -> int:
+        """Commit time (ms since epoch) of the newest transaction at or before ``position``;
+        0 when there is none."""
+        with self._lock:
+            i = bisect.bisect_right(self._txs, position, key=lambda t: t.position)
+            return self._txs[i - 1].ts_ms if i else 0
+
+    def _check_upto(self, upto: int) -> None:
+        last = self.latest_position()
+        if upto > last:
+            raise SourceError(f"{self.location}: position {upto} is past the last complete transaction "
+                              f"{last} (data missing or deleted since the cut was taken?)")
+
+    def changes(self, table: str, after: int, upto: int, columns: list[str] | None = None) -> pa.Table:
+        """The changes of ``table`` from the transactions with ``after < position <= upto``
+        (the snapshot is at P0), in commit order: ``columns`` (default all) + ``__weight``
+        int64, not consolidated. Raises SourceError when ``upto`` is past the last complete
+        transaction or ``table`` is unknown."""
+        with self._lock:
+            ts = self.schema(table)
+            self._check_upto(upto)
+            cols = list(columns) if columns is not None else ts.column_names
+            unknown = [c for c in cols if c not in ts.column_names]
+            if unknown:
+                raise SourceError(f"{self.location}: table {table} has no columns {unknown} (has {ts.column_names})")
+            parts = []
+            for ch in self._chunks:
+                if ch.max_pos <= after or ch.min_pos > upto or table not in ch.tables:
+                    continue
+                t = ch.tables[table]
+                if ch.min_pos <= after or ch.max_pos > upto:
+                    pos = t.column(POS)
+                    t = t.filter(pc.and_(pc.greater(pos, after), pc.less_equal(pos, upto)))
+                parts.append(t.select(cols + [WEIGHT]))
+            schema = pa.schema([ts.arrow_schema().field(c) for c in cols] + [pa.field(WEIGHT, pa.int64())])
+            if not parts:
+                return schema.empty_table()
+            return pa.concat_tables(parts).cast(schema)
+
+    def row_count(self, table: str, position: int) -> int:
+        """Rows of ``table`` as of ``position`` (the summed weights; no table is built)."""
+        with self._lock:
+            self.schema(table)
+            total = 0
+            for ch in self._chunks:
+                if ch.min_pos > position or table not in ch.tables:
+                    continue
+                t = ch.tables[table]
+                w = t.column(WEIGHT)
+                if ch.max_pos > position:
+                    w = pc.filter(w, pc.less_equal(t.column(POS), position))
+                total += pc.sum(w).as_py() or 0
+            return int(total)
+
+    def table_at(self, table: str, position: int, columns: list[str] | None = None) -> pa.Table:
+        """The table as of ``position``: snapshot + every change up to it, consolidated, each
+        row repeated by its weight. Out: ``columns`` (default all), no weight column.
+
+        Raises SourceError when a row's weight is negative (a retraction of a row that was
+        never there: the snapshot and the changes disagree)."""
+        z = self.changes(table, INITIAL, position, columns)
+        return materialize(z, f"{self.location}: table {table} at position {position}")
+
+
+
+class LandingReader(TransactionLog):
     """The complete transactions of one landing directory, read once and kept in memory.
 
     ``refresh()`` reads event files that arrived since the last call (files are immutable):
@@ -62,12 +178,8 @@ class LandingReader:
     """
 
     def __init__(self, location: str):
-        self.location = normalize(location)
-        self._lock = threading.RLock()
-        self._schemas: dict[str, TableSchema] = {}
+        super().__init__(normalize(location))
         self._files: list[tuple[int, str, int, int]] = []   # seq, name, size, mtime_ns (parsed)
-        self._chunks: list[_Chunk] = []
-        self._txs: list[TxInfo] = []
         self._parser = EventParser(self.location, self._schemas)
         self._indexed: bool | None = None   # whether the landing index is written (None: not checked yet)
         self.index_stats = {"parsed": 0, "loaded": 0, "workers": 0}
@@ -135,9 +247,7 @@ class LandingReader:
                     landing_index.store(self.location, digest, parsed)   # what isolation gives
                 elif before.snap_position is not None and not before.open_tx:
                     self._index_in_isolation(name, size, mtime_ns, digest)   # inside the snapshot: once
-        if parsed.tables:
-            lo, hi = zip(*(_min_max(t.column(POS)) for t in parsed.tables.values() if t.num_rows))
-            self._chunks.append(_Chunk(seq, name, min(lo), max(hi), parsed.tables))
+        self._add_chunk(seq, name, parsed.tables)
         self._txs.extend(parsed.txs)
         self._files.append((seq, name, size, mtime_ns))
 
@@ -152,19 +262,6 @@ class LandingReader:
         if parser.open is None:
             landing_index.store(self.location, digest, parsed)
 
-    # -- reading ---------------------------------------------------------------------------
-    def tables(self) -> list[str]:
-        with self._lock:
-            return sorted(self._schemas)
-
-    def schema(self, table: str) -> TableSchema:
-        with self._lock:
-            if table not in self._schemas:
-                raise SourceError(f"{self.location}: no schema file for table {table!r} in _schemas/ "
-                                  f"(captured tables: {sorted(self._schemas) or 'none'}); check "
-                                  f"meta.consistent_stream.table")
-            return self._schemas[table]
-
     def latest_position(self) -> int:
         """Position of the last complete transaction (or the snapshot); -1 when none."""
         with self._lock:
@@ -174,77 +271,6 @@ class LandingReader:
         """P0, the snapshot's position, or None when the landing directory has no snapshot."""
         with self._lock:
             return self._parser.snapshot_pos
-
-    def transactions(self, after: int | None = None, upto: int | None = None) -> list[TxInfo]:
-        """The complete transactions in commit order (the snapshot first, when there is one);
-        only those with ``after < position <= upto`` when given (a binary search: positions
-        grow)."""
-        with self._lock:
-            lo = 0 if after is None else bisect.bisect_right(self._txs, after, key=lambda t: t.position)
-            hi = len(self._txs) if upto is None else bisect.bisect_right(self._txs, upto, key=lambda t: t.position)
-            return self._txs[lo:hi]
-
-    def commit_ms(self, position: int) -> int:
-        """Commit time (ms since epoch) of the newest transaction at or before ``position``;
-        0 when there is none."""
-        with self._lock:
-            i = bisect.bisect_right(self._txs, position, key=lambda t: t.position)
-            return self._txs[i - 1].ts_ms if i else 0
-
-    def _check_upto(self, upto: int) -> None:
-        if upto > self._parser.last_pos:
-            raise SourceError(f"{self.location}: position {upto} is past the last complete transaction "
-                              f"{self._parser.last_pos} (files missing or deleted since the cut was taken?)")
-
-    def changes(self, table: str, after: int, upto: int, columns: list[str] | None = None) -> pa.Table:
-        """The changes of ``table`` from the transactions with ``after < position <= upto``
-        (the snapshot is at P0), in commit order: ``columns`` (default all) + ``__weight``
-        int64, not consolidated. Raises SourceError when ``upto`` is past the last complete
-        transaction or ``table`` is unknown."""
-        with self._lock:
-            ts = self.schema(table)
-            self._check_upto(upto)
-            cols = list(columns) if columns is not None else ts.column_names
-            unknown = [c for c in cols if c not in ts.column_names]
-            if unknown:
-                raise SourceError(f"{self.location}: table {table} has no columns {unknown} (has {ts.column_names})")
-            parts = []
-            for ch in self._chunks:
-                if ch.max_pos <= after or ch.min_pos > upto or table not in ch.tables:
-                    continue
-                t = ch.tables[table]
-                if ch.min_pos <= after or ch.max_pos > upto:
-                    pos = t.column(POS)
-                    t = t.filter(pc.and_(pc.greater(pos, after), pc.less_equal(pos, upto)))
-                parts.append(t.select(cols + [WEIGHT]))
-            schema = pa.schema([ts.arrow_schema().field(c) for c in cols] + [pa.field(WEIGHT, pa.int64())])
-            if not parts:
-                return schema.empty_table()
-            return pa.concat_tables(parts).cast(schema)
-
-    def row_count(self, table: str, position: int) -> int:
-        """Rows of ``table`` as of ``position`` (the summed weights; no table is built)."""
-        with self._lock:
-            self.schema(table)
-            total = 0
-            for ch in self._chunks:
-                if ch.min_pos > position or table not in ch.tables:
-                    continue
-                t = ch.tables[table]
-                w = t.column(WEIGHT)
-                if ch.max_pos > position:
-                    w = pc.filter(w, pc.less_equal(t.column(POS), position))
-                total += pc.sum(w).as_py() or 0
-            return int(total)
-
-    def table_at(self, table: str, position: int, columns: list[str] | None = None) -> pa.Table:
-        """The table as of ``position``: snapshot + every change up to it, consolidated, each
-        row repeated by its weight. Out: ``columns`` (default all), no weight column.
-
-        Raises SourceError when a row's weight is negative (a retraction of a row that was
-        never there: the snapshot and the changes disagree)."""
-        z = self.changes(table, INITIAL, position, columns)
-        return materialize(z, f"{self.location}: table {table} at position {position}")
 
 
 def materialize(z: pa.Table, what: str) -> pa.Table:
@@ -302,8 +328,12 @@ class DebeziumSource:
         """The landing directory's reader; refreshed (new files parsed) when asked, or when it
         has not seen position ``upto`` yet (a cut taken by the streaming source)."""
         if self._reader is None or refresh or (upto is not None and upto > self._reader.latest_position()):
-            self._reader = reader_for(self.spec.location)
+            self._reader = self._open_reader()
         return self._reader
+
+    def _open_reader(self) -> TransactionLog:
+        """The process-wide reader of this source's log, refreshed."""
+        return reader_for(self.spec.location)
 
     def columns(self) -> list[str]:
         return self.reader().schema(self.spec.table).column_names

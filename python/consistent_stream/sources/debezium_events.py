@@ -153,6 +153,29 @@ def _convert_column(values: list, type_name: str, where: str, column: str) -> pa
         raise _err(where, f"column {column!r} has a value that is not a {type_name}: {e}") from e
 
 
+def rows_to_arrow(ts: TableSchema, rows: list, path: str) -> pa.Table:
+    """The rows (position, weight, row dict, Where) of one table -> an Arrow table of the
+    table's columns (typed by ``ts``) + __pos + __weight. Raises SourceError naming the
+    event of a row whose columns differ from the schema (``path`` names what was read in a
+    conversion error)."""
+    table, names = ts.table, ts.column_names
+    name_set = set(names)
+    for _, _, row, rwhere in rows:
+        if row.keys() != name_set:
+            extra, missing = sorted(set(row) - name_set), sorted(name_set - set(row))
+            raise _err(rwhere, f"row of {table} does not match its schema (columns {names}): "
+                               f"unknown columns {extra}, missing columns {missing}; schema changes of "
+                               f"captured tables are not supported (start a new landing directory or topic)")
+    get = itemgetter(*names)
+    values = [get(r[2]) for r in rows]
+    columns = list(zip(*values)) if len(names) > 1 else [values]
+    if not rows:
+        columns = [[] for _ in names]
+    arrays = [_convert_column(list(vals), c.type, path, c.name) for c, vals in zip(ts.columns, columns)]
+    arrays += [pa.array([r[0] for r in rows], pa.int64()), pa.array([r[1] for r in rows], pa.int64())]
+    return pa.Table.from_arrays(arrays, names=names + [POS, WEIGHT])
+
+
 class EventParser:
     """Debezium events -> complete transactions, one event file at a time (the semantics in the
     module docstring). Its state carries from file to file: the open transaction (a capture may
@@ -226,24 +249,7 @@ class EventParser:
         return out
 
     def _columns(self, table: str, rows: list, path: str) -> pa.Table:
-        """The rows (position, weight, row dict, Where) of one table in one file -> an Arrow
-        table of the table's columns (typed by its schema file) + __pos + __weight. Raises
-        SourceError naming the line of a row whose columns differ from the schema file."""
-        ts = self.schemas[table]
-        names = ts.column_names
-        name_set = set(names)
-        for _, _, row, rwhere in rows:
-            if row.keys() != name_set:
-                extra, missing = sorted(set(row) - name_set), sorted(name_set - set(row))
-                raise _err(rwhere, f"row of {table} does not match its schema file (columns {names}): "
-                                   f"unknown columns {extra}, missing columns {missing}; schema changes of "
-                                   f"captured tables are not supported (start a new landing directory)")
-        get = itemgetter(*names)
-        values = [get(r[2]) for r in rows]
-        columns = list(zip(*values)) if len(names) > 1 else [values]
-        arrays = [_convert_column(list(vals), c.type, path, c.name) for c, vals in zip(ts.columns, columns)]
-        arrays += [pa.array([r[0] for r in rows], pa.int64()), pa.array([r[1] for r in rows], pa.int64())]
-        return pa.Table.from_arrays(arrays, names=names + [POS, WEIGHT])
+        return rows_to_arrow(self.schemas[table], rows, path)
 
     def _inexact(self, obj) -> bool:
         """Whether a change event holds a JSON number with a fraction or exponent (parsed as
