@@ -115,6 +115,18 @@ def _cmd_status(args) -> int:
                       num(s.lag_versions), num(s.lag_s), num(s.freshness_s), num(s.age_s), last)
     console = Console()
     (console if console.is_terminal else Console(width=160)).print(table)
+    for s in statuses:
+        told = set()
+        for key, waiting in sorted(s.waiting.items()):
+            for w in waiting:
+                if w["id"] in told:
+                    continue
+                told.add(w["id"])
+                what = (f"END arrived, events missing: {w['missing']}" if w["end_seen"]
+                        else "its END has not arrived")
+                print(f"{s.model}: source {key}: upstream transaction {w['id']} has waited {w['age_s']:,.1f} s "
+                      f"({what}); {w['waiting_behind']} later transactions wait behind it, and nothing after it "
+                      f"is committed until it is complete")
     return 0
 
 

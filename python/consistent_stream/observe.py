@@ -66,7 +66,10 @@ class SourceLag:
 class ModelStatus:
     """One model as an operator sees it. ``freshness_s``: the target commit's time minus the
     newest source commit in its cut (README, "Using it"); ``age_s``: now minus the target's
-    commit time; ``last_batch_*``: the batch that wrote ``target_version``."""
+    commit time; ``last_batch_*``: the batch that wrote ``target_version``; ``waiting``: per
+    source, the upstream transactions seen in part that hold back its cut (a Kafka source's
+    :meth:`~consistent_stream.sources.kafka.KafkaReader.stalled`: id, age_s, end_seen,
+    missing)."""
     model: str
     target_path: str
     target_version: int | None
@@ -79,6 +82,7 @@ class ModelStatus:
     last_batch_changes: int | None = None
     last_batch_s: float | None = None
     error: str | None = None
+    waiting: dict = field(default_factory=dict)
 
     @property
     def lag_versions(self) -> int:
@@ -131,6 +135,9 @@ def model_status(job: JobSpec, now_ms: int | None = None) -> ModelStatus:
                 reflected = meta.source_commits.get(spec.key) or (source.commit_ms(at) if at >= 0 else None)
                 behind = round((source.commit_ms(latest) - reflected) / 1000.0, 3) if reflected else None
             status.lag[spec.key] = SourceLag(at, latest, max(latest - at, 0), behind if latest > at else 0.0)
+            stalled = getattr(source, "stalled", None)
+            if stalled is not None and stalled():
+                status.waiting[spec.key] = stalled()
     except ConsistentStreamError as e:
         status.error = str(e)
     return status

@@ -89,6 +89,7 @@ class BatchMeta:
     checkpoint_location: str
     strategy: str = "incremental"
     cut_lsn: dict = field(default_factory=dict)
+    cut_offsets: dict = field(default_factory=dict)
     base_cut: dict = field(default_factory=dict)
     unique_key: list | None = None
     changes_read: int = 0
@@ -98,8 +99,9 @@ class BatchMeta:
         d = asdict(self)
         for k in ("batch_id", "source_commit_ms", "changes_read", "started_ms"):
             d[k] = str(d[k])
-        if not self.cut_lsn:
-            d.pop("cut_lsn")
+        for k in ("cut_lsn", "cut_offsets"):
+            if not d[k]:
+                d.pop(k)
         if self.state_version is None:
             d.pop("state_version")
         return d
@@ -128,6 +130,7 @@ class BatchMeta:
                          state_version=None if sv is None else int(sv),
                          checkpoint_location=m.get("checkpoint_location", ""),
                          strategy=m.get("strategy", "incremental"), cut_lsn=js(m.get("cut_lsn"), {}),
+                         cut_offsets=js(m.get("cut_offsets"), {}),
                          base_cut=js(m.get("base_cut"), {}) or js(m["cut"], {}),
                          unique_key=js(m.get("unique_key"), None),
                          changes_read=int(m.get("changes_read", 0)), started_ms=int(m.get("started_ms", 0)))
@@ -344,11 +347,12 @@ class QueryRuntime:
             for key, src in self.sources.items():
                 if b.first or key not in commit_ms:
                     commit_ms[key] = src.commit_ms(end.versions[key]) if end.versions[key] >= 0 else 0
+        described = cut_metadata(list(self.sources.values()), end)
         meta = BatchMeta(app_id=b.app_id, batch_id=b.batch_id, model=self.job.model, cut=end.versions,
                          source_commit_ms=max(commit_ms.values(), default=0), source_commits=commit_ms,
                          state_version=None, checkpoint_location=self.job.checkpoint_location,
                          strategy=b.metrics.strategy,
-                         cut_lsn=cut_metadata(list(self.sources.values()), end).get("cut_lsn", {}),
+                         cut_lsn=described.get("cut_lsn", {}), cut_offsets=described.get("cut_offsets", {}),
                          base_cut=base_cut(list(self.sources.values()), end.versions), unique_key=self.key,
                          changes_read=read, started_ms=int(t0 * 1000))
         return self._evaluate(b, changes, rebuild, meta)       # step 3

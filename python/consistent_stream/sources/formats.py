@@ -11,6 +11,10 @@ Formats (``meta.consistent_stream.format``):
   landing directory is cut at the same position, so a cut never splits a transaction. The
   table as of position X is the snapshot (at P0) plus every change up to X: the
   snapshot-then-CDC source (``snapshot_then_cdc`` macro).
+* ``kafka``: one table's topic of Debezium change events on Kafka
+  (:class:`.kafka.KafkaSource`); positions are transactions in the order of their END events
+  on the connector's transaction topic (offset + 1), and every table of one transaction topic
+  is cut at the same position; or, with ``consistency: per_topic``, the topic's own offsets.
 * ``model``: the target of an upstream consistent_stream model (``ref()``,
   :class:`.model.ModelSource`); positions are the target's versions, each one batch of the
   upstream that records the base cut it reflects. A cut over several inputs is chosen by the
@@ -75,6 +79,9 @@ def open_source(spec: SourceSpec) -> Source:
     if spec.format == "debezium":
         from .debezium import DebeziumSource
         return DebeziumSource(spec)
+    if spec.format == "kafka":
+        from .kafka import KafkaSource
+        return KafkaSource(spec)
     if spec.format == "model":
         from .model import ModelSource
         return ModelSource(spec)

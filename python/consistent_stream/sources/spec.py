@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from .. import location
 from ..errors import ConfigError
 
-SUPPORTED_FORMATS = ("delta", "debezium")
+SUPPORTED_FORMATS = ("delta", "debezium", "kafka")
+KAFKA_KEYS = ("bootstrap_servers", "topic", "transaction_topic", "consistency", "columns")
+CONSISTENCY = ("transaction", "per_topic")
 
 
 def normalize_relation(relation: str) -> tuple[str, ...]:
@@ -26,9 +28,12 @@ class SourceSpec:
 
     ``name``: the dbt source's table name; ``relation``: how ``source()`` renders it in the
     compiled SQL; ``location``: absolute path of the Delta table, or for ``format: debezium``
-    of the CDC landing directory; ``table``: (debezium only) the captured table in the landing
-    directory, ``schema.table``; ``primary_key``: the source table's key columns (may be empty
-    when unknown).
+    of the CDC landing directory, or for ``format: kafka`` ``kafka://<bootstrap servers>/<topic>``;
+    ``table``: (debezium, kafka) the captured table, ``schema.table`` as in Debezium's
+    ``source`` block; ``primary_key``: the source table's key columns (may be empty when
+    unknown); ``options``: format-specific settings as sorted (key, JSON value) pairs (kafka:
+    ``bootstrap_servers``, ``topic``, ``transaction_topic``, ``consistency``, ``columns``; see
+    :mod:`consistent_stream.sources.kafka`).
     """
     name: str
     relation: str
@@ -37,6 +42,14 @@ class SourceSpec:
     primary_key: tuple[str, ...] = ()
     source_name: str = ""
     table: str = ""
+    options: tuple = ()
+
+    def option(self, key: str, default=None):
+        """The format-specific setting ``key`` (decoded), or ``default``."""
+        for k, v in self.options:
+            if k == key:
+                return json.loads(v)
+        return default
 
     @property
     def relation_parts(self) -> tuple[str, ...]:
@@ -51,7 +64,8 @@ class SourceSpec:
     def from_json(d: dict) -> "SourceSpec":
         """The spec whose fields are ``d`` (``dataclasses.asdict`` of one, as ``job.json`` holds
         them; ``primary_key`` a list there)."""
-        return SourceSpec(**{**d, "primary_key": tuple(d.get("primary_key", ()))})
+        return SourceSpec(**{**d, "primary_key": tuple(d.get("primary_key", ())),
+                             "options": tuple(tuple(o) for o in d.get("options", ()))})
 
     @staticmethod
     def from_dbt(d: dict, project_root: str) -> "SourceSpec":
@@ -69,6 +83,8 @@ class SourceSpec:
         if fmt not in SUPPORTED_FORMATS:
             raise ConfigError(f"{label}: meta.consistent_stream.format is {fmt!r}; "
                               f"accepted values: {', '.join(SUPPORTED_FORMATS)}")
+        if fmt == "kafka":
+            return SourceSpec._kafka(d, meta, label)
         loc = meta.get("location")
         if not loc:
             raise ConfigError(f"{label}: meta.consistent_stream.location is required (path of the Delta table, "
@@ -88,6 +104,45 @@ class SourceSpec:
         return SourceSpec(name=d["name"], relation=d["relation"], location=loc, format=fmt,
                           primary_key=tuple(c.lower() for c in pk), source_name=d.get("source_name", ""),
                           table=table)
+
+
+    @staticmethod
+    def _kafka(d: dict, meta: dict, label: str) -> "SourceSpec":
+        """The spec of a ``format: kafka`` source (Debezium change events on a Kafka topic)."""
+        unknown = sorted(set(meta) - set(KAFKA_KEYS) - {"format", "primary_key", "table"})
+        if unknown:
+            raise ConfigError(f"{label}: meta.consistent_stream has keys {unknown} that format: kafka does not know; "
+                              f"known: {', '.join(KAFKA_KEYS + ('primary_key', 'table'))}")
+        servers = str(meta.get("bootstrap_servers") or "").strip()
+        topic = str(meta.get("topic") or "").strip()
+        for key, value in (("bootstrap_servers", servers), ("topic", topic)):
+            if not value:
+                raise ConfigError(f"{label}: meta.consistent_stream.{key} is required for format: kafka "
+                                  f"(e.g. bootstrap_servers: host:9092, topic: <topic.prefix>.public.{d.get('name')})")
+        parts = topic.split(".")
+        table = str(meta.get("table") or ("." .join(parts[-2:]) if len(parts) >= 3 else ""))
+        if "." not in table:
+            raise ConfigError(f"{label}: meta.consistent_stream.table is required when the topic {topic!r} is not "
+                              f"named <topic.prefix>.<schema>.<table> (Debezium's default): table: schema.table")
+        tx_topic = str(meta.get("transaction_topic") or f"{parts[0]}.transaction")
+        consistency = str(meta.get("consistency") or "transaction").lower()
+        if consistency not in CONSISTENCY:
+            raise ConfigError(f"{label}: meta.consistent_stream.consistency is {consistency!r}; accepted values: "
+                              f"{', '.join(CONSISTENCY)}")
+        columns = meta.get("columns") or {}
+        if not isinstance(columns, dict) or not all(isinstance(v, str) for v in columns.values()):
+            raise ConfigError(f"{label}: meta.consistent_stream.columns must map column names to types, "
+                              f"e.g. {{aid: int, abalance: int, filler: string}}")
+        pk = meta.get("primary_key") or []
+        pk = [pk] if isinstance(pk, str) else pk
+        if not isinstance(pk, list) or not all(isinstance(c, str) for c in pk):
+            raise ConfigError(f"{label}: meta.consistent_stream.primary_key must be a column name or a list of them")
+        options = {"bootstrap_servers": servers, "topic": topic, "transaction_topic": tx_topic,
+                   "consistency": consistency, "columns": {str(k).lower(): v for k, v in columns.items()}}
+        return SourceSpec(name=d["name"], relation=d["relation"], location=f"kafka://{servers}/{topic}",
+                          format="kafka", primary_key=tuple(c.lower() for c in pk),
+                          source_name=d.get("source_name", ""), table=table,
+                          options=tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in options.items())))
 
 
 INITIAL = -1

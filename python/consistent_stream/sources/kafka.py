@@ -1,0 +1,659 @@
+"""Debezium change events on Kafka topics, read as changelogs cut at whole upstream
+transactions (``format: kafka``).
+
+A Kafka Connect worker running Debezium (e.g. its PostgreSQL connector) writes each captured
+table's change events to a topic of its own (``<topic.prefix>.<schema>.<table>``), and with
+``provide.transaction.metadata=true`` a BEGIN and an END event per transaction to the
+transaction topic (``<topic.prefix>.transaction``). Values are Debezium's JSON (Kafka Connect's
+``JsonConverter``), with the ``{"schema", "payload"}`` envelope (``schemas.enable=true``: the
+columns and their types come from it) or without it (then ``meta.consistent_stream.columns``
+declares them).
+
+Config (a dbt source's ``meta.consistent_stream``)::
+
+    format: kafka
+    bootstrap_servers: 127.0.0.1:9092     # required
+    topic: pgb.public.pgbench_accounts    # required: the table's topic
+    table: public.pgbench_accounts        # default: the topic's last two parts
+    transaction_topic: pgb.transaction    # default: <first part of topic>.transaction
+    consistency: transaction              # or per_topic (see below)
+    columns: {aid: int, abalance: int}    # only without the schema envelope
+    primary_key: [aid]
+
+**The consistency rule** (``consistency: transaction``; the idea of seed 001, TiFlink's
+transaction-consistent checkpoints, with Debezium's transaction metadata in place of TiDB's
+timestamps). Transactions enter the log in the order of the transaction topic (one
+partition): Debezium emits a transaction whole when the database commits it, so its BEGIN
+and END are adjacent there and their order is the commit order; a transaction whose END is
+missing holds back every transaction after its BEGIN. A transaction's position
+is the offset of its END event + 1 (or the previous position + 1 when its END came late, after
+a later transaction's); the connector's snapshot (``op: r`` events) is position 0.
+A position is published only when the transaction is *complete*: for every table of the
+reader, as many distinct events of it (``transaction.total_order``) have arrived, in whatever
+partitions, as the END's ``data_collections`` count; and every earlier END's transaction is
+complete. So a cut never splits a transaction, across tables or partitions, and never lets a
+later transaction in before an earlier one. All tables of one transaction topic share one
+clock (:attr:`KafkaSource.clock`) and one process-wide :class:`KafkaReader`.
+
+``consistency: per_topic`` (a connector without transaction metadata, or the foil of the
+tests): each topic is its own clock, one event per position (offset + 1 of its record; the
+topic must have one partition). A version may then hold half of an upstream transaction, or
+one table's side of it without the other's: what Flink and Spark's own Kafka source give.
+
+**Delivery as it happens.** Kafka Connect is at-least-once: after a crash the connector
+re-sends what it had not recorded as sent. A data event is identified by (transaction id,
+``total_order``) and a transaction by its id: a second copy is dropped (counted as a
+duplicate), never applied twice; in per_topic mode a change is identified by its
+``source.lsn``. Tombstones (the null value after a delete) and events that are neither
+changes nor transaction metadata (heartbeats, schema changes) are skipped and counted. The
+counts go to the log at every refresh (:attr:`KafkaReader.skipped`). A snapshot that starts
+again (a connector that crashed during its initial snapshot and repeats it) replaces the
+partial one of that table.
+
+Reading: each refresh reads every partition from where the last one stopped to its high
+watermark (:mod:`.kafka_log`, through Spark's Kafka source) and parses the values on the
+driver (orjson), keeping the complete transactions as Arrow chunks
+(:class:`~.debezium.TransactionLog`). A process reads the topics from their start (the
+snapshot is needed to build a first version, and for ``verify``); offsets retention already
+deleted give a SourceError naming the partition and offset.
+
+Errors (``SourceError``, naming topic, partition and offset): malformed JSON, an event of
+another table than the source's, a change event without a ``transaction`` block in
+transaction mode (the connector lacks ``provide.transaction.metadata``), an update or delete
+without a ``before`` image (the table needs ``REPLICA IDENTITY FULL``), a value that does not
+fit its column's type, an END whose counts contradict the events, a missing topic,
+retention-deleted offsets. A transaction whose END never arrives holds back every later one:
+nothing partial is ever committed, and :meth:`KafkaReader.stalled` says which transaction
+waits, since when, and for what.
+"""
+from __future__ import annotations
+
+import base64
+import decimal
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import orjson
+import pyarrow as pa
+
+from ..errors import ConfigError, SourceError
+from .debezium import DebeziumSource, TransactionLog
+from .debezium_events import _table_of, rows_to_arrow
+from .kafka_log import MAX_RECORDS, KafkaLog, lost_offset
+from .landing import ColumnSchema, TableSchema, arrow_type
+from .landing_index import TxInfo
+from .spec import INITIAL
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_POSITION = 0
+
+# Kafka Connect schema types -> the column types of .landing (Debezium's logical names first)
+_LOGICAL = {"io.debezium.time.Date": "date", "io.debezium.time.MicroTimestamp": "timestamp",
+            "io.debezium.time.Timestamp": "timestamp", "io.debezium.time.NanoTimestamp": "timestamp",
+            "io.debezium.time.ZonedTimestamp": "timestamptz", "org.apache.kafka.connect.data.Date": "date",
+            "org.apache.kafka.connect.data.Timestamp": "timestamp"}
+_PRIMITIVE = {"int8": "int16", "int16": "int16", "int32": "int32", "int64": "int64", "float32": "float32",
+              "float64": "float64", "float": "float32", "double": "float64", "boolean": "bool", "string": "string"}
+# what a timestamp's integer counts, in microseconds
+_TIME_SCALE = {"io.debezium.time.Timestamp": 1000, "org.apache.kafka.connect.data.Timestamp": 1000,
+               "io.debezium.time.NanoTimestamp": 0.001}
+# Spark SQL type names (meta.consistent_stream.columns) -> the column types of .landing
+_SPARK_TYPES = {"tinyint": "int16", "byte": "int16", "smallint": "int16", "short": "int16", "int": "int32",
+                "integer": "int32", "bigint": "int64", "long": "int64", "float": "float32", "real": "float32",
+                "double": "float64", "boolean": "bool", "string": "string", "varchar": "string", "date": "date",
+                "timestamp": "timestamptz", "timestamp_ntz": "timestamp"}
+
+
+def _split(ranges: dict, limit: int) -> list[dict]:
+    """``ranges`` ((topic, partition) -> [start, end)) as successive reads of at most about
+    ``limit`` records each: every partition advances in each read, in proportion to its
+    backlog, so the transaction topic and the data topics move together."""
+    total = sum(end - start for start, end in ranges.values())
+    if total <= limit:
+        return [ranges]
+    steps = -(-total // limit)
+    out = []
+    for i in range(steps):
+        part = {}
+        for tp, (start, end) in ranges.items():
+            n = end - start
+            lo, hi = start + n * i // steps, start + n * (i + 1) // steps
+            if hi > lo:
+                part[tp] = (lo, hi)
+        out.append(part)
+    return out
+
+
+def _where(topic: str, partition: int, offset: int) -> str:
+    return f"Kafka topic {topic} partition {partition} offset {offset}"
+
+
+def column_type(name: str, type_name: str, label: str) -> str:
+    """A declared column type (Spark SQL's ``int``, ``decimal(12,2)``, ... or the landing's
+    ``int32``) -> the column type of :mod:`.landing`. ConfigError naming ``label``."""
+    t = type_name.strip().lower()
+    t = _SPARK_TYPES.get(t, t)
+    try:
+        arrow_type(t)
+    except SourceError:
+        raise ConfigError(f"{label}: column {name!r} has type {type_name!r}; use a Spark SQL type (int, bigint, "
+                          f"double, boolean, string, date, timestamp, decimal(p,s), ...)") from None
+    return t
+
+
+def schema_from_envelope(table: str, schema: dict, primary_key: tuple, where: str) -> tuple[TableSchema, dict]:
+    """The table's schema from a change event's Kafka Connect schema (the envelope's
+    ``schema``: a struct whose ``after`` field is the row's struct), and the value
+    converters its columns need (column -> function of the JSON value). SourceError naming
+    ``where`` when the schema has no row struct or a column type this reader does not know."""
+    fields = {f.get("field"): f for f in schema.get("fields") or [] if isinstance(f, dict)}
+    row = fields.get("after") or fields.get("before")
+    if not isinstance(row, dict) or row.get("type") != "struct":
+        raise SourceError(f"{where}: the event's schema has no 'after' struct; is this a Debezium change topic?")
+    cols, convert = [], {}
+    for f in row.get("fields") or []:
+        name, logical, kind = f["field"], f.get("name"), f.get("type")
+        params = f.get("parameters") or {}
+        if logical == "org.apache.kafka.connect.data.Decimal":
+            scale = int(params.get("scale", 0))
+            precision = int(params.get("connect.decimal.precision", 38))
+            t = f"decimal({max(precision, scale, 1)},{scale})"
+            convert[name] = _decimal_from_bytes(scale)
+        elif logical in _LOGICAL:
+            t = _LOGICAL[logical]
+            if logical in _TIME_SCALE:
+                convert[name] = _scaled(_TIME_SCALE[logical])
+        elif logical == "io.debezium.data.VariableScaleDecimal":
+            t = "string"
+            convert[name] = _variable_decimal
+        elif kind in _PRIMITIVE:
+            t = _PRIMITIVE[kind]
+        elif kind == "bytes":
+            raise SourceError(f"{where}: column {name!r} of {table} is bytes ({logical or 'no logical type'}); "
+                              f"set the connector's binary.handling.mode=base64 or hex to read it as a string")
+        else:
+            raise SourceError(f"{where}: column {name!r} of {table} has the Connect type {kind!r} "
+                              f"({logical or 'no logical type'}), which format: kafka does not read")
+        cols.append(ColumnSchema(name, t, logical or kind, bool(f.get("optional", True))))
+    return TableSchema(table, tuple(cols), tuple(primary_key)), convert
+
+
+def _decimal_from_bytes(scale: int):
+    def convert(v):
+        if v is None or not isinstance(v, str):
+            return v
+        unscaled = int.from_bytes(base64.b64decode(v), "big", signed=True)
+        return decimal.Decimal(unscaled).scaleb(-scale)
+    return convert
+
+
+def _scaled(factor):
+    def convert(v):
+        return v if v is None or not isinstance(v, int) else int(v * factor)
+    return convert
+
+
+def _variable_decimal(v):
+    if not isinstance(v, dict):
+        return v
+    unscaled = int.from_bytes(base64.b64decode(v["value"]), "big", signed=True)
+    return str(decimal.Decimal(unscaled).scaleb(-int(v["scale"])))
+
+
+@dataclass
+class _Topic:
+    """One data topic of a reader: its table, schema (None until known) and converters."""
+    topic: str
+    table: str
+    primary_key: tuple
+    schema: TableSchema | None = None
+    convert: dict = field(default_factory=dict)
+    snapshot_rows: list = field(default_factory=list)
+    snapshot_done: bool = False
+    streamed: bool = False
+
+
+@dataclass
+class _PendingTx:
+    """A transaction seen in part: its events per table (weight rows), the total_orders seen,
+    and its END (offset, ts_ms, counts per data collection) once it arrived."""
+    id: str
+    first_seen_ms: int
+    rows: dict = field(default_factory=dict)
+    seen: set = field(default_factory=set)
+    counts: dict = field(default_factory=dict)
+    end_offset: int | None = None
+    end_ts_ms: int = 0
+    end_counts: dict | None = None
+    queued: bool = False
+
+
+class KafkaReader(TransactionLog):
+    """The Debezium change events of the data topics of one clock, assembled into complete
+    transactions (module docstring). ``key``: (bootstrap servers, transaction topic or the
+    one topic of a per_topic clock, consistency). Use :func:`reader_for`.
+
+    ``skipped``: events not applied, by reason (``duplicates``, ``tombstones``, ``other``:
+    heartbeats, schema changes); ``read_events``: records read in all."""
+
+    def __init__(self, bootstrap: str, tx_topic: str, consistency: str):
+        super().__init__(f"kafka://{bootstrap}/{tx_topic}")
+        self.bootstrap, self.tx_topic, self.consistency = bootstrap, tx_topic, consistency
+        self.log = KafkaLog(bootstrap)
+        self._topics: dict[str, _Topic] = {}
+        self._declared: dict[str, tuple] = {}     # topic -> (table, primary key, declared columns)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._chunks, self._txs = [], []
+        self._schemas = {}
+        self._topics = {t: _Topic(t, table, pk) for t, (table, pk, _) in self._declared.items()}
+        for t, (table, pk, cols) in self._declared.items():
+            if cols:
+                self._topics[t].schema = TableSchema(table, tuple(ColumnSchema(c, ty) for c, ty in cols), pk)
+                self._schemas[table] = self._topics[t].schema
+        self._next: dict[tuple[str, int], int] = {}
+        self._pending: dict[str, _PendingTx] = {}
+        self._order: deque[str] = deque()          # transaction topic order, not yet published
+        self._published: set[str] = set()
+        self._seen_lsn: dict[str, set] = {}        # per_topic: changes applied, by topic
+        self._last = INITIAL
+        self._snapshot_published = False
+        self._tx_records = 0
+        self._chunk_seq = 0
+        self.skipped = {"duplicates": 0, "tombstones": 0, "other": 0}
+        self.read_events = 0
+
+    # -- tables ---------------------------------------------------------------------------------
+    def add_table(self, topic: str, table: str, primary_key: tuple, columns: dict) -> None:
+        """Read ``topic`` (the change events of ``table``) too; ``columns`` (name -> type of
+        :mod:`.landing`) when the values have no schema envelope. A table added after the reader
+        read anything makes it read every topic again from the start, so that no published
+        transaction lacks the new table's events."""
+        with self._lock:
+            spec = (table, tuple(primary_key), tuple(sorted(columns.items())) if columns else ())
+            if self._declared.get(topic) == spec:
+                return
+            if self.consistency == "per_topic" and self._declared:
+                raise ConfigError(f"{self.location}: a per_topic reader reads one topic")
+            self._declared[topic] = spec
+            self._reset()
+
+    def schema(self, table: str) -> TableSchema:
+        with self._lock:
+            if table not in self._schemas:
+                topic = next((t for t, d in self._declared.items() if d[0] == table), None)
+                raise SourceError(f"Kafka topic {topic} ({table}) has no change event yet, so its columns are not "
+                                  f"known: its values have no schema envelope to read them from until one arrives. "
+                                  f"Declare them in meta.consistent_stream.columns (e.g. {{aid: int, "
+                                  f"filler: string}}), or run the model once the connector has written the "
+                                  f"table's snapshot")
+            return self._schemas[table]
+
+    def latest_position(self) -> int:
+        with self._lock:
+            return self._last
+
+    # -- reading --------------------------------------------------------------------------------
+    def refresh(self) -> "KafkaReader":
+        """Read what the topics gained since the last refresh and publish every transaction
+        that became complete (module docstring). Raises SourceError."""
+        with self._lock:
+            try:
+                self._refresh()
+            except BaseException:
+                self._reset()   # nothing half-read survives an error
+                raise
+            return self
+
+    def _refresh(self) -> None:
+        t0 = time.time()
+        topics = list(self._declared)
+        if self.consistency == "transaction":
+            # Debezium creates the transaction topic at the first transaction after its snapshot
+            tx_parts = (self.log.partitions(self.tx_topic, key="meta.consistent_stream.transaction_topic")
+                        if self.tx_topic in self.log.topics() else [])
+            if len(tx_parts) > 1:
+                raise SourceError(f"Kafka topic {self.tx_topic} (the transaction topic) has {len(tx_parts)} "
+                                  f"partitions; Debezium writes transaction metadata to one partition, whose order "
+                                  f"is the commit order")
+            parts = tx_parts + [p for t in topics for p in self.log.partitions(t)]
+        else:
+            parts = [p for t in topics for p in self.log.partitions(t)]
+            if len(parts) != 1:
+                raise SourceError(f"Kafka topic {topics[0]} has {len(parts)} partitions; consistency: per_topic reads "
+                                  f"a topic of one partition (its offsets are the positions)")
+        ranges = {}
+        for p in parts:
+            start = self._next.get((p.topic, p.partition), 0)
+            if p.low > start:
+                raise lost_offset(p.topic, p.partition, start, p.low)
+            if p.high > start:
+                ranges[(p.topic, p.partition)] = (start, p.high)
+        if not ranges:
+            return
+        data_topics = frozenset(topics)
+        n = 0
+        for part in _split(ranges, MAX_RECORDS):
+            records = self.log.read(part, payload_only=data_topics)
+            self._apply(records)
+            n += records.num_rows
+            for tp, (_, end) in part.items():
+                self._next[tp] = end
+        log.info("%s: read %d records of %d partitions in %.2fs; position %d; skipped %s; %d transactions waiting",
+                 self.location, n, len(ranges), time.time() - t0, self._last, self.skipped, len(self._order))
+
+    def _apply(self, records: pa.Table) -> None:
+        """Parse ``records`` (:meth:`.kafka_log.KafkaLog.read`), data topics first (their events
+        wait for their transaction's END), then the transaction topic; publish what is complete."""
+        self.read_events += records.num_rows
+        cols = {c: records.column(c).to_pylist() for c in ("topic", "partition", "offset", "value")}
+        ts = records.column("timestamp").cast(pa.int64()).to_pylist()   # microseconds
+        tx_rows, out = [], {}
+        for i, (topic, part, offset, value) in enumerate(zip(cols["topic"], cols["partition"], cols["offset"],
+                                                              cols["value"])):
+            if topic == self.tx_topic and self.consistency == "transaction":
+                tx_rows.append((part, offset, value, (ts[i] or 0) // 1000))
+                continue
+            self._data_event(self._topics[topic], part, offset, value, out, (ts[i] or 0) // 1000)
+        for part, offset, value, ms in tx_rows:
+            self._tx_event(part, offset, value, ms)
+        if self.consistency == "transaction":
+            self._publish(out)
+        self._add_rows(out)
+
+    def _parse(self, value: bytes | None, where: str):
+        if value is None:
+            return None
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError as e:
+            raise SourceError(f"{where}: malformed JSON value ({e}); a Debezium JSON change event (Kafka "
+                              f"Connect's JsonConverter) was expected") from None
+
+    def _data_event(self, t: _Topic, part: int, offset: int, value, out: dict, record_ms: int) -> None:
+        where = _where(t.topic, part, offset)
+        obj = self._parse(value, where)
+        if obj is None:
+            self.skipped["tombstones"] += 1
+            return
+        schema = None
+        if type(obj) is dict and "payload" in obj and "schema" in obj:
+            schema, obj = obj["schema"], obj["payload"]
+        if obj is None:
+            self.skipped["tombstones"] += 1
+            return
+        if type(obj) is not dict:
+            raise SourceError(f"{where}: expected a JSON object (a Debezium change event)")
+        op = obj.get("op")
+        if op is None:
+            self.skipped["other"] += 1     # a heartbeat or schema change event
+            return
+        if op not in ("c", "u", "d", "r"):
+            raise SourceError(f"{where}: unknown op {op!r}; expected c, u, d or r")
+        src = obj.get("source")
+        table = _table_of(src) if type(src) is dict else None
+        if table != t.table:
+            raise SourceError(f"{where}: event of table {table!r} in the topic of {t.table} "
+                              f"(meta.consistent_stream.table); an event of an unknown table, or the wrong topic")
+        if t.schema is None:
+            if not isinstance(schema, dict):
+                raise SourceError(f"{where}: the value has no schema envelope (value.converter.schemas.enable="
+                                  f"false), so the columns of {t.table} are unknown: declare them in "
+                                  f"meta.consistent_stream.columns")
+            t.schema, t.convert = schema_from_envelope(t.table, schema, t.primary_key, where)
+            self._schemas[t.table] = t.schema
+        txb = obj.get("transaction")
+        if self.consistency == "per_topic":
+            self._per_topic_event(t, op, obj, src, offset, where, out)
+            return
+        if op == "r" and not isinstance(txb, dict):
+            self._snapshot_event(t, obj, src, where)
+            return
+        if not isinstance(txb, dict) or txb.get("id") is None:
+            raise SourceError(f"{where}: change event (op {op}) without a 'transaction' block: the connector must "
+                              f"run with provide.transaction.metadata=true for consistency: transaction, or set "
+                              f"meta.consistent_stream.consistency: per_topic (each table cut on its own)")
+        t.streamed = True
+        tx_id = str(txb["id"])
+        if tx_id in self._published:
+            self.skipped["duplicates"] += 1
+            return
+        tx = self._pending.get(tx_id)
+        if tx is None:
+            tx = self._pending[tx_id] = _PendingTx(tx_id, record_ms)
+        order = txb.get("total_order")
+        if order in tx.seen:
+            self.skipped["duplicates"] += 1
+            return
+        tx.seen.add(order)
+        tx.counts[t.table] = tx.counts.get(t.table, 0) + 1
+        self._weighted(t, op, obj, where, tx.rows.setdefault(t.table, []), None)
+
+    def _weighted(self, t: _Topic, op: str, obj: dict, where: str, rows: list, position) -> None:
+        """The change as weighted rows (position, weight, row, where): c/r +after, d -before,
+        u -before +after."""
+        if op in ("u", "d"):
+            before = obj.get("before")
+            if type(before) is not dict:
+                raise SourceError(f"{where}: op {op} on {t.table} without a 'before' image: retractions need the "
+                                  f"whole old row; run ALTER TABLE {t.table} REPLICA IDENTITY FULL")
+            rows.append((position, -1, self._converted(t, before), where))
+        if op != "d":
+            after = obj.get("after")
+            if type(after) is not dict:
+                raise SourceError(f"{where}: op {op} on {t.table} without an 'after' image")
+            rows.append((position, 1, self._converted(t, after), where))
+
+    @staticmethod
+    def _converted(t: _Topic, row: dict) -> dict:
+        if not t.convert:
+            return row
+        return {k: (t.convert[k](v) if k in t.convert else v) for k, v in row.items()}
+
+    def _snapshot_event(self, t: _Topic, obj: dict, src: dict, where: str) -> None:
+        marker = str(src.get("snapshot", "")).lower()
+        if t.streamed or self._snapshot_published:
+            raise SourceError(f"{where}: a snapshot read (op r) after the table's change events began: incremental "
+                              f"snapshots (signals) are not read by format: kafka; take a new snapshot under a new "
+                              f"topic.prefix and run --full-refresh")
+        if marker in ("first", "first_in_data_collection") and t.snapshot_rows:
+            log.warning("%s: the snapshot of %s starts again (the connector repeated it): the %d rows of the "
+                        "first attempt are replaced", where, t.table, len(t.snapshot_rows))
+            t.snapshot_rows = []
+            t.snapshot_done = False
+        self._weighted(t, "r", obj, where, t.snapshot_rows, SNAPSHOT_POSITION)
+        if marker in ("last", "last_in_data_collection"):
+            t.snapshot_done = True
+
+    def _per_topic_event(self, t: _Topic, op: str, obj: dict, src: dict, offset: int, where: str, out) -> None:
+        position = offset + 1
+        lsn = src.get("lsn")
+        if op != "r" and lsn is not None:
+            seen = self._seen_lsn.setdefault(t.topic, set())
+            key = (lsn, src.get("txId"), str(obj.get("after") or obj.get("before")))
+            if key in seen:
+                self.skipped["duplicates"] += 1
+                return
+            seen.add(key)
+        rows = out.setdefault(t.table, [])
+        self._weighted(t, op, obj, where, rows, position)
+        self._txs.append(TxInfo(position, f"{t.topic}@{offset}", int(src.get("ts_ms") or 0), {t.table: 1},
+                                t.topic, offset, op == "r"))
+        self._last = position
+
+    def _tx_event(self, part: int, offset: int, value, record_ms: int) -> None:
+        where = _where(self.tx_topic, part, offset)
+        self._tx_records += 1
+        obj = self._parse(value, where)
+        if obj is None:
+            self.skipped["tombstones"] += 1
+            return
+        if type(obj) is dict and "payload" in obj and "schema" in obj:
+            obj = obj["payload"]
+        if type(obj) is not dict or "status" not in obj:
+            raise SourceError(f"{where}: not Debezium transaction metadata (no 'status'); is "
+                              f"meta.consistent_stream.transaction_topic the connector's <topic.prefix>.transaction?")
+        tx_id, status = str(obj.get("id")), str(obj.get("status")).upper()
+        if tx_id in self._published:
+            self.skipped["duplicates"] += 1
+            return
+        tx = self._pending.get(tx_id)
+        if tx is None:
+            tx = self._pending[tx_id] = _PendingTx(tx_id, record_ms)
+        if not tx.queued:
+            tx.queued = True
+            self._order.append(tx_id)
+        if status == "BEGIN":
+            return
+        if status != "END":
+            raise SourceError(f"{where}: transaction metadata with status {obj.get('status')!r}; expected BEGIN or END")
+        if tx.end_offset is not None:
+            self.skipped["duplicates"] += 1
+            return
+        counts = {str(d.get("data_collection")): int(d.get("event_count", 0))
+                  for d in obj.get("data_collections") or [] if isinstance(d, dict)}
+        tx.end_offset, tx.end_ts_ms, tx.end_counts = offset, int(obj.get("ts_ms") or record_ms), counts
+
+    def _complete(self, tx: _PendingTx) -> bool:
+        if tx.end_counts is None:
+            return False
+        for topic in self._topics.values():
+            want, have = tx.end_counts.get(topic.table, 0), tx.counts.get(topic.table, 0)
+            if have > want:
+                raise SourceError(f"{_where(self.tx_topic, 0, tx.end_offset)}: END of transaction {tx.id} counts "
+                                  f"{want} events of {topic.table}, but {have} distinct events (total_order) of it "
+                                  f"arrived")
+            if have < want:
+                return False
+        return True
+
+    def _snapshot_complete(self) -> bool:
+        began = self._tx_records > 0
+        return all(t.snapshot_done or t.streamed or (began and not t.snapshot_rows) for t in self._topics.values())
+
+    def _publish(self, out: dict) -> None:
+        """Publish the snapshot once complete, then every complete transaction at the head of
+        the END order; their rows go to ``out`` (table -> weighted rows)."""
+        if not self._snapshot_published:
+            if not self._snapshot_complete():
+                return
+            counts = {}
+            for t in self._topics.values():
+                if t.snapshot_rows:
+                    out.setdefault(t.table, []).extend(t.snapshot_rows)
+                    counts[t.table] = len(t.snapshot_rows)
+                t.snapshot_rows = []
+            self._txs.append(TxInfo(SNAPSHOT_POSITION, "snapshot", 0, counts, self.tx_topic, -1, True))
+            self._last = SNAPSHOT_POSITION
+            self._snapshot_published = True
+        while self._order:
+            tx = self._pending[self._order[0]]
+            if not self._complete(tx):
+                break
+            self._order.popleft()
+            del self._pending[tx.id]
+            self._published.add(tx.id)
+            # END offsets grow in the topic's order; an END that came late (after a later
+            # transaction's END) takes the position after the previous one: positions grow
+            position = max(tx.end_offset + 1, self._last + 1)
+            for table, rows in tx.rows.items():
+                out.setdefault(table, []).extend((position, w, r, where) for _, w, r, where in rows)
+            self._txs.append(TxInfo(position, tx.id, tx.end_ts_ms, dict(tx.counts), self.tx_topic, tx.end_offset))
+            self._last = position
+
+    def _add_rows(self, out: dict) -> None:
+        tables = {}
+        for table, rows in out.items():
+            if rows:
+                ts = self._schemas[table]
+                tables[table] = rows_to_arrow(ts, rows, self.location)
+        self._chunk_seq += 1
+        self._add_chunk(self._chunk_seq, f"refresh {self._chunk_seq}", tables)
+
+    # -- what waits -----------------------------------------------------------------------------
+    def stalled(self, now_ms: int | None = None) -> list[dict]:
+        """The transaction at the head of the log that is not complete yet, which holds back
+        every later one: ``[{id, age_s, end_seen, missing: {table: events}, waiting_behind}]``
+        (empty when nothing waits); ``age_s`` counts from its first record's Kafka timestamp,
+        ``missing`` (once its END arrived) the events still to come per table,
+        ``waiting_behind`` the transactions queued after it."""
+        now_ms = now_ms or int(time.time() * 1000)
+        with self._lock:
+            if not self._order:
+                return []
+            tx = self._pending[self._order[0]]
+            missing = {}
+            if tx.end_counts is not None:
+                missing = {t.table: tx.end_counts.get(t.table, 0) - tx.counts.get(t.table, 0)
+                           for t in self._topics.values() if tx.end_counts.get(t.table, 0) > tx.counts.get(t.table, 0)}
+            return [{"id": tx.id, "age_s": round((now_ms - tx.first_seen_ms) / 1000.0, 1),
+                     "end_seen": tx.end_counts is not None, "missing": missing,
+                     "waiting_behind": len(self._order) - 1}]
+
+    def offsets(self) -> dict[str, dict[str, int]]:
+        """The next offset to read per topic and partition (what this reader has read)."""
+        with self._lock:
+            out: dict[str, dict[str, int]] = {}
+            for (topic, p), o in sorted(self._next.items()):
+                out.setdefault(topic, {})[str(p)] = o
+            return out
+
+
+_READERS: dict[tuple, KafkaReader] = {}
+_READERS_LOCK = threading.Lock()
+
+
+def reader_for(spec) -> KafkaReader:
+    """The process-wide reader of ``spec``'s clock (a ``format: kafka`` SourceSpec), reading
+    the spec's topic too, refreshed."""
+    servers, topic = spec.option("bootstrap_servers"), spec.option("topic")
+    consistency = spec.option("consistency", "transaction")
+    key = (servers, spec.option("transaction_topic") if consistency == "transaction" else topic, consistency)
+    label = f"source('{spec.source_name}', '{spec.name}'): meta.consistent_stream.columns"
+    columns = {c: column_type(c, t, label) for c, t in (spec.option("columns") or {}).items()}
+    with _READERS_LOCK:
+        r = _READERS.get(key)
+        if r is None:
+            r = _READERS[key] = KafkaReader(*key)
+    r.add_table(topic, spec.table, spec.primary_key, columns)
+    return r.refresh()
+
+
+def forget_readers() -> None:
+    """Drop every cached reader (tests that recreate topics)."""
+    with _READERS_LOCK:
+        for r in _READERS.values():
+            r.log.close()
+        _READERS.clear()
+
+
+class KafkaSource(DebeziumSource):
+    """One table's topic of Debezium change events on Kafka (``format: kafka``), through the
+    process-wide :class:`KafkaReader` of its clock: the transaction topic's in transaction
+    mode (every table of one connector is cut at the same transaction), the topic's own in
+    per_topic mode. Positions and the table as of a position as in :class:`DebeziumSource`."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        consistency = spec.option("consistency", "transaction")
+        on = spec.option("transaction_topic") if consistency == "transaction" else spec.option("topic")
+        self.clock = f"kafka:{spec.option('bootstrap_servers')}/{on}"
+        self.splits_backlog = True
+
+    def _open_reader(self) -> KafkaReader:
+        return reader_for(self.spec)
+
+    def stalled(self) -> list[dict]:
+        """The transactions seen in part that hold back this source's clock
+        (:meth:`KafkaReader.stalled`)."""
+        return self.reader().stalled()
+
+    def cut_metadata(self, position: int) -> dict[str, dict]:
+        """``cut_offsets``: the clock -> the position and the offsets read when it was cut."""
+        r = self.reader()
+        return {"cut_offsets": {self.clock: {"position": position, "read": r.offsets()}}}

@@ -1,0 +1,178 @@
+"""Kafka topics as the driver reads them: partitions and their offsets, and records in an
+offset range, through Spark's Kafka source.
+
+Offsets are Kafka's: per topic-partition, the first readable offset (``low``; what retention
+or DeleteRecords left) and the offset the next record will get (``high``, exclusive). A range
+``{(topic, partition): (start, end)}`` is read as one Spark batch query over Spark's Kafka
+source (``spark-sql-kafka-0-10``; ``assign`` + ``startingOffsets``/``endingOffsets``, resolved
+at install by :mod:`consistent_stream.session`) and returned to the driver as Arrow: the change
+a batch reads, never a whole topic twice. Partition metadata and watermarks come from a Kafka
+client on the driver (``confluent-kafka``: Spark's Kafka source does not expose them).
+
+Errors (:class:`SourceError`): a topic that does not exist (naming it and the servers), a
+broker that does not answer, a range whose start retention has already deleted (naming the
+partition, the offset, the first offset still there, and what to do).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import NamedTuple
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import SourceError
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = 30.0
+RECORD_COLUMNS = ("topic", "partition", "offset", "value", "timestamp")
+KEEP_WHOLE = 16
+MAX_RECORDS = 200_000
+"""Records one read brings to the driver at most (a backlog is read in several)."""
+
+
+class Partition(NamedTuple):
+    """One topic-partition and its watermarks: ``low`` the first readable offset, ``high`` the
+    next offset to be written."""
+    topic: str
+    partition: int
+    low: int
+    high: int
+
+
+class KafkaLog:
+    """The topics on the brokers ``bootstrap`` (``host:port[,host:port...]``), read on the
+    driver; ``timeout_s`` bounds each metadata call."""
+
+    def __init__(self, bootstrap: str, timeout_s: float = TIMEOUT_S):
+        self.bootstrap = bootstrap
+        self.timeout_s = timeout_s
+        self._consumer = None
+
+    def _client(self):
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+            # no group: this client only asks for metadata and watermarks, and commits nothing
+            # (a model's offsets live in its target's commits); librdkafka's log goes to ours
+            self._consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "consistent-stream-metadata",
+                                       "enable.auto.commit": False, "allow.auto.create.topics": False,
+                                       "logger": logging.getLogger(__name__ + ".librdkafka")})
+        return self._consumer
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def topics(self) -> set[str]:
+        """The names of the topics the brokers have. SourceError when they do not answer."""
+        from confluent_kafka import KafkaException
+        try:
+            md = self._client().list_topics(timeout=self.timeout_s)
+        except KafkaException as e:
+            raise SourceError(f"Kafka at {self.bootstrap} did not answer within {self.timeout_s:.0f} s ({e}); "
+                              f"check meta.consistent_stream.bootstrap_servers and that the brokers run") from None
+        return set(md.topics)
+
+    def partitions(self, topic: str, key: str = "meta.consistent_stream.topic") -> list[Partition]:
+        """The partitions of ``topic`` with their watermarks, by partition number. SourceError
+        naming the topic and ``key`` (the config key that named it) when it does not exist."""
+        from confluent_kafka import KafkaException, TopicPartition
+        try:
+            md = self._client().list_topics(topic, timeout=self.timeout_s)
+        except KafkaException as e:
+            raise SourceError(f"Kafka at {self.bootstrap} did not answer within {self.timeout_s:.0f} s ({e}); "
+                              f"check meta.consistent_stream.bootstrap_servers and that the brokers run") from None
+        t = md.topics.get(topic)
+        if t is None or t.error is not None or not t.partitions:
+            have = sorted(n for n in self.topics() if not n.startswith("_"))
+            raise SourceError(f"Kafka topic {topic!r} ({key}) does not exist at {self.bootstrap}; topics there: "
+                              f"{have[:20] or 'none'}. Check the topic name (Debezium names a table's topic "
+                              f"<topic.prefix>.<schema>.<table>) and that the connector runs")
+        out = []
+        for p in sorted(t.partitions):
+            low, high = self._client().get_watermark_offsets(TopicPartition(topic, p), timeout=self.timeout_s)
+            out.append(Partition(topic, p, int(low), int(high)))
+        return out
+
+    def read(self, ranges: dict[tuple[str, int], tuple[int, int]], payload_only: frozenset = frozenset(),
+             keep_whole: int = KEEP_WHOLE) -> pa.Table:
+        """The records of ``ranges`` ((topic, partition) -> [start, end) offsets) through
+        Spark's Kafka source, on the driver, ordered by topic, partition and offset. Out:
+        ``topic`` string, ``partition`` int32, ``offset`` int64, ``value`` binary (null: a
+        tombstone), ``timestamp`` timestamp. Empty ranges are not read.
+
+        For the topics in ``payload_only``, a value in Kafka Connect's JSON envelope
+        (``{"schema": .., "payload": ..}``) arrives as its payload alone, except the first
+        ``keep_whole`` records of each range (where the reader learns the schema): the schema,
+        repeated in every record, is most of a Debezium value, and is dropped on the
+        executors. A value that is not an envelope (or not JSON) arrives as it is.
+
+        Raises SourceError when a start offset is no longer in Kafka (retention)."""
+        ranges = {tp: r for tp, r in ranges.items() if r[1] > r[0]}
+        if not ranges:
+            return pa.table({c: pa.array([], t) for c, t in (("topic", pa.string()), ("partition", pa.int32()),
+                                                           ("offset", pa.int64()), ("value", pa.binary()),
+                                                           ("timestamp", pa.timestamp("us", tz="UTC")))})
+        from pyspark.sql import SparkSession
+        spark = SparkSession.getActiveSession()
+        if spark is None:   # a command of its own (``consistent-stream status``): a local session
+            from ..session import with_delta
+            builder = with_delta(SparkSession.builder).master("local[1]").config("spark.ui.enabled", "false")
+            spark = builder.getOrCreate()
+        assign: dict[str, list[int]] = {}
+        starts: dict[str, dict[str, int]] = {}
+        ends: dict[str, dict[str, int]] = {}
+        for (topic, p), (start, end) in sorted(ranges.items()):
+            assign.setdefault(topic, []).append(p)
+            starts.setdefault(topic, {})[str(p)] = int(start)
+            ends.setdefault(topic, {})[str(p)] = int(end)
+        df = (spark.read.format("kafka").option("kafka.bootstrap.servers", self.bootstrap)
+              .option("assign", json.dumps(assign)).option("startingOffsets", json.dumps(starts))
+              .option("endingOffsets", json.dumps(ends)).option("failOnDataLoss", "true").load())
+        if payload_only:
+            from pyspark.sql import functions as F
+            first = F.lit(-1).cast("long")
+            for (topic, p), (start, _) in ranges.items():
+                first = F.when((F.col("topic") == topic) & (F.col("partition") == p), F.lit(start + keep_whole)) \
+                    .otherwise(first)
+            text = F.col("value").cast("string")
+            strip = F.col("topic").isin(*sorted(payload_only)) & (F.col("offset") >= first)
+            df = df.withColumn("value", F.when(strip, F.coalesce(F.get_json_object(text, "$.payload"), text)
+                                                .cast("binary")).otherwise(F.col("value")))
+        df = df.select(*RECORD_COLUMNS)
+        try:
+            t = df.toArrow()
+        except Exception as e:   # Py4J / Spark errors: a lost offset is the one users can act on
+            text = str(e)
+            if "OFFSET_OUT_OF_RANGE" in text or "data may have been lost" in text.lower() or "out of range" in text:
+                lost = self.check_retained(ranges)
+                if lost:
+                    raise lost from None
+            raise
+        order = pc.sort_indices(t, [("topic", "ascending"), ("partition", "ascending"),
+                                            ("offset", "ascending")])
+        return t.take(order)
+
+    def check_retained(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> SourceError | None:
+        """The SourceError for the first range whose start offset retention (or DeleteRecords)
+        has removed, or None when every start is still readable."""
+        for (topic, p), (start, _end) in sorted(ranges.items()):
+            for part in self.partitions(topic):
+                if part.partition == p and part.low > start:
+                    return lost_offset(topic, p, start, part.low)
+        return None
+
+
+def lost_offset(topic: str, partition: int, offset: int, low: int) -> SourceError:
+    """The error for offset ``offset`` of ``topic`` partition ``partition``, deleted by
+    retention (``low`` is the first offset still there)."""
+    return SourceError(
+        f"Kafka topic {topic} partition {partition}: offset {offset}, where this model's next read starts, is no "
+        f"longer in Kafka (the first offset still there is {low}: retention or DeleteRecords removed "
+        f"{low - offset} records that were never read). Nothing was committed. Run `dbt run --full-refresh` "
+        f"for this model to rebuild it from what the topics hold; if the topics no longer start at the "
+        f"connector's snapshot either, make the connector take a new snapshot first (a new topic.prefix, or "
+        f"an incremental snapshot signal)")

@@ -1,0 +1,160 @@
+"""Debezium on Kafka (``format: kafka``) against a real Kafka broker (KRaft), a real Kafka
+Connect worker running Debezium's PostgreSQL connector, and PostgreSQL 15: one stack for the
+file (``kafka_stack.start``, the script `make demo-kafka` uses too).
+
+* pgbench TPC-B through the whole chain into a continuous model: every committed version keeps
+  ``sum(abalance) = sum(tbalance) = sum(bbalance)`` and each branch's balance = the sum of its
+  history, equals batch evaluation at its cut, and the last equals PostgreSQL's answer; per-topic
+  reads of the same topics (the foil) break the invariant. The Connect worker is SIGKILLed
+  and restarted mid-run (duplicates arrive and are dropped), and so is the model's own run.
+* Bad inputs on hand-written topics (:mod:`kafka_events`): malformed JSON, an event of another
+  table, a topic that does not exist, a transaction whose END never arrives (reported by
+  ``status``, nothing partial committed), offsets retention deleted.
+"""
+from __future__ import annotations
+
+import pytest
+
+import kafka_scenario
+from kafka_events import Events
+from consistent_stream import kafka_stack
+from consistent_stream.delta import DeltaTableRef
+from consistent_stream.errors import SourceError
+from consistent_stream.job import run_job
+from consistent_stream.observe import model_status
+from consistent_stream.sources.kafka import forget_readers
+from consistent_stream.spec import JobSpec
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = kafka_stack.start(tmp_path_factory.mktemp("kafka"))
+    try:
+        yield s
+    finally:
+        forget_readers()
+        s.stop()
+
+
+def test_pgbench_through_debezium_on_kafka_is_consistent_at_every_version_through_connect_and_run_crashes(
+        spark, stack, tmp_path):
+    o = kafka_scenario.run(spark, stack, tmp_path, seconds=40, rate=100, kill_connect_after_s=12,
+                           kill_run_after_s=25)
+    print(o)
+    assert o.connect_killed and o.run_killed, o
+    assert o.transactions > 2000, o
+    assert o.versions >= 8, o
+    assert o.invariant_violations == 0, o
+    assert o.oracle_mismatches == 0 and o.spark_checked >= 2, o
+    assert o.final_matches_database, o
+    assert o.cut_positions == sorted(o.cut_positions) and len(set(o.cut_positions)) == o.versions, o
+    assert o.duplicates_dropped > 0, o       # the restarted connector re-sent what it had not recorded
+    assert o.foil_violations > 0, o          # per-topic reads of the same topics break the invariant
+    assert o.control_violations == 0, o
+
+
+# -- bad inputs on hand-written topics ------------------------------------------------------------
+
+def _job(tmp_path, stack, e: Events, tables=("a", "b"), sql=None, name="m"):
+    sources = [{"source_name": "k", "name": t, "relation": f"k.{t}",
+                "meta": {"format": "kafka", "bootstrap_servers": stack.bootstrap, "topic": e.topic(t),
+                         "primary_key": "id"}} for t in tables]
+    sql = sql or " union all ".join(f"select '{t}' as t, sum(v) as total from k.{t}" for t in tables)
+    return JobSpec.from_dbt(project_root=str(tmp_path), schema="s", identifier=name, model_name=name, sql=sql,
+                            sources=sources, config={"unique_key": "t", "location_root": str(tmp_path / "targets")},
+                            warehouse_dir=str(tmp_path / "wh"))
+
+
+def _snapshot(stack, e: Events, tables=("a", "b")):
+    for t in tables:
+        stack.produce(e.topic(t), [e.change(t, "r", None, {"id": 1, "v": 10}, None, "last_in_data_collection")])
+
+
+def _tx(stack, e: Events, changes: list[tuple[str, dict | None, dict | None]], end: bool = True) -> str:
+    tx, begin = e.begin()
+    stack.produce(e.tx_topic, [begin])
+    counts = {}
+    for table, before, after in changes:
+        op = "c" if before is None else "d" if after is None else "u"
+        stack.produce(e.topic(table), [e.change(table, op, before, after, tx)])
+        counts[table] = counts.get(table, 0) + 1
+    if end:
+        stack.produce(e.tx_topic, [e.end(tx, counts)])
+    return tx
+
+
+def _totals(path: str) -> dict:
+    from helpers import delta_pandas
+    t = DeltaTableRef(path)
+    return {r.t: r.total for r in delta_pandas(path, t.latest_version()).itertuples(index=False)}
+
+
+def test_malformed_json_names_topic_partition_and_offset_and_commits_nothing(spark, stack, tmp_path):
+    e = Events("bad1")
+    _snapshot(stack, e)
+    job = _job(tmp_path, stack, e)
+    run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
+    before = _totals(job.target_path)
+    stack.produce(e.tx_topic, [e.begin()[1]])
+    stack.produce(e.topic("a"), [b'{"op": "c", "after": {"id": 2,'])
+    with pytest.raises(SourceError, match=r"Kafka topic bad1.public.a partition 0 offset 1: malformed JSON"):
+        run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}))
+    assert _totals(job.target_path) == before
+    forget_readers()
+
+
+def test_an_event_of_another_table_and_a_missing_topic_are_named(spark, stack, tmp_path):
+    e = Events("bad2")
+    _snapshot(stack, e)
+    stack.produce(e.topic("a"), [e.change("zzz", "r", None, {"id": 3, "v": 1}, None, "last")])
+    job = _job(tmp_path, stack, e)
+    with pytest.raises(SourceError, match=r"offset 1: event of table 'public.zzz' in the topic of public.a"):
+        run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
+    forget_readers()
+    e = Events("bad3")
+    _snapshot(stack, e, tables=("a",))
+    job = _job(tmp_path, stack, e, tables=("a", "nope"), name="m2")
+    with pytest.raises(SourceError, match=r"Kafka topic 'bad3.public.nope' \(meta.consistent_stream.topic\) "
+                                          r"does not exist"):
+        run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
+    forget_readers()
+
+
+def test_a_transaction_whose_end_never_arrives_holds_back_later_ones_and_status_reports_it(spark, stack, tmp_path):
+    e = Events("stall")
+    _snapshot(stack, e)
+    job = _job(tmp_path, stack, e)
+    available_now = JobSpec(**{**job.__dict__, "trigger": "available_now"})
+    run_job(spark, available_now, full_refresh=True)
+    assert _totals(job.target_path) == {"a": 10, "b": 10}
+    # a transfer between a and b whose END never arrives, then a complete later transaction
+    stuck = _tx(stack, e, [("a", {"id": 1, "v": 10}, {"id": 1, "v": 5}), ("b", {"id": 1, "v": 10},
+                                                                          {"id": 1, "v": 15})], end=False)
+    _tx(stack, e, [("a", None, {"id": 2, "v": 100})])
+    run_job(spark, available_now)
+    assert _totals(job.target_path) == {"a": 10, "b": 10}     # nothing partial, nothing later
+    s = model_status(job)
+    assert set(s.waiting) == {"k.a", "k.b"}    # one clock: both tables wait for it
+    waiting = s.waiting["k.a"]
+    assert waiting[0]["waiting_behind"] == 1 and waiting[0]["id"] == stuck, s
+    assert not waiting[0]["end_seen"] and waiting[0]["age_s"] >= 0, s
+    # the END arrives: both transactions enter, in END order
+    stack.produce(e.tx_topic, [e.end(stuck, {"a": 1, "b": 1})])
+    run_job(spark, available_now)
+    assert _totals(job.target_path) == {"a": 105, "b": 15}
+    forget_readers()
+
+
+def test_offsets_deleted_by_retention_name_the_partition_and_full_refresh(spark, stack, tmp_path):
+    e = Events("gone")
+    _snapshot(stack, e)
+    job = _job(tmp_path, stack, e)
+    available_now = JobSpec(**{**job.__dict__, "trigger": "available_now"})
+    run_job(spark, available_now, full_refresh=True)
+    _tx(stack, e, [("a", {"id": 1, "v": 10}, {"id": 1, "v": 11})])
+    forget_readers()    # a new process: reads the topics again from where they start
+    stack.delete_records(e.topic("a"), 0, 1)
+    with pytest.raises(SourceError, match=r"Kafka topic gone.public.a partition 0: offset 0, .* is no longer in "
+                                          r"Kafka .*first offset still there is 1.*--full-refresh"):
+        run_job(spark, available_now)
+    forget_readers()
