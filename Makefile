@@ -9,7 +9,7 @@
 PYTHON := .venv/bin/python
 STAMP := .venv/installed.stamp
 
-.PHONY: .venv test demo demo-cluster demo-cluster-s3
+.PHONY: .venv test demo demo-cluster demo-cluster-s3 demo-kafka
 
 .venv: $(STAMP)
 
@@ -18,6 +18,7 @@ $(STAMP): setup.py
 	$(PYTHON) -m pip install -e '.[test]'
 	$(PYTHON) -m consistent_stream.session resolve
 	$(PYTHON) -m consistent_stream.s3server install
+	$(PYTHON) -m consistent_stream.kafka_stack install
 	touch $@
 
 # Two pytest workers (pytest-xdist), each test file on one of them: each worker has its own
@@ -40,3 +41,10 @@ demo-cluster: .venv
 # driver's files; sources, targets, checkpoints and the warehouse on S3. Root only.
 demo-cluster-s3: .venv
 	scripts/demo_cluster_s3.sh
+
+# Debezium on Kafka: PostgreSQL running pgbench, Debezium's connector on Kafka Connect, a KRaft
+# broker (all on loopback, started by consistent_stream.kafka_stack), two models over the
+# topics cut at whole upstream transactions; Kafka Connect is SIGKILLed mid-run; ends with
+# verify and PostgreSQL's own answers.
+demo-kafka: .venv
+	scripts/demo_kafka.sh

@@ -41,10 +41,11 @@ topic must have one partition). A version may then hold half of an upstream tran
 one table's side of it without the other's: what Flink and Spark's own Kafka source give.
 
 **Delivery as it happens.** Kafka Connect is at-least-once: after a crash the connector
-re-sends what it had not recorded as sent. A data event is identified by (transaction id,
+re-sends what it had not recorded as sent. A data event is identified by (transaction,
 ``total_order``) and a transaction by its id: a second copy is dropped (counted as a
-duplicate), never applied twice; in per_topic mode a change is identified by its
-``source.lsn``. Tombstones (the null value after a delete) and events that are neither
+duplicate), never applied twice (a transaction's id is :func:`transaction_key` of Debezium's:
+the PostgreSQL connector's ids carry each message's own LSN); in per_topic mode a change is
+identified by its ``source.lsn``. Tombstones (the null value after a delete) and events that are neither
 changes nor transaction metadata (heartbeats, schema changes) are skipped and counted. The
 counts go to the log at every refresh (:attr:`KafkaReader.skipped`). A snapshot that starts
 again (a connector that crashed during its initial snapshot and repeats it) replaces the
@@ -71,6 +72,7 @@ from __future__ import annotations
 import base64
 import decimal
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -106,6 +108,20 @@ _SPARK_TYPES = {"tinyint": "int16", "byte": "int16", "smallint": "int16", "short
                 "integer": "int32", "bigint": "int64", "long": "int64", "float": "float32", "real": "float32",
                 "double": "float64", "boolean": "bool", "string": "string", "varchar": "string", "date": "date",
                 "timestamp": "timestamptz", "timestamp_ntz": "timestamp"}
+
+
+_PG_TX_ID = re.compile(r"^(\d+):\d+$")
+
+
+def transaction_key(tx_id) -> str:
+    """What identifies a transaction across its BEGIN, END and change events: Debezium's
+    PostgreSQL connector writes ids ``"<xid>:<LSN>"`` whose LSN is each message's own (the
+    first change's at BEGIN, each change's, the commit's at END), so its key is the xid;
+    other connectors' ids (MySQL's GTIDs, ...) are the same on every message and are kept
+    whole."""
+    s = str(tx_id)
+    m = _PG_TX_ID.match(s)
+    return m.group(1) if m else s
 
 
 def _split(ranges: dict, limit: int) -> list[dict]:
@@ -215,6 +231,7 @@ class _Topic:
     snapshot_rows: list = field(default_factory=list)
     snapshot_done: bool = False
     streamed: bool = False
+    missing_logged: bool = False
 
 
 @dataclass
@@ -263,6 +280,7 @@ class KafkaReader(TransactionLog):
         self._seen_lsn: dict[str, set] = {}        # per_topic: changes applied, by topic
         self._last = INITIAL
         self._snapshot_published = False
+        self._snapshot_last_seen = False
         self._tx_records = 0
         self._chunk_seq = 0
         self.skipped = {"duplicates": 0, "tombstones": 0, "other": 0}
@@ -321,9 +339,9 @@ class KafkaReader(TransactionLog):
                 raise SourceError(f"Kafka topic {self.tx_topic} (the transaction topic) has {len(tx_parts)} "
                                   f"partitions; Debezium writes transaction metadata to one partition, whose order "
                                   f"is the commit order")
-            parts = tx_parts + [p for t in topics for p in self.log.partitions(t)]
+            parts = tx_parts + [p for t in topics for p in self._partitions(t)]
         else:
-            parts = [p for t in topics for p in self.log.partitions(t)]
+            parts = [p for t in topics for p in self._partitions(t)]
             if len(parts) != 1:
                 raise SourceError(f"Kafka topic {topics[0]} has {len(parts)} partitions; consistency: per_topic reads "
                                   f"a topic of one partition (its offsets are the positions)")
@@ -346,6 +364,23 @@ class KafkaReader(TransactionLog):
                 self._next[tp] = end
         log.info("%s: read %d records of %d partitions in %.2fs; position %d; skipped %s; %d transactions waiting",
                  self.location, n, len(ranges), time.time() - t0, self._last, self.skipped, len(self._order))
+
+    def _partitions(self, topic: str) -> list:
+        """The partitions of a data topic. Debezium creates a table's topic at its first
+        event: a missing topic is an empty table when its columns are declared (the source's
+        ``columns``), else a SourceError saying so."""
+        t = self._topics[topic]
+        if t.schema is not None and self._declared[topic][2] and topic not in self.log.topics():
+            if not t.missing_logged:
+                log.info("%s: Kafka topic %s does not exist yet: %s is taken as empty until Debezium writes its "
+                         "first event", self.location, topic, t.table)
+                t.missing_logged = True
+            return []
+        try:
+            return self.log.partitions(topic)
+        except SourceError as e:
+            raise SourceError(f"{e}. An empty table has no topic until its first change: declare its columns in "
+                              f"meta.consistent_stream.columns to read it as empty until then") from None
 
     def _apply(self, records: pa.Table) -> None:
         """Parse ``records`` (:meth:`.kafka_log.KafkaLog.read`), data topics first (their events
@@ -419,7 +454,7 @@ class KafkaReader(TransactionLog):
                               f"run with provide.transaction.metadata=true for consistency: transaction, or set "
                               f"meta.consistent_stream.consistency: per_topic (each table cut on its own)")
         t.streamed = True
-        tx_id = str(txb["id"])
+        tx_id = transaction_key(txb["id"])
         if tx_id in self._published:
             self.skipped["duplicates"] += 1
             return
@@ -469,6 +504,8 @@ class KafkaReader(TransactionLog):
         self._weighted(t, "r", obj, where, t.snapshot_rows, SNAPSHOT_POSITION)
         if marker in ("last", "last_in_data_collection"):
             t.snapshot_done = True
+        if marker == "last":
+            self._snapshot_last_seen = True
 
     def _per_topic_event(self, t: _Topic, op: str, obj: dict, src: dict, offset: int, where: str, out) -> None:
         position = offset + 1
@@ -498,7 +535,7 @@ class KafkaReader(TransactionLog):
         if type(obj) is not dict or "status" not in obj:
             raise SourceError(f"{where}: not Debezium transaction metadata (no 'status'); is "
                               f"meta.consistent_stream.transaction_topic the connector's <topic.prefix>.transaction?")
-        tx_id, status = str(obj.get("id")), str(obj.get("status")).upper()
+        tx_id, status = transaction_key(obj.get("id")), str(obj.get("status")).upper()
         if tx_id in self._published:
             self.skipped["duplicates"] += 1
             return
@@ -533,8 +570,12 @@ class KafkaReader(TransactionLog):
         return True
 
     def _snapshot_complete(self) -> bool:
-        began = self._tx_records > 0
-        return all(t.snapshot_done or t.streamed or (began and not t.snapshot_rows) for t in self._topics.values())
+        """Every table's snapshot is read: its last event (``source.snapshot`` =
+        ``last_in_data_collection`` or ``last``) arrived, or its changes began, or it has no
+        snapshot event while the snapshot's very last event (``last``, in another table's
+        topic) or a transaction arrived (an empty table)."""
+        over = self._tx_records > 0 or self._snapshot_last_seen
+        return all(t.snapshot_done or t.streamed or (over and not t.snapshot_rows) for t in self._topics.values())
 
     def _publish(self, out: dict) -> None:
         """Publish the snapshot once complete, then every complete transaction at the head of
