@@ -38,8 +38,8 @@ def stack(tmp_path_factory):
 
 def test_pgbench_through_debezium_on_kafka_is_consistent_at_every_version_through_connect_and_run_crashes(
         spark, stack, tmp_path):
-    o = kafka_scenario.run(spark, stack, tmp_path, seconds=40, rate=100, kill_connect_after_s=12,
-                           kill_run_after_s=25)
+    o = kafka_scenario.run(spark, stack, tmp_path, seconds=45, rate=100, kill_connect_after_s=10,
+                           kill_run_after_s=20)
     print(o)
     assert o.connect_killed and o.run_killed, o
     assert o.transactions > 2000, o

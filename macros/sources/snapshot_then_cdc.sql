@@ -1,7 +1,8 @@
 {#--
   snapshot_then_cdc(source_name, table_name): a table captured from a database as its
   snapshot at position P0 followed by the change events after P0 (no gap, no overlap), read
-  from a CDC landing directory (`consistent-stream capture postgres`, Debezium JSON).
+  from a CDC landing directory (`consistent-stream capture postgres`, Debezium JSON), or from
+  Debezium's topics on Kafka (format: kafka: the connector's initial snapshot, op r, is P0).
 
   Renders exactly like source(source_name, table_name), so the model keeps its batch meaning:
   the relation is the *current table* (snapshot + every change up to the cut). Batch
@@ -25,14 +26,22 @@
     {%- set config_meta = node.config.meta if node.config is defined and node.config.meta else {} -%}
     {%- set meta = node.meta.get('consistent_stream') or config_meta.get('consistent_stream') or {} -%}
     {%- set problems = [] -%}
-    {%- if (meta.get('format') or '') | lower != 'debezium' -%}
-      {%- do problems.append('meta.consistent_stream.format must be debezium (it is ' ~ (meta.get('format') | tojson) ~ ')') -%}
-    {%- endif -%}
-    {%- if not meta.get('location') -%}
-      {%- do problems.append('meta.consistent_stream.location (the landing directory) is missing') -%}
-    {%- endif -%}
-    {%- if '.' not in (meta.get('table') or '') -%}
-      {%- do problems.append('meta.consistent_stream.table (schema.table of the captured table) is missing') -%}
+    {%- set fmt = (meta.get('format') or '') | lower -%}
+    {%- if fmt not in ('debezium', 'kafka') -%}
+      {%- do problems.append('meta.consistent_stream.format must be debezium or kafka (it is ' ~ (meta.get('format') | tojson) ~ ')') -%}
+    {%- elif fmt == 'kafka' -%}
+      {%- for key in ('bootstrap_servers', 'topic') -%}
+        {%- if not meta.get(key) -%}
+          {%- do problems.append('meta.consistent_stream.' ~ key ~ ' is missing') -%}
+        {%- endif -%}
+      {%- endfor -%}
+    {%- else -%}
+      {%- if not meta.get('location') -%}
+        {%- do problems.append('meta.consistent_stream.location (the landing directory) is missing') -%}
+      {%- endif -%}
+      {%- if '.' not in (meta.get('table') or '') -%}
+        {%- do problems.append('meta.consistent_stream.table (schema.table of the captured table) is missing') -%}
+      {%- endif -%}
     {%- endif -%}
     {%- if problems -%}
       {%- set msg -%}

@@ -652,6 +652,14 @@ _READERS_LOCK = threading.Lock()
 def reader_for(spec) -> KafkaReader:
     """The process-wide reader of ``spec``'s clock (a ``format: kafka`` SourceSpec), reading
     the spec's topic too, refreshed."""
+    return declare(spec).refresh()
+
+
+def declare(spec) -> KafkaReader:
+    """The process-wide reader of ``spec``'s clock, told to read the spec's topic too (not
+    refreshed). A :class:`KafkaSource` declares its table when it is opened, so that the
+    tables of a job, opened together, are read in one pass (a table added after a read makes
+    the reader read every topic again)."""
     servers, topic = spec.option("bootstrap_servers"), spec.option("topic")
     consistency = spec.option("consistency", "transaction")
     key = (servers, spec.option("transaction_topic") if consistency == "transaction" else topic, consistency)
@@ -662,7 +670,7 @@ def reader_for(spec) -> KafkaReader:
         if r is None:
             r = _READERS[key] = KafkaReader(*key)
     r.add_table(topic, spec.table, spec.primary_key, columns)
-    return r.refresh()
+    return r
 
 
 def forget_readers() -> None:
@@ -685,6 +693,7 @@ class KafkaSource(DebeziumSource):
         on = spec.option("transaction_topic") if consistency == "transaction" else spec.option("topic")
         self.clock = f"kafka:{spec.option('bootstrap_servers')}/{on}"
         self.splits_backlog = True
+        declare(spec)
 
     def _open_reader(self) -> KafkaReader:
         return reader_for(self.spec)

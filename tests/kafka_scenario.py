@@ -1,0 +1,218 @@
+"""pgbench TPC-B through PostgreSQL -> Debezium (Kafka Connect) -> Kafka -> a continuous
+consistent_stream model over ``format: kafka`` sources, checked at every committed version:
+the model's invariant, batch evaluation at the version's recorded cut (DuckDB at every
+version, Spark at three), and PostgreSQL's own answer at the end. Faults on the way: the
+Connect worker SIGKILLed and started again mid-run (its connector re-sends what it had not
+recorded as sent), the model's own run SIGKILLed mid-batch (a subprocess) and run again.
+
+The foil: the same topics read per topic (``consistency: per_topic``, no transaction
+metadata), each table cut at the events its topic held ``i * foil_skew_ms`` after the version's
+cut (table i), the way independent per-topic readers progress; its control (zero skew) must
+keep the invariant, so the foil's violations come from reading per topic, not from how the
+check is built.
+
+Used by ``tests/test_kafka_debezium.py``; the Kafka stack is started once by its fixture.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from consistent_stream.delta import DeltaTableRef
+from consistent_stream.job import run_job
+from consistent_stream.oracle import batch_dataframe, duckdb_result
+from consistent_stream.sources import Cut
+from consistent_stream.sources.formats import open_source
+from consistent_stream.spec import JobSpec
+from pgbench_scenario import MODELS, TABLES, _rows, _target_rows
+from postgres_server import Database, wait_for
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class Outcome:
+    versions: int = 0
+    transactions: int = 0
+    invariant_violations: int = 0
+    oracle_mismatches: int = 0
+    spark_checked: int = 0
+    foil_versions: int = 0
+    foil_violations: int = 0
+    control_violations: int = 0
+    duplicates_dropped: int = 0
+    connect_killed: bool = False
+    run_killed: bool = False
+    final_matches_database: bool = False
+    cut_positions: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+# pgbench_history is empty after `pgbench -i`: Debezium creates its topic at its first insert,
+# so its columns are declared (the others come from the first event's schema envelope)
+HISTORY_COLUMNS = {"tid": "int", "bid": "int", "aid": "int", "delta": "int", "mtime": "timestamp_ntz",
+                   "filler": "string"}
+
+
+def kafka_sources(bootstrap: str, prefix: str, sql: str, consistency: str = "transaction") -> list[dict]:
+    """The dbt sources of the pgbench tables the model's SQL reads, as Debezium topics."""
+    return [{"source_name": "pg", "name": t, "relation": f"pg.{t}",
+             "meta": {"format": "kafka", "bootstrap_servers": bootstrap, "topic": f"{prefix}.public.{t}",
+                      "consistency": consistency,
+                      **({"columns": HISTORY_COLUMNS} if t == "pgbench_history" else {})}}
+            for t in TABLES if f"pg.{t}" in sql]
+
+
+def start_pgbench_connector(stack, db: Database, prefix: str, scale: int = 1) -> None:
+    """pgbench's tables (``-i``) in ``db`` with REPLICA IDENTITY FULL, captured by a Debezium
+    connector named ``prefix`` into topics ``<prefix>.public.<table>``."""
+    srv = db.server
+    init = subprocess.run([srv.bin("pgbench"), "-i", "-s", str(scale), "-q", "-h", "127.0.0.1", "-p", str(srv.port),
+                           "-U", "postgres", db.name], capture_output=True, text=True)
+    assert init.returncode == 0, init.stderr
+    for t in TABLES:
+        db.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
+    stack.register_postgres(prefix, db.dsn, [f"public.{t}" for t in TABLES], prefix, slot=f"s_{prefix}")
+
+
+def _run_in_subprocess(job: JobSpec, path: str, seconds: float) -> subprocess.Popen:
+    """The model's continuous run in a process of its own (to be SIGKILLed)."""
+    spec = os.path.join(path, "job.json")
+    with open(spec, "w") as f:
+        f.write(job.to_json())
+    code = ("import json,sys; sys.path.insert(0, %r)\n"
+            "from consistent_stream.spec import JobSpec\n"
+            "from consistent_stream.job import run_job\n"
+            "from consistent_stream.session import with_delta\n"
+            "from pyspark.sql import SparkSession\n"
+            "s = with_delta(SparkSession.builder).master('local[2]').config('spark.ui.enabled','false')"
+            ".config('spark.sql.session.timeZone','UTC').getOrCreate()\n"
+            "job = JobSpec.load(%r)\n"
+            "run_job(s, job, timeout_s=%f)\n") % (os.path.join(REPO, "tests"), spec, seconds)
+    return subprocess.Popen([sys.executable, "-c", code], stdout=open(os.path.join(path, "run.log"), "w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run(spark, stack, tmp_path, *, seconds: float, clients: int = 4, rate: int = 100,
+        model: str = "branch_balances", kill_connect_after_s: float | None = None,
+        kill_run_after_s: float | None = None, foil_skew_ms: int = 20, spark_checks: int = 3,
+        trigger_s: float = 1.0) -> Outcome:
+    t0 = time.time()
+    o = Outcome()
+    db = Database()
+    prefix = f"pgb{db.name}"
+    m = MODELS[model]
+    start_pgbench_connector(stack, db, prefix)
+    try:
+        sources = kafka_sources(stack.bootstrap, prefix, m.sql)
+        job = JobSpec.from_dbt(project_root=str(tmp_path), schema="bench", identifier=m.name, model_name=m.name,
+                               sql=m.sql, sources=sources,
+                               config={"unique_key": m.unique_key, "location_root": str(tmp_path / "targets"),
+                                       "trigger": f"processing_time:{trigger_s}"},
+                               warehouse_dir=str(tmp_path / "wh"))
+        first = open_source(job.sources[0])
+        wait_for(lambda: first.latest_position() >= 0, timeout=120, what="Debezium's snapshot on Kafka")
+        available_now = JobSpec(**{**job.__dict__, "trigger": "available_now"})
+        run_job(spark, available_now, full_refresh=True)
+        srv = db.server
+        bench = subprocess.Popen([srv.bin("pgbench"), "-c", str(clients), "-j", "2", "-T", str(int(seconds)), "-n",
+                                  "-R", str(rate), "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres", db.name],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if kill_connect_after_s is not None:
+            def bounce():
+                time.sleep(kill_connect_after_s)
+                stack.kill_connect()
+                o.connect_killed = True
+                time.sleep(2)
+                stack.start_connect()
+                stack.wait_running(prefix)
+            bouncer = threading.Thread(target=bounce, daemon=True)
+            bouncer.start()
+        if kill_run_after_s is not None:
+            p = _run_in_subprocess(job, str(tmp_path), seconds + 30)
+            time.sleep(kill_run_after_s)
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            o.run_killed = True
+            run_job(spark, job, timeout_s=max(seconds - kill_run_after_s, 5) + 2)
+        else:
+            run_job(spark, job, timeout_s=seconds + 2)
+        out, _ = bench.communicate(timeout=120)
+        assert bench.returncode == 0, out
+        if kill_connect_after_s is not None:
+            bouncer.join(timeout=180)
+        final = _rows(db.execute(m.sql.replace("pg.pgbench_", "public.pgbench_")))
+        n_history = db.execute("select count(*) from pgbench_history")[0][0]
+        hist = open_source(next(s for s in job.sources if s.name == "pgbench_history"))
+
+        def landed():
+            pos = hist.latest_position()
+            return hist.reader().row_count("public.pgbench_history", pos) == n_history
+        wait_for(landed, timeout=180, what="Kafka to hold every pgbench transaction")
+        run_job(spark, available_now)
+        target = DeltaTableRef(job.target_path)
+        o.final_matches_database = _rows(_target_rows(job.target_path, target.latest_version())) == final
+        reader = hist.reader()
+        o.duplicates_dropped = reader.skipped["duplicates"]
+        o.transactions = len([t for t in reader.transactions() if not t.snapshot])
+        _check_versions(o, spark, m, job, target, spark_checks)
+        _foil(o, m, job, reader, stack.bootstrap, prefix, foil_skew_ms)
+    finally:
+        stack.delete_connector(prefix)
+    o.seconds = round(time.time() - t0, 1)
+    return o
+
+
+def _check_versions(o: Outcome, spark, m, job: JobSpec, target: DeltaTableRef, spark_checks: int) -> None:
+    commits = sorted((c for c in target.history() if "cut" in c.metadata), key=lambda c: c.version)
+    spark_at = {commits[i].version for i in {0, len(commits) // 2, len(commits) - 1}} if commits else set()
+    spark_at = set(sorted(spark_at)[:spark_checks])
+    for c in commits:
+        cut = Cut.from_json(c.metadata["cut"])
+        pos = set(cut.versions.values())
+        assert len(pos) == 1, f"version {c.version}: tables cut at different positions {cut.versions}"
+        o.cut_positions.append(pos.pop())
+        got = _rows(_target_rows(job.target_path, c.version))
+        o.versions += 1
+        o.invariant_violations += not m.consistent(got)
+        if got != _rows(duckdb_result(m.sql, job.sources, cut).itertuples(index=False)):
+            o.oracle_mismatches += 1
+        if c.version in spark_at:
+            o.spark_checked += 1
+            if _rows(batch_dataframe(spark, m.sql, job.sources, cut).collect()) != got:
+                o.oracle_mismatches += 1
+
+
+def _foil(o: Outcome, m, job: JobSpec, reader, bootstrap: str, prefix: str, skew_ms: int) -> None:
+    """Per-topic reads of the same topics at each version's cut (module docstring)."""
+    specs = JobSpec.from_dbt(project_root=os.path.dirname(job.target_path), schema="bench", identifier=m.name + "_foil",
+                             model_name=m.name + "_foil", sql=m.sql,
+                             sources=kafka_sources(bootstrap, prefix, m.sql, "per_topic"),
+                             config={"unique_key": m.unique_key}, warehouse_dir=os.path.dirname(job.target_path)).sources
+    events = {}
+    for s in specs:
+        r = open_source(s).reader(refresh=True)
+        events[s.key] = [(t.ts_ms, t.position) for t in r.transactions()]
+    commits = sorted((c for c in DeltaTableRef(job.target_path).history() if "cut" in c.metadata),
+                     key=lambda c: c.version)
+    for c in commits:
+        x = next(iter(Cut.from_json(c.metadata["cut"]).versions.values()))
+        if x <= 0:
+            continue   # the snapshot: one position, nothing to split
+        ts = reader.commit_ms(x)
+        for skew in (skew_ms, 0):
+            per_topic = {}
+            for i, s in enumerate(specs):
+                limit = ts + i * skew
+                per_topic[s.key] = max([p for t, p in events[s.key] if t <= limit], default=-1)
+            result = _rows(duckdb_result(m.sql, specs, Cut(per_topic)).itertuples(index=False))
+            if skew:
+                o.foil_versions += 1
+                o.foil_violations += not m.consistent(result)
+            else:
+                o.control_violations += not m.consistent(result)
