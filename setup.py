@@ -54,7 +54,8 @@ setup(
         "duckdb>=1.1",
         "tpchgen-cli>=1",
         "psycopg2-binary>=2.9,<3",
-        # Kafka clients (librdkafka): consistent_stream.kafka_stack's admin, producer and consumer
+        # Kafka clients (librdkafka): format: kafka's partition metadata and watermarks, and
+        # consistent_stream.kafka_stack's admin, producer and consumer
         "confluent-kafka>=2.6,<3",
         "orjson>=3.9",
         "matplotlib>=3.8",

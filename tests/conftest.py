@@ -30,6 +30,7 @@ pytest_plugins = ["dbt.tests.fixtures.project"]
 # test time against 1,364 s, the suite 843 s against 684-743 s; crash campaign 289, properties
 # 281, cluster 138, pgbench 114, cost 94, writer lock 74, TPC-H models 62, bad inputs 49.
 LONG_FIRST = ("test_properties.py", "test_crash_campaign.py", "test_cluster.py", "test_object_store.py",
+              "test_kafka_debezium.py",
               "test_bad_inputs.py", "test_writer_lock.py", "test_cost.py", "test_tpch_models.py",
               "test_pgbench_consistency.py", "test_chains.py", "test_operators.py")
 

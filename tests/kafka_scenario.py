@@ -193,7 +193,8 @@ def _foil(o: Outcome, m, job: JobSpec, reader, bootstrap: str, prefix: str, skew
     specs = JobSpec.from_dbt(project_root=os.path.dirname(job.target_path), schema="bench", identifier=m.name + "_foil",
                              model_name=m.name + "_foil", sql=m.sql,
                              sources=kafka_sources(bootstrap, prefix, m.sql, "per_topic"),
-                             config={"unique_key": m.unique_key}, warehouse_dir=os.path.dirname(job.target_path)).sources
+                             config={"unique_key": m.unique_key},
+                             warehouse_dir=os.path.dirname(job.target_path)).sources
     events = {}
     for s in specs:
         r = open_source(s).reader(refresh=True)

@@ -136,7 +136,7 @@ def test_a_transaction_whose_end_never_arrives_holds_back_later_ones_and_status_
     s = model_status(job)
     assert set(s.waiting) == {"k.a", "k.b"}    # one clock: both tables wait for it
     waiting = s.waiting["k.a"]
-    assert waiting[0]["waiting_behind"] == 1 and waiting[0]["id"] == stuck, s
+    assert waiting[0]["waiting_behind"] == 1 and waiting[0]["id"] == stuck.split(":")[0], s   # the xid
     assert not waiting[0]["end_seen"] and waiting[0]["age_s"] >= 0, s
     # the END arrives: both transactions enter, in END order
     stack.produce(e.tx_topic, [e.end(stuck, {"a": 1, "b": 1})])
@@ -145,16 +145,37 @@ def test_a_transaction_whose_end_never_arrives_holds_back_later_ones_and_status_
     forget_readers()
 
 
-def test_offsets_deleted_by_retention_name_the_partition_and_full_refresh(spark, stack, tmp_path):
+def test_a_run_reads_on_from_the_offsets_its_target_commit_records_and_lost_ones_are_named(spark, stack, tmp_path):
+    """Each run below is a new process as far as Kafka goes (``forget_readers``): it resumes
+    from the offsets the target's last commit records (``cut_offsets``), so records before
+    them may be deleted (retention); records deleted before they were read are a SourceError
+    naming partition and offset and --full-refresh, and nothing is committed."""
     e = Events("gone")
     _snapshot(stack, e)
     job = _job(tmp_path, stack, e)
     available_now = JobSpec(**{**job.__dict__, "trigger": "available_now"})
     run_job(spark, available_now, full_refresh=True)
-    _tx(stack, e, [("a", {"id": 1, "v": 10}, {"id": 1, "v": 11})])
-    forget_readers()    # a new process: reads the topics again from where they start
-    stack.delete_records(e.topic("a"), 0, 1)
-    with pytest.raises(SourceError, match=r"Kafka topic gone.public.a partition 0: offset 0, .* is no longer in "
-                                          r"Kafka .*first offset still there is 1.*--full-refresh"):
+    _tx(stack, e, [("a", {"id": 1, "v": 10}, {"id": 1, "v": 11}), ("b", None, {"id": 2, "v": 1})])
+    forget_readers()
+    run_job(spark, available_now)
+    assert _totals(job.target_path) == {"a": 11, "b": 11}
+    offsets = DeltaTableRef(job.target_path).latest_commit().metadata["cut_offsets"]
+    assert "gone.transaction" in str(offsets) and '"gone.public.a": {"0": 2}' in str(offsets).replace("'", '"')
+    # everything read so far may go: the next run starts past it
+    for t in ("a", "b"):
+        stack.delete_records(e.topic(t), 0, 2)
+    stack.delete_records(e.tx_topic, 0, 2)
+    _tx(stack, e, [("a", {"id": 1, "v": 11}, {"id": 1, "v": 12})])
+    forget_readers()
+    run_job(spark, available_now)
+    assert _totals(job.target_path) == {"a": 12, "b": 11}
+    # a change deleted before any run read it
+    _tx(stack, e, [("a", {"id": 1, "v": 12}, {"id": 1, "v": 13})])
+    stack.delete_records(e.topic("a"), 0, 4)
+    forget_readers()
+    with pytest.raises(SourceError, match=r"Kafka topic gone.public.a partition 0: offset 3, where this model's "
+                                          r"next read starts, is no longer in Kafka \(the first offset still there "
+                                          r"is 4.*--full-refresh"):
         run_job(spark, available_now)
+    assert _totals(job.target_path) == {"a": 12, "b": 11}
     forget_readers()

@@ -214,8 +214,24 @@ class _Run:
         consistent cut, :func:`~consistent_stream.sources.dag.latest_cut`)."""
         t0 = time.time()
         sources = {s.key: open_source(s) for s in job.sources}
-        return _Run(spark, job, full_refresh, t0, sources, Cut(latest_cut(list(sources.values()))),
-                    DeltaTableRef(job.target_path))
+        target = DeltaTableRef(job.target_path)
+        if not full_refresh:
+            resume_sources(sources, target)
+        return _Run(spark, job, full_refresh, t0, sources, Cut(latest_cut(list(sources.values()))), target)
+
+
+def resume_sources(sources: dict, target: DeltaTableRef) -> None:
+    """Let each source that can (a Kafka source: :meth:`~.sources.kafka.KafkaSource.resume`)
+    read on from the resume point the target's last commit records for its cut
+    (``cut_offsets``) instead of from its log's start, before anything reads it."""
+    if not target.exists() or not any(hasattr(s, "resume") for s in sources.values()):
+        return
+    meta = BatchMeta.from_commit(target.latest_commit())
+    if meta is None or not meta.cut_offsets:
+        return
+    for key, src in sources.items():
+        if hasattr(src, "resume") and key in meta.cut:
+            src.resume(meta.cut_offsets, int(meta.cut[key]))
 
 
 def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s: float | None,

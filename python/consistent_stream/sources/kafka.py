@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import base64
 import decimal
+import json
 import logging
 import re
 import threading
@@ -92,6 +93,8 @@ from .spec import INITIAL
 log = logging.getLogger(__name__)
 
 SNAPSHOT_POSITION = 0
+DECIMAL = "org.apache.kafka.connect.data.Decimal"
+VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
 
 # Kafka Connect schema types -> the column types of .landing (Debezium's logical names first)
 _LOGICAL = {"io.debezium.time.Date": "date", "io.debezium.time.MicroTimestamp": "timestamp",
@@ -110,7 +113,7 @@ _SPARK_TYPES = {"tinyint": "int16", "byte": "int16", "smallint": "int16", "short
                 "timestamp": "timestamptz", "timestamp_ntz": "timestamp"}
 
 
-_PG_TX_ID = re.compile(r"^(\d+):\d+$")
+_PG_TX_ID = re.compile(r"^(\d+):(\d+)$")
 
 
 def transaction_key(tx_id) -> str:
@@ -122,6 +125,13 @@ def transaction_key(tx_id) -> str:
     s = str(tx_id)
     m = _PG_TX_ID.match(s)
     return m.group(1) if m else s
+
+
+def end_lsn(tx_id) -> int | None:
+    """The LSN in a Debezium PostgreSQL END event's id (the commit's end LSN: it grows with
+    commit order), None for other connectors' ids."""
+    m = _PG_TX_ID.match(str(tx_id))
+    return int(m.group(2)) if m else None
 
 
 def _split(ranges: dict, limit: int) -> list[dict]:
@@ -161,31 +171,28 @@ def column_type(name: str, type_name: str, label: str) -> str:
     return t
 
 
-def schema_from_envelope(table: str, schema: dict, primary_key: tuple, where: str) -> tuple[TableSchema, dict]:
+def schema_from_envelope(table: str, schema: dict, primary_key: tuple, where: str) -> TableSchema:
     """The table's schema from a change event's Kafka Connect schema (the envelope's
-    ``schema``: a struct whose ``after`` field is the row's struct), and the value
-    converters its columns need (column -> function of the JSON value). SourceError naming
-    ``where`` when the schema has no row struct or a column type this reader does not know."""
+    ``schema``: a struct whose ``after`` field is the row's struct); each column's
+    ``source_type`` is its Connect logical type name (or type), from which :func:`converters`
+    knows how its JSON values are encoded. SourceError naming ``where`` when the schema has no
+    row struct or a column type this reader does not know."""
     fields = {f.get("field"): f for f in schema.get("fields") or [] if isinstance(f, dict)}
     row = fields.get("after") or fields.get("before")
     if not isinstance(row, dict) or row.get("type") != "struct":
         raise SourceError(f"{where}: the event's schema has no 'after' struct; is this a Debezium change topic?")
-    cols, convert = [], {}
+    cols = []
     for f in row.get("fields") or []:
         name, logical, kind = f["field"], f.get("name"), f.get("type")
         params = f.get("parameters") or {}
-        if logical == "org.apache.kafka.connect.data.Decimal":
+        if logical == DECIMAL:
             scale = int(params.get("scale", 0))
             precision = int(params.get("connect.decimal.precision", 38))
             t = f"decimal({max(precision, scale, 1)},{scale})"
-            convert[name] = _decimal_from_bytes(scale)
         elif logical in _LOGICAL:
             t = _LOGICAL[logical]
-            if logical in _TIME_SCALE:
-                convert[name] = _scaled(_TIME_SCALE[logical])
-        elif logical == "io.debezium.data.VariableScaleDecimal":
+        elif logical == VARIABLE_DECIMAL:
             t = "string"
-            convert[name] = _variable_decimal
         elif kind in _PRIMITIVE:
             t = _PRIMITIVE[kind]
         elif kind == "bytes":
@@ -195,7 +202,22 @@ def schema_from_envelope(table: str, schema: dict, primary_key: tuple, where: st
             raise SourceError(f"{where}: column {name!r} of {table} has the Connect type {kind!r} "
                               f"({logical or 'no logical type'}), which format: kafka does not read")
         cols.append(ColumnSchema(name, t, logical or kind, bool(f.get("optional", True))))
-    return TableSchema(table, tuple(cols), tuple(primary_key)), convert
+    return TableSchema(table, tuple(cols), tuple(primary_key))
+
+
+def converters(ts: TableSchema) -> dict:
+    """Column -> the function that turns its JSON value into what the column type's
+    conversion (:mod:`.debezium_events`) takes, for the columns whose Connect encoding needs
+    one (``source_type``: base64 decimals, millisecond or nanosecond timestamps)."""
+    out = {}
+    for c in ts.columns:
+        if c.source_type == DECIMAL:
+            out[c.name] = _decimal_from_bytes(int(c.type.split(",")[1].rstrip(")")))
+        elif c.source_type in _TIME_SCALE:
+            out[c.name] = _scaled(_TIME_SCALE[c.source_type])
+        elif c.source_type == VARIABLE_DECIMAL:
+            out[c.name] = _variable_decimal
+    return out
 
 
 def _decimal_from_bytes(scale: int):
@@ -247,6 +269,14 @@ class _PendingTx:
     end_ts_ms: int = 0
     end_counts: dict | None = None
     queued: bool = False
+    end_lsn: int | None = None
+    first: dict = field(default_factory=dict)   # (topic, partition) -> first offset of its records
+    last: dict = field(default_factory=dict)    # (topic, partition) -> last offset of its records
+
+    def saw(self, tp: tuple, offset: int) -> None:
+        if tp not in self.first:
+            self.first[tp] = offset
+        self.last[tp] = max(offset, self.last.get(tp, offset))
 
 
 class KafkaReader(TransactionLog):
@@ -263,6 +293,7 @@ class KafkaReader(TransactionLog):
         self.log = KafkaLog(bootstrap)
         self._topics: dict[str, _Topic] = {}
         self._declared: dict[str, tuple] = {}     # topic -> (table, primary key, declared columns)
+        self._base: dict | None = None            # the resume point this reader starts at (resume_at)
         self._reset()
 
     def _reset(self) -> None:
@@ -285,6 +316,38 @@ class KafkaReader(TransactionLog):
         self._chunk_seq = 0
         self.skipped = {"duplicates": 0, "tombstones": 0, "other": 0}
         self.read_events = 0
+        self._recent: deque = deque()              # published transactions not yet behind a cut asked for
+        self._base_lsn: int | None = None
+        self._base_rows: dict[str, int] = {}
+        base = self._base
+        if base is not None and set(self._declared) <= set(base.get("tables", {})):
+            self._apply_base(base)
+        elif base is not None:
+            log.info("%s: a table was added that the resume point does not hold: reading every topic from its "
+                     "start", self.location)
+            self._base = None
+
+    def _apply_base(self, base: dict) -> None:
+        """Start at a resume point (:meth:`resume_point`) instead of the topics' start."""
+        p = int(base["position"])
+        for topic, parts in base["offsets"].items():
+            for part, offset in parts.items():
+                self._next[(topic, int(part))] = int(offset)
+        for topic, d in base["tables"].items():
+            t = self._topics.get(topic)
+            if t is None:
+                continue
+            if t.schema is None and d.get("schema"):
+                ts = TableSchema.from_dict(d["schema"])
+                t.schema, t.convert = ts, converters(ts)
+                self._schemas[t.table] = ts
+            self._base_rows[t.table] = int(d.get("rows", 0))
+            t.streamed = True
+        self._published = set(base.get("included", ()))
+        self._base_lsn = base.get("end_lsn")
+        self._last = p
+        self._snapshot_published = True
+        self._txs = [TxInfo(p, "resume point", int(base.get("ts_ms", 0)), {}, self.tx_topic, -1, p == 0)]
 
     # -- tables ---------------------------------------------------------------------------------
     def add_table(self, topic: str, table: str, primary_key: tuple, columns: dict) -> None:
@@ -440,7 +503,8 @@ class KafkaReader(TransactionLog):
                 raise SourceError(f"{where}: the value has no schema envelope (value.converter.schemas.enable="
                                   f"false), so the columns of {t.table} are unknown: declare them in "
                                   f"meta.consistent_stream.columns")
-            t.schema, t.convert = schema_from_envelope(t.table, schema, t.primary_key, where)
+            t.schema = schema_from_envelope(t.table, schema, t.primary_key, where)
+            t.convert = converters(t.schema)
             self._schemas[t.table] = t.schema
         txb = obj.get("transaction")
         if self.consistency == "per_topic":
@@ -466,6 +530,7 @@ class KafkaReader(TransactionLog):
             self.skipped["duplicates"] += 1
             return
         tx.seen.add(order)
+        tx.saw((t.topic, part), offset)
         tx.counts[t.table] = tx.counts.get(t.table, 0) + 1
         self._weighted(t, op, obj, where, tx.rows.setdefault(t.table, []), None)
 
@@ -545,6 +610,7 @@ class KafkaReader(TransactionLog):
         if not tx.queued:
             tx.queued = True
             self._order.append(tx_id)
+        tx.saw((self.tx_topic, part), offset)
         if status == "BEGIN":
             return
         if status != "END":
@@ -555,6 +621,13 @@ class KafkaReader(TransactionLog):
         counts = {str(d.get("data_collection")): int(d.get("event_count", 0))
                   for d in obj.get("data_collections") or [] if isinstance(d, dict)}
         tx.end_offset, tx.end_ts_ms, tx.end_counts = offset, int(obj.get("ts_ms") or record_ms), counts
+        tx.end_lsn = end_lsn(obj.get("id"))
+        if self._base_lsn is not None and tx.end_lsn is not None and tx.end_lsn <= self._base_lsn:
+            # a transaction the resume point already holds, sent again by a restarted connector
+            self.skipped["duplicates"] += 1 + sum(tx.counts.values())
+            self._order.remove(tx_id)
+            del self._pending[tx_id]
+            self._published.add(tx_id)
 
     def _complete(self, tx: _PendingTx) -> bool:
         if tx.end_counts is None:
@@ -605,6 +678,7 @@ class KafkaReader(TransactionLog):
             for table, rows in tx.rows.items():
                 out.setdefault(table, []).extend((position, w, r, where) for _, w, r, where in rows)
             self._txs.append(TxInfo(position, tx.id, tx.end_ts_ms, dict(tx.counts), self.tx_topic, tx.end_offset))
+            self._recent.append((position, tx.id, tx.end_lsn, tx.first, tx.last))
             self._last = position
 
     def _add_rows(self, out: dict) -> None:
@@ -636,6 +710,78 @@ class KafkaReader(TransactionLog):
                      "end_seen": tx.end_counts is not None, "missing": missing,
                      "waiting_behind": len(self._order) - 1}]
 
+    # -- resuming -------------------------------------------------------------------------------
+    def resume_point(self, position: int) -> dict | None:
+        """What a later process needs to read on from ``position`` (a published position)
+        without reading the topics from their start, or None when it cannot (per_topic, or
+        transaction ids without a commit LSN): ``position``, ``ts_ms``; ``end_lsn`` (of the
+        transaction at ``position``: a re-sent transaction whose END LSN is not above it is
+        already in); ``offsets`` (topic -> partition -> the first offset holding a record of
+        a transaction after ``position``, or what was read); ``included`` (the transactions up
+        to ``position`` with records at or after those offsets, to drop when read again);
+        ``tables`` (topic -> the table's schema and rows at ``position``). Recorded in the
+        target's commit (``cut_offsets``) with the cut."""
+        with self._lock:
+            if self.consistency != "transaction" or position < self.base or position > self._last:
+                return None
+            after = [r for r in self._recent if r[0] > position] + [
+                (None, tx.id, None, tx.first, tx.last) for tx in self._pending.values()]
+            upto = [r for r in self._recent if r[0] <= position]
+            offsets = {}
+            for tp, o in self._next.items():
+                firsts = [r[3][tp] for r in after if tp in r[3]]
+                offsets[tp] = min(firsts + [o])
+            included = sorted({r[1] for r in upto if any(r[4].get(tp, -1) >= offsets[tp] for tp in offsets)}
+                              | (self._published & set(self._base_included())))
+            at = [r for r in upto if r[0] == position]
+            lsn = at[-1][2] if at else (self._base_lsn if position == self._base_position() else None)
+            if lsn is None and position > SNAPSHOT_POSITION:
+                return None   # not a PostgreSQL connector's ids: no order to recognize re-sent transactions by
+            # offsets only grow with the position asked for and with what is read: a transaction
+            # wholly before them is never "included" again
+            self._recent = deque(r for r in self._recent
+                                 if r[0] > position or any(r[4].get(tp, -1) >= o for tp, o in offsets.items()))
+            tables = {t.topic: {"schema": json.loads(t.schema.to_json()) if t.schema else None,
+                                "rows": self.row_count(t.table, position) if t.schema else 0}
+                      for t in self._topics.values()}
+            out: dict[str, dict[str, int]] = {}
+            for (topic, p), o in sorted(offsets.items()):
+                out.setdefault(topic, {})[str(p)] = o
+            return {"position": position, "ts_ms": self.commit_ms(position), "end_lsn": lsn if lsn is not None else -1,
+                    "offsets": out, "included": included, "tables": tables}
+
+    def _base_position(self) -> int:
+        return int(self._base["position"]) if self._base else INITIAL
+
+    def _base_included(self) -> list:
+        return list(self._base.get("included", ())) if self._base else []
+
+    def resume_at(self, point: dict) -> bool:
+        """Start at ``point`` (:meth:`resume_point`, from the target's last commit) instead of
+        the topics' start, when this reader has read nothing yet; returns whether it does. The
+        offsets are checked against the topics' first offsets at the first read (SourceError
+        naming partition and offset when retention deleted records never read)."""
+        with self._lock:
+            if self.read_events or self._chunks or self.consistency != "transaction":
+                return False
+            self._base = point
+            self._reset()
+            return self._base is not None
+
+    @property
+    def base(self) -> int:
+        """The position this reader started at: INITIAL for a reader of the topics' start."""
+        return self._base_position()
+
+    def row_count(self, table: str, position: int) -> int:
+        return self._base_rows.get(table, 0) + super().row_count(table, position)
+
+    def table_at(self, table: str, position: int, columns: list[str] | None = None) -> pa.Table:
+        if self._base is not None:
+            raise SourceError(f"{self.location}: this reader starts at position {self.base} (a resume point): the "
+                              f"table as of a position needs a reader of the topics' start (full_reader_for)")
+        return super().table_at(table, position, columns)
+
     def offsets(self) -> dict[str, dict[str, int]]:
         """The next offset to read per topic and partition (what this reader has read)."""
         with self._lock:
@@ -646,13 +792,40 @@ class KafkaReader(TransactionLog):
 
 
 _READERS: dict[tuple, KafkaReader] = {}
+_FULL: dict[tuple, KafkaReader] = {}     # readers of the topics' start, where _READERS' resumed
 _READERS_LOCK = threading.Lock()
+
+
+def _key(spec) -> tuple:
+    servers, topic = spec.option("bootstrap_servers"), spec.option("topic")
+    consistency = spec.option("consistency", "transaction")
+    return servers, spec.option("transaction_topic") if consistency == "transaction" else topic, consistency
+
+
+def _columns(spec) -> dict:
+    label = f"source('{spec.source_name}', '{spec.name}'): meta.consistent_stream.columns"
+    return {c: column_type(c, t, label) for c, t in (spec.option("columns") or {}).items()}
 
 
 def reader_for(spec) -> KafkaReader:
     """The process-wide reader of ``spec``'s clock (a ``format: kafka`` SourceSpec), reading
-    the spec's topic too, refreshed."""
+    the spec's topic too, refreshed. It may start at a resume point (:func:`resume`)."""
     return declare(spec).refresh()
+
+
+def full_reader_for(spec) -> KafkaReader:
+    """A process-wide reader of ``spec``'s clock that read the topics from their start
+    (what the table as of a position needs), refreshed: :func:`reader_for`'s when it did."""
+    r = declare(spec)
+    if r.base == INITIAL:
+        return r.refresh()
+    key = _key(spec)
+    with _READERS_LOCK:
+        full = _FULL.get(key)
+        if full is None:
+            full = _FULL[key] = KafkaReader(*key)
+    full.add_table(spec.option("topic"), spec.table, spec.primary_key, _columns(spec))
+    return full.refresh()
 
 
 def declare(spec) -> KafkaReader:
@@ -660,32 +833,34 @@ def declare(spec) -> KafkaReader:
     refreshed). A :class:`KafkaSource` declares its table when it is opened, so that the
     tables of a job, opened together, are read in one pass (a table added after a read makes
     the reader read every topic again)."""
-    servers, topic = spec.option("bootstrap_servers"), spec.option("topic")
-    consistency = spec.option("consistency", "transaction")
-    key = (servers, spec.option("transaction_topic") if consistency == "transaction" else topic, consistency)
-    label = f"source('{spec.source_name}', '{spec.name}'): meta.consistent_stream.columns"
-    columns = {c: column_type(c, t, label) for c, t in (spec.option("columns") or {}).items()}
+    key = _key(spec)
     with _READERS_LOCK:
         r = _READERS.get(key)
         if r is None:
             r = _READERS[key] = KafkaReader(*key)
-    r.add_table(topic, spec.table, spec.primary_key, columns)
+    r.add_table(spec.option("topic"), spec.table, spec.primary_key, _columns(spec))
     return r
 
 
 def forget_readers() -> None:
-    """Drop every cached reader (tests that recreate topics)."""
+    """Drop every cached reader (tests that recreate topics, or act as a new process)."""
     with _READERS_LOCK:
-        for r in _READERS.values():
+        for r in list(_READERS.values()) + list(_FULL.values()):
             r.log.close()
         _READERS.clear()
+        _FULL.clear()
 
 
 class KafkaSource(DebeziumSource):
     """One table's topic of Debezium change events on Kafka (``format: kafka``), through the
     process-wide :class:`KafkaReader` of its clock: the transaction topic's in transaction
     mode (every table of one connector is cut at the same transaction), the topic's own in
-    per_topic mode. Positions and the table as of a position as in :class:`DebeziumSource`."""
+    per_topic mode. Positions and the table as of a position as in :class:`DebeziumSource`.
+
+    A run resumes (:meth:`resume`) from the resume point its target's last commit records
+    (``cut_offsets``): it reads the topics from those offsets on, not from their start. What
+    needs the table as of a position (a first batch, a rebuild, ``verify``) reads the topics
+    from their start with a reader of its own."""
 
     def __init__(self, spec):
         super().__init__(spec)
@@ -698,12 +873,57 @@ class KafkaSource(DebeziumSource):
     def _open_reader(self) -> KafkaReader:
         return reader_for(self.spec)
 
+    def resume(self, cut_offsets: dict, position: int) -> bool:
+        """Start this process's reader of the clock at the resume point ``cut_offsets`` holds
+        for it (a target commit's ``cut_offsets``) when that point is ``position`` (the
+        commit's cut of this source) and the reader has read nothing yet. Returns whether it
+        does."""
+        point = (cut_offsets or {}).get(self.clock)
+        if not isinstance(point, dict) or point.get("position") != position or "offsets" not in point:
+            return False
+        started = declare(self.spec).resume_at(point)
+        if started:
+            log.info("%s: reading on from the resume point of position %d (offsets %s)", self.clock, position,
+                     point["offsets"])
+        return started
+
+    def _full(self, upto: int | None = None):
+        r = full_reader_for(self.spec)
+        if upto is not None and upto > r.latest_position():
+            r.refresh()
+        return r
+
+    def snapshot(self, views, position: int, columns, *, on_driver: bool = False):
+        rel = self._full(position).table_at(self.spec.table, position, columns)
+        z = rel.append_column("__weight", pa.array([1] * rel.num_rows, pa.int64()))
+        return self._changelog(views, z, change=False)
+
+    def snapshot_arrow(self, position: int) -> pa.Table:
+        return self._full(position).table_at(self.spec.table, position)
+
+    def changes(self, views, start: int, end: int, columns):
+        if start >= self.reader(upto=end).base:
+            return super().changes(views, start, end, columns)
+        from .delta_cdf import SourceChanges
+        r = self._full(end)
+        z = r.changes(self.spec.table, start, end, columns)
+        return SourceChanges(self._changelog(views, z, change=True), z.num_rows,
+                             r.commit_ms(end) if z.num_rows else None)
+
+    def commits(self, start: int, end: int) -> list:
+        if start >= self.reader(upto=end).base:
+            return super().commits(start, end)
+        from .backlog import SourceCommit
+        return [SourceCommit(tx.position, tx.ts_ms, tx.counts.get(self.spec.table, 0))
+                for tx in self._full(end).transactions(start, end)]
+
     def stalled(self) -> list[dict]:
         """The transactions seen in part that hold back this source's clock
         (:meth:`KafkaReader.stalled`)."""
         return self.reader().stalled()
 
     def cut_metadata(self, position: int) -> dict[str, dict]:
-        """``cut_offsets``: the clock -> the position and the offsets read when it was cut."""
-        r = self.reader()
-        return {"cut_offsets": {self.clock: {"position": position, "read": r.offsets()}}}
+        """``cut_offsets``: the clock -> the resume point of ``position``
+        (:meth:`KafkaReader.resume_point`; omitted when there is none)."""
+        point = self.reader(upto=position).resume_point(position)
+        return {"cut_offsets": {self.clock: point}} if point is not None else {}

@@ -121,15 +121,20 @@ class TableSchema:
                                         "nullable": c.nullable} for c in self.columns]}, indent=2)
 
     @staticmethod
+    def from_dict(d: dict) -> "TableSchema":
+        """The schema ``json.loads(to_json())`` gives back. KeyError, TypeError or SourceError
+        (an unknown type name) when ``d`` is not one."""
+        cols = tuple(ColumnSchema(c["name"], c["type"], c.get("source_type", ""), bool(c.get("nullable", True)))
+                     for c in d["columns"])
+        ts = TableSchema(d["table"], cols, tuple(d.get("primary_key") or ()))
+        ts.arrow_schema()  # validates the type names
+        return ts
+
+    @staticmethod
     def load(path: str) -> "TableSchema":
         """Read a schema file; SourceError naming the file when it is not a valid schema."""
         try:
-            d = storage.load_json(path)
-            cols = tuple(ColumnSchema(c["name"], c["type"], c.get("source_type", ""), bool(c.get("nullable", True)))
-                         for c in d["columns"])
-            ts = TableSchema(d["table"], cols, tuple(d.get("primary_key") or ()))
-            ts.arrow_schema()  # validates the type names
-            return ts
+            return TableSchema.from_dict(storage.load_json(path))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SourceError(f"{path}: not a valid table schema file ({e}); it is written by "
                               f"`consistent-stream capture`, see consistent_stream.sources.landing") from e

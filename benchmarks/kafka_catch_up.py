@@ -1,0 +1,172 @@
+"""Catch-up throughput over Debezium topics on Kafka: a consistent_stream model (``format:
+kafka``, transaction-consistent cuts) against Flink SQL (its Kafka connector and the
+``debezium-json`` format, ``benchmarks/flink_sql.py``), side by side in one run, the same query
+over the same topics, both answers checked against PostgreSQL's:
+
+    SELECT a.bid, COUNT(*) AS n, SUM(h.delta) AS delta_sum
+    FROM pgbench_history h JOIN pgbench_accounts a ON h.aid = a.aid GROUP BY a.bid
+
+Set-up (once per run): PostgreSQL 15 (``capture/localpg.py``), Kafka + Kafka Connect + Debezium
+(``consistent_stream.kafka_stack``), ``pgbench -i -s SCALE`` with REPLICA IDENTITY FULL,
+Debezium registered with transaction metadata, ``pgbench -c 4 -T SECONDS`` (unthrottled), and a
+wait until Connect has written every change. Then, ``--runs`` times, each engine catches up from
+the topics' start:
+
+* consistent_stream: ``run_job`` of the model with ``trigger: available_now`` and a full
+  refresh, in this process, whose Spark session (``local[*]``, no tuning) is already up:
+  ``seconds`` from the call to its return (the Kafka reads through Spark, the transaction
+  assembly, the first batch and its Delta commit);
+* Flink: ``flink_sql.py`` under ``.venv-flink`` (``benchmarks/flink_setup.sh``), bounded at the
+  end offsets, ``seconds`` from job submission (which starts its local MiniCluster) to the end.
+
+``events`` are the messages of the two data topics (both engines read them; consistent_stream
+also reads the transaction topic, counted apart). Prints one JSON line per engine and run and a
+summary with the ratio; appends them to ``benchmarks/results/kafka_catch_up.jsonl``.
+
+    .venv/bin/python benchmarks/kafka_catch_up.py [--scale 1] [--seconds 30] [--runs 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import flink_sql  # noqa: E402
+
+RESULTS = HERE / "results" / "kafka_catch_up.jsonl"
+MODEL_SQL = """
+select a.bid, count(*) as n, sum(h.delta) as delta_sum
+from pg.pgbench_history h join pg.pgbench_accounts a on h.aid = a.aid
+group by a.bid
+"""
+HISTORY_COLUMNS = {"tid": "int", "bid": "int", "aid": "int", "delta": "int", "mtime": "timestamp_ntz",
+                   "filler": "string"}
+
+
+def run_ours(spark, bootstrap: str, prefix: str, work: str) -> dict:
+    from consistent_stream.job import run_job
+    from consistent_stream.sources.kafka import forget_readers
+    from consistent_stream.spec import JobSpec
+    from deltalake import DeltaTable
+    forget_readers()   # every run reads the topics from their start, as a new process does
+    sources = [{"source_name": "pg", "name": t, "relation": f"pg.{t}",
+                "meta": {"format": "kafka", "bootstrap_servers": bootstrap, "topic": f"{prefix}.public.{t}",
+                         **({"columns": HISTORY_COLUMNS} if t == "pgbench_history" else {})}}
+               for t in ("pgbench_accounts", "pgbench_history")]
+    job = JobSpec.from_dbt(project_root=work, schema="bench", identifier="history_by_branch",
+                           model_name="history_by_branch", sql=MODEL_SQL, sources=sources,
+                           config={"unique_key": "bid", "location_root": os.path.join(work, "targets"),
+                                   "trigger": "available_now"},
+                           warehouse_dir=os.path.join(work, "wh"))
+    t0 = time.perf_counter()
+    run_job(spark, job, full_refresh=True)
+    seconds = time.perf_counter() - t0
+    rows = sorted([int(r["bid"]), int(r["n"]), int(r["delta_sum"])]
+                  for r in DeltaTable(job.target_path).to_pyarrow_table().to_pylist())
+    return {"engine": "consistent_stream", "seconds": round(seconds, 2), "rows": rows}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scale", type=int, default=1)
+    ap.add_argument("--seconds", type=int, default=30)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=600)
+    a = ap.parse_args(argv)
+    sys.path.insert(0, str(HERE.parent / "python"))
+    from consistent_stream import kafka_stack
+    from consistent_stream.capture.localpg import LocalPostgres
+    from consistent_stream.session import with_delta
+    from pyspark.sql import SparkSession
+
+    python = flink_sql.FLINK_VENV / "bin" / "python"
+    if not python.exists() or not any(flink_sql.FLINK_JARS.glob("flink-sql-connector-kafka-*.jar")):
+        subprocess.run(["bash", str(HERE / "flink_setup.sh")], check=True)
+    work = tempfile.mkdtemp(prefix="cs-kafka-catch-up-")
+    pg = stack = None
+    out = []
+    try:
+        pg = LocalPostgres.start()
+        flink_sql._pgbench(pg, "-i", "-s", str(a.scale), "-q")
+        for t in flink_sql.TABLES:
+            pg.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
+        stack = kafka_stack.start(os.path.join(work, "kafka"))
+        prefix = "pgb"
+        stack.register_postgres("pgb", pg.dsn, [f"public.{t}" for t in flink_sql.TABLES], prefix)
+        topics = [flink_sql.topic_name(prefix, t) for t in flink_sql.TABLES]
+        accounts = a.scale * 100_000
+
+        def counts(names=topics):
+            try:
+                return flink_sql.topic_messages(stack.bootstrap, names, timeout=10)
+            except Exception:   # a topic not created yet
+                return None
+        flink_sql._wait_for("the Debezium snapshot", lambda: (c := counts(topics[:1])) and c[topics[0]] >= accounts,
+                            a.timeout)
+        bench = flink_sql._pgbench(pg, "-n", "-c", str(a.clients), "-j", str(a.clients), "-T", str(a.seconds))
+        tps = next((line.strip() for line in bench.splitlines() if line.startswith("tps")), "")
+        txns = pg.execute("SELECT count(*) FROM pgbench_history")[0][0]
+        expect = {topics[0]: accounts + txns, topics[1]: txns}
+        flink_sql._wait_for("Connect to write every change",
+                            lambda: (c := counts()) and all(c[t] >= expect[t] for t in topics), a.timeout)
+        tx_messages = flink_sql.topic_messages(stack.bootstrap, [f"{prefix}.transaction"])[f"{prefix}.transaction"]
+        expected = flink_sql._pg_query_rows(pg)
+        events = sum(counts().values())
+        spark = (with_delta(SparkSession.builder).master("local[*]").appName("kafka-catch-up")
+                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+        cmd = [str(python), str(HERE / "flink_sql.py"), "--bootstrap", stack.bootstrap, "--topic-prefix", prefix,
+               "--schemas-enabled"]
+        common = {"scale": a.scale, "pgbench_transactions": txns, "pgbench": tps, "events": events,
+                  "transaction_topic_messages": tx_messages, "date": time.strftime("%Y-%m-%d")}
+        for run in range(a.runs):
+            ours = run_ours(spark, stack.bootstrap, prefix, os.path.join(work, f"ours{run}"))
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            if p.returncode != 0:
+                sys.stderr.write(p.stderr[-20000:])
+                raise RuntimeError(f"flink_sql.py failed ({p.returncode})")
+            flink = json.loads(p.stdout.strip().splitlines()[-1])
+            for r in (ours, flink):
+                r.update(common, run=run, rows_match=r["rows"] == expected,
+                         events_per_s=round(events / r["seconds"]))
+                r.pop("events", None)
+                r["events"] = events
+                rows = r.pop("rows")
+                r["result_rows"] = len(rows)
+                print(json.dumps(r))
+                out.append(r)
+        ours_s = statistics.median(r["seconds"] for r in out if r["engine"] == "consistent_stream")
+        flink_s = statistics.median(r["seconds"] for r in out if r["engine"] == "flink")
+        summary = {"summary": True, **common, "consistent_stream_median_s": ours_s, "flink_median_s": flink_s,
+                   "consistent_stream_events_per_s": round(events / ours_s),
+                   "flink_events_per_s": round(events / flink_s),
+                   "flink_s_over_consistent_stream_s": round(flink_s / ours_s, 2),
+                   "all_rows_match_postgres": all(r["rows_match"] for r in out)}
+        print(json.dumps(summary))
+        out.append(summary)
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        with open(RESULTS, "a") as f:
+            for r in out:
+                f.write(json.dumps(r) + "\n")
+        return 0 if summary["all_rows_match_postgres"] else 1
+    finally:
+        try:
+            if stack is not None:
+                stack.stop()
+        finally:
+            if pg is not None:
+                pg.stop()
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
