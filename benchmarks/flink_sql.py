@@ -48,6 +48,7 @@ script under .venv-flink's python as a subprocess; its rows are compared with Po
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -290,7 +291,16 @@ def _wait_for(what: str, check, timeout: float, interval: float = 1.0):
         time.sleep(interval)
 
 
-def selftest(a) -> int:
+@contextlib.contextmanager
+def pgbench_topics(scale: int, seconds: int, clients: int, timeout: float, log=sys.stderr):
+    """PostgreSQL 15 (capture/localpg.py), Kafka + Kafka Connect + Debezium
+    (consistent_stream.kafka_stack), ``pgbench -i -s scale`` with REPLICA IDENTITY FULL,
+    Debezium registered (topic prefix ``pgb``, transaction metadata), ``pgbench -c clients -T
+    seconds``, and a wait until Connect has written every change. Yields a dict: ``pg``,
+    ``stack``, ``prefix``, ``pgbench_transactions``, ``pgbench_tps``, ``expect`` (topic ->
+    messages), ``topic_messages``, ``connect_catch_up_wait_s``, ``postgres_rows`` (the query's
+    answer). Stops everything on exit. Run with .venv's python (the benchmarks that compare
+    with Flink use it)."""
     sys.path.insert(0, str(REPO / "python"))
     from consistent_stream import kafka_stack
     from consistent_stream.capture.localpg import LocalPostgres
@@ -299,21 +309,21 @@ def selftest(a) -> int:
     if not python.exists() or not any(FLINK_JARS.glob("flink-sql-connector-kafka-*.jar")):
         subprocess.run(["bash", str(REPO / "benchmarks" / "flink_setup.sh")], check=True)
     kafka_stack.install()
-    work = tempfile.mkdtemp(prefix="cs-flink-selftest-")
+    work = tempfile.mkdtemp(prefix="cs-pgbench-topics-")
     pg = stack = None
     try:
         pg = LocalPostgres.start()
-        print(f"selftest: PostgreSQL on port {pg.port}", file=sys.stderr)
-        _pgbench(pg, "-i", "-s", str(a.scale), "-q")
+        print(f"PostgreSQL on port {pg.port}", file=log)
+        _pgbench(pg, "-i", "-s", str(scale), "-q")
         for t in TABLES:
             pg.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
         stack = kafka_stack.start(os.path.join(work, "kafka"))
-        print(f"selftest: Kafka on {stack.bootstrap}", file=sys.stderr)
+        print(f"Kafka on {stack.bootstrap}", file=log)
         prefix = "pgb"
         stack.register_postgres("pgb", pg.dsn, [f"public.{t}" for t in TABLES], prefix,
                                 transaction_metadata=True)
         topics = [topic_name(prefix, t) for t in TABLES]
-        accounts = a.scale * 100_000
+        accounts = scale * 100_000
 
         def counts(names=topics):
             try:
@@ -321,42 +331,19 @@ def selftest(a) -> int:
             except Exception:  # not created yet (Debezium creates a table's topic with its first event)
                 return None
 
-        _wait_for("the Debezium snapshot", lambda: (c := counts(topics[:1])) and c[topics[0]] >= accounts,
-                  a.timeout)
-        print("selftest: snapshot in Kafka; pgbench running", file=sys.stderr)
-        out = _pgbench(pg, "-n", "-c", str(a.clients), "-j", str(a.clients), "-T", str(a.seconds))
+        _wait_for("the Debezium snapshot", lambda: (c := counts(topics[:1])) and c[topics[0]] >= accounts, timeout)
+        print("snapshot in Kafka; pgbench running", file=log)
+        out = _pgbench(pg, "-n", "-c", str(clients), "-j", str(clients), "-T", str(seconds))
         tps = next((line for line in out.splitlines() if line.startswith("tps")), "")
         txns = pg.execute("SELECT count(*) FROM pgbench_history")[0][0]
         expect = {topics[0]: accounts + txns, topics[1]: txns}
-        print(f"selftest: pgbench {txns} transactions ({tps.strip()}); waiting for Connect", file=sys.stderr)
+        print(f"pgbench {txns} transactions ({tps.strip()}); waiting for Connect", file=log)
         t_wait = time.monotonic()
         final = _wait_for("Connect to write every change",
-                          lambda: (c := counts()) and all(c[t] >= expect[t] for t in topics) and c, a.timeout)
-        caught_up_s = time.monotonic() - t_wait
-        expected_rows = _pg_query_rows(pg)
-
-        cmd = [str(python), str(Path(__file__).resolve()), "--bootstrap", stack.bootstrap, "--topic-prefix", prefix,
-               "--schemas-enabled" if getattr(stack, "schemas_enable", True) else "--no-schemas"]
-        cmd += ["--client", a.client] + (["--parallelism", str(a.parallelism)] if a.parallelism else [])
-        runs = []
-        for _ in range(a.runs):
-            load = [round(x, 2) for x in os.getloadavg()]
-            p = subprocess.run(cmd, capture_output=True, text=True)
-            if p.returncode != 0:
-                sys.stderr.write(p.stderr[-20000:])
-                raise RuntimeError(f"flink_sql.py failed ({p.returncode})")
-            flink = json.loads(p.stdout.strip().splitlines()[-1])
-            flink["loadavg_before"] = load
-            flink["rows_match"] = flink["rows"] == expected_rows
-            print(f"selftest: flink run: {flink['seconds']} s, rows match: {flink['rows_match']}", file=sys.stderr)
-            runs.append(flink)
-        report = {"selftest": True, "pgbench_transactions": txns, "pgbench_tps": tps.strip(),
-                  "connect_catch_up_wait_s": round(caught_up_s, 1), "topic_messages": final,
-                  "topic_messages_expected": expect, "postgres_rows": expected_rows,
-                  "rows_match": all(r["rows_match"] for r in runs), "flink": runs[0] if len(runs) == 1 else runs}
-        print(json.dumps(report))
-        ok = report["rows_match"] and all(r["events"] == sum(expect.values()) for r in runs)
-        return 0 if ok else 1
+                          lambda: (c := counts()) and all(c[t] >= expect[t] for t in topics) and c, timeout)
+        yield {"pg": pg, "stack": stack, "prefix": prefix, "pgbench_transactions": txns, "pgbench_tps": tps.strip(),
+               "expect": expect, "topic_messages": final,
+               "connect_catch_up_wait_s": round(time.monotonic() - t_wait, 1), "postgres_rows": _pg_query_rows(pg)}
     finally:
         try:
             if stack is not None:
@@ -365,6 +352,41 @@ def selftest(a) -> int:
             if pg is not None:
                 pg.stop()
             shutil.rmtree(work, ignore_errors=True)
+
+
+def run_flink_script(bootstrap: str, prefix: str, client: str = "jvm", parallelism: int | None = None) -> dict:
+    """This script under .venv-flink's python as a subprocess: its JSON line, with
+    ``loadavg_before``. RuntimeError (with its stderr) when it fails."""
+    cmd = [str(FLINK_VENV / "bin" / "python"), str(Path(__file__).resolve()), "--bootstrap", bootstrap,
+           "--topic-prefix", prefix, "--schemas-enabled", "--client", client]
+    cmd += ["--parallelism", str(parallelism)] if parallelism else []
+    load = [round(x, 2) for x in os.getloadavg()]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr[-20000:])
+        raise RuntimeError(f"flink_sql.py failed ({p.returncode})")
+    flink = json.loads(p.stdout.strip().splitlines()[-1])
+    flink["loadavg_before"] = load
+    return flink
+
+
+def selftest(a) -> int:
+    with pgbench_topics(a.scale, a.seconds, a.clients, a.timeout) as env:
+        expected_rows = env["postgres_rows"]
+        runs = []
+        for _ in range(a.runs):
+            flink = run_flink_script(env["stack"].bootstrap, env["prefix"], a.client, a.parallelism)
+            flink["rows_match"] = flink["rows"] == expected_rows
+            print(f"selftest: flink run: {flink['seconds']} s, rows match: {flink['rows_match']}", file=sys.stderr)
+            runs.append(flink)
+        report = {"selftest": True, "pgbench_transactions": env["pgbench_transactions"],
+                  "pgbench_tps": env["pgbench_tps"], "connect_catch_up_wait_s": env["connect_catch_up_wait_s"],
+                  "topic_messages": env["topic_messages"], "topic_messages_expected": env["expect"],
+                  "postgres_rows": expected_rows, "rows_match": all(r["rows_match"] for r in runs),
+                  "flink": runs[0] if len(runs) == 1 else runs}
+        print(json.dumps(report))
+        ok = report["rows_match"] and all(r["events"] == sum(env["expect"].values()) for r in runs)
+        return 0 if ok else 1
 
 
 def main() -> int:

@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import flink_sql  # noqa: E402
+from flink_sql import pgbench_topics  # noqa: E402
 
 RESULTS = HERE / "results" / "kafka_catch_up.jsonl"
 MODEL_SQL = """
@@ -84,88 +84,46 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--timeout", type=float, default=600)
     a = ap.parse_args(argv)
     sys.path.insert(0, str(HERE.parent / "python"))
-    from consistent_stream import kafka_stack
-    from consistent_stream.capture.localpg import LocalPostgres
     from consistent_stream.session import with_delta
     from pyspark.sql import SparkSession
 
-    python = flink_sql.FLINK_VENV / "bin" / "python"
-    if not python.exists() or not any(flink_sql.FLINK_JARS.glob("flink-sql-connector-kafka-*.jar")):
-        subprocess.run(["bash", str(HERE / "flink_setup.sh")], check=True)
-    work = tempfile.mkdtemp(prefix="cs-kafka-catch-up-")
-    pg = stack = None
     out = []
-    try:
-        pg = LocalPostgres.start()
-        flink_sql._pgbench(pg, "-i", "-s", str(a.scale), "-q")
-        for t in flink_sql.TABLES:
-            pg.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
-        stack = kafka_stack.start(os.path.join(work, "kafka"))
-        prefix = "pgb"
-        stack.register_postgres("pgb", pg.dsn, [f"public.{t}" for t in flink_sql.TABLES], prefix)
-        topics = [flink_sql.topic_name(prefix, t) for t in flink_sql.TABLES]
-        accounts = a.scale * 100_000
-
-        def counts(names=topics):
-            try:
-                return flink_sql.topic_messages(stack.bootstrap, names, timeout=10)
-            except Exception:   # a topic not created yet
-                return None
-        flink_sql._wait_for("the Debezium snapshot", lambda: (c := counts(topics[:1])) and c[topics[0]] >= accounts,
-                            a.timeout)
-        bench = flink_sql._pgbench(pg, "-n", "-c", str(a.clients), "-j", str(a.clients), "-T", str(a.seconds))
-        tps = next((line.strip() for line in bench.splitlines() if line.startswith("tps")), "")
-        txns = pg.execute("SELECT count(*) FROM pgbench_history")[0][0]
-        expect = {topics[0]: accounts + txns, topics[1]: txns}
-        flink_sql._wait_for("Connect to write every change",
-                            lambda: (c := counts()) and all(c[t] >= expect[t] for t in topics), a.timeout)
-        tx_messages = flink_sql.topic_messages(stack.bootstrap, [f"{prefix}.transaction"])[f"{prefix}.transaction"]
-        expected = flink_sql._pg_query_rows(pg)
-        events = sum(counts().values())
+    with pgbench_topics(a.scale, a.seconds, a.clients, a.timeout) as env:
+        stack, prefix, expected = env["stack"], env["prefix"], env["postgres_rows"]
+        tx_topic = f"{prefix}.transaction"
+        tx_messages = flink_sql.topic_messages(stack.bootstrap, [tx_topic])[tx_topic]
+        events = sum(env["topic_messages"].values())
         spark = (with_delta(SparkSession.builder).master("local[*]").appName("kafka-catch-up")
                  .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
-        cmd = [str(python), str(HERE / "flink_sql.py"), "--bootstrap", stack.bootstrap, "--topic-prefix", prefix,
-               "--schemas-enabled"]
-        common = {"scale": a.scale, "pgbench_transactions": txns, "pgbench": tps, "events": events,
-                  "transaction_topic_messages": tx_messages, "date": time.strftime("%Y-%m-%d")}
-        for run in range(a.runs):
-            ours = run_ours(spark, stack.bootstrap, prefix, os.path.join(work, f"ours{run}"))
-            p = subprocess.run(cmd, capture_output=True, text=True)
-            if p.returncode != 0:
-                sys.stderr.write(p.stderr[-20000:])
-                raise RuntimeError(f"flink_sql.py failed ({p.returncode})")
-            flink = json.loads(p.stdout.strip().splitlines()[-1])
-            for r in (ours, flink):
-                r.update(common, run=run, rows_match=r["rows"] == expected,
-                         events_per_s=round(events / r["seconds"]))
-                r.pop("events", None)
-                r["events"] = events
-                rows = r.pop("rows")
-                r["result_rows"] = len(rows)
-                print(json.dumps(r))
-                out.append(r)
-        ours_s = statistics.median(r["seconds"] for r in out if r["engine"] == "consistent_stream")
-        flink_s = statistics.median(r["seconds"] for r in out if r["engine"] == "flink")
-        summary = {"summary": True, **common, "consistent_stream_median_s": ours_s, "flink_median_s": flink_s,
-                   "consistent_stream_events_per_s": round(events / ours_s),
-                   "flink_events_per_s": round(events / flink_s),
-                   "flink_s_over_consistent_stream_s": round(flink_s / ours_s, 2),
-                   "all_rows_match_postgres": all(r["rows_match"] for r in out)}
-        print(json.dumps(summary))
-        out.append(summary)
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        with open(RESULTS, "a") as f:
-            for r in out:
-                f.write(json.dumps(r) + "\n")
-        return 0 if summary["all_rows_match_postgres"] else 1
-    finally:
+        common = {"scale": a.scale, "pgbench_transactions": env["pgbench_transactions"], "pgbench": env["pgbench_tps"],
+                  "events": events, "transaction_topic_messages": tx_messages, "date": time.strftime("%Y-%m-%d")}
+        work = tempfile.mkdtemp(prefix="cs-kafka-catch-up-")
         try:
-            if stack is not None:
-                stack.stop()
+            for run in range(a.runs):
+                ours = run_ours(spark, stack.bootstrap, prefix, os.path.join(work, f"ours{run}"))
+                flink = flink_sql.run_flink_script(stack.bootstrap, prefix)
+                for r in (ours, flink):
+                    rows = r.pop("rows")
+                    r.update(common, run=run, rows_match=rows == expected, result_rows=len(rows),
+                             events_per_s=round(events / r["seconds"]))
+                    print(json.dumps(r))
+                    out.append(r)
         finally:
-            if pg is not None:
-                pg.stop()
             shutil.rmtree(work, ignore_errors=True)
+    ours_s = statistics.median(r["seconds"] for r in out if r["engine"] == "consistent_stream")
+    flink_s = statistics.median(r["seconds"] for r in out if r["engine"] == "flink")
+    summary = {"summary": True, **common, "consistent_stream_median_s": ours_s, "flink_median_s": flink_s,
+               "consistent_stream_events_per_s": round(events / ours_s),
+               "flink_events_per_s": round(events / flink_s),
+               "flink_s_over_consistent_stream_s": round(flink_s / ours_s, 2),
+               "all_rows_match_postgres": all(r["rows_match"] for r in out)}
+    print(json.dumps(summary))
+    out.append(summary)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS, "a") as f:
+        for r in out:
+            f.write(json.dumps(r) + "\n")
+    return 0 if summary["all_rows_match_postgres"] else 1
 
 
 if __name__ == "__main__":

@@ -20,14 +20,7 @@ cd "${CS_PROJECT_DIR:-$repo/models/example}"
 export DBT_PROJECT_DIR=$PWD DBT_PROFILES_DIR=$PWD TPCH_DIR=${TPCH_DIR:-data/tpch}
 export DBT_SEND_ANONYMOUS_USAGE_STATS=false
 
-step() { printf '\n==== %s ====\n' "$*"; }
-
-verify_all() {
-    for model in "${models[@]}"; do
-        step "verify $model ($1)"
-        "$bin/consistent-stream" verify "$model" --project-dir "$PWD"
-    done
-}
+. "$repo/scripts/demo_lib.sh"
 
 step "clean: sources, catalog and dbt artifacts of a previous demo"
 rm -rf data spark-warehouse metastore_db derby.log target logs

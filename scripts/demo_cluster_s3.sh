@@ -33,7 +33,7 @@ base=${CONSISTENT_STREAM_DEMO_S3_DIR:-/var/tmp/consistent-stream-demo-s3}
 user=cs-worker
 bucket=cs-demo
 
-step() { printf '\n==== %s ====\n' "$*"; }
+. "$repo/scripts/demo_lib.sh"
 fail() { printf '\ndemo-cluster-s3: FAILED: %s\n' "$*" >&2; exit 1; }
 as_node() {  # as_node NODE CMD...: CMD on node NODE (its namespace, its /tmp), as the daemons' account
     local node=$1

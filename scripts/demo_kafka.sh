@@ -21,13 +21,7 @@ cd "$repo/models/kafka"
 export DBT_PROJECT_DIR=$PWD DBT_PROFILES_DIR=$PWD DBT_SEND_ANONYMOUS_USAGE_STATS=false
 stackdir=${KAFKA_STACK_DIR:-/tmp/consistent-stream-demo-kafka}
 
-step() { printf '\n==== %s ====\n' "$*"; }
-verify_all() {
-    for model in "${models[@]}"; do
-        step "verify $model ($1)"
-        "$bin/consistent-stream" verify "$model" --project-dir "$PWD"
-    done
-}
+. "$repo/scripts/demo_lib.sh"
 
 step "clean: the catalog and dbt artifacts of a previous demo; PostgreSQL 15"
 rm -rf spark-warehouse metastore_db derby.log target logs

@@ -13,6 +13,8 @@ file (``kafka_stack.start``, the script `make demo-kafka` uses too).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import kafka_scenario
@@ -22,6 +24,7 @@ from consistent_stream.delta import DeltaTableRef
 from consistent_stream.errors import SourceError
 from consistent_stream.job import run_job
 from consistent_stream.observe import model_status
+from consistent_stream.sources.spec import SourceSpec
 from consistent_stream.sources.kafka import forget_readers
 from consistent_stream.spec import JobSpec
 
@@ -178,4 +181,23 @@ def test_a_run_reads_on_from_the_offsets_its_target_commit_records_and_lost_ones
                                           r"is 4.*--full-refresh"):
         run_job(spark, available_now)
     assert _totals(job.target_path) == {"a": 12, "b": 11}
+    forget_readers()
+
+
+def test_without_transaction_metadata_the_model_refuses_unless_per_topic_cuts_are_chosen(spark, stack, tmp_path):
+    e = Events("notx")
+    _snapshot(stack, e)
+    stack.produce(e.topic("a"), [e.change("a", "u", {"id": 1, "v": 10}, {"id": 1, "v": 12}, None)])
+    job = _job(tmp_path, stack, e)
+    with pytest.raises(SourceError, match=r"notx.public.a partition 0 offset 1: change event \(op u\) without a "
+                                          r"'transaction' block: the connector must run with "
+                                          r"provide.transaction.metadata=true for .*consistency: per_topic"):
+        run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
+    per_topic = JobSpec(**{**job.__dict__, "trigger": "available_now", "sources": [
+        SourceSpec.from_json({**dataclasses.asdict(s), "options": [
+            (k, v if k != "consistency" else '"per_topic"') for k, v in s.options]}) for s in job.sources]})
+    run_job(spark, per_topic, full_refresh=True)
+    assert _totals(job.target_path) == {"a": 12, "b": 10}
+    cut = DeltaTableRef(job.target_path).latest_commit().metadata["cut"]
+    assert '"k.a": 2' in str(cut).replace("'", '"') and '"k.b": 1' in str(cut).replace("'", '"')   # own offsets
     forget_readers()

@@ -52,11 +52,14 @@ again (a connector that crashed during its initial snapshot and repeats it) repl
 partial one of that table.
 
 Reading: each refresh reads every partition from where the last one stopped to its high
-watermark (:mod:`.kafka_log`, through Spark's Kafka source) and parses the values on the
-driver (orjson), keeping the complete transactions as Arrow chunks
-(:class:`~.debezium.TransactionLog`). A process reads the topics from their start (the
-snapshot is needed to build a first version, and for ``verify``); offsets retention already
-deleted give a SourceError naming the partition and offset.
+watermark (:mod:`.kafka_log`, through Spark's Kafka source; the executors drop the schema
+envelope) and parses the values on the driver (orjson), keeping the complete transactions as
+Arrow chunks (:class:`~.debezium.TransactionLog`). A reader starts at the topics' start, or at
+a *resume point* (:meth:`KafkaReader.resume_point`, recorded in every target commit as
+``cut_offsets``): a run reads on from its target's last commit (:meth:`KafkaSource.resume`),
+and what needs the table as of a position (a first batch, a rebuild, ``verify``) reads from the
+start with a reader of its own. Offsets retention deleted before they were read give a
+SourceError naming the partition and offset.
 
 Errors (``SourceError``, naming topic, partition and offset): malformed JSON, an event of
 another table than the source's, a change event without a ``transaction`` block in
@@ -253,7 +256,7 @@ class _Topic:
     snapshot_rows: list = field(default_factory=list)
     snapshot_done: bool = False
     streamed: bool = False
-    missing_logged: bool = False
+    absent: bool = False        # its topic did not exist at the last refresh
 
 
 @dataclass
@@ -434,11 +437,12 @@ class KafkaReader(TransactionLog):
         ``columns``), else a SourceError saying so."""
         t = self._topics[topic]
         if t.schema is not None and self._declared[topic][2] and topic not in self.log.topics():
-            if not t.missing_logged:
+            if not t.absent:
                 log.info("%s: Kafka topic %s does not exist yet: %s is taken as empty until Debezium writes its "
                          "first event", self.location, topic, t.table)
-                t.missing_logged = True
+                t.absent = True
             return []
+        t.absent = False
         try:
             return self.log.partitions(topic)
         except SourceError as e:
@@ -518,13 +522,9 @@ class KafkaReader(TransactionLog):
                               f"run with provide.transaction.metadata=true for consistency: transaction, or set "
                               f"meta.consistent_stream.consistency: per_topic (each table cut on its own)")
         t.streamed = True
-        tx_id = transaction_key(txb["id"])
-        if tx_id in self._published:
-            self.skipped["duplicates"] += 1
-            return
-        tx = self._pending.get(tx_id)
+        tx = self._pending_tx(transaction_key(txb["id"]), record_ms)
         if tx is None:
-            tx = self._pending[tx_id] = _PendingTx(tx_id, record_ms)
+            return
         order = txb.get("total_order")
         if order in tx.seen:
             self.skipped["duplicates"] += 1
@@ -558,9 +558,11 @@ class KafkaReader(TransactionLog):
     def _snapshot_event(self, t: _Topic, obj: dict, src: dict, where: str) -> None:
         marker = str(src.get("snapshot", "")).lower()
         if t.streamed or self._snapshot_published:
-            raise SourceError(f"{where}: a snapshot read (op r) after the table's change events began: incremental "
-                              f"snapshots (signals) are not read by format: kafka; take a new snapshot under a new "
-                              f"topic.prefix and run --full-refresh")
+            raise SourceError(f"{where}: a snapshot read (op r) after the snapshot was complete: either the table's "
+                              f"topic did not exist yet when the other tables' snapshots were read (it was taken as "
+                              f"empty: run --full-refresh now that it exists), or an incremental snapshot (signal), "
+                              f"which format: kafka does not read (take a new snapshot under a new topic.prefix and "
+                              f"run --full-refresh)")
         if marker in ("first", "first_in_data_collection") and t.snapshot_rows:
             log.warning("%s: the snapshot of %s starts again (the connector repeated it): the %d rows of the "
                         "first attempt are replaced", where, t.table, len(t.snapshot_rows))
@@ -601,12 +603,9 @@ class KafkaReader(TransactionLog):
             raise SourceError(f"{where}: not Debezium transaction metadata (no 'status'); is "
                               f"meta.consistent_stream.transaction_topic the connector's <topic.prefix>.transaction?")
         tx_id, status = transaction_key(obj.get("id")), str(obj.get("status")).upper()
-        if tx_id in self._published:
-            self.skipped["duplicates"] += 1
-            return
-        tx = self._pending.get(tx_id)
+        tx = self._pending_tx(tx_id, record_ms)
         if tx is None:
-            tx = self._pending[tx_id] = _PendingTx(tx_id, record_ms)
+            return
         if not tx.queued:
             tx.queued = True
             self._order.append(tx_id)
@@ -629,6 +628,17 @@ class KafkaReader(TransactionLog):
             del self._pending[tx_id]
             self._published.add(tx_id)
 
+    def _pending_tx(self, tx_id: str, record_ms: int) -> _PendingTx | None:
+        """The transaction ``tx_id`` seen in part (made at its first record), or None when it
+        is already published (a record sent again: counted as a duplicate)."""
+        if tx_id in self._published:
+            self.skipped["duplicates"] += 1
+            return None
+        tx = self._pending.get(tx_id)
+        if tx is None:
+            tx = self._pending[tx_id] = _PendingTx(tx_id, record_ms)
+        return tx
+
     def _complete(self, tx: _PendingTx) -> bool:
         if tx.end_counts is None:
             return False
@@ -645,10 +655,14 @@ class KafkaReader(TransactionLog):
     def _snapshot_complete(self) -> bool:
         """Every table's snapshot is read: its last event (``source.snapshot`` =
         ``last_in_data_collection`` or ``last``) arrived, or its changes began, or it has no
-        snapshot event while the snapshot's very last event (``last``, in another table's
-        topic) or a transaction arrived (an empty table)."""
+        snapshot event while the snapshot's very last event (``last``) or a transaction
+        arrived, or its topic does not exist (an empty table with declared columns: Debezium
+        marks no event ``last`` when the last table it reads is empty). Should such a table's
+        snapshot events come after all (it was not empty), they fail the read loudly
+        (:meth:`_snapshot_event`), never silently."""
         over = self._tx_records > 0 or self._snapshot_last_seen
-        return all(t.snapshot_done or t.streamed or (over and not t.snapshot_rows) for t in self._topics.values())
+        return all(t.snapshot_done or t.streamed or (not t.snapshot_rows and (over or t.absent))
+                   for t in self._topics.values())
 
     def _publish(self, out: dict) -> None:
         """Publish the snapshot once complete, then every complete transaction at the head of
