@@ -80,6 +80,7 @@ import re
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import orjson
@@ -420,14 +421,21 @@ class KafkaReader(TransactionLog):
                 ranges[(p.topic, p.partition)] = (start, p.high)
         if not ranges:
             return
-        data_topics = frozenset(topics)
+        envelope_topics = frozenset(topics) | {self.tx_topic}
+        parts = _split(ranges, MAX_RECORDS)
         n = 0
-        for part in _split(ranges, MAX_RECORDS):
-            records = self.log.read(part, payload_only=data_topics)
-            self._apply(records)
-            n += records.num_rows
-            for tp, (_, end) in part.items():
-                self._next[tp] = end
+        # a backlog's reads are pipelined: Spark reads the next part (on the JVM's threads)
+        # while this thread parses the one it has
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-read") as pool:
+            ahead = pool.submit(self.log.read, parts[0], payload_only=envelope_topics)
+            for i, part in enumerate(parts):
+                records = ahead.result()
+                if i + 1 < len(parts):
+                    ahead = pool.submit(self.log.read, parts[i + 1], payload_only=envelope_topics)
+                self._apply(records)
+                n += records.num_rows
+                for tp, (_, end) in part.items():
+                    self._next[tp] = end
         log.info("%s: read %d records of %d partitions in %.2fs; position %d; skipped %s; %d transactions waiting",
                  self.location, n, len(ranges), time.time() - t0, self._last, self.skipped, len(self._order))
 

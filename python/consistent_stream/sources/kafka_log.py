@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 TIMEOUT_S = 30.0
 RECORD_COLUMNS = ("topic", "partition", "offset", "value", "timestamp")
 KEEP_WHOLE = 16
-MAX_RECORDS = 200_000
+MAX_RECORDS = 100_000
 """Records one read brings to the driver at most (a backlog is read in several)."""
 
 
