@@ -25,6 +25,7 @@ from consistent_stream.errors import SourceError
 from consistent_stream.job import run_job
 from consistent_stream.observe import model_status
 from consistent_stream.sources.spec import SourceSpec
+from consistent_stream.sources.formats import open_source
 from consistent_stream.sources.kafka import forget_readers
 from consistent_stream.spec import JobSpec
 
@@ -162,6 +163,10 @@ def test_a_run_reads_on_from_the_offsets_its_target_commit_records_and_lost_ones
     forget_readers()
     run_job(spark, available_now)
     assert _totals(job.target_path) == {"a": 11, "b": 11}
+    # the run read on from its resume point; the table as of a position reads the topics' start
+    resumed = open_source(job.sources[0])
+    assert resumed.reader().base == 0
+    assert sorted(resumed.snapshot_arrow(resumed.latest_position()).to_pylist(), key=str) == [{"id": 1, "v": 11}]
     offsets = DeltaTableRef(job.target_path).latest_commit().metadata["cut_offsets"]
     assert "gone.transaction" in str(offsets) and '"gone.public.a": {"0": 2}' in str(offsets).replace("'", '"')
     # everything read so far may go: the next run starts past it

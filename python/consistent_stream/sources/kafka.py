@@ -839,27 +839,20 @@ def full_reader_for(spec) -> KafkaReader:
     """A process-wide reader of ``spec``'s clock that read the topics from their start
     (what the table as of a position needs), refreshed: :func:`reader_for`'s when it did."""
     r = declare(spec)
-    if r.base == INITIAL:
-        return r.refresh()
-    key = _key(spec)
-    with _READERS_LOCK:
-        full = _FULL.get(key)
-        if full is None:
-            full = _FULL[key] = KafkaReader(*key)
-    full.add_table(spec.option("topic"), spec.table, spec.primary_key, _columns(spec))
-    return full.refresh()
+    return r.refresh() if r.base == INITIAL else declare(spec, _FULL).refresh()
 
 
-def declare(spec) -> KafkaReader:
-    """The process-wide reader of ``spec``'s clock, told to read the spec's topic too (not
-    refreshed). A :class:`KafkaSource` declares its table when it is opened, so that the
-    tables of a job, opened together, are read in one pass (a table added after a read makes
-    the reader read every topic again)."""
+def declare(spec, registry: dict | None = None) -> KafkaReader:
+    """The process-wide reader of ``spec``'s clock (in ``registry``: the readers runs use,
+    or ``_FULL``), told to read the spec's topic too (not refreshed). A :class:`KafkaSource`
+    declares its table when it is opened, so that the tables of a job, opened together, are
+    read in one pass (a table added after a read makes the reader read every topic again)."""
+    registry = _READERS if registry is None else registry
     key = _key(spec)
     with _READERS_LOCK:
-        r = _READERS.get(key)
+        r = registry.get(key)
         if r is None:
-            r = _READERS[key] = KafkaReader(*key)
+            r = registry[key] = KafkaReader(*key)
     r.add_table(spec.option("topic"), spec.table, spec.primary_key, _columns(spec))
     return r
 
