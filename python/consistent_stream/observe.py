@@ -135,9 +135,9 @@ def model_status(job: JobSpec, now_ms: int | None = None) -> ModelStatus:
                 reflected = meta.source_commits.get(spec.key) or (source.commit_ms(at) if at >= 0 else None)
                 behind = round((source.commit_ms(latest) - reflected) / 1000.0, 3) if reflected else None
             status.lag[spec.key] = SourceLag(at, latest, max(latest - at, 0), behind if latest > at else 0.0)
-            stalled = getattr(source, "stalled", None)
-            if stalled is not None and stalled():
-                status.waiting[spec.key] = stalled()
+            waiting = source.stalled() if hasattr(source, "stalled") else []
+            if waiting:
+                status.waiting[spec.key] = waiting
     except ConsistentStreamError as e:
         status.error = str(e)
     return status

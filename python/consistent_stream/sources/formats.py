@@ -12,9 +12,10 @@ Formats (``meta.consistent_stream.format``):
   table as of position X is the snapshot (at P0) plus every change up to X: the
   snapshot-then-CDC source (``snapshot_then_cdc`` macro).
 * ``kafka``: one table's topic of Debezium change events on Kafka
-  (:class:`.kafka.KafkaSource`); positions are transactions in the order of their END events
-  on the connector's transaction topic (offset + 1), and every table of one transaction topic
-  is cut at the same position; or, with ``consistency: per_topic``, the topic's own offsets.
+  (:class:`.kafka.KafkaSource`); positions are complete transactions in the order of the
+  connector's transaction topic (an END event's offset + 1; the snapshot is 0), and every table
+  of one transaction topic is cut at the same position; or, with ``consistency: per_topic``,
+  the topic's own offsets.
 * ``model``: the target of an upstream consistent_stream model (``ref()``,
   :class:`.model.ModelSource`); positions are the target's versions, each one batch of the
   upstream that records the base cut it reflects. A cut over several inputs is chosen by the
