@@ -85,10 +85,11 @@ from dataclasses import dataclass, field
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import ConfigError, SourceError
 from .debezium import DebeziumSource, TransactionLog
-from .debezium_events import _table_of, rows_to_arrow
+from .debezium_events import POS, WEIGHT, _table_of, rows_to_arrow
 from .kafka_log import MAX_RECORDS, KafkaLog, lost_offset
 from .landing import ColumnSchema, TableSchema, arrow_type
 from .landing_index import TxInfo
@@ -322,7 +323,7 @@ class KafkaReader(TransactionLog):
         self.read_events = 0
         self._recent: deque = deque()              # published transactions not yet behind a cut asked for
         self._base_lsn: int | None = None
-        self._base_rows: dict[str, int] = {}
+        self._row_totals: dict[str, int] = {}    # table -> rows at the newest position
         base = self._base
         if base is not None and set(self._declared) <= set(base.get("tables", {})):
             self._apply_base(base)
@@ -345,7 +346,7 @@ class KafkaReader(TransactionLog):
                 ts = TableSchema.from_dict(d["schema"])
                 t.schema, t.convert = ts, converters(ts)
                 self._schemas[t.table] = ts
-            self._base_rows[t.table] = int(d.get("rows", 0))
+            self._row_totals[t.table] = int(d.get("rows", 0))
             t.streamed = True
         self._published = set(base.get("included", ()))
         self._base_lsn = base.get("end_lsn")
@@ -709,6 +710,7 @@ class KafkaReader(TransactionLog):
             if rows:
                 ts = self._schemas[table]
                 tables[table] = rows_to_arrow(ts, rows, self.location)
+                self._row_totals[table] = self._row_totals.get(table, 0) + sum(w for _, w, _, _ in rows)
         self._chunk_seq += 1
         self._add_chunk(self._chunk_seq, f"refresh {self._chunk_seq}", tables)
 
@@ -796,7 +798,20 @@ class KafkaReader(TransactionLog):
         return self._base_position()
 
     def row_count(self, table: str, position: int) -> int:
-        return self._base_rows.get(table, 0) + super().row_count(table, position)
+        """Rows of ``table`` as of ``position``: the running count at the newest position, less
+        the weights of the chunks' rows past ``position`` (read from the newest chunk back:
+        positions grow from chunk to chunk), so a cut near the head costs O(1) chunks."""
+        with self._lock:
+            self.schema(table)
+            total = self._row_totals.get(table, 0)
+            for ch in reversed(self._chunks):
+                if ch.max_pos <= position:
+                    break
+                t = ch.tables.get(table)
+                if t is not None:
+                    past = pc.filter(t.column(WEIGHT), pc.greater(t.column(POS), position))
+                    total -= pc.sum(past).as_py() or 0
+            return int(total)
 
     def table_at(self, table: str, position: int, columns: list[str] | None = None) -> pa.Table:
         if self._base is not None:
