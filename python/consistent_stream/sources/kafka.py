@@ -653,9 +653,9 @@ class KafkaReader(TransactionLog):
                 firsts = [r[3][tp] for r in after if tp in r[3]]
                 offsets[tp] = min(firsts + [o])
             included = sorted({r[1] for r in upto if any(r[4].get(tp, -1) >= offsets[tp] for tp in offsets)}
-                              | (self._published & set(self._base_included())))
+                              | (self._published & set((self._base or {}).get("included", ()))))
             at = [r for r in upto if r[0] == position]
-            lsn = at[-1][2] if at else (self._base_lsn if position == self._base_position() else None)
+            lsn = at[-1][2] if at else (self._base_lsn if position == self.base else None)
             if lsn is None and position > SNAPSHOT_POSITION:
                 return None   # not a PostgreSQL connector's ids: no order to recognize re-sent transactions by
             # offsets only grow with the position asked for and with what is read: a transaction
@@ -670,12 +670,6 @@ class KafkaReader(TransactionLog):
                 out.setdefault(topic, {})[str(p)] = o
             return {"position": position, "ts_ms": self.commit_ms(position), "end_lsn": lsn if lsn is not None else -1,
                     "offsets": out, "included": included, "tables": tables}
-
-    def _base_position(self) -> int:
-        return int(self._base["position"]) if self._base else INITIAL
-
-    def _base_included(self) -> list:
-        return list(self._base.get("included", ())) if self._base else []
 
     def resume_at(self, point: dict) -> bool:
         """Start at ``point`` (:meth:`resume_point`, from the target's last commit) instead of
@@ -692,7 +686,7 @@ class KafkaReader(TransactionLog):
     @property
     def base(self) -> int:
         """The position this reader started at: INITIAL for a reader of the topics' start."""
-        return self._base_position()
+        return int(self._base["position"]) if self._base else INITIAL
 
     def row_count(self, table: str, position: int) -> int:
         """Rows of ``table`` as of ``position``: the running count at the newest position, less
@@ -715,14 +709,6 @@ class KafkaReader(TransactionLog):
             raise SourceError(f"{self.location}: this reader starts at position {self.base} (a resume point): the "
                               f"table as of a position needs a reader of the topics' start (full_reader_for)")
         return super().table_at(table, position, columns)
-
-    def offsets(self) -> dict[str, dict[str, int]]:
-        """The next offset to read per topic and partition (what this reader has read)."""
-        with self._lock:
-            out: dict[str, dict[str, int]] = {}
-            for (topic, p), o in sorted(self._next.items()):
-                out.setdefault(topic, {})[str(p)] = o
-            return out
 
 
 _READERS: dict[tuple, KafkaReader] = {}
