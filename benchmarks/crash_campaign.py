@@ -296,20 +296,6 @@ class DbtRunner(EngineRunner):
 
 
 # ---- checks ----------------------------------------------------------------------------------
-def _normalized_rows(df) -> collections.Counter:
-    import math
-
-    def norm(v):
-        if v is None or (isinstance(v, float) and math.isnan(v)):
-            return None
-        if hasattr(v, "item"):
-            v = v.item()
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return round(float(v), 6)
-        return str(v)
-    return collections.Counter(tuple(norm(v) for v in row) for row in df.itertuples(index=False, name=None))
-
-
 def txn_log(table: str) -> list[tuple[int, str, int]]:
     """Every ``txn`` action in a Delta table's JSON log: (commit version, app id, version),
     in commit order (log files a checkpoint already covers may have been cleaned up)."""
@@ -342,8 +328,8 @@ class Checker:
         self.runner, self.shop, self.checked = runner, shop, {}
 
     def __call__(self) -> list[str]:
-        import pandas as pd
         from deltalake import DeltaTable
+        from consistent_stream.compare import compare_tables
         from consistent_stream.delta import DeltaTableRef
         from consistent_stream.oracle import duckdb_result
         from consistent_stream.runtime import BatchMeta
@@ -361,15 +347,15 @@ class Checker:
                 meta = BatchMeta.from_commit(target.commit_at(v))
                 if meta is None:
                     continue
-                got = pd.DataFrame(DeltaTable(job.target_path, version=v).to_pyarrow_table().to_pandas())
-                want = duckdb_result(job.sql, job.sources, Cut(meta.base_cut), chain=True)
-                if list(got.columns) != list(want.columns):
-                    problems.append(f"{name}@{v}: columns {list(got.columns)} != {list(want.columns)}")
+                got = DeltaTable(job.target_path, version=v).to_pyarrow_table()
+                want = duckdb_result(job.sql, job.sources, Cut(meta.base_cut), chain=True, arrow=True)
+                if got.column_names != want.column_names:
+                    problems.append(f"{name}@{v}: columns {got.column_names} != {want.column_names}")
                     continue
-                g, w = _normalized_rows(got), _normalized_rows(want)
-                if g != w:
+                result = compare_tables(got, want, examples=3)
+                if not result.ok:
                     problems.append(f"{name}@{v} (batch {meta.batch_id}, base cut {meta.base_cut}): "
-                                    f"missing {list((w - g).elements())[:3]}, unexpected {list((g - w).elements())[:3]}")
+                                    f"{result.describe()}")
             self.checked[name] = newest
             meta = BatchMeta.from_commit(target.commit_at(newest))
             want_cut = {k: v for k, v in latest.items() if k in meta.base_cut}

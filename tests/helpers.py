@@ -1,13 +1,10 @@
 """Test helpers: render example models, build jobs, compare results across engines."""
 from __future__ import annotations
 
-import datetime
-import decimal
 import os
 from pathlib import Path
 
 import jinja2
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -71,65 +68,23 @@ def delta_pandas(path: str, version: int | None = None) -> pd.DataFrame:
     return pa.table(DeltaTable(path, version=version).to_pyarrow_table()).to_pandas()
 
 
-def _py(v):
-    """A cell as a plain Python value: None for NULL, NaN and NaT; numpy scalars unwrapped;
-    pandas Timestamps as datetimes; time-zone-aware datetimes as naive UTC (full microsecond
-    precision, nothing truncated). Decimals stay Decimals."""
-    if v is None or v is pd.NaT or (isinstance(v, float) and v != v):
-        return None
-    if isinstance(v, pd.Timestamp):
-        v = v.to_pydatetime()
-    elif isinstance(v, np.generic):
-        v = v.item()
-        if isinstance(v, float) and v != v:
-            return None
-    if isinstance(v, datetime.datetime) and v.tzinfo is not None:
-        v = v.astimezone(datetime.timezone.utc).replace(tzinfo=None)
-    return v
+def _arrow(data) -> pa.Table:
+    return data if isinstance(data, pa.Table) else pa.Table.from_pandas(data, preserve_index=False)
 
 
-def _table(data) -> tuple[list[str], list[tuple]]:
-    """(columns, rows as tuples of :func:`_py` values) of an Arrow table or pandas DataFrame."""
-    if isinstance(data, pa.Table):
-        cols = [c.to_pylist() for c in data.columns]
-        return data.column_names, [tuple(_py(v) for v in r) for r in zip(*cols)] if cols else []
-    return list(data.columns), [tuple(_py(v) for v in r) for r in data.itertuples(index=False, name=None)]
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float, decimal.Decimal)) and not isinstance(v, bool)
-
-
-def _sort_key(row: tuple) -> tuple:
-    return tuple((0, "", 0) if v is None else (1, "number", float(v)) if _is_number(v) else
-                 (1, type(v).__name__, v) for v in row)
-
-
-def _same_value(a, b, rtol: float, atol: float) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    if _is_number(a) and _is_number(b):
-        if isinstance(a, float) or isinstance(b, float):
-            return bool(np.isclose(float(a), float(b), rtol=rtol, atol=atol))
-        return a == b
-    return type(a) is type(b) and a == b
-
-
-def assert_same_rows(got, expected, what: str, rtol: float = 1e-9, atol: float = 1e-9) -> None:
-    """Multiset equality of two results (Arrow tables or pandas DataFrames): the same columns
-    in the same order (none dropped), the same number of rows, and row by row (both sorted)
-    the same values: exact for integers, decimals, strings, booleans, dates and timestamps
-    (to the microsecond; a date never equals a timestamp, a string never a number), to
-    ``rtol``/``atol`` where either side is floating point."""
-    gcols, g = _table(got)
-    ecols, e = _table(expected)
-    assert gcols == ecols, f"{what}: columns {gcols} != {ecols}"
-    assert len(g) == len(e), f"{what}: {len(g)} rows != {len(e)} expected"
-    g.sort(key=_sort_key)
-    e.sort(key=_sort_key)
-    for i, (a, b) in enumerate(zip(g, e)):
-        bad = [c for c, x, y in zip(gcols, a, b) if not _same_value(x, y, rtol, atol)]
-        assert not bad, f"{what}: row {i} (sorted) differs in {bad}:\n{dict(zip(gcols, a))}\n!=\n{dict(zip(ecols, b))}"
+def assert_same_rows(got, expected, what: str, rtol: float = 1e-9, atol: float = 1e-12,
+                     inexact: tuple[str, ...] = (), unit: dict | None = None) -> None:
+    """Multiset equality of two results (Arrow tables or pandas DataFrames) by the project's one
+    rule (:mod:`consistent_stream.compare`): the same columns in the same order (none dropped),
+    and a matching of rows in which exact columns are equal (integers, decimals, strings,
+    booleans, dates, timestamps to the microsecond; a date never equals a timestamp, a string
+    never a number) and floating-point columns (either side's FLOAT or DOUBLE, and
+    ``inexact``) agree within ``rtol``/``atol``."""
+    from consistent_stream.compare import FloatTolerance, compare_tables
+    got, expected = _arrow(got), _arrow(expected)
+    assert got.column_names == expected.column_names, f"{what}: columns {got.column_names} != {expected.column_names}"
+    result = compare_tables(got, expected, tolerance=FloatTolerance(rtol, atol), inexact=inexact, unit=unit)
+    assert result.ok, f"{what}: the result differs: {result.describe()}"
 
 
 def _family(t: pa.DataType) -> str:
@@ -184,7 +139,8 @@ def assert_target_equals_batch_evaluation(spark, job, label: str = "", *, at_lat
     the one a run started now would take, so an engine that stalls fails here. Returns the
     target's rows."""
     from consistent_stream.delta import DeltaTableRef
-    from consistent_stream.oracle import batch_dataframe, duckdb_result
+    from consistent_stream.oracle import batch_evaluation, duckdb_result
+    from consistent_stream.verify import inexact_comparison
     from consistent_stream.runtime import BatchMeta
     from consistent_stream.sources import Cut
     target = DeltaTableRef(job.target_path)
@@ -197,9 +153,11 @@ def assert_target_equals_batch_evaluation(spark, job, label: str = "", *, at_lat
                                   f"the sources are at {want}: changes were not taken in")
     cut = Cut(meta.base_cut)
     got = DeltaTable(job.target_path, version=commit.version).to_pyarrow_table()
-    spark_df = batch_dataframe(spark, job.sql, job.sources, cut, chain=True)
+    evaluated = batch_evaluation(spark, job.sql, job.sources, cut, chain=True)
+    spark_df = evaluated.frame
+    inexact, unit, _ = inexact_comparison(spark_df.schema, evaluated.inexact)
     duck = duckdb_result(job.sql, job.sources, cut, chain=True, arrow=True)
     assert_same_types(got.schema, spark_df.schema, duck.schema, label)
-    assert_same_rows(got, spark_df.toArrow(), f"{label} vs Spark")
-    assert_same_rows(got, duck, f"{label} vs DuckDB", **DUCKDB_TOL)
+    assert_same_rows(got, spark_df.toArrow(), f"{label} vs Spark", inexact=tuple(inexact), unit=unit)
+    assert_same_rows(got, duck, f"{label} vs DuckDB", inexact=tuple(inexact), unit=unit, **DUCKDB_TOL)
     return got.num_rows

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.job import run_job
-from consistent_stream.oracle import batch_dataframe, duckdb_result
+from consistent_stream.oracle import duckdb_result
 from consistent_stream.sources import Cut
 from consistent_stream.sources.formats import open_source
 from consistent_stream.spec import JobSpec
-from pgbench_scenario import MODELS, TABLES, _rows, _target_rows
+from pgbench_scenario import MODELS, TABLES, _rows, _target_rows, count_mismatches
 from postgres_server import Database, wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -180,12 +180,8 @@ def _check_versions(o: Outcome, spark, m, job: JobSpec, target: DeltaTableRef, s
         got = _rows(_target_rows(job.target_path, c.version))
         o.versions += 1
         o.invariant_violations += not m.consistent(got)
-        if got != _rows(duckdb_result(m.sql, job.sources, cut).itertuples(index=False)):
-            o.oracle_mismatches += 1
-        if c.version in spark_at:
-            o.spark_checked += 1
-            if _rows(batch_dataframe(spark, m.sql, job.sources, cut).collect()) != got:
-                o.oracle_mismatches += 1
+        o.oracle_mismatches += count_mismatches(spark, m.sql, job, c.version, cut, c.version in spark_at)
+        o.spark_checked += c.version in spark_at
 
 
 def _foil(o: Outcome, m, job: JobSpec, reader, bootstrap: str, prefix: str, skew_ms: int) -> None:

@@ -388,3 +388,9 @@ def test_a_bad_engine_config_value_names_the_model_and_the_key(tmp_path, key, va
     assert JobSpec.from_dbt(**kw, config={"driver_rebuild_rows": 0}).driver_rebuild_rows == 0
     with pytest.raises(ConfigError, match=re.escape(f"model m: {message}")):
         JobSpec.from_dbt(**kw, config={key: value})
+
+
+def test_a_deleted_target_whose_catalog_entry_remains_is_named_and_rebuilt_by_full_refresh(spark, project, capsys):
+    from dbt_recovery import deleted_target_is_named_and_rebuilt
+    root, schema, _ = project
+    deleted_target_is_named_and_rebuilt(spark, capsys, root, schema, str(root / "data"))

@@ -27,6 +27,7 @@ from consistent_stream.delta import DeltaTableRef
 from consistent_stream.errors import ConcurrentWriterError, ConfigError, StorageError
 from consistent_stream.job import run_job
 from consistent_stream.spec import JobSpec
+from dbt_recovery import BIG as DBT_BIG, TOTALS as DBT_TOTALS
 from helpers import assert_target_equals_batch_evaluation
 
 BUCKET = "cs-test"
@@ -252,14 +253,6 @@ def test_a_second_writer_on_another_host_gets_the_holders_name(spark, s3, tmp_pa
         proc.wait()
 
 
-DBT_TOTALS = """
-{{{{ config(materialized='consistent_stream', unique_key='cid', location_root='{root}') }}}}
-select cid, count(*) as n, sum(amount) as total from {{{{ source('shop', 'orders') }}}} group by cid
-"""
-DBT_BIG = """
-{{{{ config(materialized='consistent_stream', unique_key='cid', location_root='{root}') }}}}
-select cid, total from {{{{ ref('totals') }}}} where total >= 10
-"""
 DBT_SCHEMA = """
 version: 2
 models:
@@ -306,6 +299,15 @@ def test_dbt_run_and_test_with_every_location_on_s3(spark, s3, tmp_path):
     assert {r["cid"]: r["total"] for r in spark.table(f"{schema}.big").collect()} == {2: 15}
     local = [os.path.join(d, f) for d, _, files in os.walk(tmp_path) for f in files]
     assert not [f for f in local if f.endswith(".parquet") or "_delta_log" in f or "checkpoint" in f], local
+
+
+def test_a_deleted_target_on_s3_whose_catalog_entry_remains_is_named_and_rebuilt(spark, s3, tmp_path, capsys):
+    import uuid
+
+    from dbt_recovery import deleted_target_is_named_and_rebuilt
+    schema = f"s3gone_{uuid.uuid4().hex[:8]}"
+    deleted_target_is_named_and_rebuilt(spark, capsys, tmp_path, schema, f"s3://{BUCKET}/dbt-{schema}")
+    spark.sql(f"drop schema if exists {schema} cascade")
 
 
 def test_a_capture_lands_on_s3_and_a_model_over_it_stays_exact(spark, s3, tmp_path):

@@ -174,26 +174,29 @@ class ConsistentSparkAdapter(SparkAdapter):
         LOCATION``), which fails on a view, and must not drop a managed table dbt built with
         the engine's own statement. dbt-spark's ``table`` materialization likewise drops an
         existing view or non-Delta table before it builds.
-        """
-        from consistent_stream.sink.catalog import is_target
 
-        name = f"`{schema}`.`{identifier}`"
-        if not spark.catalog.tableExists(f"{schema}.{identifier}"):
+        The entry is read from the metastore without opening the table
+        (``consistent_stream.sink.catalog.catalog_entry``): an entry whose location is gone (a
+        target deleted by hand, a bucket prefix cleaned up, a restored metastore) is left to
+        the engine, which says what is missing and replaces the entry when it rebuilds.
+        """
+        from consistent_stream.sink.catalog import catalog_entry, drop_entry
+
+        try:
+            entry = catalog_entry(spark, schema, identifier)
+        except Exception as exc:
+            raise _engine_error(f"reading the catalog entry {schema}.{identifier}", exc) from exc
+        if entry is None or entry.is_target():
             return
-        details = {
-            row.col_name: row.data_type
-            for row in spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect()
-            if row.col_name in ("Type", "Location", "Provider")
-        }
-        kind = details.get("Type", "")
-        if kind == "EXTERNAL" and details.get("Provider") == "delta" and is_target(details.get("Location", "")):
-            return
-        relation_type = "view" if kind == "VIEW" else "table"
+        if entry.kind == "EXTERNAL" and entry.provider == "delta" and not entry.location_exists():
+            return   # its location is gone: nothing to drop but the entry, which the engine replaces
+        relation_type = "view" if entry.kind == "VIEW" else "table"
         logger.info(f"consistent_stream: dropping the {relation_type} {schema}.{identifier} (another "
                     f"materialization made it) before the model's target replaces it")
-        self.drop_relation(
-            self.Relation.create(schema=schema, identifier=identifier, type=relation_type)
-        )
+        if entry.kind == "VIEW" or entry.location_exists():
+            self.drop_relation(self.Relation.create(schema=schema, identifier=identifier, type=relation_type))
+        else:
+            drop_entry(spark, schema, identifier)   # DROP TABLE would open the missing table
 
     @available
     def consistent_stream_publish_sources(self, sources: List[Dict[str, Any]]) -> List[int]:

@@ -77,23 +77,33 @@ def arrow_has_types(data: pa.Table, schema: StructType) -> bool:
     return [(f.name, f.dataType) for f in have.fields] == [(f.name, f.dataType) for f in schema.fields]
 
 
-def consolidate_arrow(z: pa.Table, additive: tuple[str, ...] = (WEIGHT,)) -> pa.Table:
+def consolidate_arrow(z: pa.Table, additive: tuple[str, ...] = (WEIGHT,),
+                      pairs: tuple[tuple[str, str], ...] = ()) -> pa.Table:
     """Sum the ``additive`` columns (default ``__weight``) per value of the other columns
-    (nulls equal) and drop rows whose sums are all zero or NULL (Arrow, no Spark). Out: ``z``'s
-    columns and types, sums cast back (an overflow raises). Raises
-    ``pa.ArrowNotImplementedError`` for column types Arrow cannot group by (nested)."""
+    (nulls equal) and drop rows whose sums are all zero or NULL (Arrow, no Spark). ``pairs``:
+    additive ``(hi, lo)`` columns of compensated floating-point accumulators, summed exactly
+    (:func:`consistent_stream.fsum.consolidate_pairs_arrow`). Out: ``z``'s columns and types,
+    sums cast back (an overflow raises). Raises ``pa.ArrowNotImplementedError`` for column
+    types Arrow cannot group by (nested)."""
     import pyarrow.compute as pc
     if z.num_rows == 0:
         return z
     cols = [c for c in z.column_names if c not in additive]
-    if cols:
-        g = z.group_by(cols, use_threads=False).aggregate([(c, "sum") for c in additive])
+    if pairs:
+        from .fsum import consolidate_pairs_arrow
+        paired = {c for pair in pairs for c in pair}
+        out_table = consolidate_pairs_arrow(z, cols, list(pairs), [c for c in additive if c not in paired])
+        out = {c: out_table.column(c) for c in z.column_names}
     else:
-        g = pa.table({f"{c}_sum": [pc.sum(z.column(c)).as_py()] for c in additive})
-    out = {c: g.column(c) for c in cols}
+        if cols:
+            g = z.group_by(cols, use_threads=False).aggregate([(c, "sum") for c in additive])
+        else:
+            g = pa.table({f"{c}_sum": [pc.sum(z.column(c)).as_py()] for c in additive})
+        out = {c: g.column(c) for c in cols}
+        for c in additive:
+            out[c] = pc.cast(g.column(f"{c}_sum"), z.schema.field(c).type)
     keep = None
     for c in additive:
-        out[c] = pc.cast(g.column(f"{c}_sum"), z.schema.field(c).type)
         nz = pc.fill_null(pc.not_equal(out[c], pa.scalar(0).cast(out[c].type)), False)
         keep = nz if keep is None else pc.or_(keep, nz)
     return pa.table([out[c] for c in z.column_names], schema=z.schema).filter(keep)

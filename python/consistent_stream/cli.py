@@ -1,6 +1,7 @@
 """The ``consistent-stream`` command.
 
-    consistent-stream verify MODEL [--project-dir DIR] [--version N]   # or --target-path PATH
+    consistent-stream verify MODEL [--project-dir DIR] [--version N] [--float-tolerance REL[,ABS]]
+                                   # or --target-path PATH instead of --project-dir
     consistent-stream status [MODEL ...] [--project-dir DIR] [--json]
     consistent-stream plot MODEL [--project-dir DIR] [--out PNG]
     consistent-stream explain MODEL [--project-dir DIR]
@@ -60,16 +61,31 @@ def _cmd_verify(args) -> int:
                   f"consistent_stream in project {args.project_dir} (or pass --target-path)", file=sys.stderr)
             return 2
         path = storage.load_json(idx)["target_path"]
+    from .compare import FloatTolerance
     try:
-        res = verify_target(local_spark(), path, version=args.version)
+        tolerance = FloatTolerance.parse(args.float_tolerance) if args.float_tolerance else FloatTolerance()
+    except ValueError as e:
+        print(f"verify: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        res = verify_target(local_spark(), path, version=args.version, tolerance=tolerance, model=args.model)
     except ConsistentStreamError as e:
         print(f"verify: error: {e}", file=sys.stderr)
         return 2
     print(res.to_json())
     status = "OK: target equals batch evaluation" if res.ok else \
         f"FAILED: {res.missing} rows missing, {res.unexpected} unexpected"
+    floats = ""
+    if res.inexact_columns:
+        floats = (f"; floating-point columns {', '.join(res.inexact_columns)} compared within relative "
+                  f"{tolerance.relative:g} (absolute {tolerance.absolute:g})")
+        d = res.largest_difference
+        floats += (f", largest difference {d['relative']:.3g} relative in {d['column']}" if d else
+                   ", every matched value equal")
     print(f"verify {res.model} version {res.target_version} (batch {res.batch_id}, "
-          f"{res.rows_target} rows): {status}", file=sys.stderr)
+          f"{res.rows_target} rows): {status}{floats}", file=sys.stderr)
+    for example in res.examples if not res.ok else []:
+        print(f"  {json.dumps(example, default=str)}", file=sys.stderr)
     return 0 if res.ok else 1
 
 
@@ -194,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--target-path", default=None, help="the target Delta table (instead of a model lookup)")
     v.add_argument("--version", type=int, default=None,
                    help="check this retained version of the target instead of the latest")
+    v.add_argument("--float-tolerance", default=None, metavar="REL[,ABS]",
+                   help="how far floating-point values may differ: relative, and absolute near zero (default "
+                        "1e-9,1e-12); exact columns are always compared exactly")
     v.set_defaults(func=_cmd_verify)
     st = sub.add_parser("status", help="every consistent_stream model of a project: version, cut, lag, freshness, "
                                        "last batch")

@@ -103,6 +103,19 @@ def _batch_seconds(commit_ms: int, meta) -> float | None:
     return round((commit_ms - meta.started_ms) / 1000.0, 3) if meta.started_ms else None
 
 
+def missing_target(job: JobSpec) -> str | None:
+    """When ``job``'s target does not exist although Spark's checkpoint records committed
+    batches (the target was deleted or moved, its catalog entry may remain): what is missing
+    and the command that rebuilds it. None when the model never committed a batch."""
+    from .spark_checkpoint import last_committed
+    batch = last_committed(job.spark_checkpoint)
+    if batch is None:
+        return None
+    return (f"model {job.model}: its target {job.target_path} does not exist (deleted or moved), but the checkpoint "
+            f"at {job.checkpoint_location} has committed batches up to {batch}; dbt run --full-refresh -s "
+            f"{job.model} rebuilds it from the sources")
+
+
 def model_status(job: JobSpec, now_ms: int | None = None) -> ModelStatus:
     """The status of ``job``'s model now (``now_ms``: ms since epoch). A target or source that
     cannot be read gives a status with ``error`` set instead of raising."""
@@ -114,7 +127,7 @@ def model_status(job: JobSpec, now_ms: int | None = None) -> ModelStatus:
     try:
         target = DeltaTableRef(job.target_path)
         if not target.exists():
-            status.error = "no target yet (the model has not committed a batch)"
+            status.error = missing_target(job) or "no target yet (the model has not committed a batch)"
             return status
         commit = target.latest_commit()
         meta = BatchMeta.from_commit(commit)

@@ -12,9 +12,12 @@ batch, which is what a version of a downstream model must equal.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import sqlglot
 from sqlglot import exp
 
+from .plan.inexact import inexact_columns
 from .sources import Cut, SourceSpec
 from .sources.formats import snapshot_arrow, snapshot_dataframe
 from .sources.model import MODEL_FORMAT
@@ -58,9 +61,25 @@ def _position(source: SourceSpec, cut: Cut) -> int:
     return cut.versions[source.key]
 
 
+@dataclass
+class BatchEvaluation:
+    """The model's SQL evaluated by Spark at a cut: ``frame`` (a lazy DataFrame) and
+    ``inexact``, its columns computed from an order-dependent floating-point aggregate, through
+    the chain's upstream models too (:mod:`consistent_stream.plan.inexact`: output column ->
+    type), which a comparison with the target matches within a tolerance."""
+    frame: object
+    inexact: dict
+
+
 def batch_dataframe(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False):
     """The model's SQL evaluated by Spark over the sources at ``cut`` (a lazy DataFrame);
-    with ``chain``, upstream models recomputed at base cut ``cut`` (module docstring).
+    with ``chain``, upstream models recomputed at base cut ``cut`` (module docstring)."""
+    return batch_evaluation(spark, sql, sources, cut, chain=chain).frame
+
+
+def batch_evaluation(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False) -> BatchEvaluation:
+    """:func:`batch_dataframe` with the columns computed from floating point
+    (:class:`BatchEvaluation`).
 
     The snapshots are temporary views only while Spark analyzes the query (the analyzed plan
     keeps them), so nothing is left in the caller's session."""
@@ -73,11 +92,14 @@ def batch_dataframe(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, cha
 
 
 def _spark_sql(spark, sql: str, sources: list[SourceSpec], cut: Cut, chain: bool, created: list[str]):
-    mapping = {}
+    mapping, types, upstream_inexact = {}, {}, {}
     for s in sources:
+        relation = ".".join(s.relation_parts)
         if chain and s.format == MODEL_FORMAT:
             up = _upstream(s)
-            df, name = _spark_sql(spark, up.sql, up.sources, cut, True, created), f"__cs_chain_{s.name}"
+            evaluated = _spark_sql(spark, up.sql, up.sources, cut, True, created)
+            df, name = evaluated.frame, f"__cs_chain_{s.name}"
+            upstream_inexact[relation] = set(evaluated.inexact)
         else:
             v = _position(s, cut)
             df, name = snapshot_dataframe(spark, s, v), view_name(s, v)
@@ -85,7 +107,8 @@ def _spark_sql(spark, sql: str, sources: list[SourceSpec], cut: Cut, chain: bool
         df.createOrReplaceTempView(name)
         created.append(name)
         mapping[s.relation_parts] = name
-    return spark.sql(rewrite_relations(sql, mapping))
+        types[relation] = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    return BatchEvaluation(spark.sql(rewrite_relations(sql, mapping)), inexact_columns(sql, types, upstream_inexact))
 
 
 def duckdb_result(sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False, arrow: bool = False):

@@ -144,8 +144,11 @@ def check_target(job: JobSpec, target, query_id: str | None, last_batch: int | N
 
 
 # ---- the sources' schemas ---------------------------------------------------------------------
-def _fields(schema_json: dict) -> dict[str, str]:
-    return {f.name.lower(): f.dataType.simpleString() for f in StructType.fromJson(schema_json).fields}
+def _columns(schema: StructType) -> dict[str, tuple[str, str | None]]:
+    """Column name (lower case) -> (its type, its physical name under column mapping, else
+    None): a column dropped and added again under its name has another physical name."""
+    return {f.name.lower(): (f.dataType.simpleString(), (f.metadata or {}).get("delta.columnMapping.physicalName"))
+            for f in schema.fields}
 
 
 def source_schema_drift(job: JobSpec, fingerprint: str, schemas: dict[str, StructType]) -> dict[str, list[str]]:
@@ -160,10 +163,10 @@ def source_schema_drift(job: JobSpec, fingerprint: str, schemas: dict[str, Struc
     try:
         if saved is None or saved.get("fingerprint") != fingerprint:
             return {}
-        before = {k: _fields(v) for k, v in json.loads(saved["source_schemas"]).items()}
+        before = {k: _columns(StructType.fromJson(v)) for k, v in json.loads(saved["source_schemas"]).items()}
     except (ValueError, KeyError, TypeError):
         return {}
-    now = {k: {f.name.lower(): f.dataType.simpleString() for f in s.fields} for k, s in schemas.items()}
+    now = {k: _columns(s) for k, s in schemas.items()}
     changed = [k for k in now if k in before and before[k] != now[k]]
     if not changed:
         return {}
@@ -188,12 +191,16 @@ def source_schema_drift(job: JobSpec, fingerprint: str, schemas: dict[str, Struc
                 continue
             if c not in new:
                 hint = f"; its new columns: {', '.join(added)}" if added else ""
-                problems.append(f"column {c} ({old[c]}) is gone (dropped or renamed{hint})")
-            elif new[c] != old[c]:
-                problems.append(f"column {c} changed type from {old[c]} to {new[c]}")
+                problems.append(f"column {c} ({old[c][0]}) is gone (dropped or renamed{hint})")
+            elif new[c][0] != old[c][0]:
+                problems.append(f"column {c} changed type from {old[c][0]} to {new[c][0]}")
+            elif None not in (old[c][1], new[c][1]) and old[c][1] != new[c][1]:
+                problems.append(f"column {c} ({old[c][0]}) was dropped and added again (column mapping's physical "
+                                f"name {old[c][1]} -> {new[c][1]}): its older rows changed without a row in the "
+                                f"Change Data Feed")
         for c in added:
             if read_now is not None and c in read_now.get(key, ()):
-                problems.append(f"column {c} ({new[c]}) was added and the model reads it")
+                problems.append(f"column {c} ({new[c][0]}) was added and the model reads it")
         if problems:
             drift[key] = problems
     return drift

@@ -316,7 +316,9 @@ def list_dir(path: str) -> list[str]:
         except Exception as e:
             raise OSError(f"cannot list {path}: {e}") from e
         dirs = [p.rstrip("/").rsplit("/", 1)[-1] for p in out["common_prefixes"]]
-        return dirs + [n for n in (m["path"].rsplit("/", 1)[-1] for m in out["objects"]) if n and n not in dirs]
+        # the directory's own marker (an S3A "dir/" object, listed as "dir") is not in it
+        files = (m["path"] for m in out["objects"] if m["path"] != prefix.rstrip("/"))
+        return dirs + [n for n in (p.rsplit("/", 1)[-1] for p in files) if n and n not in dirs]
     try:
         return os.listdir(path)
     except FileNotFoundError:
@@ -393,16 +395,18 @@ def remove_tree(path: str, *, ignore_errors: bool = False) -> None:
     """Remove directory ``path`` and everything under it; nothing when it does not exist.
     Raises OSError when something under it cannot be removed, unless ``ignore_errors``: then
     what can be removed is, the rest is left, and nothing is raised (a scratch directory or a
-    cache the next pass removes again). On an object store: one LIST per 1,000 keys and one
-    bulk DELETE per 1,000 objects."""
+    cache the next pass removes again). On an object store: pyarrow's ``delete_dir``, one
+    LIST per 1,000 keys and one bulk DELETE per 1,000 objects, the directory markers S3A
+    writes (keys ending in ``/``, which obstore cannot name) included."""
     if location.is_remote(path):
-        import obstore
+        fs, key = location.pyarrow_filesystem(path)
         try:
-            keys = _s3_keys(path)
-            store, _ = _store(path)
-            for i in range(0, len(keys), 1000):
-                obstore.delete(store, keys[i:i + 1000])
+            fs.delete_dir(key)
+        except FileNotFoundError:
+            pass
         except Exception as e:
+            if "does not exist" in str(e) or "NoSuchKey" in str(e):
+                return
             if not ignore_errors:
                 raise OSError(f"cannot remove {path}: {e}") from e
         return

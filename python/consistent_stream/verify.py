@@ -3,9 +3,18 @@ any retained version).
 
 Reads the base cut from the target's latest consistent_stream commit, evaluates the model's
 SQL in batch (Spark) over the sources at that cut (an upstream model of a ``ref()`` chain
-recomputed from its own SQL at the same base cut, recursively), and diffs the result against the target at
-that version as multisets. Floating-point columns are compared at 9 significant digits
-(sums of doubles depend on the order of addition); every other type exactly.
+recomputed from its own SQL at the same base cut, recursively), and compares the result with
+the target at that version by :mod:`consistent_stream.compare`'s rule: a multiset matching in
+which exact columns are equal and floating-point columns (FLOAT, DOUBLE, and columns computed
+from an order-dependent floating-point aggregate, :mod:`consistent_stream.plan.inexact`)
+agree within a tolerance.
+
+On the executors: the multiset difference both ways (``exceptAll``), which cancels every row
+equal in all columns. The rows left (usually none, or the few whose floating-point values
+differ in their last bits) are matched on the driver with the tolerance, up to
+``DRIVER_MATCH_ROWS`` of them; past that, Spark pairs them within each group of equal exact
+columns in the order of their floating-point values (exact where a group holds one row a
+side, as it does under a unique key) and checks each pair.
 """
 from __future__ import annotations
 
@@ -14,13 +23,15 @@ import os
 from dataclasses import asdict, dataclass
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import DoubleType, FloatType
+from pyspark.sql.types import DecimalType, DoubleType, FloatType, IntegralType, StructType
 
 from . import location
+from .compare import Comparison, FloatTolerance, compare_tables
 from .delta import DeltaTableRef
 from .errors import ConsistentStreamError
-from .oracle import batch_dataframe
+from .oracle import batch_evaluation
 from .sources import Cut
 from .spec import JobSpec
 from .storage import replace_text
@@ -38,8 +49,20 @@ def record_model(project_root: str, job: JobSpec) -> None:
                  json.dumps({"target_path": job.target_path, "checkpoint_location": job.checkpoint_location}))
 
 
+DRIVER_MATCH_ROWS = 1_000_000
+"""Rows left after the exact multiset difference that are matched on the driver."""
+
+
 @dataclass
 class VerifyResult:
+    """What ``verify`` found at one target version. ``missing``: rows batch evaluation has
+    that the target lacks; ``unexpected``: rows the target has that batch evaluation lacks
+    (after the matching of :mod:`consistent_stream.compare`); ``float_tolerance``: relative
+    and absolute; ``inexact_columns``: the columns compared with it;
+    ``exact_columns_from_floats``: columns computed from floating point whose type admits no
+    distance (a BOOLEAN or STRING), compared exactly; ``largest_difference``: the largest
+    floating-point difference between matched rows (``column``, ``target``, ``expected``,
+    ``absolute``, ``relative``), None when every matched value was equal."""
     model: str
     target_version: int
     batch_id: int
@@ -47,25 +70,17 @@ class VerifyResult:
     base_cut: dict
     rows_target: int
     rows_expected: int
-    missing: int      # rows batch evaluation has that the target lacks
-    unexpected: int   # rows the target has that batch evaluation lacks
+    missing: int
+    unexpected: int
     ok: bool
     examples: list
+    float_tolerance: dict
+    inexact_columns: list
+    exact_columns_from_floats: list
+    largest_difference: dict | None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str)
-
-
-def _normalized(df: DataFrame) -> DataFrame:
-    cols = []
-    for f in df.schema.fields:
-        c = F.col(f"`{f.name}`")
-        if isinstance(f.dataType, (DoubleType, FloatType)):
-            mag = F.floor(F.log10(F.abs(c)))
-            c = F.when(c.isNull() | (c == 0) | F.isnan(c), c.cast("double")).otherwise(
-                F.round(c / F.pow(F.lit(10.0), mag), 8) * F.pow(F.lit(10.0), mag))
-        cols.append(c.alias(f.name))
-    return df.select(*cols)
 
 
 def latest_commit(target: DeltaTableRef):
@@ -92,12 +107,21 @@ def commit_of_version(target: DeltaTableRef, version: int):
     return commit
 
 
-def verify_target(spark: SparkSession, target_path: str, examples: int = 5,
-                  version: int | None = None) -> VerifyResult:
-    """Diff the target's latest committed version (or ``version``, any retained one) against
-    batch evaluation of the whole chain at its base cut. The sources' versions of that cut
-    must still be readable (not vacuumed)."""
+def verify_target(spark: SparkSession, target_path: str, examples: int = 5, version: int | None = None,
+                  tolerance: FloatTolerance | None = None, model: str = "<model>") -> VerifyResult:
+    """Compare the target's latest committed version (or ``version``, any retained one) with
+    batch evaluation of the whole chain at its base cut (module docstring), floating-point
+    columns within ``tolerance`` (default relative 1e-9, absolute 1e-12). The sources'
+    versions of that cut must still be readable (not vacuumed). Raises ConsistentStreamError
+    when the target does not exist (naming ``model`` and the command that rebuilds it), or the
+    version is not a consistent_stream commit or is no longer retained."""
+    tolerance = tolerance or FloatTolerance()
     target = DeltaTableRef(target_path)
+    if not target.exists():
+        raise ConsistentStreamError(
+            f"model {model}: its target {target_path} does not exist (deleted or moved, or never built): nothing to "
+            f"verify. dbt run -s {model} builds it; when it was deleted after batches were committed, dbt run "
+            f"--full-refresh -s {model} rebuilds it from the sources")
     commit = latest_commit(target) if version is None else commit_of_version(target, version)
     meta = commit.metadata
     job = JobSpec.load(os.path.join(meta["checkpoint_location"], "_consistent_stream", "job.json"))
@@ -105,16 +129,110 @@ def verify_target(spark: SparkSession, target_path: str, examples: int = 5,
     location.apply_to_spark(spark, [target_path, job.checkpoint_location, *[s.location for s in job.sources]])
     cut = Cut.from_json(meta["cut"])
     base = Cut.from_json(meta.get("base_cut") or meta["cut"])
-    expected = _normalized(batch_dataframe(spark, job.sql, job.sources, base, chain=True))
-    got = _normalized(target.read_snapshot(spark, commit.version).select(*[f"`{c}`" for c in expected.columns]))
+    evaluated = batch_evaluation(spark, job.sql, job.sources, base, chain=True)
+    expected = evaluated.frame
+    got = target.read_snapshot(spark, commit.version).select(*[f"`{c}`" for c in expected.columns])
+    inexact, units, exact_from_floats = inexact_comparison(expected.schema, evaluated.inexact)
+    result = compare_frames(got, expected, tolerance=tolerance, inexact=inexact, unit=units, examples=examples)
+    return VerifyResult(model=job.model, target_version=commit.version, batch_id=int(meta.get("batch_id", -1)),
+                        cut=cut.versions, base_cut=base.versions, rows_target=result.rows_target,
+                        rows_expected=result.rows_expected, missing=result.missing, unexpected=result.unexpected,
+                        ok=result.ok, examples=result.examples, float_tolerance=tolerance.to_json(),
+                        inexact_columns=result.inexact_columns, exact_columns_from_floats=exact_from_floats,
+                        largest_difference=result.largest_difference)
+
+
+def inexact_comparison(schema: StructType, derived: dict[str, str]) -> tuple[list[str], dict[str, float], list[str]]:
+    """From batch evaluation's Spark ``schema`` and the columns computed from floating point
+    (``derived``, :func:`~consistent_stream.plan.inexact.inexact_columns`): the columns to
+    compare with the tolerance (FLOAT, DOUBLE, and derived numeric ones), one unit in the last
+    place of each derived DECIMAL (``10 ** -scale``) or integer (1) column, and the derived
+    columns compared exactly (no numeric type)."""
+    inexact, units, exact = [], {}, []
+    for f in schema.fields:
+        t = f.dataType
+        if isinstance(t, (DoubleType, FloatType)):
+            inexact.append(f.name)
+        elif f.name in derived:
+            if isinstance(t, DecimalType):
+                inexact.append(f.name)
+                units[f.name] = 10.0 ** -t.scale
+            elif isinstance(t, IntegralType):
+                inexact.append(f.name)
+                units[f.name] = 1.0
+            else:
+                exact.append(f.name)
+    return inexact, units, exact
+
+
+def compare_frames(got: DataFrame, expected: DataFrame, *, tolerance: FloatTolerance, inexact: list[str],
+                   unit: dict[str, float], examples: int = 5) -> Comparison:
+    """:func:`~consistent_stream.compare.compare_tables` for two DataFrames of the same columns
+    (module docstring: the exact difference on the executors, the matching of what is left on
+    the driver or, past ``DRIVER_MATCH_ROWS`` rows, by Spark)."""
     missing = expected.exceptAll(got).persist()
     unexpected = got.exceptAll(expected).persist()
-    n_missing, n_unexpected = missing.count(), unexpected.count()
-    ex = [{"missing": r.asDict()} for r in missing.limit(examples).collect()] + \
-         [{"unexpected": r.asDict()} for r in unexpected.limit(examples).collect()]
-    missing.unpersist()
-    unexpected.unpersist()
-    return VerifyResult(model=job.model, target_version=commit.version, batch_id=int(meta.get("batch_id", -1)),
-                        cut=cut.versions, base_cut=base.versions, rows_target=got.count(), rows_expected=expected.count(),
-                        missing=n_missing, unexpected=n_unexpected, ok=(n_missing == 0 and n_unexpected == 0),
-                        examples=ex)
+    try:
+        n_missing, n_unexpected = missing.count(), unexpected.count()
+        rows_target, rows_expected = got.count(), expected.count()
+        if n_missing + n_unexpected <= DRIVER_MATCH_ROWS:
+            result = compare_tables(unexpected.toArrow(), missing.toArrow(), tolerance=tolerance, inexact=inexact,
+                                    unit=unit, examples=examples)
+        else:
+            result = _paired_by_spark(unexpected, missing, tolerance, inexact, unit, examples)
+        result.rows_target, result.rows_expected = rows_target, rows_expected
+        return result
+    finally:
+        missing.unpersist()
+        unexpected.unpersist()
+
+
+def _paired_by_spark(unexpected: DataFrame, missing: DataFrame, tolerance: FloatTolerance, inexact: list[str],
+                     unit: dict[str, float], examples: int) -> Comparison:
+    """The matching of many leftover rows on the executors: within each group of equal exact
+    columns, the i-th row of each side in the order of the floating-point columns are paired,
+    and a pair whose values agree within the tolerance matches."""
+    cols = list(missing.columns)
+    floats = [c for c in cols if c in inexact]
+    exact = [c for c in cols if c not in inexact]
+
+    def ranked(df: DataFrame, side: str) -> DataFrame:
+        order = [F.col(f"`{c}`").asc_nulls_first() for c in floats]
+        w = Window.partitionBy(*[F.col(f"`{c}`") for c in exact]) if exact else Window.partitionBy(F.lit(1))
+        df = df.withColumn("__rank", F.row_number().over(w.orderBy(*order)))
+        return df.select(*[F.col(f"`{c}`").alias(f"{side}{i}") for i, c in enumerate(df.columns)])
+
+    n = len(missing.columns)
+    t, e = ranked(unexpected, "t"), ranked(missing, "e")
+    on = [F.col(f"t{cols.index(c)}").eqNullSafe(F.col(f"e{cols.index(c)}")) for c in exact]
+    on.append(F.col(f"t{n}") == F.col(f"e{n}"))
+    pairs = t.join(e, on=on, how="full")
+    close, rel = F.lit(True), []
+    for c in floats:
+        x, y = F.col(f"t{cols.index(c)}").cast("double"), F.col(f"e{cols.index(c)}").cast("double")
+        scale = F.greatest(F.abs(x), F.abs(y))
+        bound = F.greatest(scale * tolerance.relative, F.lit(tolerance.absolute), F.lit(unit.get(c, 0.0)))
+        same = (x.isNull() & y.isNull()) | (F.isnan(x) & F.isnan(y)) | (x == y) | (F.abs(x - y) <= bound)
+        close = close & F.coalesce(same, F.lit(False))
+        rel.append(F.when(scale > 0, F.abs(x - y) / scale).otherwise(F.lit(0.0)).alias(c))
+    both = F.col(f"t{n}").isNotNull() & F.col(f"e{n}").isNotNull()
+    pairs = pairs.withColumn("__matched", both & close).persist()
+    try:
+        counts = pairs.agg(F.sum(F.when(~F.col("__matched") & F.col(f"e{n}").isNotNull(), 1).otherwise(0)),
+                           F.sum(F.when(~F.col("__matched") & F.col(f"t{n}").isNotNull(), 1).otherwise(0))).first()
+        result = Comparison(rows_target=0, rows_expected=0, missing=int(counts[0] or 0), unexpected=int(counts[1] or 0),
+                            tolerance=tolerance, inexact_columns=floats)
+        diffs = pairs.where("__matched").select(*rel)
+        for c in floats:
+            row = diffs.orderBy(F.col(f"`{c}`").desc_nulls_last()).limit(1).collect()
+            if row and row[0][0] and (result.largest_difference is None
+                                      or row[0][0] > result.largest_difference["relative"]):
+                result.largest_difference = {"column": c, "relative": row[0][0]}
+        for side, kind in (("e", "missing"), ("t", "unexpected")):
+            lone = pairs.where(~F.col("__matched") & F.col(f"{side}{n}").isNotNull())
+            for r in lone.select(*[F.col(f"{side}{i}").alias(c) for i, c in enumerate(cols)]).limit(examples).collect():
+                result.examples.append({kind: r.asDict()})
+        return result
+    finally:
+        pairs.unpersist()
+

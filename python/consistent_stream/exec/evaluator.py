@@ -74,7 +74,8 @@ class PlanTypes:
         return json.dumps({
             "nodes": {k: json.loads(v.json()) for k, v in self.nodes.items()},
             "arrangements": {k: {"schema": json.loads(a.schema.json()), "key": list(a.key),
-                                 "additive": list(a.additive), "live": a.live}
+                                 "additive": list(a.additive), "live": a.live,
+                                 "compensated": [list(p) for p in a.compensated]}
                              for k, a in self.arrangements.items()},
         }, sort_keys=True)
 
@@ -83,7 +84,8 @@ class PlanTypes:
         d = json.loads(s)
         return PlanTypes(
             {k: StructType.fromJson(v) for k, v in d["nodes"].items()},
-            {k: Arrangement(k, StructType.fromJson(v["schema"]), tuple(v["key"]), tuple(v["additive"]), v["live"])
+            {k: Arrangement(k, StructType.fromJson(v["schema"]), tuple(v["key"]), tuple(v["additive"]), v["live"],
+                            tuple(tuple(p) for p in v.get("compensated", ())))
              for k, v in d["arrangements"].items()})
 
 
@@ -94,18 +96,19 @@ class _OperatorState:
     def __init__(self, ev: "BatchEvaluator", op_id: str):
         self.ev, self.op_id = ev, op_id
 
-    def arrangement(self, role: str, sql: str, key: list[str], additive, live) -> Arrangement:
+    def arrangement(self, role: str, sql: str, key: list[str], additive, live, compensated=()) -> Arrangement:
         name = f"{self.op_id}_{role}"
         if not self.ev.dry:
             return self.ev.types.arrangements[name]
         schema = self.ev.views.sql(sql).schema
-        a = Arrangement(name, _nullable(schema), tuple(key), tuple(additive), live)
+        a = Arrangement(name, _nullable(schema), tuple(key), tuple(additive), live, tuple(compensated))
         self.ev.arrangements[name] = a
         return a
 
     def stage(self, role: str, sql: str, columns: list[str], key: list[str], additive: tuple[str, ...] = (WEIGHT,),
-              live: str | None = None, consolidated: bool = False) -> Changelog:
-        a = self.arrangement(role, sql, key, additive, live)
+              live: str | None = None, consolidated: bool = False,
+              compensated: tuple[tuple[str, str], ...] = ()) -> Changelog:
+        a = self.arrangement(role, sql, key, additive, live, compensated)
         casts = ", ".join(f"CAST({q(f.name)} AS {f.dataType.simpleString()}) AS {q(f.name)}" for f in a.schema.fields)
         typed = f"SELECT {casts} FROM ({sql})"
         if self.ev.dry:

@@ -6,7 +6,13 @@ State (two kinds of arrangement, both additive, keyed by the group columns):
 * ``acc``: per group the linear accumulators ``<op>__count = sum(w)`` and per argument
   ``<op>__s<i> = sum(x*w)``, ``<op>__n<i> = sum(w) over non-NULL x``. Linear aggregates are
   differences of these: SUM = s (NULL when n = 0), COUNT(x) = n, COUNT(*) = count,
-  AVG = s / n. A batch appends its partial accumulators; a read sums them per group.
+  AVG = s / n. A batch appends its partial accumulators; a read sums them per group. For a
+  FLOAT or DOUBLE argument, ``s`` is a compensated pair ``<op>__s<i>`` + ``<op>__s<i>_lo``
+  over the finite values, with the weights of +Infinity, -Infinity and NaN values counted
+  apart (``_pinf``, ``_ninf``, ``_nan``), so that retractions cancel to within ``eps**2`` of
+  the magnitudes summed and a retracted infinity leaves nothing behind
+  (:mod:`consistent_stream.fsum`); a batch's partial sums are taken per bucket of rows first
+  (:func:`~consistent_stream.fsum.bucket_sql`), then per group.
 * ``vals<i>`` for each MIN/MAX/DISTINCT argument: the multiset of (group, value) with counts
   (``__weight``), consolidated per batch, so that when the current extreme is retracted the
   next one is known (Flink's MinWithRetract / MaxWithRetract accumulators, kept as a Z-set
@@ -34,9 +40,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from pyspark.sql.types import DataType, DecimalType, StructField, StructType
+from pyspark.sql.types import DataType, DecimalType, DoubleType, FloatType, StructField, StructType
 
 from ..changelog import WEIGHT, Changelog, cols_sql, consolidate_sql, q
+from ..fsum import bucket_sql, finite_sql, nonfinite_counts_sql, pair_sum_sql, value_sql
 from ..plan.logical import LINEAR_AGGS, MULTISET_AGGS, AggCall
 from .keyed import Lookup, key_condition, union_keys
 
@@ -47,14 +54,16 @@ W = q(WEIGHT)
 class OperatorState(Protocol):
     """The arrangements of one operator, by role (``acc``, ``vals0``, ``left``, ...).
 
-    ``stage(role, sql, columns, key, additive, live, consolidated)``: the batch's change to
-    arrangement ``role`` (a SELECT with ``columns``), materialized once (on the driver when
-    change-sized, else by executors) and returned as a changelog to compute with.
-    ``old(role)``: that arrangement as of the previous batch.
+    ``stage(role, sql, columns, key, additive, live, consolidated, compensated)``: the batch's
+    change to arrangement ``role`` (a SELECT with ``columns``; consolidated by the additive
+    columns, ``compensated`` pairs summed as double-doubles, unless ``consolidated``),
+    materialized once (on the driver when change-sized, else by executors) and returned as a
+    changelog to compute with. ``old(role)``: that arrangement as of the previous batch.
     """
 
     def stage(self, role: str, sql: str, columns: list[str], key: list[str], additive: tuple[str, ...] = (WEIGHT,),
-              live: str | None = None, consolidated: bool = False) -> Changelog: ...
+              live: str | None = None, consolidated: bool = False,
+              compensated: tuple[tuple[str, str], ...] = ()) -> Changelog: ...
 
     def old(self, role: str) -> Lookup: ...
 
@@ -88,13 +97,38 @@ def _avg_sql(s: str, n: str, arg_type: DataType) -> str:
 class _Accumulators:
     """The value columns of the ``acc`` arrangement: ``count`` (sum of weights), per linear
     argument its ``s`` (sum of x*w, only for SUM and AVG) and ``n`` (sum of w over non-NULL x)
-    columns; ``exprs`` their aggregate expressions over the input, ``value_cols`` their names
-    in order."""
+    columns, and for a floating-point argument its compensated pair (``s`` and ``lo``) and its
+    non-finite counts (``nonfinite``: +Infinity, -Infinity, NaN); ``exprs`` their aggregate
+    expressions over the input, ``value_cols`` their names in order."""
     count: str
     s_col: dict[str, str]
     n_col: dict[str, str]
     exprs: list[str]
     value_cols: list[str]
+    lo_col: dict[str, str]
+    nonfinite: dict[str, tuple[str, str, str]]
+
+    @property
+    def pairs(self) -> tuple[tuple[str, str], ...]:
+        return tuple((self.s_col[x], lo) for x, lo in self.lo_col.items())
+
+    def sum_sql(self, column: str) -> str:
+        """The aggregate expression combining ``column``'s partial accumulators of a group."""
+        for hi, lo in self.pairs:
+            if column in (hi, lo):
+                return pair_sum_sql(q(hi), q(lo))[0 if column == hi else 1]
+        return f"SUM({q(column)})"
+
+    def value_sql(self, alias: str, x: str) -> str:
+        """The sum of argument ``x`` from the accumulators of ``alias``."""
+        s = f"{alias}.{q(self.s_col[x])}"
+        if x not in self.lo_col:
+            return s
+        return value_sql(s, f"{alias}.{q(self.lo_col[x])}", *[f"{alias}.{q(c)}" for c in self.nonfinite[x]])
+
+
+def _floating(t: DataType) -> bool:
+    return isinstance(t, (DoubleType, FloatType))
 
 
 def _accumulators(spec: AggregateSpec, linear: list[AggCall]) -> _Accumulators:
@@ -104,13 +138,22 @@ def _accumulators(spec: AggregateSpec, linear: list[AggCall]) -> _Accumulators:
     n_col = {x: f"{spec.op_id}__n{i}" for i, x in enumerate(linear_args)}
     exprs = [f"CAST(SUM({W}) AS BIGINT) AS {q(count)}"]
     value_cols = [count]
+    lo_col, nonfinite = {}, {}
     for x in linear_args:
         if any(a.func in ("sum", "avg") and spec.args[a.name] == x for a in linear):
-            exprs.append(f"SUM({q(x)} * {W}) AS {q(s_col[x])}")
-            value_cols.append(s_col[x])
+            if _floating(spec.arg_types[x]):
+                lo_col[x] = f"{s_col[x]}_lo"
+                nonfinite[x] = (f"{s_col[x]}_pinf", f"{s_col[x]}_ninf", f"{s_col[x]}_nan")
+                hi, lo = pair_sum_sql(f"{finite_sql(q(x))} * {W}")
+                exprs += [f"{hi} AS {q(s_col[x])}", f"{lo} AS {q(lo_col[x])}"]
+                exprs += [f"{e} AS {q(c)}" for e, c in zip(nonfinite_counts_sql(q(x), W), nonfinite[x])]
+                value_cols += [s_col[x], lo_col[x], *nonfinite[x]]
+            else:
+                exprs.append(f"SUM({q(x)} * {W}) AS {q(s_col[x])}")
+                value_cols.append(s_col[x])
         exprs.append(f"CAST(SUM(CASE WHEN {q(x)} IS NOT NULL THEN {W} ELSE 0 END) AS BIGINT) AS {q(n_col[x])}")
         value_cols.append(n_col[x])
-    return _Accumulators(count, s_col, n_col, exprs, value_cols)
+    return _Accumulators(count, s_col, n_col, exprs, value_cols, lo_col, nonfinite)
 
 
 def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState, first: bool,
@@ -137,9 +180,14 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
     # a group whose accumulators did not move (an update of a column the aggregate does not
     # read) is not touched: no state read, no output row for it
     moved = " OR ".join(f"COALESCE({q(c)} <> 0, FALSE)" for c in value_cols)
-    partial_sql = f"SELECT * FROM (SELECT {gsel}{', '.join(acc.exprs)} FROM {delta.sql}{group_by}) WHERE {moved}"
+    if acc.pairs:   # per bucket of rows, then (stage's consolidation) per group: short lists to fold
+        bucket = bucket_sql([q(c) for c in delta.columns])
+        partial_sql = (f"SELECT {gsel}{', '.join(acc.exprs)} FROM (SELECT *, {bucket} AS `__fs_bucket` "
+                       f"FROM {delta.sql}) GROUP BY {cols_sql(g + ['__fs_bucket'])}")
+    else:
+        partial_sql = f"SELECT * FROM (SELECT {gsel}{', '.join(acc.exprs)} FROM {delta.sql}{group_by}) WHERE {moved}"
     partial = state.stage("acc", partial_sql, g + value_cols, g, additive=tuple(value_cols),
-                          live=f"{q(count)} <> 0", consolidated=True)
+                          live=f"{q(count)} <> 0", consolidated=not acc.pairs, compensated=acc.pairs)
     vals = {}
     for i, x in enumerate(multiset_args):
         vals_sql = consolidate_sql(f"(SELECT {gsel}{q(x)}, {W} FROM {delta.sql} WHERE {q(x)} IS NOT NULL)", g + [x])
@@ -148,7 +196,7 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
     touched = union_keys([partial.keys(g)] + [v.keys(g) for v in vals.values()]) if g else None
 
     def summed(rel: str) -> str:
-        sums = ", ".join(f"SUM({q(c)}) AS {q(c)}" for c in value_cols)
+        sums = ", ".join(f"{acc.sum_sql(c)} AS {q(c)}" for c in value_cols)
         return f"(SELECT {gsel}{sums} FROM {rel}{group_by})"
 
     def old_rows(role: str) -> str | None:
@@ -236,8 +284,8 @@ def _rows(spec: AggregateSpec, acc: _Accumulators, acc_rel: str, exts: dict[str,
             if a.func == "count":
                 cols.append(f"CAST({n} AS BIGINT) AS {q(a.name)}")
             elif a.func == "sum":
-                cols.append(f"CASE WHEN {n} > 0 THEN acc.{q(acc.s_col[x])} END AS {q(a.name)}")
+                cols.append(f"CASE WHEN {n} > 0 THEN {acc.value_sql('acc', x)} END AS {q(a.name)}")
             else:
-                avg = _avg_sql(f"acc.{q(acc.s_col[x])}", f"acc.{q(acc.n_col[x])}", spec.arg_types[x])
+                avg = _avg_sql(acc.value_sql("acc", x), f"acc.{q(acc.n_col[x])}", spec.arg_types[x])
                 cols.append(f"CASE WHEN {n} > 0 THEN {avg} END AS {q(a.name)}")
     return f"SELECT {', '.join(cols)}, CAST({weight} AS BIGINT) AS {W} FROM {frm}{where}"

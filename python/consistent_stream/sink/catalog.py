@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
@@ -66,7 +67,7 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
     spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
     fault_point("publishing")
     if _entry_exists(spark, schema, identifier):
-        _drop_entry(spark, schema, identifier)
+        drop_entry(spark, schema, identifier)
     spark.sql(f"CREATE TABLE {fq} USING delta LOCATION '{_escaped(location)}'")
     storage.remove_tree(os.path.join(home, LEGACY_SNAPSHOTS), ignore_errors=True)
     storage.replace_text(_marker(home), json.dumps({"table": name, "location": location, "provider": "delta"}))
@@ -83,13 +84,56 @@ def _session_catalog(spark: SparkSession, schema: str, identifier: str):
     return spark._jsparkSession.sessionState().catalog(), ident
 
 
+@dataclass(frozen=True)
+class CatalogEntry:
+    """What the metastore holds for a name, read without opening the table: ``kind``
+    (``EXTERNAL``, ``MANAGED`` or ``VIEW``), ``provider`` (``delta``, ``parquet``, ...; None for a
+    view) and ``location`` (a URI; None for a view)."""
+    kind: str
+    provider: str | None
+    location: str | None
+
+    def location_exists(self) -> bool:
+        """Whether the entry's location still holds its table: a Delta log for a Delta table
+        (what Spark opens; a prefix left with a directory marker of S3A holds none), anything
+        for another provider. False for a location deleted after the entry was made (a bucket
+        prefix cleaned up, a directory removed by hand, a restored metastore)."""
+        if not self.location:
+            return False
+        path = fs_path(self.location)
+        if self.provider == "delta":
+            return storage.is_dir(os.path.join(path, "_delta_log"))
+        return storage.exists(path)
+
+    def is_target(self) -> bool:
+        """Whether the entry is a target this module registered (:func:`is_target`)."""
+        return self.kind == "EXTERNAL" and self.provider == "delta" and bool(self.location) \
+            and is_target(self.location)
+
+
+def catalog_entry(spark: SparkSession, schema: str, identifier: str) -> CatalogEntry | None:
+    """The metastore entry ``schema.identifier``, or None when there is none. Unlike
+    ``spark.catalog.tableExists``, ``DESCRIBE`` or ``DROP TABLE``, this never opens a Delta
+    table's log, so it answers for an entry whose location is gone."""
+    catalog, ident = _session_catalog(spark, schema, identifier)
+    if not catalog.tableExists(ident):
+        return None
+    meta = catalog.getTableMetadata(ident)
+    provider = meta.provider()
+    location = meta.storage().locationUri()
+    return CatalogEntry(kind=str(meta.tableType().name()).upper(),
+                        provider=str(provider.get()).lower() if provider.isDefined() else None,
+                        location=str(location.get()) if location.isDefined() else None)
+
+
 def _entry_exists(spark: SparkSession, schema: str, identifier: str) -> bool:
     catalog, ident = _session_catalog(spark, schema, identifier)
     return bool(catalog.tableExists(ident))
 
 
-def _drop_entry(spark: SparkSession, schema: str, identifier: str) -> None:
-    """Drop the catalog entry ``schema.identifier`` (an external table's files stay)."""
+def drop_entry(spark: SparkSession, schema: str, identifier: str) -> None:
+    """Drop the metastore entry ``schema.identifier`` without opening its table (an external
+    table's files stay; a managed table's are deleted where they still exist)."""
     catalog, ident = _session_catalog(spark, schema, identifier)
     catalog.dropTable(ident, True, False)
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructField, StructType
 
 from .. import storage
 from ..changelog import WEIGHT, Changelog, with_weight
@@ -34,6 +34,7 @@ from ..delta import DeltaTableRef
 from ..errors import SourceError
 from .spec import INITIAL, SourceSpec
 
+PHYSICAL_NAME = "delta.columnMapping.physicalName"
 _SIGN = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1}
 
 
@@ -97,7 +98,18 @@ class DeltaSource:
         return [f.name for f in self._require().arrow_schema()]
 
     def schema(self) -> StructType:
-        return from_arrow_schema(self._require().plain_arrow_schema())
+        """The table's columns as Spark types; under column mapping each field's metadata keeps
+        its physical name (``delta.columnMapping.physicalName``), its identity: a column dropped
+        and added again under its name has another one (:func:`consistent_stream.preflight.
+        source_schema_drift` compares them)."""
+        table = self._require()
+        arrow, spark = table.arrow_schema(), from_arrow_schema(table.plain_arrow_schema())
+        fields = []
+        for f, a in zip(spark.fields, arrow):
+            physical = (a.metadata or {}).get(PHYSICAL_NAME.encode())
+            fields.append(StructField(f.name, f.dataType, f.nullable, {PHYSICAL_NAME: physical.decode()} if physical
+                                      else {}))
+        return StructType(fields)
 
     def latest_position(self) -> int:
         """The table's latest version. Raises SourceError when the table is missing, its
@@ -152,9 +164,11 @@ class DeltaSource:
         return self._require().read_snapshot_arrow(position)
 
     def changes(self, views, start: int, end: int, columns: list[str] | None) -> SourceChanges:
-        """The changes in ``(start, end]`` as a driver-side Z-set (a relation among ``views``).
-        Raises SourceError when the table is missing or its Change Data Feed is off or gone for
-        those versions."""
+        """The changes in ``(start, end]`` as a driver-side Z-set (a relation among ``views``),
+        across any schema change in them (:meth:`DeltaTableRef.read_changes_arrow`), in the
+        columns as named at ``end``. Raises SourceError when the table is missing or its Change
+        Data Feed is off, gone for those versions, or cannot be read across a schema change in
+        them (naming the commit and the change)."""
         table = self._require()
         if start == INITIAL:
             raise ValueError("a snapshot is read with snapshot(), not changes()")

@@ -42,8 +42,9 @@ def model_spec(name: str, relation: str, target_path: str) -> SourceSpec:
     from ..delta import DeltaTableRef
     target = DeltaTableRef(target_path)
     if not target.exists():
-        raise SourceError(f"ref('{name}'): the consistent_stream model {name} has no target at {target_path} yet; "
-                          f"run it first (dbt run -s +<this model> runs it before this one)")
+        raise SourceError(f"ref('{name}'): the consistent_stream model {name} has no target at {target_path}: "
+                          f"run it first (dbt run -s +<this model> runs it before this one); if its target was "
+                          f"deleted after it was built, dbt run --full-refresh -s {name} rebuilds it")
     meta = target.latest_commit().metadata
     key = meta.get("unique_key")
     key = json.loads(key) if isinstance(key, str) else key

@@ -57,6 +57,7 @@ from ..delta.files import new_dir, write_arrow, write_spark
 from ..duck import UNSUPPORTED, KeyedScan
 from ..errors import CommitError
 from ..faults import fault_point
+from ..fsum import pair_sum_sql
 from .. import settings
 from ..settings import STATE_FILE_ROWS, spark_confs
 
@@ -109,18 +110,29 @@ class Arrangement:
     ``schema``: the stored columns (plan names; ``additive`` ones summed on read);
     ``key``: the columns reads look rows up by (empty: one group, every read reads all);
     ``live``: SQL predicate over a consolidated row deciding whether it is kept (default:
-    some additive column is non-zero).
+    some additive column is non-zero); ``compensated``: pairs ``(hi, lo)`` of additive DOUBLE
+    columns that are compensated floating-point accumulators, summed as one double-double
+    (:mod:`consistent_stream.fsum`).
     """
     name: str
     schema: StructType
     key: tuple[str, ...]
     additive: tuple[str, ...] = (WEIGHT,)
     live: str | None = None
+    compensated: tuple[tuple[str, str], ...] = ()
+
+    def sum_sql(self, column: str) -> str:
+        """The aggregate expression summing additive ``column`` over a group's rows: SUM, or
+        its part of a compensated pair's sum."""
+        for hi, lo in self.compensated:
+            if column in (hi, lo):
+                return pair_sum_sql(q(hi), q(lo))[0 if column == hi else 1]
+        return f"SUM({q(column)})"
 
     def consolidate_sql(self, relation: str, complete: bool = True) -> str:
         """SQL form of :meth:`consolidate` over the FROM item ``relation``."""
         g = self.group_columns
-        sums = ", ".join(f"CAST(SUM({q(c)}) AS {self.schema[c].dataType.simpleString()}) AS {q(c)}"
+        sums = ", ".join(f"CAST({self.sum_sql(c)} AS {self.schema[c].dataType.simpleString()}) AS {q(c)}"
                          for c in self.additive)
         group = f" GROUP BY {cols_sql(g)}" if g else ""
         inner = f"SELECT {cols_sql(g) + ', ' if g else ''}{sums} FROM {relation}{group}"
@@ -138,7 +150,7 @@ class Arrangement:
         """Sum the additive columns per value of the others (NULLs equal) and drop rows that
         add nothing. ``complete``: ``df`` is the whole arrangement (not a change), so rows
         failing ``live`` are dropped too. Out: the arrangement's columns, in order."""
-        sums = [F.sum(F.col(f"`{c}`")).cast(self.schema[c].dataType).alias(c) for c in self.additive]
+        sums = [F.expr(self.sum_sql(c)).cast(self.schema[c].dataType).alias(c) for c in self.additive]
         g = [F.col(f"`{c}`") for c in self.group_columns]
         out = df.groupBy(*g).agg(*sums) if g else df.groupBy().agg(*sums)
         out = out.select(*[F.col(f"`{f.name}`") for f in self.schema.fields])
@@ -495,7 +507,7 @@ class StateStore:
             step = max(1, data.num_rows)
             if self.rebuilding:
                 try:
-                    data = consolidate_arrow(data, arrangement.additive)
+                    data = consolidate_arrow(data, arrangement.additive, arrangement.compensated)
                 except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
                     pass   # a key type Arrow cannot group by: reads consolidate what they read
                 step = max(1, self.file_rows)
@@ -565,7 +577,8 @@ class StateStore:
         if complete and arrangement.live:
             return None
         try:
-            data = consolidate_arrow(self._read_local(arrangement, targets, None), arrangement.additive)
+            data = consolidate_arrow(self._read_local(arrangement, targets, None), arrangement.additive,
+                                     arrangement.compensated)
         except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
             return None
         if arrangement.key:
