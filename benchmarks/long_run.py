@@ -357,7 +357,7 @@ def plot(samples: list[dict], path: str, title: str) -> None:
                                  ("checkpoint dir", series("checkpoint_bytes", 2**20))]),
         ("target files", [("log files", series("target_log_files")), ("data files on disk", series("target_disk_files")),
                           ("CDF files", series("target_cdc_files")), ("live files", series("target_files"))]),
-        ("checkpoint dir files", [("files", series("checkpoint_files")), ("cut files", series("cut_files"))]),
+        ("checkpoint dir files", [("files", series("checkpoint_files"))]),
     ]
     fig, axes = plt.subplots(3, 2, figsize=(12, 10))
     for ax, (name, lines) in zip(axes.flat, panels):
@@ -436,11 +436,6 @@ def main() -> int:
             s.update(table_sample(job.target_path, "target", live=True))
             s.update(table_sample(job.state_root, "state", live=True))
             s["checkpoint_files"], s["checkpoint_bytes"] = dir_stats(job.checkpoint_location)
-            try:
-                s["cut_files"] = len(os.listdir(os.path.join(job.checkpoint_location, "cuts")))
-            except OSError:
-                s["cut_files"] = None
-            s["spark_checkpoint_files"] = dir_stats(job.spark_checkpoint)[0]
             samples.append(s)
             print(json.dumps(s), file=sys.stderr, flush=True)
     finally:
@@ -455,8 +450,7 @@ def main() -> int:
     keys = ["rss_bytes", "driver_rss_bytes", "jvm_rss_bytes", "jvm_heap_used_bytes", "jvm_heap_committed_bytes",
             "jvm_old_used_bytes", "batch_s", "state_rows", "state_files", "state_disk_files", "state_disk_bytes",
             "state_log_files", "state_log_bytes", "target_log_files", "target_log_bytes", "target_disk_files",
-            "target_disk_bytes", "target_cdc_files", "target_files", "checkpoint_files", "checkpoint_bytes",
-            "cut_files", "spark_checkpoint_files"]
+            "target_disk_bytes", "target_cdc_files", "target_files", "checkpoint_files", "checkpoint_bytes"]
     result["summary"] = {"window_s": window, "batches": sum(s["batches"] for s in samples) + len(batches),
                          **summarize(samples, window, keys)}
     try:

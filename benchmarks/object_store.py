@@ -2,7 +2,7 @@
 every location on an S3 API server on loopback (s3proxy, :mod:`consistent_stream.s3server`),
 in one process and one untuned Spark session, and the object store requests each batch makes.
 
-    .venv/bin/python benchmarks/object_store.py [--sf 0.1] [--batches 5] [--models ...]
+    .venv/bin/python benchmarks/object_store.py [--sf 0.1] [--batches 5] [--models ...] [--latency-ms N]
 
 TPC-H is generated once on local disk and copied to the store (the same Delta tables on both
 sides); every example model is built on each side, then ``--batches`` small refresh rounds
@@ -13,8 +13,10 @@ generates them, writes none by default; without one, every open of a source read
 log). Per model:
 the median run and batch seconds on each side and their ratio (S3 / local), and the store's
 requests per incremental run, by kind (GET, PUT, LIST, HEAD, DELETE, POST) and by what they
-touched (Delta logs, data files, Spark's checkpoint, the cut log, the lock, other), from the
-server's request log. The source copy's own requests are not counted (they happen between
+touched (Delta logs, data files, the checkpoint's files, the lock, other), from the server's
+request log. With ``--latency-ms N`` every client reaches the server through a proxy that
+delays each byte by N ms in each direction (``benchmarks/latency_proxy.py``: a request and
+its answer take at least 2N ms, as S3 10-30 ms away does). The source copy's own requests are not counted (they happen between
 runs). Both sides are verified against batch evaluation at the end.
 
 Prints one JSON line per model and a summary line, on stdout.
@@ -34,6 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 DATA = REPO / "benchmarks" / ".data" / "object_store"
 BUCKET = "cs-bench"
 SMALL_ROUND_ORDERS = 140
@@ -73,10 +76,8 @@ def _what(path: str) -> str:
     if "_delta_log/" in path:
         return "source_delta_log" if path.split("?")[0].startswith(f"{BUCKET}/data/") or "prefix=data/" in path \
             else "delta_log"
-    if "/spark/" in path:
-        return "spark_checkpoint"
-    if "/cuts" in path:
-        return "cut_log"
+    if "/_consistent_stream/" in path:
+        return "checkpoint_files"
     if path.split("?")[0].endswith(".lock") or ".lock." in path:
         return "lock"
     if ".parquet" in path:
@@ -95,6 +96,8 @@ def main() -> int:
     ap.add_argument("--sf", type=float, default=0.1)
     ap.add_argument("--batches", type=int, default=5)
     ap.add_argument("--models", nargs="*")
+    ap.add_argument("--latency-ms", type=float, default=0.0,
+                    help="delay each direction of every request by this many ms (a proxy in front of the server)")
     args = ap.parse_args()
 
     import consistent_stream  # noqa: F401
@@ -109,7 +112,14 @@ def main() -> int:
     shutil.rmtree(DATA, ignore_errors=True)
     DATA.mkdir(parents=True)
     server = s3server.start(Path(tempfile.mkdtemp(prefix="cs-bench-s3-")), buckets=(BUCKET,), request_log=True)
-    os.environ.update(server.env())
+    env = server.env()
+    proxy = None
+    if args.latency_ms > 0:
+        from latency_proxy import LatencyProxy
+        host, port = env["AWS_ENDPOINT_URL"].split("//", 1)[1].rsplit(":", 1)
+        proxy = LatencyProxy(host, int(port), args.latency_ms / 1000.0).start()
+        env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
+    os.environ.update(env)
     location.reset()
     try:
         from pyspark.sql import SparkSession
@@ -162,7 +172,7 @@ def main() -> int:
             loc, s3 = samples[("local", m)], samples[("s3", m)]
             med = {side: round(statistics.median(x["run_s"] for x in samples[(side, m)]), 3) for side in sides}
             reqs = [x["requests"] for x in s3]
-            rec = {"sf": args.sf, "model": m, "batches": args.batches,
+            rec = {"sf": args.sf, "model": m, "batches": args.batches, "latency_ms": args.latency_ms,
                    "local_run_s_median": med["local"], "s3_run_s_median": med["s3"],
                    "ratio_s3_to_local": round(med["s3"] / med["local"], 2),
                    "local_batch_s_median": round(statistics.median(x["batch_s"] or 0 for x in loc), 3),
@@ -175,12 +185,14 @@ def main() -> int:
                    "verified_s3": verify_target(spark, jobs["s3"][m].target_path).ok}
             summary.append(rec)
             print(json.dumps(rec), flush=True)
-        print(json.dumps({"summary": True, "sf": args.sf, "models": len(summary),
+        print(json.dumps({"summary": True, "sf": args.sf, "latency_ms": args.latency_ms, "models": len(summary),
                           "ratio_s3_to_local_median": statistics.median(r["ratio_s3_to_local"] for r in summary),
                           "s3_requests_per_run_median": statistics.median(r["s3_requests_per_run_median"]
                                                                           for r in summary),
                           "all_verified": all(r["verified_local"] and r["verified_s3"] for r in summary)}))
     finally:
+        if proxy is not None:
+            proxy.stop()
         server.stop()
     return 0
 

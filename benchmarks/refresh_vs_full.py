@@ -252,7 +252,6 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
             "state_files_read": m.get("state_files_read"), "target_rows_rewritten": m.get("target_rows_rewritten"),
             "source_rows_changed": inc["changes_read"], "target_rows_written": inc["rows_written"],
             "target_rows": target.num_records(target.latest_version()), "phases": m.get("phases"),
-            "prepared_s": m.get("prepared_s"),
             "verified": ver.ok,
             "initial_build_s": initial[job.model][0]["seconds"],
             "peak_rss_mb": {"initial_build": initial[job.model][1].peak, "incremental": rss_inc.peak,

@@ -32,7 +32,8 @@ pytest_plugins = ["dbt.tests.fixtures.project"]
 LONG_FIRST = ("test_properties.py", "test_crash_campaign.py", "test_cluster.py", "test_object_store.py",
               "test_kafka_debezium.py",
               "test_bad_inputs.py", "test_writer_lock.py", "test_cost.py", "test_tpch_models.py",
-              "test_pgbench_consistency.py", "test_chains.py", "test_operators.py")
+              "test_pgbench_consistency.py", "test_chains.py", "test_cdf_schema_changes.py", "test_operators.py",
+              "test_float_sums.py", "test_compare.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -24,8 +24,6 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-import consistent_stream.job as job_module
-import consistent_stream.query as query_module
 import consistent_stream.runtime as runtime
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.errors import (CommitError, ConfigError, ConsistentStreamError, SourceError,
@@ -101,16 +99,6 @@ def _umount(path: Path) -> None:
 def _overwrite(sc, name: str, data: pa.Table) -> None:
     """Rewrite a source with a new schema (dropped, renamed or retyped columns)."""
     write_deltalake(sc.path(name), data, mode="overwrite", schema_mode="overwrite")
-
-
-def _fail_batches(monkeypatch, spark, job) -> None:
-    """Run ``job`` with a batch that fails before its commit: its cut file stays planned."""
-    def boom(*a, **k):
-        raise RuntimeError("injected failure inside the batch")
-    monkeypatch.setattr(query_module, "process_batch", boom)
-    with pytest.raises(RuntimeError, match="injected failure"):
-        run_job(spark, job)
-    monkeypatch.undo()
 
 
 # ---- sources ----------------------------------------------------------------------------------
@@ -309,26 +297,13 @@ def test_deleted_checkpoint_rebuilds_the_target_from_the_snapshots(spark, tmp_pa
     _assert_recovered(spark, job, before)
 
 
-def test_truncated_cut_file_names_the_file_and_full_refresh(spark, tmp_path, monkeypatch):
+@pytest.mark.parametrize("damage", ["emptied", "cut short", "not a record"])
+def test_damaged_query_record_names_the_file_and_full_refresh(spark, tmp_path, damage):
     sc, job, before = _model(spark, tmp_path)
+    path = Path(job.query_path)
+    path.write_text({"emptied": "", "cut short": path.read_text()[:9], "not a record": "[1, 2]"}[damage])
     sc.insert("t", pa.table({"k": [4], "g": ["c"], "v": [1]}))
-    _fail_batches(monkeypatch, spark, job)                     # batch 1 stays planned
-    cut = Path(job.checkpoint_location) / "cuts" / "cut-000000000001.json"
-    cut.write_text(cut.read_text()[:20])                       # cut short
-    with pytest.raises(CommitError, match=r"cut-000000000001\.json.*damaged.*--full-refresh -s m"):
-        run_job(spark, job)
-    _assert_intact(job, before)
-    run_job(spark, job, full_refresh=True)
-    _assert_recovered(spark, job, before)
-
-
-@pytest.mark.parametrize("kind, damage", [("offsets", "emptied"), ("commits", "cut short")])
-def test_damaged_spark_checkpoint_file_names_the_file_and_full_refresh(spark, tmp_path, kind, damage):
-    sc, job, before = _model(spark, tmp_path)
-    path = Path(job.spark_checkpoint) / kind / "0"
-    path.write_text("" if damage == "emptied" else path.read_text()[:5])
-    sc.insert("t", pa.table({"k": [4], "g": ["c"], "v": [1]}))
-    with pytest.raises(CommitError, match=rf"spark/{kind}/0.*damaged.*--full-refresh -s m"):
+    with pytest.raises(CommitError, match=r"_consistent_stream/query\.json.*damaged.*--full-refresh -s m"):
         run_job(spark, job)
     _assert_intact(job, before)
     run_job(spark, job, full_refresh=True)

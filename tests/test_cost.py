@@ -15,6 +15,7 @@ from consistent_stream.delta import DeltaTableRef
 from consistent_stream.errors import UniqueKeyViolation
 from consistent_stream.job import run_job
 from consistent_stream.oracle import batch_dataframe
+from consistent_stream.runtime import BatchMeta
 from consistent_stream.sources import Cut
 from consistent_stream.state import arrangement
 from consistent_stream.state.arrangement import CompactionPolicy
@@ -197,46 +198,37 @@ def test_a_backlog_is_split_into_batches_of_at_most_max_batch_rows_each_at_a_con
     assert _versions_equal_batch_evaluation(spark, job) == 1 + summary["batches"]
 
 
-def test_the_querys_checkpoint_logs_are_written_without_hadoop_checksum_files(spark, tmp_path):
-    # ChecksumFs's .crc side files cost 60-80 ms of every run (spark_checkpoint.QUERY_START_CONFS);
-    # a Spark that stops applying the conf at query start shows here
+def test_a_run_keeps_no_per_batch_files_in_its_checkpoint(spark, tmp_path):
+    """What a query's checkpoint holds does not grow with its batches: its record, the
+    definition, the plan and the state table; where a run goes on from is in the commits."""
     sc = Scenario(spark, tmp_path, {"t": pa.table({"k": [1, 2], "v": [5, 6]})}, {"t": ["k"]})
     job = sc.job("select k, sum(v) as s from src.t group by k", "k")
     sc.run(job, full_refresh=True)
-    sc.insert("t", pa.table({"k": [3], "v": [7]}))
-    assert sc.run(job)["batches"] == 1
-    for log_dir in ("offsets", "commits", "sources/0"):
-        names = os.listdir(os.path.join(job.spark_checkpoint, log_dir))
-        assert names and not [n for n in names if n.endswith(".crc")], (log_dir, names)
+    for i in range(3):
+        sc.insert("t", pa.table({"k": [3 + i], "v": [7]}))
+        assert sc.run(job)["batches"] == 1
+    assert sorted(os.listdir(job.checkpoint_location)) == ["_consistent_stream", "state"]
+    assert sorted(os.listdir(os.path.join(job.checkpoint_location, "_consistent_stream"))) == \
+        ["fingerprint", "job.json", "local_sql.json", "plan.json", "query.json"]
 
 
-def test_a_backlog_is_planned_one_cut_at_a_time_so_a_micro_batch_is_one_cut(spark, tmp_path, monkeypatch):
-    """Spark's file source may admit two planned files into one micro-batch (a batch's offset
-    spanning two offset requests), and cleanSource then deletes the later file unprocessed:
-    the crash campaign once left a model stuck so. So a cut is planned only when the query has
-    processed every earlier one: when cut file n is written, Spark has committed batch n - 1
-    and no other cut file is waiting."""
-    import consistent_stream.query as query_module
-    from consistent_stream.sources.stream import CutLog
+def test_a_backlog_is_worked_off_one_planned_cut_per_batch(spark, tmp_path):
+    """A backlog of four commits of 10 rows with max_batch_rows 10: four batches, each ending
+    at the next commit, each a version equal to batch evaluation at its cut."""
     sc = Scenario(spark, tmp_path, {"o": pa.table({"id": [0], "amt": [1]})}, {"o": ["id"]})
     job = sc.job("select count(*) as n, sum(amt) as total from src.o", None)
     job.max_batch_rows = 10
     job.recompute_threshold = 1000.0
     sc.run(job, full_refresh=True)
+    first = DeltaTableRef(sc.path("o")).latest_version()
     for i in range(4):
         sc.insert("o", pa.table({"id": list(range(1 + 10 * i, 11 + 10 * i)), "amt": list(range(10))}))
-    planned = []
-    append = CutLog.append
-
-    def checked_append(self, seq, start, end):
-        done = query_module.last_spark_commit(job)
-        waiting = [n for n in self._files() if int(n[4:-5]) > (-1 if done is None else done)]
-        planned.append((seq, done, waiting))
-        append(self, seq, start, end)
-    monkeypatch.setattr(CutLog, "append", checked_append)
     summary = sc.run(job)
-    assert summary["batches"] == 4 and len(planned) == 4, (summary, planned)
-    assert all(seq == done + 1 and not waiting for seq, done, waiting in planned), planned
+    assert summary["batches"] == 4, summary
+    assert [m["batch_id"] for m in summary["metrics"]] == [1, 2, 3, 4]
+    assert _versions_equal_batch_evaluation(spark, job) == 5
+    cuts = [BatchMeta.from_commit(c).cut["src.o"] for c in DeltaTableRef(job.target_path).history(4)]
+    assert cuts == [first + 4, first + 3, first + 2, first + 1]
 
 
 def test_a_backlog_s_commits_are_read_once_per_run_not_once_per_batch(spark, tmp_path, monkeypatch):
@@ -261,29 +253,6 @@ def test_a_backlog_s_commits_are_read_once_per_run_not_once_per_batch(spark, tmp
     summary = sc.run(job)
     assert summary["batches"] == 5 and plans == [5], (summary, plans)
     assert _versions_equal_batch_evaluation(spark, job) == 1 + summary["batches"]
-
-
-def test_planned_cut_files_are_at_least_a_millisecond_apart_in_order(tmp_path, monkeypatch):
-    """Spark's file source reads the cut log ordered by modification time in whole ms, ties in
-    listing order: cuts planned within one millisecond were once processed out of order (a
-    version recording the cut of the batch before it). And a file is in order as soon as it
-    appears: a process killed right after planning it (the fault point ``cut_planned``, where
-    the crash campaign kills) once left a tie, and a batch's cut was lost."""
-    import consistent_stream.sources.stream as stream
-    log = stream.CutLog(str(tmp_path / "cuts"))
-
-    def mtime_ms(seq: int) -> int:
-        return os.stat(tmp_path / "cuts" / f"cut-{seq:012d}.json").st_mtime_ns // 1_000_000
-    seen = []
-
-    def at_the_kill(point):                      # what a SIGKILL at this point would leave behind
-        seen.append(mtime_ms(len(seen)))
-        assert len(seen) == 1 or seen[-1] > seen[-2], seen
-    monkeypatch.setattr(stream, "fault_point", at_the_kill)
-    for seq in range(40):
-        log.append(seq, Cut({"a": seq}), Cut({"a": seq + 1}))
-    ms = [mtime_ms(seq) for seq in range(40)]
-    assert len(seen) == 40 and seen == ms
 
 
 def test_a_change_larger_than_recompute_threshold_is_recomputed_from_snapshots(spark, tmp_path):
@@ -395,11 +364,12 @@ def test_the_duckdb_keyed_scan_returns_what_arrows_scan_returns(spark, tmp_path)
 
 
 def test_a_run_opens_each_delta_table_once(spark, tmp_path, monkeypatch):
-    """Every Delta table a run touches (each source, the target, the state) is opened once
-    (its log replayed from the last checkpoint once) and then refreshed: the batch, the
-    planner, maintenance and the catalog's publish share the run's handles. (A batch that
-    reads another version than the newest, e.g. one of a backlog's batches ending before it,
-    opens a snapshot at that version: time travel, not a reopen.)"""
+    """The target and the state are opened once a run (their logs replayed from the last
+    checkpoint once), shared by the batch, maintenance and the catalog's publish; the sources
+    are not opened at all: their change since the last cut is read from their logs' tails
+    (consistent_stream.delta.tail). (A batch that reads another version than the newest, e.g.
+    one of a backlog's batches ending before it, opens a snapshot at that version: time
+    travel, not a reopen.)"""
     sc = Scenario(spark, tmp_path, {
         "c": pa.table({"id": [1, 2], "name": ["ann", "bob"]}),
         "o": pa.table({"oid": [10], "cid": [1], "amt": [5]}),
@@ -426,7 +396,7 @@ def test_a_run_opens_each_delta_table_once(spark, tmp_path, monkeypatch):
     summary = run_job(spark, job)
     monkeypatch.undo()
     assert summary["batches"] == 1 and summary["changes_read"] == 2, summary
-    tables = [sc.path("c"), sc.path("o"), job.target_path, job.state_root]
+    tables = [job.target_path, job.state_root]
     assert sorted(opened) == sorted(os.path.realpath(t) for t in tables), list(zip(opened, where))
     sc.check(job)
 
@@ -450,46 +420,3 @@ def test_a_full_refresh_keeps_the_local_engines_translations(spark, tmp_path):
     sc.run(job)
     with open(job.local_sql_path) as f:
         assert f.read() == made   # nothing new to translate: the file is not rewritten
-
-
-def test_each_batch_of_a_backlog_is_read_and_evaluated_while_spark_plans_its_micro_batch(spark, tmp_path):
-    """An available-now run prepares each planned batch (reads its change and evaluates it)
-    while Spark's query plans the micro-batch that runs it; the micro-batch only commits.
-    Every version still equals batch evaluation at its cut."""
-    sc, job = _orders_per_segment(spark, tmp_path)
-    job.max_batch_rows = 40
-    job.recompute_threshold = 1000.0
-    sc.run(job, full_refresh=True)
-    for i in range(4):
-        sc.insert("o", pa.table({"id": list(range(1 + 30 * i, 31 + 30 * i)), "c": [j % 3 for j in range(30)],
-                                 "amt": list(range(30))}))
-        sc.update("c", {"seg": f"'s{i}'"}, f"c = {i % 3}")
-    summary = sc.run(job)
-    assert summary["batches"] >= 3, summary
-    assert all(m["prepared_s"] > 0 and m["strategy"] == "incremental" for m in summary["metrics"]), summary["metrics"]
-    assert _versions_equal_batch_evaluation(spark, job) == 1 + summary["batches"]
-
-
-def test_a_batch_whose_preparation_fails_is_evaluated_by_its_micro_batch(spark, tmp_path, monkeypatch):
-    """A preparation that raises is dropped, whatever it opened is closed, and the
-    micro-batch evaluates the batch itself."""
-    from consistent_stream.runtime import QueryRuntime
-    sc = Scenario(spark, tmp_path, {"t": pa.table({"k": [1, 2, 2], "v": [10, 20, 30]}),
-                                    "u": pa.table({"k": [1, 2], "w": ["a", "b"]})}, {"t": [], "u": ["k"]})
-    job = sc.job("select t.k, u.w, sum(t.v) as s from src.t t join src.u u on t.k = u.k group by t.k, u.w", "k")
-    sc.run(job, full_refresh=True)
-    real = QueryRuntime._evaluate
-    failed = []
-
-    def failing(self, b, changes, rebuild, meta):
-        import threading
-        if threading.current_thread().name.startswith("consistent_stream prepare"):
-            failed.append(b.batch_id)
-            raise RuntimeError("preparation fails")
-        return real(self, b, changes, rebuild, meta)
-
-    monkeypatch.setattr(QueryRuntime, "_evaluate", failing)
-    sc.insert("t", pa.table({"k": [1, 2], "v": [5, 6]}))
-    summary = sc.run(job)
-    assert failed and summary["batches"] == 1 and summary["metrics"][0]["prepared_s"] == 0
-    assert _versions_equal_batch_evaluation(spark, job) == 2

@@ -93,3 +93,27 @@ def test_a_long_history_of_large_updates_stays_within_the_tolerance(spark, tmp_p
     [got] = delta_pandas(job.target_path)["s"].tolist()
     assert abs(plain - exact) > 1.0                 # the foil: plain accumulation is off by units
     assert got == pytest.approx(exact, rel=1e-12)
+
+
+def test_a_checkpoint_with_plain_float_accumulators_is_rebuilt_once(spark, tmp_path):
+    # a checkpoint of an earlier version: its plan's accumulator arrangement has no
+    # compensated pair; the next run says so and rebuilds (only such models do)
+    import json
+    sc = Scenario(spark, tmp_path, {"t": _table([(1, "a", 1.5), (2, "b", 2.5)])}, {"t": ["k"]})
+    job = sc.job(SQL, "g")
+    sc.run(job, full_refresh=True)
+    with open(job.plan_path) as f:
+        plan = json.load(f)
+    types = json.loads(plan["types"])
+    assert any(a["compensated"] for a in types["arrangements"].values())
+    for a in types["arrangements"].values():
+        a.pop("compensated")
+    plan["types"] = json.dumps(types)
+    with open(job.plan_path, "w") as f:
+        json.dump(plan, f)
+    sc.insert("t", _table([(3, "a", 0.25)]))
+    summary = sc.run(job)
+    assert summary["strategies"] == ["recompute"] and "configuration_change" in summary, summary
+    assert any("compensated accumulators" in c for c in summary["configuration_change"]["changes"])
+    sc.insert("t", _table([(4, "b", 0.5)]))
+    assert sc.run(job)["strategies"] == ["incremental"]

@@ -280,7 +280,7 @@ def consistent_stream_target(information: str) -> Optional[str]:
     / ``SHOW TABLE EXTENDED`` text (its location is a Delta table the engine registered,
     ``consistent_stream.sink.catalog.is_target``), else None."""
     from consistent_stream.sink.catalog import is_target
-    from consistent_stream.spark_checkpoint import fs_path
+    from consistent_stream.location import fs_path
 
     match = _LOCATION.search(information or "")
     if not match or not is_target(match.group(1)):

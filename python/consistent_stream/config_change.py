@@ -24,6 +24,7 @@ missing materialized view). ``--full-refresh`` rebuilds whatever changed.
 from __future__ import annotations
 
 import difflib
+import json
 from dataclasses import dataclass
 
 from . import location, storage
@@ -102,7 +103,31 @@ def definition_changes(job: JobSpec, fingerprint: str) -> list[Change]:
     if not changes and old_fp is not None and old_fp != fingerprint:
         changes.append(Change("state_format", "the checkpoint was made by another version of consistent_stream, "
                                               "whose state format this version does not read"))
+    if not changes and plain_float_accumulators(storage.read_json(job.plan_path)):
+        changes.append(Change("state_format", "its SUM or AVG over FLOAT or DOUBLE keeps a plain floating-point "
+                                              "accumulator, made by an earlier version of consistent_stream; this "
+                                              "one keeps compensated accumulators (bounded under retractions)"))
     return changes
+
+
+def plain_float_accumulators(saved) -> bool:
+    """Whether a checkpoint's saved plan (``plan.json``'s content, or None) has an aggregate's
+    accumulator arrangement with an additive DOUBLE or FLOAT column that is not a compensated
+    pair (:mod:`consistent_stream.fsum`): made before SUM and AVG over floating point were
+    compensated. Such a plan is neither reused nor its state read on: the model is rebuilt;
+    every other checkpoint of an earlier version goes on incrementally."""
+    if not isinstance(saved, dict):
+        return False
+    try:
+        arrangements = json.loads(saved["types"])["arrangements"].values()
+    except (KeyError, TypeError, ValueError):
+        return False
+    for a in arrangements:
+        paired = {c for pair in a.get("compensated", ()) for c in pair}
+        types = {f["name"]: f["type"] for f in a["schema"]["fields"]}
+        if any(types.get(c) in ("double", "float") and c not in paired for c in a.get("additive", ())):
+            return True
+    return False
 
 
 def schema_changes(problems: dict[str, list[str]], job: JobSpec) -> list[Change]:

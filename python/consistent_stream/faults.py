@@ -10,15 +10,14 @@ session (``start_new_session=True``) so that only that run dies.
 
 The points, in protocol order (``runtime.py`` steps):
 
-* ``cut_planned``: a batch's cut file is written to the cut log, the query has not run it;
 * ``changes_read``: step 1 done, the batch's changelogs are on the driver;
 * ``files_written``: a Delta commit's data files are written, its log entry is not
   (:meth:`~consistent_stream.delta.DeltaTableRef.commit_files`: state tables, rebuilt
   targets);
 * ``compacted``: a state compaction's new files are written, the state commit is not;
 * ``state_committed``: step 4 done, the state commit holds txn ``b``, the target does not;
-* ``target_committed``: step 5 done, the target holds txn ``b``, Spark has not recorded the
-  batch in its checkpoint (``commits/b``);
+* ``target_committed``: step 5 done, the target holds txn ``b``; after a query's first batch,
+  its checkpoint record does not say it committed yet (:mod:`consistent_stream.checkpoint`);
 * ``publishing``: catalog publishing has linked the version's files, the catalog statement
   has not run.
 """
@@ -28,7 +27,7 @@ import os
 import signal
 
 ENV = "CONSISTENT_STREAM_FAULT"
-POINTS = ("cut_planned", "changes_read", "files_written", "compacted", "state_committed",
+POINTS = ("changes_read", "files_written", "compacted", "state_committed",
           "target_committed", "publishing")
 
 

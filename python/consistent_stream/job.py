@@ -1,16 +1,17 @@
 """Run one consistent_stream model: the entry point of the dbt adapter and of the CLI.
 
 ``run_model`` validates the config, compiles the SQL (errors before anything is written),
-then runs a Spark Structured Streaming query (:mod:`consistent_stream.query`): source
-``consistent_stream_cuts`` whose offsets are cuts, ``foreachBatch`` running the exactly-once
-protocol of :mod:`consistent_stream.runtime`, trigger available-now (``dbt run``: every
-change up to the cut taken at start, then stop) or processing-time (continuous).
+then runs the model's query (:mod:`consistent_stream.query`): micro-batches that each end at a
+planned cut and run the exactly-once protocol of :mod:`consistent_stream.runtime`, trigger
+available-now (``dbt run``: every change up to the cut taken at start, then stop) or
+processing-time (continuous).
 
 A run is a few named steps (:func:`_run_job`): open the sources and take the cut
 (:meth:`_Run.open`); decide what to do (:func:`_decide`); compile and start or resume the
-checkpoint (:func:`_prepare`); run the streaming query; publish and report (:func:`_report`). ``--full-refresh`` deletes
-the checkpoint (and the state under it): the new query gets a new id, hence a new txn app id,
-and its first batch rebuilds the target from the current snapshots.
+checkpoint (:func:`_prepare`); run the query; publish and report (:func:`_report`).
+``--full-refresh`` deletes the checkpoint (and the state under it): the new query gets a new
+id (:mod:`consistent_stream.checkpoint`), hence a new txn app id, and its first batch rebuilds
+the target from the current snapshots.
 
 A run whose sources did not change since the target's last batch does nothing: no Spark job,
 no query, no commit; it reports the model as up to date (with the freshness of its version).
@@ -30,14 +31,14 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from . import config_change, location, preflight, storage
+from . import checkpoint, config_change, location, preflight, storage
 from .delta import DeltaError, DeltaTableRef
 from .errors import CompileError, ConfigError, ConsistentStreamError, SourceError
 from .exec.evaluator import PlanTypes, type_plan
 from .oracle import batch_dataframe
 from .plan import compile_model, fingerprint
 from .plan.expand import expand_views
-from .query import StreamingQuery, fold, last_spark_commit, no_totals, query_id
+from .query import StreamingQuery, fold, no_totals, query_id, query_record
 from .runtime import BatchMeta, BatchResult, QueryRuntime, target_key
 from .sink.catalog import publish
 from .sources import Cut
@@ -87,7 +88,7 @@ def _load_plan(job: JobSpec, fp: str, schema_key: str):
     d = storage.read_json(job.plan_path)
     if not isinstance(d, dict):
         return None
-    if d.get("fingerprint") != fp or d.get("source_schemas") != schema_key:
+    if d.get("fingerprint") != fp or d.get("source_schemas") != schema_key or config_change.plain_float_accumulators(d):
         return None
     return StructType.fromJson(d["output_schema"]), PlanTypes.from_json(d["types"])
 
@@ -100,21 +101,23 @@ def _save_plan(job: JobSpec, compiled, out_schema: StructType, types: PlanTypes)
 
 
 def _up_to_date(job: JobSpec, cut: Cut, target) -> BatchMeta | None:
-    """The target's last batch when it already reflects ``cut`` and Spark's checkpoint has
-    recorded it (so no batch is pending), else None."""
+    """The target's last batch when it is a batch of the checkpoint's query that already
+    reflects ``cut`` (no later batch can be pending: its cut would be past the sources'),
+    else None."""
     if not target.exists():
         return None
     meta = BatchMeta.from_commit(target.latest_commit())
     if meta is None or meta.cut != cut.versions or meta.app_id != query_id(job):
         return None
-    return meta if last_spark_commit(job) == meta.batch_id else None
+    return meta
 
 
-def _start_checkpoint(job: JobSpec, fp: str, full_refresh: bool) -> None:
+def _start_checkpoint(job: JobSpec, fp: str, full_refresh: bool) -> checkpoint.QueryRecord:
     """Record in the checkpoint the definition the run maintains (``job.json``) and its
-    fingerprint ``fp``; a full refresh removes the checkpoint (state, cut log, Spark's
-    query) first. It keeps the local engine's translations (``local_sql.json``): each is a
-    function of a delta query's SQL and column types, used only by the code that made it
+    fingerprint ``fp``, and return its query's record, starting a query when there is none; a
+    full refresh removes the checkpoint (state, the query's record) first, so a new query
+    starts. It keeps the local engine's translations (``local_sql.json``): each is a function
+    of a delta query's SQL and column types, used only by the code that made it
     (:class:`~consistent_stream.exec.local.Translations`), so the first incremental run after
     a full refresh does not translate again."""
     if full_refresh and storage.exists(job.checkpoint_location):
@@ -124,6 +127,7 @@ def _start_checkpoint(job: JobSpec, fp: str, full_refresh: bool) -> None:
             storage.replace_text(job.local_sql_path, translations)
     job.save()
     storage.replace_text(job.fingerprint_path, fp)
+    return (None if full_refresh else query_record(job)) or checkpoint.start(job.query_path)
 
 
 def require_classic_session(spark, model: str) -> None:
@@ -160,7 +164,9 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
     require_classic_session(spark, job.model)
     reach_storage(spark, job)
     try:
-        with WriterLock(job.checkpoint_location, job.model) as lock:
+        # the run owns its checkpoint's small files: each is read once (storage.read_once_under)
+        with WriterLock(job.checkpoint_location, job.model) as lock, \
+                storage.read_once_under(os.path.join(job.checkpoint_location, "_consistent_stream")):
             return _run_job(spark, job, full_refresh=full_refresh, timeout_s=timeout_s, fence=lock.check)
     except Exception as e:  # a full or read-only disk, a lost session: say so (README "Bad inputs")
         explained = preflight.explain_failure(job, e)
@@ -188,7 +194,7 @@ def _decide(job: JobSpec, target, sources: dict, cut: Cut, fp: str,
             if meta is not None:
                 return "none", [], meta
         # the target deleted or written by someone else; a column the model reads changed
-        preflight.check_target(job, target, query_id(job), last_spark_commit(job))
+        preflight.check_target(job, target, query_record(job))
         drift = preflight.source_schema_drift(job, fp, {k: s.schema() for k, s in sources.items()})
         changes = config_change.schema_changes(drift, job)
     action = config_change.action(job, changes) if target.exists() else ("apply" if changes else "none")
@@ -214,7 +220,7 @@ class _Run:
         consistent cut, :func:`~consistent_stream.sources.dag.latest_cut`)."""
         t0 = time.time()
         sources = {s.key: open_source(s) for s in job.sources}
-        target = DeltaTableRef(job.target_path)
+        target = DeltaTableRef(job.target_path, owned=True)   # the run holds the model's writer lock
         if not full_refresh:
             resume_sources(sources, target)
         return _Run(spark, job, full_refresh, t0, sources, Cut(latest_cut(list(sources.values()))), target)
@@ -253,10 +259,9 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
         log.warning("%s: its definition changed since the checkpoint was made; rebuilding the view (a full "
                     "refresh):\n%s", job.model, config_change.describe(changes))
         run.full_refresh = True
-    runtime, key = _prepare(run, action, changes)
+    runtime, key, record = _prepare(run, action, changes)
     runtime.fence = fence
-    query = StreamingQuery(spark, job, runtime, run.sources, run.target)
-    query.plan(run.cut)
+    query = StreamingQuery(spark, job, runtime, run.sources, run.target, record)
     if job.trigger == "available_now":
         query.run_available_now(run.cut)
     else:
@@ -267,10 +272,10 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
     return summary
 
 
-def _prepare(run: _Run, action: str, changes: list) -> tuple[QueryRuntime, list | None]:
+def _prepare(run: _Run, action: str, changes: list) -> tuple[QueryRuntime, list | None, checkpoint.QueryRecord]:
     """Compile the model (raises before anything is written), start or resume its
-    checkpoint and save the plan. Returns the query's runtime and the target's key (None: a
-    bag). A rebuild after a definition change (``action`` ``apply``) that fails to compile
+    checkpoint and save the plan. Returns the query's runtime, the target's key (None: a
+    bag) and the query's record. A rebuild after a definition change (``action`` ``apply``) that fails to compile
     raises ConfigError with the ``changes``."""
     job = run.job
     if job.local_engine == "duckdb" and not run.full_refresh:
@@ -286,9 +291,10 @@ def _prepare(run: _Run, action: str, changes: list) -> tuple[QueryRuntime, list 
     key = target_key(job, compiled, out_schema)
     log.info("%s: target %s", job.model, f"merged by unique_key {key}" + ("" if job.unique_key else " (inferred)")
              if key else "kept as a bag (no unique key configured or inferred)")
-    _start_checkpoint(job, compiled.fingerprint, run.full_refresh)
+    record = _start_checkpoint(job, compiled.fingerprint, run.full_refresh)
     _save_plan(job, compiled, out_schema, types)
-    return QueryRuntime(run.spark, job, compiled, out_schema, types, sources=run.sources, target=run.target), key
+    runtime = QueryRuntime(run.spark, job, compiled, out_schema, types, sources=run.sources, target=run.target)
+    return runtime, key, record
 
 
 def _report_up_to_date(run: _Run, meta: BatchMeta) -> dict:

@@ -336,3 +336,14 @@ def check_reachable(path: str, key: str = "location") -> None:
         else:
             what = f"the store at {s.endpoint or 'AWS S3'} did not answer as expected ({type(e).__name__})"
         raise StorageError(f"{key} {path}: {what}") from None
+
+
+def fs_path(path: str) -> str:
+    """A location as Spark writes or shows it, as :mod:`.storage` takes it: a local ``file:``
+    URI as a path (``file:///x``, as delta-rs writes it, and ``file:/x``, as Spark's catalog
+    shows a location, give ``/x``), ``s3a://b/k`` as ``s3://b/k``; other paths unchanged."""
+    if path.startswith("file:"):
+        return "/" + path[len("file:"):].lstrip("/")
+    if path.startswith("s3a://"):
+        return "s3://" + path[len("s3a://"):]
+    return path

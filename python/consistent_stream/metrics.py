@@ -23,9 +23,7 @@ class BatchMetrics:
     ``strategy``: ``incremental`` or ``recompute``, and ``reason``: why; ``local_queries``:
     delta queries the local engine (DuckDB) ran, ``spark_queries``: those it left to Spark;
     ``changes_on_executors``: materialized changes of more than ``MAX_DRIVER_ROWS`` rows, kept
-    in files the executors wrote instead of on the driver; ``prepared_s``: seconds of the
-    batch's reading and evaluation done ahead, while Spark's query planned its micro-batch
-    (``QueryRuntime.prepare``; 0 when it was not), part of the batch's seconds and phases."""
+    in files the executors wrote instead of on the driver."""
     phases: dict = field(default_factory=dict)
     spark_jobs: int = 0
     state_rows_read: int = 0
@@ -37,7 +35,6 @@ class BatchMetrics:
     local_queries: int = 0
     spark_queries: int = 0
     changes_on_executors: int = 0
-    prepared_s: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,11 +51,6 @@ class Phases:
         now = time.time()
         self.times[name] = round(self.times.get(name, 0.0) + now - self.t, 3)
         self.t = now
-
-    def resume(self) -> None:
-        """Go on after a wait that belongs to no phase (a batch prepared ahead, waiting for
-        its micro-batch)."""
-        self.t = time.time()
 
 
 PROGRESS_AFTER_S = 10.0

@@ -107,13 +107,13 @@ def missing_target(job: JobSpec) -> str | None:
     """When ``job``'s target does not exist although Spark's checkpoint records committed
     batches (the target was deleted or moved, its catalog entry may remain): what is missing
     and the command that rebuilds it. None when the model never committed a batch."""
-    from .spark_checkpoint import last_committed
-    batch = last_committed(job.spark_checkpoint)
-    if batch is None:
+    from .checkpoint import read
+    record = read(job.query_path, job.model)
+    if record is None or not record.committed:
         return None
     return (f"model {job.model}: its target {job.target_path} does not exist (deleted or moved), but the checkpoint "
-            f"at {job.checkpoint_location} has committed batches up to {batch}; dbt run --full-refresh -s "
-            f"{job.model} rebuilds it from the sources")
+            f"at {job.checkpoint_location} has committed batches; dbt run --full-refresh -s {job.model} rebuilds it "
+            f"from the sources")
 
 
 def model_status(job: JobSpec, now_ms: int | None = None) -> ModelStatus:

@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 
 from pyspark.sql.types import StructType
 
-from . import storage
+from . import checkpoint, storage
 from .errors import (CommitError, CompileError, ConfigError, ConsistentStreamError, SessionLostError, StorageError,
                      UniqueKeyViolation)
-from .spark_checkpoint import log_entries
 from .spec import JobSpec
 
 _FULL_REFRESH = "run dbt run --full-refresh -s {model}"
@@ -60,77 +58,28 @@ def _damaged(job: JobSpec, path: str, why: str) -> CommitError:
         f"the sources' snapshots)")
 
 
-def _check_spark_log_file(job: JobSpec, path: str) -> None:
-    """A Spark metadata log file: a version line (``v1``) then one JSON document per line."""
-    try:
-        text = storage.read_bytes(path).decode()
-    except OSError as e:
-        raise _damaged(job, path, e.strerror or str(e)) from None
-    lines = text.split("\n")
-    if not text.strip():
-        raise _damaged(job, path, "empty")
-    if not (lines[0].startswith("v") and lines[0][1:].isdigit()):
-        raise _damaged(job, path, "no version line")
-    for line in lines[1:]:
-        if line.strip() and line.strip() != "-":  # "-": a source without an offset
-            try:
-                json.loads(line)
-            except ValueError:
-                raise _damaged(job, path, "a line is not whole JSON") from None
-
-
 def check_checkpoint_files(job: JobSpec) -> None:
-    """Raise CommitError naming the first damaged file among those the run reads first: the
-    planned cut files, Spark's ``metadata``, and the newest entries of its ``offsets``,
-    ``commits`` and source logs."""
-    cuts = job.cuts_dir
-    try:
-        names = sorted(n for n in storage.list_dir(cuts) if n.startswith("cut-") and n.endswith(".json"))
-    except OSError:
-        names = []
-    for n in names:
-        path = os.path.join(cuts, n)
-        try:
-            d = storage.load_json(path)
-            if not isinstance(d, dict) or not {"seq", "start", "end"} <= set(d):
-                raise ValueError
-        except ValueError:
-            raise _damaged(job, path, "not a whole cut: JSON with seq, start and end") from None
-        except OSError as e:
-            raise _damaged(job, path, e.strerror or str(e)) from None
-    spark = job.spark_checkpoint
-    meta = os.path.join(spark, "metadata")
-    if storage.exists(meta):
-        try:
-            d = json.loads(storage.read_bytes(meta).decode() or "null")
-            if not isinstance(d, dict) or "id" not in d:
-                raise ValueError
-        except ValueError:
-            raise _damaged(job, meta, "not Spark's query metadata: JSON with the query id") from None
-    logs = [os.path.join(spark, "offsets"), os.path.join(spark, "commits")]
-    sources = os.path.join(spark, "sources")
-    if storage.is_dir(sources):
-        logs += [os.path.join(sources, n) for n in sorted(storage.list_dir(sources))]
-    for d in logs:
-        for entry in log_entries(d)[-2:]:
-            _check_spark_log_file(job, entry.path)
+    """Raise CommitError naming the checkpoint's query record (:mod:`.checkpoint`) when it is
+    damaged: the one checkpoint file a run reads before anything else."""
+    checkpoint.read(job.query_path, job.model)
 
 
 # ---- the target -------------------------------------------------------------------------------
-def check_target(job: JobSpec, target, query_id: str | None, last_batch: int | None) -> None:
-    """Once the query ``query_id`` has committed batch ``last_batch`` (Spark's checkpoint),
-    the target must exist and its newest version must be one of that query's batches.
-    Raises CommitError otherwise (the target was deleted or moved, or someone else wrote to
-    it); a query that committed no batch yet rebuilds the target in its first batch."""
-    if last_batch is None or query_id is None:
+def check_target(job: JobSpec, target, record) -> None:
+    """Once the checkpoint's query (``record``, :class:`~consistent_stream.checkpoint.
+    QueryRecord`) has committed a batch, the target must exist and its newest version must be
+    one of that query's batches. Raises CommitError otherwise (the target was deleted or
+    moved, or someone else wrote to it); a query that committed no batch yet rebuilds the
+    target in its first batch."""
+    if record is None or not record.committed:
         return
+    query_id = record.id
     again = (f"Nothing was read or written; {_FULL_REFRESH.format(model=job.model)} to rebuild the target from "
              f"the sources")
     if not target.exists():
         raise CommitError(
             f"model {job.model}: the target {job.target_path} does not exist, but the checkpoint at "
-            f"{job.checkpoint_location} has committed batches up to {last_batch}: the target was deleted or "
-            f"moved. {again}")
+            f"{job.checkpoint_location} has committed batches: the target was deleted or moved. {again}")
     commit = target.latest_commit()
     if commit.metadata.get("app_id") == query_id:
         return
@@ -215,6 +164,20 @@ _SESSION_LOST = ("Answer from Java side is empty", "Error while sending or recei
                  "Cannot call methods on a stopped SparkContext", "Connection refused")
 
 
+def _session_alive() -> bool:
+    """Whether the active Spark session's JVM still answers (py4j reports a call on a lost
+    connection only as "An error occurred while calling o26.setJobGroup")."""
+    from pyspark import SparkContext
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        return False
+    try:
+        sc._jvm.java.lang.System.currentTimeMillis()
+        return True
+    except Exception:
+        return False
+
+
 def explain_failure(job: JobSpec, e: BaseException) -> BaseException | None:
     """The error to raise instead of ``e``, a failure of a run of ``job``, when ``e`` comes
     from the machine rather than from the model: a file that cannot be written (read-only or
@@ -245,7 +208,8 @@ def explain_failure(job: JobSpec, e: BaseException) -> BaseException | None:
             f"unfinished batch is replayed")
     from py4j.protocol import Py4JError
     if isinstance(e, ConnectionRefusedError) or (
-            isinstance(e, (Py4JError, ConnectionError)) and any(s in text for s in _SESSION_LOST)):
+            isinstance(e, (Py4JError, ConnectionError)) and (any(s in text for s in _SESSION_LOST)
+                                                             or not _session_alive())):
         return SessionLostError(
             f"model {job.model}: the Spark session was lost while the run was under way (its JVM stopped or "
             f"died: {text.strip().splitlines()[0] if text.strip() else type(e).__name__}). Nothing after the "

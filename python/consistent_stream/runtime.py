@@ -21,9 +21,9 @@ For batch ``b`` ending at cut ``C_b`` (the previous one ended at ``C_{b-1}``):
    commit times, state version) as commit metadata: the batch happened iff the target holds
    txn ``b``. A replay of a committed batch is skipped whole.
 
-An available-now run does steps 1-3 of each planned incremental batch ahead, on a thread,
-while Spark's query plans the micro-batch that runs it (:meth:`QueryRuntime.prepare`); the
-micro-batch then checks for a replay and does steps 4-5. Nothing is written ahead.
+The state's commit of batch ``b`` records the batch's planned cut (``start``/``end`` in its
+commit metadata): a run that finds the state one batch ahead of the target (the process died
+between steps 4 and 5) replays exactly that batch (:func:`consistent_stream.query.resume_point`).
 
 A :class:`QueryRuntime` lives as long as the streaming query: its source, state and target
 handles, the compiled plan and its types are kept across micro-batches, and the metadata of
@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -161,31 +160,13 @@ class _Evaluated:
     """A batch through step 3: whether it rebuilds, its commit metadata (with the change rows
     it read, ``meta.changes_read``), the evaluator and local engine still open, and the output
     (``out``: the materialized changelog, or the SELECT of a rebuild on the executors, or
-    None). ``seconds`` and ``spark_jobs``: what preparing it ahead cost
-    (:meth:`QueryRuntime.prepare`)."""
+    None)."""
     b: _Batch
     rebuild: bool
     meta: "BatchMeta"
     ev: BatchEvaluator
     local: "LocalEngine | None"
     out: object = None
-    seconds: float = 0.0
-    spark_jobs: int = 0
-
-
-@dataclass
-class _Prepared:
-    """Batch ``batch_id`` of ``app_id``, ``(start, end]``, prepared on ``thread`` once
-    ``started``; ``evaluated`` once steps 1-3 are done (None when they were not: a rebuild,
-    a replay, or a failure)."""
-    app_id: str
-    batch_id: int
-    start: Cut
-    end: Cut
-    thread: "threading.Thread | None" = None
-    evaluated: _Evaluated | None = None
-    started: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass(frozen=True)
@@ -239,7 +220,6 @@ class QueryRuntime:
         self.translations = Translations(job.local_sql_path)   # the local engine's, kept across runs
         self.last: BatchMeta | None = None   # the newest committed batch, once known
         self.parallelism: int | None = None  # set by the autoscaler between batches (None: the engine's defaults)
-        self._prepared: _Prepared | None = None   # the next batch's steps 1-3, done ahead (prepare)
         # called before each commit: raises when the run lost the model's writer lock (an
         # object store lock whose lease another run took over); the run sets it
         self.fence: Callable[[], None] = lambda: None
@@ -264,39 +244,28 @@ class QueryRuntime:
         t0 = time.time()
         with counted_jobs(self.spark, f"{self.job.model} batch {batch_id}") as jobs:
             result = self._process(app_id, batch_id, start, end, t0)
-            result.metrics.spark_jobs += jobs()   # and those of its preparation (prepare)
+            result.metrics.spark_jobs += jobs()
         m = result.metrics
         if not result.skipped:
             log.info("%s: batch %d committed target version %s (%s%s): %d changes read, %d rows written, "
                      "%.2fs, %d Spark jobs, %d delta queries local / %d on Spark, %d state rows read, "
-                     "%d target rows rewritten, %sphases %s%s",
+                     "%d target rows rewritten, %sphases %s",
                      self.job.model, batch_id, result.target_version, m.strategy,
                      f": {m.reason}" if m.reason else "", result.changes_read, result.rows_written,
                      result.seconds, m.spark_jobs, m.local_queries, m.spark_queries, m.state_rows_read,
                      m.target_rows_rewritten,
                      f"{m.changes_on_executors} changes too large for the driver written by the executors, "
-                     if m.changes_on_executors else "", m.phases,
-                     f" ({m.prepared_s:.2f}s of them read and evaluated while Spark planned the micro-batch)"
-                     if m.prepared_s else "")
+                     if m.changes_on_executors else "", m.phases)
         return result
 
     def _process(self, app_id: str, batch_id: int, start: Cut, end: Cut, t0: float) -> BatchResult:
-        ahead = self._take_prepared(app_id, batch_id, start, end)   # steps 1-3, done ahead (prepare)
         if self._replayed(app_id, batch_id):
-            if ahead is not None:
-                self._discard(ahead)
             log.info("%s: batch %d already committed (target txn %d); replay skipped", self.job.model, batch_id,
                      self.target.txn_version(app_id))
             return BatchResult(batch_id, True, 0, 0, None, time.time() - t0, end.versions, BatchMetrics())
-        if ahead is not None:
-            b, e = ahead.b, ahead
-            b.phases.resume()   # the wait for the micro-batch is not the batch's work
-            b.metrics.prepared_s, b.metrics.spark_jobs = round(ahead.seconds, 3), ahead.spark_jobs
-        else:
-            b = self._start(app_id, batch_id, start, end)
+        b = self._start(app_id, batch_id, start, end)
         try:
-            if ahead is None:
-                e = self._steps_1_to_3(b, t0)
+            e = self._steps_1_to_3(b, t0)
             version, written, rewritten, meta = self._commit(e)     # steps 4-5
         finally:
             b.views.drop()
@@ -305,8 +274,7 @@ class QueryRuntime:
         m.state_rows_read, m.state_files_read, m.state_rows_compacted = sm.rows_read, sm.files_read, sm.rows_compacted
         m.target_rows_rewritten = rewritten
         m.phases = b.phases.times
-        seconds = time.time() - t0 + (ahead.seconds if ahead is not None else 0.0)
-        return BatchResult(batch_id, False, e.meta.changes_read, written, version, seconds, end.versions, m)
+        return BatchResult(batch_id, False, e.meta.changes_read, written, version, time.time() - t0, end.versions, m)
 
     def _replayed(self, app_id: str, batch_id: int) -> bool:
         """Whether the target already holds batch ``batch_id`` of ``app_id`` (a replay)."""
@@ -330,16 +298,13 @@ class QueryRuntime:
         b.views = Views(self.spark)
         return b
 
-    def _steps_1_to_3(self, b: "_Batch", t0: float, ahead: bool = False) -> "_Evaluated | None":
+    def _steps_1_to_3(self, b: "_Batch", t0: float) -> "_Evaluated":
         """Read the changes, choose the strategy, evaluate: everything before the commits.
-        ``ahead`` (:meth:`prepare`): None when the batch is a rebuild, which is left to the
-        micro-batch. Closes what it opened when it raises."""
+        Closes what it opened when it raises."""
         end = b.end
         changes, read, commit_ms = self._read_changes(b)               # step 1
         fault_point("changes_read")
-        rebuild = self._choose_strategy(b, read, quiet=ahead)           # step 2
-        if rebuild and ahead:
-            return None
+        rebuild = self._choose_strategy(b, read)                        # step 2
         if rebuild:
             b.on_driver = self._rebuild_on_driver(b)
             changes = {key: self.sources[key].snapshot(b.views, end.versions[key], cols, on_driver=b.on_driver)
@@ -356,90 +321,6 @@ class QueryRuntime:
                          base_cut=base_cut(list(self.sources.values()), end.versions), unique_key=self.key,
                          changes_read=read, started_ms=int(t0 * 1000))
         return self._evaluate(b, changes, rebuild, meta)       # step 3
-
-    # ---- steps 1-3 ahead of the micro-batch ----------------------------------------------------
-    def prepare(self, app_id: str | None, batch_id: int, start: Cut, end: Cut) -> None:
-        """Plan to do steps 1-3 of the planned batch ``batch_id`` ``(start, end]`` ahead, on
-        a thread that :meth:`start_preparing` starts once Spark's ``start()`` has returned,
-        while the query plans its micro-batch; the micro-batch then only commits
-        (:meth:`_process`). An available-now run calls this between queries, when no batch
-        runs and the run holds the model's writer lock, so the target, the state and the
-        sources' planned versions cannot change before the micro-batch begins.
-
-        Why. Between ``start()`` and the query's first micro-batch Spark lists the file
-        source, writes the offset log and plans the batch, and this project's batches spend a
-        comparable time reading their change and evaluating it on the driver. Done one after
-        the other, the run pays both. The thread starts after ``start()`` because its Python
-        work (sqlglot's translations) holds the GIL that ``start()``'s Py4J calls need:
-        started before, it slowed ``start()`` down.
-
-        Only an incremental batch is prepared (not the first batch of a query, not a rebuild:
-        those are table-sized work on the executors). Nothing is written: the state's and the
-        target's commits stay in the micro-batch, so the exactly-once protocol (module
-        docstring) is unchanged. A batch found committed when its micro-batch begins (a
-        replay) drops what was prepared; a preparation that fails is dropped and the
-        micro-batch evaluates the batch itself, raising what it raises."""
-        self.discard_prepared()
-        if app_id is None or start.is_initial():
-            return
-        p = _Prepared(app_id, batch_id, start, end)
-        p.thread = threading.Thread(target=self._prepare, args=(p,), daemon=True,
-                                    name=f"consistent_stream prepare {self.job.model} {batch_id}")
-        self._prepared = p
-
-    def start_preparing(self) -> None:
-        """Start the thread of the batch :meth:`prepare` planned (at most once: the
-        micro-batch starts it itself when it begins first)."""
-        p = self._prepared
-        if p is not None:
-            with p.lock:
-                if not p.started:
-                    p.started = True
-                    p.thread.start()
-
-    def _prepare(self, p: "_Prepared") -> None:
-        t0 = time.time()
-        b = None
-        try:
-            with counted_jobs(self.spark, f"{self.job.model} batch {p.batch_id} (prepared)") as jobs:
-                if self._replayed(p.app_id, p.batch_id):
-                    return
-                b = self._start(p.app_id, p.batch_id, p.start, p.end)
-                e = self._steps_1_to_3(b, t0, ahead=True)
-                if e is not None:
-                    e.spark_jobs, e.seconds = jobs(), time.time() - t0
-                    p.evaluated = e
-        except Exception as ex:  # the micro-batch evaluates the batch itself and raises what it raises
-            log.debug("%s: preparing batch %d failed, the micro-batch evaluates it: %s", self.job.model,
-                      p.batch_id, ex)
-        finally:
-            if p.evaluated is None and b is not None and b.views is not None:
-                b.views.drop()
-
-    def _take_prepared(self, app_id: str, batch_id: int, start: Cut, end: Cut) -> "_Evaluated | None":
-        """What :meth:`prepare` evaluated for exactly this batch (waiting for it), else None."""
-        self.start_preparing()
-        p, self._prepared = self._prepared, None
-        if p is None:
-            return None
-        p.thread.join()
-        if (p.app_id, p.batch_id, p.start, p.end) != (app_id, batch_id, start, end):
-            if p.evaluated is not None:
-                self._discard(p.evaluated)
-            return None
-        return p.evaluated
-
-    def discard_prepared(self) -> None:
-        """Drop a prepared batch no micro-batch took (its query failed to start, or ran none);
-        one whose thread has not started is dropped without running."""
-        p = self._prepared
-        if p is not None:
-            with p.lock:
-                if not p.started:
-                    p.started = True   # and never runs
-                    self._prepared = None
-                    return
-        self._take_prepared("", -1, Cut(), Cut())
 
     def _read_changes(self, b: "_Batch") -> tuple[dict, int, dict]:
         """Step 1: every source's change in the batch's range, on the driver; returns the
@@ -458,12 +339,11 @@ class QueryRuntime:
         b.phases.mark("read")
         return changes, read, commit_ms
 
-    def _choose_strategy(self, b: "_Batch", read: int, quiet: bool = False) -> bool:
+    def _choose_strategy(self, b: "_Batch", read: int) -> bool:
         """Step 2: whether the batch rebuilds from snapshots (the first batch of a query, or a
-        change above ``recompute_threshold`` x the sources' rows); logged with the reason
-        (unless ``quiet``: a batch prepared ahead, which leaves a rebuild to its micro-batch)."""
+        change above ``recompute_threshold`` x the sources' rows); logged with the reason."""
         rebuild, reason = b.first, "first batch of the query" if b.first else ""
-        if not b.first and read:
+        if not b.first and read > 1000:   # (the sources' rows need their snapshots' statistics)
             total = self._source_rows(b)
             threshold = self.job.recompute_threshold
             if read > threshold * max(total, 1) and read > 1000:
@@ -471,7 +351,7 @@ class QueryRuntime:
                 reason = (f"{read} changed rows > recompute_threshold {threshold} x {total} source rows: "
                           f"recomputing from snapshots")
         b.metrics.strategy, b.metrics.reason = ("recompute" if rebuild else "incremental"), reason
-        if rebuild and not quiet:
+        if rebuild:
             log.info("%s: batch %d is recomputed from snapshots (%s)", self.job.model, b.batch_id, reason)
         return rebuild
 
@@ -532,7 +412,8 @@ class QueryRuntime:
             # with Spark's fixed 200 shuffle partitions pays 200 tasks' scheduling a shuffle).
             # the state first, the target last: the target's commit is the batch's commit point
             self.fence()
-            state_version = self.store.commit(b.txn, {"app_id": b.app_id, "batch_id": str(b.batch_id)})
+            state_version = self.store.commit(b.txn, {"app_id": b.app_id, "batch_id": str(b.batch_id),
+                                                      "start": b.start.versions, "end": b.end.versions})
             fault_point("state_committed")
             meta = BatchMeta(**{**asdict(e.meta), "state_version": state_version})
             b.phases.mark("commit_state")
@@ -555,12 +436,6 @@ class QueryRuntime:
         if e.local is not None:
             e.local.close()
             self.translations.save()   # when this batch made new ones
-
-    def _discard(self, e: "_Evaluated") -> None:
-        """Drop an evaluation that will not be committed (a replay, or a batch prepared for
-        another cut): :meth:`_close` it and drop its batch's views."""
-        self._close(e)
-        e.b.views.drop()
 
     def _commit_target(self, out, rebuild: bool, txn: Txn, meta: BatchMeta, views: Views) -> tuple[int, int, int]:
         """Step 5: a rebuild replaces the target (``out``: the SELECT of the whole view, or

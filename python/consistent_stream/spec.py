@@ -43,11 +43,12 @@ ON_SCHEMA_CHANGE = ("ignore", "fail", "append_new_columns", "sync_all_columns")
 CHECKPOINT_INTERVAL = 100
 """Default ``checkpoint_interval``: commits between Delta checkpoints (delta-rs' default
 ``delta.checkpointInterval``)."""
-CHECKPOINT_INTERVAL_OBJECT_STORE = 10
-"""The default when the target or the checkpoint is on an object store: every open of a Delta
-table, and delta-rs' ``transaction_version``, reads each commit since the newest checkpoint
-with one GET, so a batch's requests grow with that distance (10 is Delta Spark's own
-``checkpointInterval``)."""
+CHECKPOINT_INTERVAL_OBJECT_STORE = 4
+"""The default when the target or the checkpoint is on an object store: every run opens the
+target and the state table, and delta-rs reads each commit since the newest checkpoint twice
+(once for the protocol and metadata, once for the files), a GET each; a checkpoint costs two
+PUTs. Per run and table that is about ``interval - 1`` GETs of commits plus ``2 / interval``
+PUTs: 4 is near the least (10, Delta Spark's own ``checkpointInterval``, read 9)."""
 
 
 def _as_list(value, key: str) -> list[str]:
@@ -220,9 +221,9 @@ class JobSpec:
         return os.path.join(self.checkpoint_location, "_consistent_stream", "local_sql.json")
 
     @property
-    def cuts_dir(self) -> str:
-        """The planned cuts, one file per micro-batch (:mod:`.sources.stream`)."""
-        return os.path.join(self.checkpoint_location, "cuts")
+    def query_path(self) -> str:
+        """The checkpoint's record of its query: id, whether it committed (:mod:`.checkpoint`)."""
+        return os.path.join(self.checkpoint_location, "_consistent_stream", "query.json")
 
     @property
     def scratch_dir(self) -> str:
@@ -233,9 +234,6 @@ class JobSpec:
     def state_root(self) -> str:
         return os.path.join(self.checkpoint_location, "state")
 
-    @property
-    def spark_checkpoint(self) -> str:
-        return os.path.join(self.checkpoint_location, "spark")
 
     def to_json(self) -> str:
         d = asdict(self)

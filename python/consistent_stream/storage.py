@@ -19,26 +19,21 @@ Listings (:func:`list_dir`, :func:`list_files`) take a missing directory for an 
 an object store's listing of a prefix does.
 
 Small files are replaced atomically (locally a temporary file renamed over the old one; on an
-object store one PUT, which readers see whole or not at all) and not fsynced, as Spark's
-checkpoint files and delta-rs' commits are not: a lost write after a crash is made again by the
-next run. Two local writes fsync: a capture's landing files (:func:`replace_bytes` with
-``fsync``: the replication slot's confirmed position is advanced past what a file holds once
-the write returns, so the file must be on disk by then; a PUT has returned once the store
-holds the object), and the trimmed compact file of Spark's file source log (:func:`write_bytes`
-with ``fsync`` before its rename). A rename on an object store is a copy and a delete: the
-callers rename only hidden temporary files of their own, so a crash between the two leaves a
-stray temporary file, never a torn one.
-
-:func:`write_after` writes a file whose modification time is later than another's (Spark's file
-source orders the cut log by it): locally the time is set before the rename, on an object store
-(where the store sets it) the PUT is repeated once the store's clock has moved past.
+object store one PUT, which readers see whole or not at all) and not fsynced, as delta-rs'
+commits are not: a lost write after a crash is made again by the next run. A capture's landing
+files fsync (:func:`replace_bytes` with ``fsync``: the replication slot's confirmed position is
+advanced past what a file holds once the write returns, so the file must be on disk by then; a
+PUT has returned once the store holds the object). A rename on an object store is a copy and a
+delete: the callers rename only hidden temporary files of their own, so a crash between the two
+leaves a stray temporary file, never a torn one.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import time
+import threading
+from contextlib import contextmanager
 from typing import Iterator, NamedTuple
 
 from . import location
@@ -118,15 +113,64 @@ def read_json(path: str):
         return None
 
 
+_once = threading.local()
+
+
+@contextmanager
+def read_once_under(prefix: str):
+    """Within the block, on this thread, each file under directory ``prefix`` is read at most
+    once, its absence included: a run asks its checkpoint's small files (the definition, the
+    fingerprint, the plan, the query's record) in several checks, and holds the model's
+    writer lock, so nothing else changes them meanwhile. Writes and removals under ``prefix``
+    through this module update what is remembered. (On an object store each read is a GET.)"""
+    saved = getattr(_once, "scope", None)
+    _once.scope = (prefix.rstrip("/") + "/", {})
+    try:
+        yield
+    finally:
+        _once.scope = saved
+
+
+def _remembered(path: str):
+    scope = getattr(_once, "scope", None)
+    return scope[1] if scope is not None and path.startswith(scope[0]) else None
+
+
+def _remember(path: str, data) -> None:
+    files = _remembered(path)
+    if files is not None:
+        files[path] = data
+
+
+def _forget_under(path: str) -> None:
+    scope = getattr(_once, "scope", None)
+    if scope is not None:
+        for p in [p for p in scope[1] if p == path or p.startswith(path.rstrip("/") + "/")]:
+            del scope[1][p]
+
+
 def read_bytes(path: str) -> bytes:
     """The bytes of file ``path``. Raises FileNotFoundError when it does not exist, OSError
     when it cannot be read: unlike :func:`read_text`, a file that is there but unreadable is
     not taken for a missing one (a landing's event file, a Delta log entry maintenance reads,
-    a checkpoint file the preflight checks name when damaged)."""
-    if location.is_remote(path):
-        return _s3_get(path)
-    with open(path, "rb") as f:
-        return f.read()
+    a checkpoint file the preflight checks name when damaged). Read once within
+    :func:`read_once_under`."""
+    files = _remembered(path)
+    if files is not None and path in files:
+        if files[path] is None:
+            raise FileNotFoundError(path)
+        return files[path]
+    try:
+        if location.is_remote(path):
+            data = _s3_get(path)
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+    except FileNotFoundError:
+        _remember(path, None)
+        raise
+    _remember(path, data)
+    return data
 
 
 def load_json(path: str):
@@ -147,11 +191,12 @@ def replace_text(path: str, text: str) -> None:
         return
     if location.is_remote(path):
         _s3_put(path, text.encode())
-        return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
+    else:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    _remember(path, text.encode())
 
 
 def replace_bytes(path: str, data: bytes, *, fsync: bool = False) -> None:
@@ -162,6 +207,7 @@ def replace_bytes(path: str, data: bytes, *, fsync: bool = False) -> None:
     and the directory after it, so the new file is on disk when this returns (a capture's
     landing files, see the module docstring). On an object store: one PUT. Raises OSError;
     the temporary file is removed then."""
+    _forget_under(path)
     if location.is_remote(path):
         _s3_put(path, data)
         return
@@ -186,9 +232,10 @@ def replace_bytes(path: str, data: bytes, *, fsync: bool = False) -> None:
 
 def write_bytes(path: str, data: bytes, *, fsync: bool = False) -> None:
     """Create or overwrite file ``path`` with ``data``, in place: a local reader may see part
-    of it, so it is for a temporary file the caller renames (:func:`rename`) once it has done
-    what must come before the rename (the file source log's trimming removes a checksum).
-    With ``fsync``, a local file is fsynced before this returns. Raises OSError."""
+    of it, so it is for a file no reader looks for yet (a temporary file the caller renames,
+    a data file a Delta commit adds later). On an object store: one PUT. With ``fsync``, a
+    local file is fsynced before this returns. Raises OSError."""
+    _forget_under(path)
     if location.is_remote(path):
         _s3_put(path, data)
         return
@@ -199,46 +246,12 @@ def write_bytes(path: str, data: bytes, *, fsync: bool = False) -> None:
             os.fsync(f.fileno())
 
 
-def write_after(path: str, data: bytes, after: str | None) -> None:
-    """Create file ``path`` holding ``data``, whole (no reader sees part of it), with a
-    modification time at least 1 ms after file ``after``'s (when given and present) in whole
-    milliseconds: Spark's file source orders the files it reads by modification time, a tie
-    in listing order (the cut log, :class:`consistent_stream.sources.stream.CutLog`).
-
-    Locally the time is set on a hidden temporary file before the rename, so a process killed
-    in between leaves no file with the wrong time. On an object store the store sets the time
-    of a PUT: when it is not past ``after``'s, the PUT is repeated after a pause (a store that
-    keeps whole seconds costs up to a second, only when two files are written within one).
-    Raises OSError."""
-    ms = 1_000_000
-    floor = None
-    if after:
-        try:
-            floor = stat(after).mtime_ns // ms + 1
-        except FileNotFoundError:
-            floor = None
-    if location.is_remote(path):
-        for _ in range(50):
-            _s3_put(path, data)
-            if floor is None or stat(path).mtime_ns // ms >= floor:
-                return
-            time.sleep(0.1)
-        raise OSError(f"cannot write {path} with a modification time after {after}'s: the store's clock "
-                      f"did not move past it within 5 s")
-    d, name = os.path.split(path)
-    tmp = os.path.join(d, f".{name}.{os.getpid()}.tmp")
-    write_bytes(tmp, data)
-    stamp = os.stat(tmp).st_mtime_ns // ms
-    if floor is not None:
-        stamp = max(stamp, floor)
-    os.utime(tmp, ns=(stamp * ms, stamp * ms))
-    os.replace(tmp, path)
-
-
 def rename(src: str, dst: str) -> None:
     """Rename file ``src`` to ``dst``, replacing a file at ``dst``: atomically on a local file
     system (a directory too, over an empty one), as a copy and a delete of the object on an
     object store. Raises OSError (FileNotFoundError when ``src`` is gone)."""
+    _forget_under(src)
+    _forget_under(dst)
     if location.is_remote(src):
         import obstore
         store, key = _store(src)
@@ -325,6 +338,29 @@ def list_dir(path: str) -> list[str]:
         return []
 
 
+def list_after(path: str, name: str) -> list[str]:
+    """The names of the files directly in directory ``path`` that sort after ``name``, in
+    order; empty when it does not exist. On an object store one LIST that starts after that
+    key (a Delta log's commits after a known version, not the whole log). Raises OSError
+    when it cannot be read."""
+    if location.is_remote(path):
+        import obstore
+        store, key = _store(path)
+        prefix = _prefix(key)
+        try:
+            found = [m["path"][len(prefix):] for chunk in obstore.list(store, prefix or None, offset=prefix + name)
+                     for m in chunk]
+        except FileNotFoundError:
+            return []
+        except Exception as e:
+            raise OSError(f"cannot list {path}: {e}") from e
+        return sorted(n for n in found if n and "/" not in n and n > name)
+    try:
+        return sorted(n for n in os.listdir(path) if n > name and os.path.isfile(os.path.join(path, n)))
+    except FileNotFoundError:
+        return []
+
+
 def list_files(path: str, *, skip_dirs=lambda name: False) -> Iterator[tuple[str, FileStat]]:
     """Every file under directory ``path`` (recursively), as ``(path, FileStat)``, skipping the
     subdirectories whose name ``skip_dirs`` accepts and what is under them. Nothing when
@@ -374,6 +410,7 @@ def make_dirs(path: str, mode: int | None = None) -> None:
 def remove(path: str) -> bool:
     """Remove file ``path``; returns whether there was one (False: nothing to remove). Raises
     OSError when it cannot be removed."""
+    _forget_under(path)
     if location.is_remote(path):
         if _s3_head(path) is None:
             return False
@@ -398,6 +435,7 @@ def remove_tree(path: str, *, ignore_errors: bool = False) -> None:
     cache the next pass removes again). On an object store: pyarrow's ``delete_dir``, one
     LIST per 1,000 keys and one bulk DELETE per 1,000 objects, the directory markers S3A
     writes (keys ending in ``/``, which obstore cannot name) included."""
+    _forget_under(path)
     if location.is_remote(path):
         fs, key = location.pyarrow_filesystem(path)
         try:

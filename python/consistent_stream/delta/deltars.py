@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable, PostCommitHookProperties, write_deltalake
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 from pyspark.sql import DataFrame, SparkSession
@@ -301,6 +301,12 @@ def _check_same_columns(what: str, wanted: list[str], start: list[dict], end_by_
             f"cut)")
 
 
+HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=False)
+"""delta-rs' hooks after each of our commits: its checkpoint every ``delta.checkpointInterval``
+commits, but no expired-log cleanup (a listing of the whole log after each commit; maintenance
+cleans the logs, :mod:`consistent_stream.sink.maintenance`)."""
+
+
 class DeltaTableRef:
     """A Delta table at ``path``: one handle, refreshed; reads at explicit versions and
     idempotent commits.
@@ -308,10 +314,14 @@ class DeltaTableRef:
     Raises :class:`SourceError` when the table is missing or a version is gone.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, owned: bool = False):
         self.path = str(path)
+        self.owned = owned
+        self._fresh = False     # owned: the handle is at the latest version (only our commits move it)
+        self._ahead: int | None = None   # owned: our newest commit's version, past the handle's (not read yet)
         self.storage_options = location.delta_storage_options(self.path)
         self._txns: dict[str, tuple[int, int | None]] = {}   # app id -> (handle version, its txn version)
+        self._commit_cache: dict[int, tuple[Commit, dict[str, int]]] = {}   # version -> (commit, its txns)
         self._dt: DeltaTable | None = None
         self._files: dict[int, pa.Table] = {}  # version -> add actions (flattened), newest two kept
 
@@ -323,24 +333,38 @@ class DeltaTableRef:
             return False
         try:
             self._dt = DeltaTable(self.path, storage_options=self.storage_options)
+            self._fresh = True
             return True
         except TableNotFoundError:
             return False
 
     def table(self) -> DeltaTable:
-        """The open handle (opened on first use, at the latest version)."""
+        """The open handle (opened on first use, at the latest version; an owned table's
+        handle catches up with the run's own commits here, when something reads it)."""
+        if self._ahead is not None and self._dt is not None:
+            if self._dt.version() < self._ahead:
+                self._dt.update_incremental()
+            self._ahead = None
         if self._dt is None:
             try:
                 self._dt = DeltaTable(self.path, storage_options=self.storage_options)
+                self._fresh = True
             except TableNotFoundError as e:
                 raise SourceError(f"no Delta table at {self.path}: {e}") from e
         return self._dt
 
-    def refresh(self) -> int:
-        """Bring the handle to the latest version (reading only the newer commits); returns it."""
+    def refresh(self, *, force: bool = False) -> int:
+        """Bring the handle to the latest version (reading only the newer commits); returns it.
+        An ``owned`` table (the run holds the model's writer lock: only its own commits move it)
+        is looked up once, and after each of its own commits (:meth:`_advanced`), not at every
+        call: on an object store a refresh is a LIST and a GET."""
         if self._dt is None:
+            self._fresh = True
             return self.table().version()
+        if self.owned and not force and (self._fresh or self._ahead is not None):
+            return self.version()
         self._dt.update_incremental()
+        self._ahead, self._fresh = None, True
         return self._dt.version()
 
     def latest_version(self) -> int:
@@ -348,8 +372,9 @@ class DeltaTableRef:
         return self.refresh()
 
     def version(self) -> int:
-        """The handle's version, without looking for newer commits."""
-        return self.table().version()
+        """The handle's version, without looking for newer commits (an owned table: its
+        newest, the run's own last commit included)."""
+        return self._ahead if self._ahead is not None else self.table().version()
 
     def _at(self, version: int) -> DeltaTable:
         """A handle at ``version``: the ref's own when it is there, else a second handle."""
@@ -374,22 +399,23 @@ class DeltaTableRef:
         version = self.table().version()
         known = self._txns.get(app_id)
         if known is None or known[0] != version:
-            known = (version, self.table().transaction_version(app_id))
+            newest = self._commit_info(version)[1].get(app_id) if self.owned else None
+            # an owned table's newest commit is one of the run's query's when it records its txn;
+            # otherwise delta-rs replays the log for it
+            known = (version, newest if newest is not None else self.table().transaction_version(app_id))
             self._txns[app_id] = known
         return known[1]
 
     def _recorded(self, version: int, txn: Txn) -> bool:
         """Whether commit ``version`` (this ref's own, just made) records ``txn``: read from
-        that one commit file (one read, however long the log). Remembers it for
-        :meth:`txn_version`."""
-        for action in (a.get("txn") for a in self.log_actions(version)):
-            if action and action.get("appId") == txn.app_id:
-                if int(action.get("version", -1)) != txn.version:
-                    return False
-                if self.table().version() == version:
-                    self._txns[txn.app_id] = (version, txn.version)
-                return True
-        return False
+        that one commit file (one read, however long the log; kept for :meth:`commit_at`).
+        Remembers it for :meth:`txn_version`."""
+        recorded = self._commit_info(version)[1].get(txn.app_id)
+        if recorded is None or recorded != txn.version:
+            return False
+        if self.version() == version:
+            self._txns[txn.app_id] = (version, txn.version)
+        return True
 
     def log_actions(self, version: int) -> list[dict]:
         """The actions of commit ``version`` (``add``, ``remove``, ``metaData``, ``txn``,
@@ -502,20 +528,41 @@ class DeltaTableRef:
         for h in self.table().history(max(0, latest - start_exclusive)):
             v = int(h["version"])
             if start_exclusive < v <= end_inclusive:
-                out.append((v, int(h.get("timestamp", 0)), _changed_rows(h.get("operationMetrics") or {})))
+                out.append((v, int(h.get("timestamp", 0)), changed_rows(h.get("operationMetrics") or {})))
         return sorted(out)
 
     def latest_commit(self) -> Commit:
         """The newest commit (after a refresh): one commit file read, however long the log."""
-        self.refresh()
-        return self.history(1)[0]
+        return self.commit_at(self.refresh())
 
     def commit_at(self, version: int) -> Commit:
-        latest = self.latest_version()
-        for c in self.history(latest - version + 1):
-            if c.version == version:
-                return c
-        raise SourceError(f"commit {version} of {self.path} is not in its history (log cleaned up?)")
+        """Commit ``version`` with its time and our metadata: its commit file read (once per
+        ref), not the history since. Raises SourceError when it is not in the log (cleaned up,
+        or past the newest version)."""
+        return self._commit_info(version)[0]
+
+    def _commit_info(self, version: int) -> tuple[Commit, dict[str, int]]:
+        """Commit ``version`` and the txn versions it records (app id -> version), from its
+        commit file (cached: a commit never changes)."""
+        known = self._commit_cache.get(version)
+        if known is not None:
+            return known
+        try:
+            actions = self.log_actions(version)
+        except FileNotFoundError:
+            raise SourceError(f"commit {version} of {self.path} is not in its log (cleaned up, or past the newest "
+                              f"version {self.version()})") from None
+        except OSError as e:
+            raise SourceError(f"cannot read commit {version} of {self.path}: {e}") from e
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        meta = {k[len(META_PREFIX):]: v for k, v in info.items() if k.startswith(META_PREFIX)}
+        ts = int(info.get("inCommitTimestamp") or info.get("timestamp") or 0)
+        txns = {a["txn"]["appId"]: int(a["txn"]["version"]) for a in actions if "txn" in a}
+        known = (Commit(version, ts, meta), txns)
+        if len(self._commit_cache) > 64:
+            self._commit_cache.clear()
+        self._commit_cache[version] = known
+        return known
 
     # ---- reads into Spark -------------------------------------------------------------------
     def read_snapshot(self, spark: SparkSession, version: int, columns: list[str] | None = None) -> DataFrame:
@@ -719,9 +766,18 @@ class DeltaTableRef:
         return CommitProperties(custom_metadata=meta or None,
                                 app_transactions=[Transaction(txn.app_id, txn.version)] if txn else None)
 
-    def _advanced(self) -> int:
-        """After one of our commits: the handle moved to it (one commit file read)."""
-        return self.refresh()
+    def _advanced(self, expected: int) -> int:
+        """After one of our commits, which should be version ``expected``: the handle follows
+        it. delta-rs moves it itself after a MERGE; an owned table's handle is moved when
+        something next reads the table through it (its version is known meanwhile, and the
+        commit is checked from its own file, :meth:`_recorded`); any other is refreshed."""
+        if self._dt is not None and self._dt.version() >= expected:
+            self._ahead, self._fresh = None, True
+            return self._dt.version()
+        if self.owned and self._dt is not None:
+            self._ahead = expected
+            return expected
+        return self.refresh(force=True)
 
     def write(self, data: pa.Table, *, mode: str, txn: Txn | None = None,
               metadata: dict[str, Any] | None = None, partition_by: list[str] | None = None,
@@ -729,14 +785,17 @@ class DeltaTableRef:
         """Append or overwrite (``mode``) ``data`` as ONE commit; returns the new version."""
         data = plain_arrow(data)
         exists = self.exists()
+        before = self.version() if exists else -1
         write_deltalake(self.path, data, mode=mode, partition_by=partition_by or None,
                         storage_options=self.storage_options,
                         schema_mode="overwrite" if (mode == "overwrite" and exists) else None,
                         configuration=None if exists else configuration,
-                        commit_properties=self._props(txn, metadata))
+                        commit_properties=self._props(txn, metadata), post_commithook_properties=HOOKS)
         if not exists:
             self._dt = DeltaTable(self.path, storage_options=self.storage_options)
-        return self._advanced()
+            self._fresh = True
+            return self._dt.version()
+        return self._advanced(before + 1)
 
     def commit_files(self, adds: list[DataFile], removes: list[DataFile], *, schema: pa.Schema,
                      txn: Txn | None, metadata: dict[str, Any] | None,
@@ -757,8 +816,10 @@ class DeltaTableRef:
                                           [a.add_action() for a in adds], partition_by=partition_by or None,
                                           storage_options=self.storage_options,
                                           description=docs.description if docs else None,
-                                          configuration=configuration, commit_properties=self._props(txn, metadata))
+                                          configuration=configuration, commit_properties=self._props(txn, metadata),
+                                          post_commithook_properties=HOOKS)
             self._dt = DeltaTable(self.path, storage_options=self.storage_options)
+            self._fresh = True
             return self._dt.version()
         dt = self.table()
         current = pa.schema(dt.schema().to_arrow())
@@ -779,12 +840,14 @@ class DeltaTableRef:
                                           storage_options=self.storage_options,
                                           partition_by=partition_by or None, description=wanted.description,
                                           configuration={**dt.metadata().configuration, **(configuration or {})},
-                                          commit_properties=self._props(txn, metadata))
+                                          commit_properties=self._props(txn, metadata),
+                                          post_commithook_properties=HOOKS)
         else:
             dt.create_write_transaction([a.add_action() for a in adds] + [r.remove_action() for r in removes],
                                         "append", current, partition_by=partition_by or None,
-                                        commit_properties=self._props(txn, metadata))
-        version = self._advanced()
+                                        commit_properties=self._props(txn, metadata),
+                                        post_commithook_properties=HOOKS)
+        version = self._advanced(before + 1)
         if version != before + 1 or (txn is not None and not self._recorded(version, txn)):
             raise CommitError(f"commit to {self.path} did not record txn {txn} as version {before + 1}")
         return version
@@ -792,8 +855,10 @@ class DeltaTableRef:
     def commit_empty(self, *, txn: Txn, metadata: dict[str, Any]) -> int:
         """A commit with no data change that records ``txn`` and ``metadata``."""
         dt = self.table()
-        dt.create_write_transaction([], "append", dt.schema(), commit_properties=self._props(txn, metadata))
-        return self._advanced()
+        before = dt.version()
+        dt.create_write_transaction([], "append", dt.schema(), commit_properties=self._props(txn, metadata),
+                                    post_commithook_properties=HOOKS)
+        return self._advanced(before + 1)
 
     def merge_by_key(self, changes: pa.Table, key: list[str], *, txn: Txn,
                      metadata: dict[str, Any]) -> tuple[int, dict]:
@@ -835,10 +900,12 @@ class DeltaTableRef:
             return self.commit_empty(txn=txn, metadata=metadata), {}
         changes = plain_arrow(changes)
         cols = [c for c in changes.column_names if c != "__op"]
-        merger = self.table().merge(changes, predicate(cols), source_alias="s", target_alias="t",
-                                    commit_properties=self._props(txn, metadata))
+        dt = self.table()
+        before = dt.version()
+        merger = dt.merge(changes, predicate(cols), source_alias="s", target_alias="t",
+                          commit_properties=self._props(txn, metadata), post_commithook_properties=HOOKS)
         metrics = clauses(merger, cols).execute()
-        v = self._advanced()
+        v = self._advanced(before + 1)
         if not self._recorded(v, txn):
             raise CommitError(f"merge into {self.path} did not record txn {txn}")
         return v, dict(metrics or {})
@@ -849,7 +916,7 @@ _DELETED = ("num_deleted_rows", "num_target_rows_deleted", "numDeletedRows", "nu
 _UPDATED = ("num_updated_rows", "num_target_rows_updated", "numUpdatedRows", "numTargetRowsUpdated")
 
 
-def _changed_rows(metrics: dict) -> int | None:
+def changed_rows(metrics: dict) -> int | None:
     """Change Data Feed rows a commit produced, from its operation metrics (None: unknown)."""
     known = False
     rows = 0

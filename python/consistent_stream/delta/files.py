@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
-from .. import location
+from .. import location, storage
 from .deltars import DataFile, as_uri, plain_arrow, plain_schema
 
 MAX_STRING_STAT = 32
@@ -77,15 +77,18 @@ def arrow_stats(data: pa.Table) -> str:
 def write_arrow(table_path: str, rel_dir: str, data: pa.Table,
                 partition_values: dict[str, str | None] | None = None) -> DataFile:
     """Write ``data`` (no partition columns in it) as one Parquet file under
-    ``table_path/rel_dir`` from the driver. For change-sized data only."""
+    ``table_path/rel_dir`` from the driver. For change-sized data only: the file is encoded in
+    memory and written whole, locally or in one PUT on an object store (no directory markers,
+    no multipart upload, no HEAD for its size)."""
     data = plain_arrow(data)
     rel = f"{rel_dir}/part-{uuid.uuid4().hex}.parquet"
-    fs, base = location.pyarrow_filesystem(table_path)
-    full = f"{base.rstrip('/')}/{rel}"
-    fs.create_dir(full.rsplit("/", 1)[0], recursive=True)
-    pq.write_table(data, full, filesystem=fs, compression="snappy")
-    size = fs.get_file_info(full).size
-    return DataFile(rel, size, data.num_rows, dict(partition_values or {}), arrow_stats(data))
+    sink = pa.BufferOutputStream()
+    pq.write_table(data, sink, compression="snappy")
+    buf = sink.getvalue()
+    full = f"{table_path.rstrip('/')}/{rel}"
+    storage.make_dirs(os.path.dirname(full))
+    storage.write_bytes(full, buf)
+    return DataFile(rel, buf.size, data.num_rows, dict(partition_values or {}), arrow_stats(data))
 
 
 def footer_stats(fs: pafs.FileSystem, full_path: str, schema: pa.Schema) -> tuple[int, str]:

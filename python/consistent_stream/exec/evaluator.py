@@ -159,7 +159,8 @@ class BatchEvaluator:
         self._read_at_last = 0
 
     def close(self) -> None:
-        storage.remove_tree(self.scratch, ignore_errors=True)
+        if self.engine.wrote:   # (nothing to remove otherwise: on an object store, no listing)
+            storage.remove_tree(self.scratch, ignore_errors=True)
 
     # ---- materialization ----------------------------------------------------------------------
     def materialize(self, sql: str, schema: StructType) -> Changelog:

@@ -17,10 +17,12 @@ from ..settings import spark_confs
 
 class SparkEngine:
     """Runs a batch's queries on Spark, over the batch's temporary ``views``; results that
-    are written go to fresh directories under ``scratch`` (the evaluator removes it)."""
+    are written go to fresh directories under ``scratch`` (the evaluator removes it once
+    ``wrote`` says something was written there)."""
 
     def __init__(self, spark: SparkSession, views: Views, scratch: str):
         self.spark, self.views, self.scratch = spark, views, scratch
+        self.wrote = False
 
     def run(self, sql: str, confs: dict[str, str], *, collect: bool,
             read_back_rows: int | None) -> tuple[Changelog, int | None]:
@@ -36,6 +38,7 @@ class SparkEngine:
             df = self.views.sql(sql)
             if collect:
                 return Changelog.of_arrow(self.views, df.toArrow(), schema=df.schema), None
+            self.wrote = True
             files = write_spark(df, self.scratch, new_dir("change"))
         if not files:
             return Changelog.empty(self.views, df.schema), 0

@@ -70,10 +70,11 @@ def compile_model(sql: str, sources: list[SourceSpec], schemas: dict[str, list[s
                          sources=sources, fingerprint=fingerprint(sql, sources), unique_key=unique_key)
 
 
-STATE_FORMAT = 3
-"""Version of the checkpoint's layout (plan, state, cut log); part of the fingerprint, so a
-checkpoint of another layout asks for a full refresh instead of being misread. 3: SUM and AVG
-over FLOAT or DOUBLE keep compensated accumulators (:mod:`consistent_stream.fsum`)."""
+STATE_FORMAT = 2
+"""Version of the checkpoint's layout (plan, state); part of the fingerprint, so a checkpoint
+of another layout asks for a full refresh instead of being misread. (The compensated
+accumulators of SUM and AVG over floating point changed only those models' state: a
+checkpoint with plain ones is found from its plan, :mod:`consistent_stream.config_change`.)"""
 
 
 def fingerprint(sql: str, sources: list[SourceSpec]) -> str:

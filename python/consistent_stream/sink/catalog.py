@@ -26,7 +26,7 @@ from .. import storage
 from ..delta import DeltaTableRef
 from ..delta.deltars import as_uri
 from ..faults import fault_point
-from ..spark_checkpoint import fs_path
+from ..location import fs_path
 
 LEGACY_SNAPSHOTS = "_consistent_stream/snapshots"
 """Where the hard-link snapshot directories of a Parquet catalog entry were kept (removed)."""

@@ -1,10 +1,11 @@
 """Table maintenance of a model: what a long run keeps on disk, and what it deletes.
 
-Every micro-batch commits one version of the target and one of the state table, writes a cut
-file and a scratch directory; left alone, the Delta logs, the superseded data files and the
-Change Data Feed files grow with the run's history. A *maintenance pass* (:func:`maintain`),
-run by the model's one writer after a committed batch (the first of a run, then every
-``EVERY_BATCHES`` batches or ``EVERY_SECONDS`` seconds, see :class:`Maintenance`), keeps:
+Every micro-batch commits one version of the target and one of the state table and may leave
+a scratch directory; left alone, the Delta logs, the superseded data files and the Change Data
+Feed files grow with the run's history. A *maintenance pass* (:func:`maintain`), run by the
+model's one writer after a committed batch (every ``EVERY_BATCHES``-th batch of the query, or
+after ``EVERY_BATCHES`` batches or ``EVERY_SECONDS`` seconds of one run, see
+:class:`Maintenance`), keeps:
 
 * the target (read by ``ref()`` downstream through its Change Data Feed, by time travel, by
   the catalog's snapshot of a version): everything Delta's own retention keeps. Log entries
@@ -33,15 +34,8 @@ run by the model's one writer after a committed batch (the first of a run, then 
   than ``checkpoint_interval`` versions old (a table written by a writer without that hook);
 * scratch directories of batches before the running one (left by a crashed batch).
 
-Spark's checkpoint keeps the last ``spark.sql.streaming.minBatchesToRetain`` (100) batches'
-offsets and commits, and the cut files are deleted by the file source once processed
-(``cleanSource``). One part of it grows with the run's history and Spark offers no retention
-for it (SPARK-30462 and the ``latestFirst`` discussion in apache/spark#28363): the file
-source's metadata log (``spark/sources/0``) lists every cut file ever processed in its
-``.compact`` file, one entry per micro-batch, read and rewritten whole every
-``spark.sql.streaming.fileSource.log.compactInterval`` (10) batches: in a long run, most of
-the checkpoint's bytes (measured by ``benchmarks/long_run.py``). A pass trims the newest
-``.compact`` file to the entries still needed (:func:`trim_file_source_log`).
+The query's own checkpoint holds nothing that grows with its history: its record
+(:mod:`consistent_stream.checkpoint`), the definition, the plan and the state table.
 
 Only local file systems are cleaned (URIs get checkpoints only, logged once).
 """
@@ -55,15 +49,18 @@ from dataclasses import asdict, dataclass, field
 from urllib.parse import unquote
 
 from .. import location, storage
-from ..spark_checkpoint import fs_path, log_entries
+from ..location import fs_path
 
 log = logging.getLogger(__name__)
 
 EVERY_BATCHES = 10
-"""A running model's maintenance pass runs after the first committed batch of a run, then
+"""A model's maintenance pass runs after the batches whose id is a multiple of this (batch ids
+go on across runs: a model run once a batch, as ``dbt run`` runs it, passes every this many
+runs, not at every run: on an object store a pass is tens of requests), and in a long run
 after every this many committed batches ..."""
 EVERY_SECONDS = 60.0
-"""... or once this many seconds passed since the previous pass, whichever comes first."""
+"""... or once this many seconds passed since the previous pass (or the run's start),
+whichever comes first."""
 STATE_TOMBSTONE_RETENTION = "interval 10 minutes"
 """The state table's ``delta.deletedFileRetentionDuration``: how long its removed files stay
 listed (as tombstones) in its checkpoints. Maintenance vacuums them long before."""
@@ -89,7 +86,6 @@ class MaintenanceReport:
     state_log_files: int = 0
     state_data_files: int = 0
     scratch_dirs: int = 0
-    source_log_entries: int = 0
     errors: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -278,65 +274,6 @@ def clean_scratch(scratch_dir: str, before_batch: int) -> int:
     return n
 
 
-FILE_SOURCE_LOG_VERSION = "v1"
-"""The header of Spark's file source metadata log files (``FileStreamSourceLog.VERSION``)."""
-
-
-def trim_file_source_log(spark_checkpoint: str, before_batch: int) -> int:
-    """Drop from the newest ``.compact`` file of the cut log's file source metadata log
-    (``<spark checkpoint>/sources/0``) the entries of batches before ``before_batch`` whose
-    cut file is gone. Returns how many were dropped (0 when the log is not the format this
-    knows, with a warning).
-
-    The log (Spark's ``FileStreamSourceLog``): one file per batch, the header line ``v1``,
-    then one JSON line per file the batch took (``{"path", "timestamp", "batchId"}``); every
-    ``compactInterval`` batches a ``<batch>.compact`` file holds the previous compact file's
-    entries plus the newer batches', so it lists every file ever processed. Spark reads it in
-    two places: at start, every entry goes into the set of files already seen (a file listed
-    again is skipped); and a replayed batch (one whose offsets are logged but not committed)
-    reads its own entries. An entry of a batch before ``before_batch`` (a committed batch: the
-    caller runs inside batch ``before_batch``, after its commit) whose file no longer exists
-    (``cleanSource`` deleted it) serves neither: no listing finds the file again, and the
-    batch is never replayed. Spark's next compaction reads the trimmed file from disk, so the
-    log stays the size of the batches since the last pass. The caller must be the query's own
-    micro-batch thread (``foreachBatch``): Spark writes this log only while planning a batch.
-
-    The file is replaced atomically; its Hadoop checksum (``.<name>.crc``) is removed first
-    (a file without one is read unchecked; one with a stale checksum would fail the read)."""
-    d = os.path.join(fs_path(spark_checkpoint), "sources", "0")
-    for n in storage.list_dir(d):   # a pass killed before its rename
-        if n.endswith(".trim.tmp"):
-            storage.remove(os.path.join(d, n))
-    compacts = [e for e in log_entries(d) if e.compact]
-    if not compacts:
-        return 0
-    path = compacts[-1].path   # the one Spark's next compaction reads
-    name = os.path.basename(path)
-    lines = storage.read_bytes(path).decode().splitlines()
-    if not lines or lines[0] != FILE_SOURCE_LOG_VERSION:
-        log.warning("%s: not a file source log of version %s (Spark changed its format?); left as it is",
-                    path, FILE_SOURCE_LOG_VERSION)
-        return 0
-    keep = [lines[0]]
-    for line in lines[1:]:
-        try:
-            entry = json.loads(line)
-            batch, entry_path = int(entry["batchId"]), fs_path(unquote(entry["path"]))
-        except (ValueError, KeyError, TypeError):
-            log.warning("%s: an entry this does not understand (%r); the log is left as it is", path, line[:200])
-            return 0
-        if batch >= before_batch or storage.exists(entry_path):
-            keep.append(line)
-    dropped = len(lines) - len(keep)
-    if not dropped:
-        return 0
-    tmp = os.path.join(d, f".{name}.trim.tmp")
-    storage.write_bytes(tmp, "\n".join(keep).encode(), fsync=True)   # as Spark writes it: no newline at the end
-    storage.remove(os.path.join(d, f".{name}.crc"))
-    storage.rename(tmp, path)
-    return dropped
-
-
 class Maintenance:
     """The maintenance of one model for one run: decides when a pass is due and runs it with
     handles (and log positions) kept across passes: the run's own handles of the target and
@@ -351,7 +288,7 @@ class Maintenance:
         self.job = job
         self.retention = retention or retention_of(job)
         self.batches = 0                # committed batches since the last pass
-        self.last_pass = 0.0            # 0: no pass in this run yet
+        self.last_pass = time.time()    # the run's start until its first pass
         from ..delta import DeltaTableRef
         self._target = target if target is not None else DeltaTableRef(job.target_path)
         self._state = state if state is not None else DeltaTableRef(job.state_root)
@@ -362,7 +299,7 @@ class Maintenance:
 
     def after_batch(self, batch_id: int, state_version: int | None) -> MaintenanceReport | None:
         self.batches += 1
-        if self.last_pass and self.batches < EVERY_BATCHES and time.time() - self.last_pass < EVERY_SECONDS:
+        if batch_id % EVERY_BATCHES and self.batches < EVERY_BATCHES and time.time() - self.last_pass < EVERY_SECONDS:
             return None
         report = self.run(batch_id, state_version)
         self.batches, self.last_pass = 0, time.time()
@@ -383,9 +320,6 @@ class Maintenance:
         if state_version is not None and storage.is_dir(os.path.join(job.state_root, "_delta_log")):
             steps.append(("state", lambda: self._state_pass(r, state_version)))
         steps.append(("scratch", lambda: setattr(r, "scratch_dirs", clean_scratch(job.scratch_dir, batch_id))))
-        if _reachable(job.spark_checkpoint):
-            steps.append(("Spark file source log",
-                          lambda: setattr(r, "source_log_entries", trim_file_source_log(job.spark_checkpoint, batch_id))))
         for name, step in steps:
             try:
                 step()

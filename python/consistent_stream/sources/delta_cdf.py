@@ -16,10 +16,20 @@ Which engine reads each of these is decided per table from its protocol's reader
 Parquet files or delta-spark on the executors, delta-rs' dataset or its DataFusion scan on the
 driver, delta-rs' or delta-spark's Change Data Feed. A feature neither reads is refused.
 
+A run that goes on from a cut reads the table without opening it when it can
+(:class:`~consistent_stream.delta.tail.LogTail`: one listing of the log after the cut's
+version, the new commit files and the change files they name): each target commit records,
+per source, what the run knew of the table at the cut (its reader features, schema,
+partition columns and the commit time of that version: ``cut_offsets``), and the next run
+resumes from it (:meth:`DeltaSource.resume`). Any commit the tail does not read (a protocol or
+metadata change, deletion vectors, a gap in the log), and anything that needs the table's
+snapshot (row counts, a rebuild), opens the table as before.
+
 Out: the source's columns (or the requested subset) plus ``__weight`` bigint.
 """
 from __future__ import annotations
 
+import json
 import logging
 
 import pyarrow as pa
@@ -31,6 +41,8 @@ from pyspark.sql.types import StructField, StructType
 from .. import storage
 from ..changelog import WEIGHT, Changelog, with_weight
 from ..delta import DeltaTableRef
+from ..delta.deltars import FILE_EXACT_FEATURES
+from ..delta.tail import LogTail
 from ..errors import SourceError
 from .spec import INITIAL, SourceSpec
 
@@ -64,6 +76,48 @@ class DeltaSource:
         self.table = DeltaTableRef(spec.location)
         self.clock = f"source:{spec.key}"
         self._plan = None   # the table's ReadPlan, once its protocol's reader features were checked
+        self._tail: LogTail | None = None   # the log after the cut, read without opening the table (resume)
+        self._hint: dict | None = None      # what the run before knew of the table at that cut
+
+    # ---- going on from a cut without opening the table -------------------------------------
+    def resume(self, cut_offsets: dict, position: int) -> bool:
+        """Read on from ``position`` (the target's last cut) with the log's tail, given what
+        the commit of that cut recorded of this table (``cut_offsets[self.clock]``: version,
+        reader features, schema, partition columns, commit time); False (the table is opened
+        as before) when it recorded nothing for this position or the table needs a reader the
+        tail is not (:data:`FILE_EXACT_FEATURES`: no deletion vectors, no column mapping)."""
+        hint = (cut_offsets or {}).get(self.clock)
+        if not isinstance(hint, dict) or hint.get("version") != position or "schema" not in hint:
+            return False
+        if not set(hint.get("reader_features") or ()) <= FILE_EXACT_FEATURES:
+            return False
+        self._hint, self._tail = hint, LogTail(self.spec.location, position)
+        return True
+
+    def _drop_tail(self, why: str) -> None:
+        log.info("source %s (%s): %s; the table is opened", self.spec.key, self.spec.location, why)
+        self._tail = self._hint = None
+
+    def _tail_for(self, start: int, end: int) -> LogTail | None:
+        """The tail when it reads the change in ``(start, end]``, else None."""
+        if self._tail is None or start < self._tail.after:
+            return None
+        return None if self._tail.unreadable(start, end) else self._tail
+
+    def cut_metadata(self, position: int) -> dict[str, dict]:
+        """What the next run needs to read on from ``position`` without opening the table
+        (:meth:`resume`): ``{"cut_offsets": {clock: {version, reader_features, schema,
+        partition_columns, commit_ms}}}``."""
+        if self._hint is not None and self._tail is not None and not self._tail.unreadable(self._tail.after, position):
+            features, schema, partitions = (self._hint["reader_features"], self._hint["schema"],
+                                            self._hint["partition_columns"])
+        else:
+            table = self._require()
+            features = sorted(table.read_plan().features)
+            schema, partitions = self.schema().json(), table.partition_columns()
+        return {"cut_offsets": {self.clock: {"version": position, "reader_features": list(features),
+                                             "schema": schema, "partition_columns": list(partitions),
+                                             "commit_ms": self.commit_ms(position) if position >= 0 else 0}}}
 
     def _require(self) -> DeltaTableRef:
         if not self.table.exists():
@@ -95,6 +149,8 @@ class DeltaSource:
             self._plan = plan
 
     def columns(self) -> list[str]:
+        if self._hint is not None:
+            return self.schema().fieldNames()
         return [f.name for f in self._require().arrow_schema()]
 
     def schema(self) -> StructType:
@@ -102,6 +158,8 @@ class DeltaSource:
         its physical name (``delta.columnMapping.physicalName``), its identity: a column dropped
         and added again under its name has another one (:func:`consistent_stream.preflight.
         source_schema_drift` compares them)."""
+        if self._hint is not None:
+            return StructType.fromJson(json.loads(self._hint["schema"]))
         table = self._require()
         arrow, spark = table.arrow_schema(), from_arrow_schema(table.plain_arrow_schema())
         fields = []
@@ -115,6 +173,15 @@ class DeltaSource:
         """The table's latest version. Raises SourceError when the table is missing, its
         Change Data Feed is off, or its protocol needs a reader feature that cannot be read
         exactly (checked at every run's start, before anything is written)."""
+        if self._tail is not None:
+            try:
+                latest = self._tail.refresh()
+                why = self._tail.unreadable(self._tail.after, latest)
+            except OSError as e:
+                why = f"its log's tail could not be read ({e})"
+            if why is None:
+                return latest
+            self._drop_tail(why)
         table = self._require()
         version = table.latest_version()
         self._check_features()   # at the new version too: a feature added later is seen before it is read
@@ -131,20 +198,23 @@ class DeltaSource:
         return self._require().num_records(position)
 
     def commit_ms(self, position: int) -> int:
+        if self._hint is not None and position == self._hint["version"]:
+            return int(self._hint["commit_ms"])
+        if self._tail is not None and position in self._tail.commits:
+            return self._tail.commits[position].timestamp_ms
         return self._require().commit_at(position).timestamp_ms
 
     def base_positions(self, position: int) -> dict[str, int]:
         """A base source reflects itself: ``{key: position}``."""
         return {self.spec.key: position}
 
-    def cut_metadata(self, position: int) -> dict[str, dict]:
-        """Nothing beyond the cut's version."""
-        return {}
-
     def commits(self, start: int, end: int) -> list:
         """The versions in ``(start, end]`` with their commit times and change rows (from the
         commit's operation metrics; None when it has none)."""
         from .backlog import SourceCommit
+        tail = self._tail_for(start, end)
+        if tail is not None:
+            return [SourceCommit(c.version, c.timestamp_ms, c.change_rows) for c in tail.range(start, end)]
         return [SourceCommit(v, ts, rows) for v, ts, rows in self._require().commit_rows(start, end)]
 
     def snapshot(self, views, position: int, columns: list[str] | None, *, on_driver: bool = False) -> Changelog:
@@ -169,13 +239,26 @@ class DeltaSource:
         columns as named at ``end``. Raises SourceError when the table is missing or its Change
         Data Feed is off, gone for those versions, or cannot be read across a schema change in
         them (naming the commit and the change)."""
-        table = self._require()
         if start == INITIAL:
             raise ValueError("a snapshot is read with snapshot(), not changes()")
-        zschema = _zset_schema(table, None, columns)
-        if start == end:
-            return SourceChanges(Changelog.empty(views, zschema), 0, None)
-        arrow = table.read_changes_arrow(start, end, columns, spark=views.spark)
+        arrow, zschema = None, None
+        tail = self._tail_for(start, end)
+        if tail is not None:
+            schema = self.schema()
+            zschema = _with_weight_field(schema if columns is None else StructType([schema[c] for c in columns]))
+            if start == end:
+                return SourceChanges(Changelog.empty(views, zschema), 0, None)
+            try:
+                arrow = tail.changes(start, end, _plain_arrow(zschema, drop=WEIGHT), self._hint["partition_columns"])
+            except Exception as e:   # a file the tail cannot decode as the schema says: the table's own reader
+                self._drop_tail(f"versions {start + 1}..{end} could not be read from the log's tail ({e})")
+                arrow = None
+        if arrow is None:
+            table = self._require()
+            zschema = _zset_schema(table, None, columns)
+            if start == end:
+                return SourceChanges(Changelog.empty(views, zschema), 0, None)
+            arrow = table.read_changes_arrow(start, end, columns, spark=views.spark)
         n = arrow.num_rows
         kinds = arrow.column("_change_type")
         unknown = pc.invert(pc.is_in(kinds, pa.array(list(_SIGN))))
@@ -190,6 +273,17 @@ class DeltaSource:
         keep = [c for c in arrow.column_names if c not in ("_change_type", "_commit_version", "_commit_timestamp")]
         data = arrow.select(keep).append_column(WEIGHT, weight)
         return SourceChanges(Changelog.of_source_change(views, data, schema=zschema), n, commit_ms)
+
+
+def _with_weight_field(schema: StructType) -> StructType:
+    from pyspark.sql.types import LongType
+    return StructType(list(schema.fields) + [StructField(WEIGHT, LongType())])
+
+
+def _plain_arrow(schema: StructType, drop: str) -> pa.Schema:
+    """``schema`` (less column ``drop``) in Arrow, as the table's rows are once read."""
+    from ..delta.deltars import arrow_schema, plain_schema
+    return plain_schema(arrow_schema(StructType([f for f in schema.fields if f.name != drop])))
 
 
 def _zset_schema(table: DeltaTableRef, version: int | None, columns: list[str] | None) -> StructType:

@@ -66,6 +66,15 @@ class ModelSource(DeltaSource):
         super().__init__(spec)
         self._meta: dict[int, dict] = {}   # version -> decoded commit metadata
 
+    def resume(self, cut_offsets: dict, position: int) -> bool:
+        """An upstream model is read through its own handle (its versions carry the base cuts
+        the DAG cut rule needs), never from the log's tail."""
+        return False
+
+    def cut_metadata(self, position: int) -> dict[str, dict]:
+        """Nothing beyond the cut's version: the upstream's own commit records its base cut."""
+        return {}
+
     def _require(self):
         if not self.table.exists():
             raise SourceError(f"ref('{self.spec.name}'): the consistent_stream model {self.spec.name} has no target "

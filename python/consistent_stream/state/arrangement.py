@@ -42,6 +42,7 @@ previous batch, never at "latest".
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 from dataclasses import dataclass, field
 
@@ -220,7 +221,7 @@ class StateStore:
                  file_rows: int = STATE_FILE_ROWS, policy: CompactionPolicy | None = None):
         self.spark, self.path, self.file_rows = spark, path, file_rows
         self.policy = policy or DEFAULT_POLICY
-        self.table = DeltaTableRef(path)
+        self.table = DeltaTableRef(path, owned=True)   # written only by the run holding the writer lock
         self.arrangements = dict(arrangements)
         self.version: int | None = None
         self._files: dict[str, list[_File]] = {}
@@ -361,7 +362,11 @@ class StateStore:
             found = self._duck().scan(paths, schema, keyed, limit)
             if found is not UNSUPPORTED:
                 return found
-        return arrow_scan(paths, schema, keyed, limit, fs)
+        sizes = [f.data.size for f in files]
+        if not isinstance(fs, pafs.LocalFileSystem) and max(sizes, default=0) <= WHOLE_OBJECT_BYTES:
+            return fetched_scan([self.table.file_path(f.data.path) for f in files], schema, keyed, limit)
+        infos = [pafs.FileInfo(p, type=pafs.FileType.File, size=n) for p, n in zip(paths, sizes)]
+        return arrow_scan(infos, schema, keyed, limit, fs)
 
     def _duck(self) -> "KeyedScan":
         if self._keyed_scan is None:
@@ -440,6 +445,28 @@ class StateStore:
                                       f"{f.dataType} in two arrangements")
                 fields.setdefault(f.name, StructField(f.name, f.dataType, True))
         return StructType(list(fields.values()) + [StructField(ARRANGEMENT, _string(), True)])
+
+    def pending_batch(self, app_id: str, after: int) -> tuple[int, dict | None] | None:
+        """The batch of query ``app_id`` this state holds beyond batch ``after - 1`` (the state
+        one batch ahead of the target: its txn version is at least ``after``), and what its
+        commit recorded of the batch (``start`` and ``end``: the planned cut, as the runtime
+        writes them; None when the commit records none). None in the common case, known from
+        the state's txn alone (no commit read): the state holds no later batch of that query.
+        Else read from the state's newest commits (maintenance may have committed after it)."""
+        if not self.arrangements or not self.table.exists():
+            return None
+        self.table.refresh()
+        done = self.table.txn_version(app_id)
+        if done is None or done < after:
+            return None
+        for c in self.table.history(10):
+            if c.metadata.get("app_id") == app_id and str(c.metadata.get("batch_id")) == str(done):
+                start, end = c.metadata.get("start"), c.metadata.get("end")
+                if start is None or end is None:
+                    return done, None
+                js = (lambda v: json.loads(v) if isinstance(v, str) else v)
+                return done, {"start": js(start), "end": js(end)}
+        return done, None
 
     def commit(self, txn: Txn, metadata: dict) -> int | None:
         """Step 3 of the exactly-once protocol: ONE commit of every staged change (and of the
@@ -605,18 +632,51 @@ def _string():
     return StringType()
 
 
-def arrow_scan(paths: list[str], schema: pa.Schema, keys: dict | None, limit: int | None = None,
-               filesystem=None) -> pa.Table | None:
-    """Rows of the Parquet files ``paths`` (Arrow table of ``schema``) whose column ``c``
-    holds one of ``keys[c]`` for every key column (all rows when ``keys`` is None), read with
-    Arrow's dataset scanner a batch at a time; None when more than ``limit`` rows match. A
-    NULL among a column's values matches NULLs (``is_in``)."""
+WHOLE_OBJECT_BYTES = 16 << 20
+"""State files on an object store up to this size are read whole, one GET each, all of a read's
+files at once (:func:`fetched_scan`); larger ones by Arrow's scanner in ranged GETs."""
+
+
+def _key_filter(keys: dict | None):
     import pyarrow.dataset as pads
     expr = None
     for c, values in (keys or {}).items():
         e = pads.field(c).isin(pc.unique(values))
         expr = e if expr is None else expr & e
-    scanner = pads.dataset(paths, schema=schema, format="parquet", filesystem=filesystem).scanner(filter=expr)
+    return expr
+
+
+def fetched_scan(paths: list[str], schema: pa.Schema, keys: dict | None, limit: int | None = None
+                 ) -> pa.Table | None:
+    """:func:`arrow_scan` of files on an object store read whole: one GET a file (its size is
+    known from the log, so no HEAD), every file at once (a read costs one round trip, not one
+    per file), decoded from memory."""
+    import pyarrow.dataset as pads
+    import pyarrow.parquet as pq
+    from concurrent.futures import ThreadPoolExecutor
+    from .. import storage
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(paths))), thread_name_prefix="state-read") as pool:
+        blobs = list(pool.map(storage.read_bytes, paths))
+    tables = [pq.read_table(pa.BufferReader(b), schema=schema) for b in blobs]
+    data = pads.dataset(tables, schema=schema).to_table(filter=_key_filter(keys)) if tables else schema.empty_table()
+    return None if limit is not None and data.num_rows > limit else data
+
+
+def arrow_scan(paths: list, schema: pa.Schema, keys: dict | None, limit: int | None = None,
+               filesystem=None) -> pa.Table | None:
+    """Rows of the Parquet files ``paths`` (paths, or ``FileInfo`` s with their sizes: no
+    HEAD per file; Arrow table of ``schema``) whose column ``c`` holds one of ``keys[c]`` for
+    every key column (all rows when ``keys`` is None), read with Arrow's dataset scanner a
+    batch at a time; None when more than ``limit`` rows match. A NULL among a column's values
+    matches NULLs (``is_in``)."""
+    import pyarrow.dataset as pads
+    import pyarrow.fs as pafs
+    expr = _key_filter(keys)
+    if paths and isinstance(paths[0], pafs.FileInfo):
+        dataset = pads.FileSystemDatasetFactory(filesystem, paths, pads.ParquetFileFormat()).finish(schema)
+    else:
+        dataset = pads.dataset(paths, schema=schema, format="parquet", filesystem=filesystem)
+    scanner = dataset.scanner(filter=expr)
     if limit is None:
         return scanner.to_table()
     batches, n = [], 0

@@ -1,0 +1,173 @@
+"""The commits of a Delta table after a version a run already knows, read from the log without
+opening the table: a source's change between two cuts at the cost of that change.
+
+Opening a Delta table (delta-rs) reads its newest checkpoint and replays every commit since
+(delta-rs reads each commit file twice: once for the protocol and metadata, once for the
+files), and a source is opened by every run. A run that goes on from a cut needs only the
+commits after it: one listing of the log after that version, one GET of each new commit file
+(all at once), and the change files those commits name (one GET each, all at once).
+
+What the tail reads (the Delta protocol's Change Data Feed, "Change Data Files"): a commit
+with ``cdc`` actions has its change rows in those files (with ``_change_type``); a commit
+without them changes the rows of its ``add`` files (inserts) and ``remove`` files (deletes,
+read from the removed file, which no vacuum has deleted yet) that have ``dataChange``; a
+commit whose every action has ``dataChange: false`` (OPTIMIZE) changes nothing.
+
+What it does not read, for which the caller opens the table instead (:meth:`LogTail.
+unreadable` says why): a commit with a ``protocol`` or ``metaData`` action (a new reader
+feature, a schema change, the Change Data Feed turned off), deletion vectors (rows removed
+by a vector, not by a file), files of a column-mapped table (physical column names), and a
+gap in the versions (a log cleaned up).
+
+Out of :meth:`LogTail.changes`: the requested columns (named and typed as the caller's Arrow
+schema) plus ``_change_type``, ``_commit_version`` and ``_commit_timestamp``, as delta-rs'
+``load_cdf`` gives them.
+"""
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .. import location, storage
+
+
+@dataclass(frozen=True)
+class TailCommit:
+    """One commit of the tail: its ``version``, commit time (``timestamp_ms``, ms since
+    epoch) and its actions as the commit file holds them."""
+    version: int
+    timestamp_ms: int
+    actions: tuple
+
+    def _info(self) -> dict:
+        return next((a["commitInfo"] for a in self.actions if "commitInfo" in a), {})
+
+    @property
+    def change_rows(self) -> int | None:
+        """Change Data Feed rows of the commit: 0 for a commit that changes no data (every
+        ``add`` and ``remove`` with ``dataChange: false``, no ``cdc``: OPTIMIZE), else from its
+        ``operationMetrics`` (delta-rs' and Delta Spark's names; None: unknown)."""
+        from .deltars import changed_rows
+        changes = [a for a in self.actions if "cdc" in a
+                   or any(k in a and a[k].get("dataChange", True) for k in ("add", "remove"))]
+        return 0 if not changes else changed_rows(self._info().get("operationMetrics") or {})
+
+    def unreadable(self) -> str | None:
+        """Why the tail does not read this commit's change (None: it does)."""
+        for a in self.actions:
+            if "protocol" in a or "metaData" in a:
+                return f"version {self.version} changes the table's {'protocol' if 'protocol' in a else 'metadata'}"
+            for kind in ("add", "remove", "cdc"):
+                if kind in a and a[kind].get("deletionVector"):
+                    return f"version {self.version} has deletion vectors"
+        return None
+
+
+class LogTail:
+    """The commits of the Delta table at ``table_path`` after version ``after`` (the module
+    docstring), read on demand: :meth:`refresh` lists the log and reads the new commits."""
+
+    def __init__(self, table_path: str, after: int):
+        self.path, self.after = table_path, after
+        self.log_dir = f"{table_path.rstrip('/')}/_delta_log"
+        self.commits: dict[int, TailCommit] = {}
+        self.listed = False     # the log was listed once
+        self.anchored = False   # that listing held the commit of version ``after`` (the table is there)
+
+    def refresh(self) -> int:
+        """List the log after the newest version known and read the new commit files (one
+        LIST, one GET each, all at once). Returns the newest version (``after`` when there is
+        none). Raises OSError when the log cannot be listed or a commit file read."""
+        known = max(self.commits, default=self.after)
+        # the first listing starts at the known version's own commit: its presence says the
+        # table is still there with its log (a table moved away or a log cleaned up is not)
+        first = not self.commits and not self.listed
+        start = (f"{known - 1:020d}.json" if known > 0 else "") if first else f"{known:020d}.json"
+        names = storage.list_after(self.log_dir, start)
+        versions = sorted(int(n[:20]) for n in names if len(n) == 25 and n.endswith(".json") and n[:20].isdigit())
+        if first:
+            self.listed = True
+            self.anchored = known in versions
+        new = [v for v in versions if v > known]
+        with ThreadPoolExecutor(max_workers=min(16, max(1, len(new))), thread_name_prefix="delta-tail") as pool:
+            texts = list(pool.map(lambda v: storage.read_bytes(f"{self.log_dir}/{v:020d}.json"), new))
+        for v, text in zip(new, texts):
+            actions = tuple(json.loads(line) for line in text.splitlines() if line.strip())
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            ts = int(info.get("inCommitTimestamp") or info.get("timestamp") or 0)
+            self.commits[v] = TailCommit(v, ts, actions)
+        return max(self.commits, default=self.after)
+
+    def latest(self) -> int:
+        return max(self.commits, default=self.after)
+
+    def range(self, start: int, end: int) -> list[TailCommit]:
+        """The commits in ``(start, end]`` (``start`` at least the tail's ``after``)."""
+        return [self.commits[v] for v in range(start + 1, end + 1) if v in self.commits]
+
+    def unreadable(self, start: int, end: int) -> str | None:
+        """Why the tail does not read the change in ``(start, end]`` (None: it does)."""
+        if start < self.after:
+            return f"the range starts at {start + 1}, before the tail's first version {self.after + 1}"
+        if not self.anchored:
+            return f"version {self.after}'s commit is not in the log (the table moved, or its log was cleaned up)"
+        missing = [v for v in range(start + 1, end + 1) if v not in self.commits]
+        if missing:
+            return f"versions {missing[0]}.. are not in the log listing (a gap)"
+        return next((r for c in self.range(start, end) if (r := c.unreadable())), None)
+
+    def changes(self, start: int, end: int, schema: pa.Schema, partition_columns: list[str]) -> pa.Table:
+        """The change rows of ``(start, end]`` (module docstring): ``schema``'s columns, then
+        ``_change_type``, ``_commit_version`` and ``_commit_timestamp``. Every file of the
+        range is read whole, all at once. Call only when :meth:`unreadable` is None."""
+        parts = []   # (commit, file path, change type or None for a cdc file, partition values)
+        for c in self.range(start, end):
+            cdc = [a["cdc"] for a in c.actions if "cdc" in a]
+            if cdc:
+                parts += [(c, f["path"], None, f.get("partitionValues") or {}) for f in cdc]
+                continue
+            for a in c.actions:
+                for kind, change in (("add", "insert"), ("remove", "delete")):
+                    f = a.get(kind)
+                    if f is not None and f.get("dataChange", True):
+                        parts.append((c, f["path"], change, f.get("partitionValues") or {}))
+        names = [f.name for f in schema]
+        file_cols = [n for n in names if n not in partition_columns]
+        out_schema = pa.schema(list(schema) + [pa.field("_change_type", pa.string()),
+                                               pa.field("_commit_version", pa.int64()),
+                                               pa.field("_commit_timestamp", pa.timestamp("ms"))])
+        if not parts:
+            return out_schema.empty_table()
+
+        def read(part) -> pa.Table:
+            c, rel, change, values = part
+            data = pq.read_table(pa.BufferReader(storage.read_bytes(self._file(rel))),
+                                 columns=file_cols + (["_change_type"] if change is None else []))
+            n = data.num_rows
+            cols = {}
+            for f in schema:
+                if f.name in partition_columns:
+                    cols[f.name] = pc.cast(pa.array([values.get(f.name)] * n, pa.string()), f.type)
+                else:
+                    cols[f.name] = data.column(f.name).cast(f.type)
+            cols["_change_type"] = data.column("_change_type") if change is None else pa.array([change] * n,
+                                                                                                 pa.string())
+            cols["_commit_version"] = pa.array([c.version] * n, pa.int64())
+            cols["_commit_timestamp"] = pa.array([c.timestamp_ms] * n, pa.timestamp("ms"))
+            return pa.table(cols, schema=out_schema)
+
+        with ThreadPoolExecutor(max_workers=min(16, len(parts)), thread_name_prefix="delta-tail") as pool:
+            return pa.concat_tables(list(pool.map(read, parts)))
+
+    def _file(self, rel: str) -> str:
+        rel = unquote(rel)
+        if location.is_remote(self.path):
+            return f"{self.path.rstrip('/')}/{rel}"
+        return os.path.join(self.path, rel)
