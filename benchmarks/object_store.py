@@ -16,8 +16,9 @@ requests per incremental run, by kind (GET, PUT, LIST, HEAD, DELETE, POST) and b
 touched (Delta logs, data files, the checkpoint's files, the lock, other), from the server's
 request log. With ``--latency-ms N`` every client reaches the server through a proxy that
 delays each byte by N ms in each direction (``benchmarks/latency_proxy.py``: a request and
-its answer take at least 2N ms, as S3 10-30 ms away does). The source copy's own requests are not counted (they happen between
-runs). Both sides are verified against batch evaluation at the end.
+its answer take at least 2N ms, as S3 10-30 ms away does). The source copy's own requests are
+not counted (they happen between runs). Both sides are verified against batch evaluation at
+the end.
 
 Prints one JSON line per model and a summary line, on stdout.
 """

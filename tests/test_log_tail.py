@@ -9,7 +9,9 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 import consistent_stream.delta.deltars as deltars
+from consistent_stream.delta import DeltaTableRef
 from consistent_stream.job import run_job
+from consistent_stream.runtime import BatchMeta
 from scenario import CDF, Scenario
 
 SQL = "select g, count(*) as n, sum(v) as s from src.t group by g"
@@ -30,12 +32,19 @@ def opened(monkeypatch):
 
 
 def _run(sc, job, opened, path: str) -> dict:
-    """Run ``job`` and check it against batch evaluation; returns the run's summary with
+    """Run ``job`` and check it against batch evaluation, and the source's row count its
+    commit records for the next run against the table's; returns the run's summary with
     ``opened``: how many times the run itself opened the table at ``path``."""
     before = opened.count(path)
     summary = run_job(sc.spark, job)
     summary["opened"] = opened.count(path) - before
     sc.check(job)
+    meta = BatchMeta.from_commit(DeltaTableRef(job.target_path).latest_commit())
+    hint = meta.cut_offsets["source:src.t"]
+    assert hint["version"] == meta.cut["src.t"]
+    if hint["rows"] is not None:   # None: not known without opening the table (an overwrite's removed rows)
+        assert hint["rows"] == DeltaTable(path, version=hint["version"]).to_pyarrow_table().num_rows, hint
+    summary["rows_known"] = hint["rows"] is not None
     return summary
 
 
@@ -50,13 +59,16 @@ def test_inserts_updates_deletes_and_optimize_are_read_from_the_tail_without_ope
     sc.run(job, full_refresh=True)
     src = sc.path("t")
     sc.insert("t", _t([4, 5], ["b", "c"], [40, 50]))            # an append: add files, no cdc
-    assert _run(sc, job, opened, src)["opened"] == 0
+    r = _run(sc, job, opened, src)
+    assert r["opened"] == 0 and r["rows_known"], r
     sc.update("t", {"v": "v + 1"}, "k = 1")                    # cdc files
     sc.delete("t", "k = 5")
-    assert _run(sc, job, opened, src)["opened"] == 0
+    r = _run(sc, job, opened, src)
+    assert r["opened"] == 0 and r["rows_known"], r
     DeltaTable(src).optimize.compact()                         # dataChange false: no change
     sc.insert("t", _t([6], ["a"], [60]))
-    assert _run(sc, job, opened, src)["opened"] == 0
+    r = _run(sc, job, opened, src)
+    assert r["opened"] == 0 and r["rows_known"], r
     write_deltalake(src, _t([7], ["d"], [70]), mode="overwrite")   # every file removed, one added
     summary = _run(sc, job, opened, src)
     assert summary["opened"] == 0 and summary["changes_read"] > 0 and summary["strategies"] == ["incremental"]

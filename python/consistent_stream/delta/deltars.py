@@ -911,16 +911,18 @@ class DeltaTableRef:
         return v, dict(metrics or {})
 
 
-_INSERTED = ("num_added_rows", "num_target_rows_inserted", "numOutputRows", "numTargetRowsInserted")
-_DELETED = ("num_deleted_rows", "num_target_rows_deleted", "numDeletedRows", "numTargetRowsDeleted")
-_UPDATED = ("num_updated_rows", "num_target_rows_updated", "numUpdatedRows", "numTargetRowsUpdated")
+INSERTED_METRICS = ("num_added_rows", "num_target_rows_inserted", "numOutputRows", "numTargetRowsInserted")
+DELETED_METRICS = ("num_deleted_rows", "num_target_rows_deleted", "numDeletedRows", "numTargetRowsDeleted")
+UPDATED_METRICS = ("num_updated_rows", "num_target_rows_updated", "numUpdatedRows", "numTargetRowsUpdated")
+"""A commit's operation metrics, by delta-rs' and Delta Spark's names: rows inserted, deleted
+and updated."""
 
 
 def changed_rows(metrics: dict) -> int | None:
     """Change Data Feed rows a commit produced, from its operation metrics (None: unknown)."""
     known = False
     rows = 0
-    for names, factor in ((_INSERTED, 1), (_DELETED, 1), (_UPDATED, 2)):
+    for names, factor in ((INSERTED_METRICS, 1), (DELETED_METRICS, 1), (UPDATED_METRICS, 2)):
         for n in names:
             if n in metrics:
                 known = True

@@ -59,6 +59,32 @@ class TailCommit:
                    or any(k in a and a[k].get("dataChange", True) for k in ("add", "remove"))]
         return 0 if not changes else changed_rows(self._info().get("operationMetrics") or {})
 
+    @property
+    def net_rows(self) -> int | None:
+        """How many rows the commit added to the table, less those it removed: 0 for a commit
+        that changes no data; else from its ``operationMetrics`` (inserted less deleted rows;
+        an UPDATE neither), None when they do not tell (a write that also removes files, as an
+        overwrite does, counts only what it added)."""
+        from .deltars import DELETED_METRICS, INSERTED_METRICS, UPDATED_METRICS
+        data = [a for a in self.actions if "cdc" in a
+                or any(k in a and a[k].get("dataChange", True) for k in ("add", "remove"))]
+        if not data:
+            return 0
+        m = self._info().get("operationMetrics") or {}
+
+        def first(names):
+            return next((int(m[n]) for n in names if n in m), None)
+        try:
+            inserted, deleted, updated = first(INSERTED_METRICS), first(DELETED_METRICS), first(UPDATED_METRICS)
+        except (TypeError, ValueError):
+            return None
+        removes = any("remove" in a and a["remove"].get("dataChange", True) for a in self.actions)
+        if deleted is None and updated is None and removes:
+            return None
+        if inserted is None and deleted is None and updated is None:
+            return None
+        return (inserted or 0) - (deleted or 0)
+
     def unreadable(self) -> str | None:
         """Why the tail does not read this commit's change (None: it does)."""
         for a in self.actions:

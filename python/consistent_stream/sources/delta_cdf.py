@@ -83,7 +83,7 @@ class DeltaSource:
     def resume(self, cut_offsets: dict, position: int) -> bool:
         """Read on from ``position`` (the target's last cut) with the log's tail, given what
         the commit of that cut recorded of this table (``cut_offsets[self.clock]``: version,
-        reader features, schema, partition columns, commit time); False (the table is opened
+        reader features, schema, partition columns, commit time, rows when known); False (the table is opened
         as before) when it recorded nothing for this position or the table needs a reader the
         tail is not (:data:`FILE_EXACT_FEATURES`: no deletion vectors, no column mapping)."""
         hint = (cut_offsets or {}).get(self.clock)
@@ -107,17 +107,25 @@ class DeltaSource:
     def cut_metadata(self, position: int) -> dict[str, dict]:
         """What the next run needs to read on from ``position`` without opening the table
         (:meth:`resume`): ``{"cut_offsets": {clock: {version, reader_features, schema,
-        partition_columns, commit_ms}}}``."""
+        partition_columns, commit_ms, rows}}}`` (``rows`` None when not known without opening
+        the table at an older version)."""
+        rows = None
         if self._hint is not None and self._tail is not None and not self._tail.unreadable(self._tail.after, position):
             features, schema, partitions = (self._hint["reader_features"], self._hint["schema"],
                                             self._hint["partition_columns"])
+            nets = [c.net_rows for c in self._tail.range(self._tail.after, position)]
+            if self._hint.get("rows") is not None and None not in nets:
+                rows = int(self._hint["rows"]) + sum(nets)
         else:
             table = self._require()
             features = sorted(table.read_plan().features)
             schema, partitions = self.schema().json(), table.partition_columns()
+            if position == table.version():   # (an older version's count would open it at that version)
+                rows = table.num_records(position)
         return {"cut_offsets": {self.clock: {"version": position, "reader_features": list(features),
                                              "schema": schema, "partition_columns": list(partitions),
-                                             "commit_ms": self.commit_ms(position) if position >= 0 else 0}}}
+                                             "commit_ms": self.commit_ms(position) if position >= 0 else 0,
+                                             "rows": rows}}}
 
     def _require(self) -> DeltaTableRef:
         if not self.table.exists():
@@ -194,7 +202,15 @@ class DeltaSource:
         return version
 
     def rows(self, position: int) -> int:
-        """Rows of the table at ``position`` (from the log's statistics)."""
+        """Rows of the table at ``position`` (from the log's statistics; reading on from the
+        cut, the rows the cut's commit recorded plus what the tail's commits added less what
+        they removed, by their operation metrics, when those tell)."""
+        hint, tail = self._hint, self._tail
+        if hint is not None and tail is not None and hint.get("rows") is not None and position >= tail.after \
+                and not tail.unreadable(tail.after, position):
+            nets = [c.net_rows for c in tail.range(tail.after, position)]
+            if None not in nets:
+                return int(hint["rows"]) + sum(nets)
         return self._require().num_records(position)
 
     def commit_ms(self, position: int) -> int:
