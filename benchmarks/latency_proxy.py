@@ -1,18 +1,26 @@
 """A TCP proxy on loopback that delays every byte by a fixed time in each direction: a far
 away server (an S3 endpoint 10-30 ms away) in front of a near one, for the benchmarks.
 
-    proxy = LatencyProxy("127.0.0.1", server_port, delay_s=0.010).start()
+    proxy = ProxyProcess("127.0.0.1", server_port, delay_s=0.010).start()
     ... point the clients at 127.0.0.1:proxy.port ...
     proxy.stop()
 
+    python benchmarks/latency_proxy.py --upstream 127.0.0.1:9000 --delay-ms 10   # prints its port
+
 Each byte is forwarded ``delay_s`` after it arrived (a one-way latency: a request and its
 response take at least ``2 x delay_s``), while the bytes behind it keep flowing: throughput is
-not limited, only the round trip is, as on a long link. Runs an asyncio loop on a thread of
-its own; counts the connections it accepted (``connections``).
+not limited, only the round trip is, as on a long link. :class:`LatencyProxy` runs an asyncio
+loop on a thread; :class:`ProxyProcess` runs it in a process of its own, which is what a
+benchmark wants: a client library that blocks on the network while holding Python's GIL
+(delta-rs' ``history()`` does) would otherwise stall a proxy thread in the same process, and
+with it its own request (seen as a 180 s timeout).
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 
@@ -98,3 +106,53 @@ class LatencyProxy:
         except (ConnectionError, OSError):
             queue.put_nowait((time.monotonic(), None))
         await writer
+
+
+class ProxyProcess:
+    """A :class:`LatencyProxy` in a child process (see the module docstring); ``port`` once
+    started. Raises RuntimeError when it does not start within 30 s."""
+
+    def __init__(self, upstream_host: str, upstream_port: int, delay_s: float):
+        self.upstream = (upstream_host, upstream_port)
+        self.delay_s = delay_s
+        self.port: int | None = None
+        self._proc: subprocess.Popen | None = None
+
+    def start(self) -> "ProxyProcess":
+        self._proc = subprocess.Popen(
+            [sys.executable, __file__, "--upstream", f"{self.upstream[0]}:{self.upstream[1]}",
+             "--delay-ms", str(self.delay_s * 1000.0)], stdout=subprocess.PIPE, text=True)
+        line = self._proc.stdout.readline()
+        if not line.strip().isdigit():
+            self.stop()
+            raise RuntimeError(f"the latency proxy did not start (it printed {line!r})")
+        self.port = int(line)
+        return self
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--upstream", required=True, help="host:port of the server behind the proxy")
+    ap.add_argument("--delay-ms", type=float, required=True, help="delay each direction by this many ms")
+    ap.add_argument("--port", type=int, default=0, help="port to listen on (0: a free one, printed)")
+    args = ap.parse_args(argv)
+    host, port = args.upstream.rsplit(":", 1)
+    proxy = LatencyProxy(host, int(port), args.delay_ms / 1000.0, port=args.port).start()
+    print(proxy.port, flush=True)
+    try:
+        proxy._thread.join()
+    except KeyboardInterrupt:
+        proxy.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

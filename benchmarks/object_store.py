@@ -116,9 +116,9 @@ def main() -> int:
     env = server.env()
     proxy = None
     if args.latency_ms > 0:
-        from latency_proxy import LatencyProxy
+        from latency_proxy import ProxyProcess
         host, port = env["AWS_ENDPOINT_URL"].split("//", 1)[1].rsplit(":", 1)
-        proxy = LatencyProxy(host, int(port), args.latency_ms / 1000.0).start()
+        proxy = ProxyProcess(host, int(port), args.latency_ms / 1000.0).start()
         env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
     os.environ.update(env)
     location.reset()

@@ -99,6 +99,12 @@ def test_many_small_batches_leave_checkpointed_logs_and_no_superseded_files(spar
     conf = DeltaTable(target).metadata().configuration
     assert conf["delta.deletedFileRetentionDuration"] == "interval 1 seconds", conf
     assert conf["delta.logRetentionDuration"] == "interval 1 seconds", conf
+    # and both tables with the model's checkpoint interval, which delta-rs' own hook keeps as
+    # the run commits (maintenance only catches up on a table made without it)
+    assert conf["delta.checkpointInterval"] == str(job.checkpoint_interval), conf
+    state_conf = DeltaTable(state).metadata().configuration
+    assert state_conf["delta.checkpointInterval"] == str(job.checkpoint_interval), state_conf
+    assert state_conf["delta.deletedFileRetentionDuration"] == maintenance.STATE_TOMBSTONE_RETENTION, state_conf
     # (checked by age, not by count: at five batches a second, a second's tombstones are five)
     newest = os.path.join(target, "_delta_log", max(_checkpoints(target)))
     tombstones = [r for r in pq.read_table(newest, columns=["remove"]).column("remove").to_pylist() if r]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -166,7 +167,9 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
     try:
         # the run owns its checkpoint's small files: each is read once (storage.read_once_under)
         with WriterLock(job.checkpoint_location, job.model) as lock, \
-                storage.read_once_under(os.path.join(job.checkpoint_location, "_consistent_stream")):
+                storage.read_once_under(os.path.join(job.checkpoint_location, "_consistent_stream"),
+                                        prefetch=(job.spec_path, job.fingerprint_path, job.plan_path,
+                                                  job.query_path, job.local_sql_path)):
             return _run_job(spark, job, full_refresh=full_refresh, timeout_s=timeout_s, fence=lock.check)
     except Exception as e:  # a full or read-only disk, a lost session: say so (README "Bad inputs")
         explained = preflight.explain_failure(job, e)
@@ -213,17 +216,41 @@ class _Run:
     sources: dict
     cut: Cut
     target: DeltaTableRef
+    state: DeltaTableRef
+    state_opening: threading.Thread | None = None
 
     @staticmethod
     def open(spark: SparkSession, job: JobSpec, full_refresh: bool) -> "_Run":
         """Open the sources and take the cut the run processes up to (their newest
-        consistent cut, :func:`~consistent_stream.sources.dag.latest_cut`)."""
+        consistent cut, :func:`~consistent_stream.sources.dag.latest_cut`). On an object
+        store the state table's log is read meanwhile, on a thread (:meth:`state_table`)."""
         t0 = time.time()
         sources = {s.key: open_source(s) for s in job.sources}
         target = DeltaTableRef(job.target_path, owned=True)   # the run holds the model's writer lock
+        state = DeltaTableRef(job.state_root, owned=True)
+        opening = None
+        if location.is_remote(job.state_root) and not full_refresh:
+            def open_state():
+                try:
+                    state.exists()
+                except Exception:  # noqa: BLE001 (opened again where it is used, which reports it)
+                    pass
+            opening = threading.Thread(target=open_state, name="open-state", daemon=True)
+            opening.start()
         if not full_refresh:
             resume_sources(sources, target)
-        return _Run(spark, job, full_refresh, t0, sources, Cut(latest_cut(list(sources.values()))), target)
+        return _Run(spark, job, full_refresh, t0, sources, Cut(latest_cut(list(sources.values()))), target,
+                    state, opening)
+
+    def state_table(self) -> DeltaTableRef:
+        """The state table's handle, once the thread that opens it is done; a new one when the
+        run rebuilds (a full refresh removed the state the thread may have opened)."""
+        if self.state_opening is not None:
+            self.state_opening.join()
+            self.state_opening = None
+        if self.full_refresh:
+            self.state = DeltaTableRef(self.job.state_root, owned=True)
+        return self.state
 
 
 def resume_sources(sources: dict, target: DeltaTableRef) -> None:
@@ -293,7 +320,8 @@ def _prepare(run: _Run, action: str, changes: list) -> tuple[QueryRuntime, list 
              if key else "kept as a bag (no unique key configured or inferred)")
     record = _start_checkpoint(job, compiled.fingerprint, run.full_refresh)
     _save_plan(job, compiled, out_schema, types)
-    runtime = QueryRuntime(run.spark, job, compiled, out_schema, types, sources=run.sources, target=run.target)
+    runtime = QueryRuntime(run.spark, job, compiled, out_schema, types, sources=run.sources, target=run.target,
+                           state=run.state_table())
     return runtime, key, record
 
 

@@ -260,12 +260,21 @@ def apply_to_spark(spark, paths) -> None:
     what the user set.)"""
     if not any(is_remote(p) for p in paths if p):
         return
-    conf = spark.sparkContext.getConf()
-    configure({k: conf.get("spark.hadoop." + k, None) for k in (*_S3A_KEYS, "fs.s3a.connection.ssl.enabled")})
-    hconf = spark.sparkContext._jsc.hadoopConfiguration()
-    for k, v in spark_hadoop_confs().items():
+    sc = spark.sparkContext
+    # (the keys one by one: SparkContext.getConf() copies every setting, a tenth of a second)
+    configure({k: spark.conf.get("spark.hadoop." + k, None) for k in (*_S3A_KEYS, "fs.s3a.connection.ssl.enabled")})
+    wanted = spark_hadoop_confs()
+    if _APPLIED.get(id(sc)) == (sc.applicationId, wanted):
+        return   # this session's Hadoop configuration has them (set by an earlier run of this process)
+    hconf = sc._jsc.hadoopConfiguration()
+    for k, v in wanted.items():
         if hconf.get(k) != v:
             hconf.set(k, v)
+    _APPLIED[id(sc)] = (sc.applicationId, wanted)
+
+
+_APPLIED: dict[int, tuple[str, dict]] = {}
+"""SparkContext id -> (its application id, the confs :func:`apply_to_spark` last set on it)."""
 
 
 def object_store(path: str):

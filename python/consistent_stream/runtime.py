@@ -53,7 +53,7 @@ from .exec.evaluator import BatchEvaluator, PlanTypes
 from .exec.local import LocalEngine, Translations, session_supported
 from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, multiplicities, sink_changes
 from .sink.constraints import check_constraints
-from .sink.maintenance import retention_of, table_properties
+from .sink.maintenance import retention_of, state_properties, table_properties
 from .sink.unique import check_new_keys
 from .sources import Cut
 from .sources.dag import base_cut
@@ -206,17 +206,19 @@ def scan_columns(compiled: CompiledModel) -> dict[str, list[str]]:
 
 class QueryRuntime:
     """Everything one running query keeps between micro-batches (see the module docstring).
-    ``sources`` and ``target``: the run's handles (one per table per run, refreshed, never
+    ``sources``, ``target`` and ``state``: the run's handles (one per table per run, refreshed, never
     reopened), opened here when not given."""
 
     def __init__(self, spark: SparkSession, job: JobSpec, compiled: CompiledModel, output_schema: StructType,
-                 types: PlanTypes, *, sources: dict | None = None, target: DeltaTableRef | None = None):
+                 types: PlanTypes, *, sources: dict | None = None, target: DeltaTableRef | None = None,
+                 state: DeltaTableRef | None = None):
         self.spark, self.job, self.compiled, self.output_schema, self.types = spark, job, compiled, output_schema, types
         self.key = target_key(job, compiled, output_schema)
         self.sources = sources if sources is not None else {s.key: open_source(s) for s in job.sources}
         self.columns = scan_columns(compiled)
         self.target = target if target is not None else DeltaTableRef(job.target_path)
-        self.store = StateStore(spark, job.state_root, types.arrangements, file_rows=job.state_file_rows)
+        self.store = StateStore(spark, job.state_root, types.arrangements, file_rows=job.state_file_rows,
+                                properties=state_properties(retention_of(job)), table=state)
         self.translations = Translations(job.local_sql_path)   # the local engine's, kept across runs
         self.last: BatchMeta | None = None   # the newest committed batch, once known
         self.parallelism: int | None = None  # set by the autoscaler between batches (None: the engine's defaults)

@@ -33,6 +33,7 @@ import json
 import os
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Iterator, NamedTuple
 
@@ -117,14 +118,28 @@ _once = threading.local()
 
 
 @contextmanager
-def read_once_under(prefix: str):
+def read_once_under(prefix: str, prefetch: tuple[str, ...] = ()):
     """Within the block, on this thread, each file under directory ``prefix`` is read at most
     once, its absence included: a run asks its checkpoint's small files (the definition, the
     fingerprint, the plan, the query's record) in several checks, and holds the model's
     writer lock, so nothing else changes them meanwhile. Writes and removals under ``prefix``
-    through this module update what is remembered. (On an object store each read is a GET.)"""
+    through this module update what is remembered. (On an object store each read is a GET:
+    the files named in ``prefetch``, paths under ``prefix``, are read at block entry all at
+    once, one round trip for all; a file that cannot be read then is read again when asked.)"""
     saved = getattr(_once, "scope", None)
-    _once.scope = (prefix.rstrip("/") + "/", {})
+    files: dict = {}
+    _once.scope = (prefix.rstrip("/") + "/", files)
+    remote = [p for p in prefetch if location.is_remote(p) and p.startswith(_once.scope[0])]
+    if len(remote) > 1:
+        def get(path):
+            try:
+                return path, _s3_get(path)
+            except FileNotFoundError:
+                return path, None
+            except OSError:
+                return path, ...   # asked again later, where the error is reported
+        with ThreadPoolExecutor(max_workers=min(8, len(remote)), thread_name_prefix="read-once") as pool:
+            files.update({p: d for p, d in pool.map(get, remote) if d is not ...})
     try:
         yield
     finally:

@@ -349,8 +349,9 @@ class Maintenance:
         job, ret = self.job, self.retention
         dt = self._latest(self._state)
         conf = dt.metadata().configuration
-        if conf.get("delta.deletedFileRetentionDuration") != STATE_TOMBSTONE_RETENTION:
-            dt.alter.set_table_properties({"delta.deletedFileRetentionDuration": STATE_TOMBSTONE_RETENTION})
+        wanted = {k: v for k, v in state_properties(ret).items() if conf.get(k) != v}
+        if wanted:   # a state table created before these properties, or a changed interval
+            dt.alter.set_table_properties(wanted)
             dt.update_incremental()
         r.checkpoints += ensure_checkpoint(dt, ret.checkpoint_interval)
         if not _reachable(job.state_root):
@@ -363,13 +364,25 @@ class Maintenance:
 def table_properties(retention: Retention) -> dict[str, str]:
     """The Delta table properties a target is created with so that Delta's own retention
     agrees with the model's: ``delta.logRetentionDuration`` and
-    ``delta.deletedFileRetentionDuration`` (whole seconds). The second also decides how long
-    the target's checkpoints keep the tombstones of removed files: without it a checkpoint
-    would list every file removed in the last 7 days, growing with the run's history."""
+    ``delta.deletedFileRetentionDuration`` (whole seconds), and ``delta.checkpointInterval``.
+    The second also decides how long the target's checkpoints keep the tombstones of removed
+    files: without it a checkpoint would list every file removed in the last 7 days, growing
+    with the run's history. The third makes delta-rs' post-commit hook write the checkpoints
+    the model asks for as it commits (every reader of the table then replays at most
+    ``checkpoint_interval - 1`` commits), not only maintenance's pass."""
     def interval(hours: float) -> str:
         return f"interval {max(1, round(hours * 3600))} seconds"
     return {"delta.logRetentionDuration": interval(retention.log_retention_hours),
-            "delta.deletedFileRetentionDuration": interval(retention.deleted_file_retention_hours)}
+            "delta.deletedFileRetentionDuration": interval(retention.deleted_file_retention_hours),
+            "delta.checkpointInterval": str(retention.checkpoint_interval)}
+
+
+def state_properties(retention: Retention) -> dict[str, str]:
+    """The Delta table properties of a model's state table: its tombstones kept
+    ``STATE_TOMBSTONE_RETENTION`` (maintenance vacuums long before) and a checkpoint every
+    ``checkpoint_interval`` commits (see :func:`table_properties`)."""
+    return {"delta.deletedFileRetentionDuration": STATE_TOMBSTONE_RETENTION,
+            "delta.checkpointInterval": str(retention.checkpoint_interval)}
 
 
 def retention_of(job) -> Retention:
@@ -380,4 +393,4 @@ def retention_of(job) -> Retention:
 
 
 __all__ = ["Maintenance", "MaintenanceReport", "Retention", "EVERY_BATCHES", "EVERY_SECONDS",
-           "Tombstones", "ensure_checkpoint", "table_properties", "vacuum_target", "vacuum_state", "clean_scratch", "retention_of"]
+           "Tombstones", "ensure_checkpoint", "table_properties", "state_properties", "vacuum_target", "vacuum_state", "clean_scratch", "retention_of"]

@@ -25,6 +25,8 @@ upstreams from the same source versions, or of their common ancestors first).
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from ..errors import SourceError
 from .formats import Source, open_source
 from .model import ModelSource
@@ -34,13 +36,17 @@ def latest_cut(sources: list[Source]) -> dict[str, int]:
     """The newest consistent cut of ``sources``: each clock's newest position, read once per
     clock so that all its sources share it (Delta's latest version; for Debezium sources the
     last complete transaction of their landing directory); with upstream models, the newest
-    cut on which they and the base sources agree (:func:`aligned_cut`)."""
-    out, clocks = {}, {}
+    cut on which they and the base sources agree (:func:`aligned_cut`). The clocks are read
+    at once (on an object store each is a LIST and a GET or more: one round trip for all)."""
+    first = {}
     for s in sources:
-        if s.clock not in clocks:
-            clocks[s.clock] = s.latest_position()
-        out[s.spec.key] = clocks[s.clock]
-    return aligned_cut(sources, out)
+        first.setdefault(s.clock, s)
+    if len(first) > 1:
+        with ThreadPoolExecutor(max_workers=min(8, len(first)), thread_name_prefix="latest-cut") as pool:
+            clocks = dict(zip(first, pool.map(lambda s: s.latest_position(), first.values())))
+    else:
+        clocks = {c: s.latest_position() for c, s in first.items()}
+    return aligned_cut(sources, {s.spec.key: clocks[s.clock] for s in sources})
 
 
 def aligned_cut(sources: list, newest: dict[str, int]) -> dict[str, int]:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -59,7 +60,7 @@ from ..duck import UNSUPPORTED, KeyedScan
 from ..errors import CommitError
 from ..faults import fault_point
 from ..fsum import pair_sum_sql
-from .. import settings
+from .. import location, settings
 from ..settings import STATE_FILE_ROWS, spark_confs
 
 log = logging.getLogger(__name__)
@@ -218,10 +219,13 @@ class StateStore:
     """
 
     def __init__(self, spark: SparkSession, path: str, arrangements: dict[str, Arrangement], *,
-                 file_rows: int = STATE_FILE_ROWS, policy: CompactionPolicy | None = None):
+                 file_rows: int = STATE_FILE_ROWS, policy: CompactionPolicy | None = None,
+                 properties: dict[str, str] | None = None, table: DeltaTableRef | None = None):
         self.spark, self.path, self.file_rows = spark, path, file_rows
+        self.properties = dict(properties or {})   # Delta table properties the state table is created with
         self.policy = policy or DEFAULT_POLICY
-        self.table = DeltaTableRef(path, owned=True)   # written only by the run holding the writer lock
+        # written only by the run holding the writer lock (``table``: its handle, already opened)
+        self.table = table if table is not None else DeltaTableRef(path, owned=True)
         self.arrangements = dict(arrangements)
         self.version: int | None = None
         self._files: dict[str, list[_File]] = {}
@@ -351,8 +355,7 @@ class StateStore:
         than ``limit`` rows match."""
         import pyarrow.fs as pafs
 
-        from ..location import pyarrow_filesystem
-        fs, base = pyarrow_filesystem(self.table.file_uri(""))
+        fs, base = location.pyarrow_filesystem(self.table.file_uri(""))
         from urllib.parse import unquote
         paths = [base.rstrip("/") + "/" + unquote(f.data.path) for f in files]
         schema = _arrow_schema(arrangement.schema)
@@ -490,6 +493,7 @@ class StateStore:
         if self.rebuilding:
             removes = [f.data for fs in new_files.values() for f in fs]
             new_files = {}
+        appended = self._append_staged()
         for name, arrangement in sorted(self.arrangements.items()):
             kind, payload = self._staged.get(name, (None, None))
             old = new_files.get(name, [])
@@ -501,7 +505,7 @@ class StateStore:
                 new_files[name] = added
                 continue
             if kind == "append":
-                added = self._append(arrangement, payload)
+                added = appended[name]
                 adds += [f.data for f in added]
                 new_files[name] = old + added
             compacted = self._maybe_compact(arrangement, new_files.get(name, []))
@@ -513,12 +517,29 @@ class StateStore:
                 new_files[name] = [f for f in new_files[name] if all(f is not d for d in dropped)] + kept_new
         schema = self.schema()
         version = self.table.commit_files(adds, removes, schema=_arrow_schema(schema), txn=txn,
-                                          metadata=metadata, partition_by=[ARRANGEMENT])
+                                          metadata=metadata, partition_by=[ARRANGEMENT],
+                                          configuration=self.properties or None)
         self.version = version
         self._files = {n: fs for n, fs in new_files.items() if fs}
         self._staged = {}
         self.rebuilding = False
         return version
+
+    def _append_staged(self) -> dict[str, list[_File]]:
+        """Write every staged change (:meth:`_append`): arrangement name -> its new files. On an
+        object store the changes the driver holds are written at once (a PUT each: one round
+        trip for all)."""
+        staged = [(n, a, self._staged[n][1]) for n, a in sorted(self.arrangements.items())
+                  if self._staged.get(n, (None,))[0] == "append"]
+        out: dict[str, list[_File]] = {}
+        parallel = [(n, a, c) for n, a, c in staged if c.arrow is not None] if location.is_remote(self.path) else []
+        if len(parallel) > 1:
+            with ThreadPoolExecutor(max_workers=min(8, len(parallel)), thread_name_prefix="state-append") as pool:
+                out.update(zip([n for n, _, _ in parallel], pool.map(lambda t: self._append(t[1], t[2]), parallel)))
+        for n, a, c in staged:
+            if n not in out:
+                out[n] = self._append(a, c)
+        return out
 
     def _append(self, arrangement: Arrangement, change: Changelog) -> list[_File]:
         """Write a staged change: one delta file (sorted by key) from the driver, or delta
@@ -653,7 +674,6 @@ def fetched_scan(paths: list[str], schema: pa.Schema, keys: dict | None, limit: 
     per file), decoded from memory."""
     import pyarrow.dataset as pads
     import pyarrow.parquet as pq
-    from concurrent.futures import ThreadPoolExecutor
     from .. import storage
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(paths))), thread_name_prefix="state-read") as pool:
         blobs = list(pool.map(storage.read_bytes, paths))
