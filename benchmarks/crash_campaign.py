@@ -2,7 +2,7 @@
 nothing applied twice.
 
     .venv/bin/python benchmarks/crash_campaign.py --trials 300 [--seed 1] [--runner engine|dbt]
-        [--restart here|child] [--keep DIR]
+        [--restart here|child] [--keep DIR] [--store local|s3]
 
 Three models over two Delta sources (``orders`` keyed by ``oid``, ``customers`` keyed by
 ``cid``, the Change Data Feed on):
@@ -35,6 +35,10 @@ state compacts every few batches. Each trial:
    in the target's and the state table's Delta logs every transaction (app id, batch) appears
    once, in increasing order (no batch applied twice, none skipped).
 
+With ``--store s3`` the targets and their checkpoints (state, the query's record, the writer
+lock) live on an S3 API server on loopback (s3proxy); the sources stay on local disk, and the
+restart after a kill first waits out the killed run's lease on the writer lock (4 s here).
+
 Prints one JSON object: trials, kills (by fault point and by random delay), fault points not
 reached, failures (with the trial, the kill and what differed), seconds. Exit status 1 when
 any trial failed. Every random choice comes from ``--seed``.
@@ -43,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import json
 import os
 import random
@@ -203,8 +206,9 @@ class EngineRunner:
 
     name = "engine"
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, targets: str | None = None):
         self.root, self.jobs, self.spec_files = root, {}, {}
+        self.targets = targets or str(root / "targets")   # location_root: a directory or an s3:// prefix
         self.sources = [{"source_name": "shop", "name": t, "relation": f"shop.{t}",
                          "meta": {"format": "delta", "location": str(root / "data" / t), "primary_key": [k]}}
                         for t, k in (("orders", "oid"), ("customers", "cid"))]
@@ -218,12 +222,12 @@ class EngineRunner:
         root = self.root
         rels = {"orders": "shop.orders", "customers": "shop.customers", "totals": f"{SCHEMA}.totals"}
         totals_ref = {"kind": "model", "name": "totals", "relation": f"{SCHEMA}.totals", "schema": SCHEMA,
-                      "identifier": "totals", "config": {"location_root": str(root / "targets")}}
+                      "identifier": "totals", "config": {"location_root": self.targets}}
         sql, key = MODELS[name]
         used = [s for s in self.sources if "{" + s["name"] + "}" in sql] + ([totals_ref] if "{totals}" in sql else [])
         job = JobSpec.from_dbt(project_root=str(root), schema=SCHEMA, identifier=name, model_name=name,
                                sql=sql.format(**rels), sources=used,
-                               config={"unique_key": key, "location_root": str(root / "targets"),
+                               config={"unique_key": key, "location_root": self.targets,
                                        "max_batch_rows": MAX_BATCH_ROWS},
                                warehouse_dir=str(root / "spark" / "warehouse"))
         self.jobs[name] = job
@@ -261,15 +265,16 @@ class DbtRunner(EngineRunner):
 
     name = "dbt"
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, targets: str | None = None):
         self.root, self.jobs, self.spec_files = root, {}, {}
+        self.targets = targets or str(root / "targets")
         files = {"dbt_project.yml": PROJECT, "profiles.yml": PROFILE.format(schema=SCHEMA, root=root),
                  "models/sources.yml": SOURCES.format(root=root)}
         rels = {"orders": "{{ source('shop', 'orders') }}", "customers": "{{ source('shop', 'customers') }}",
                 "totals": "{{ ref('totals') }}"}
         for name, (sql, key) in MODELS.items():
             cfg = f"materialized='consistent_stream', max_batch_rows={MAX_BATCH_ROWS}, " \
-                  f"location_root='{root / 'targets'}'" + (f", unique_key='{key}'" if key else "")
+                  f"location_root='{self.targets}'" + (f", unique_key='{key}'" if key else "")
             files[f"models/{name}.sql"] = "{{ config(" + cfg + ") }}\n" + sql.format(**rels) + "\n"
         for rel, text in files.items():
             p = root / "project" / rel
@@ -299,14 +304,16 @@ class DbtRunner(EngineRunner):
 def txn_log(table: str) -> list[tuple[int, str, int]]:
     """Every ``txn`` action in a Delta table's JSON log: (commit version, app id, version),
     in commit order (log files a checkpoint already covers may have been cleaned up)."""
+    from consistent_stream import storage
     out = []
-    for path in sorted(glob.glob(os.path.join(table, "_delta_log", "*.json"))):
-        version = int(os.path.basename(path).split(".")[0])
-        with open(path) as f:
-            for line in f:
-                action = json.loads(line)
-                if "txn" in action:
-                    out.append((version, action["txn"]["appId"], int(action["txn"]["version"])))
+    log_dir = f"{table.rstrip('/')}/_delta_log"
+    names = sorted(n for n in storage.list_dir(log_dir) if n.endswith(".json") and n[:20].isdigit())
+    for name in names:
+        version = int(name[:20])
+        for line in storage.read_bytes(f"{log_dir}/{name}").decode().splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "txn" in action:
+                out.append((version, action["txn"]["appId"], int(action["txn"]["version"])))
     return out
 
 
@@ -329,6 +336,7 @@ class Checker:
 
     def __call__(self) -> list[str]:
         from deltalake import DeltaTable
+        from consistent_stream import location
         from consistent_stream.compare import compare_tables
         from consistent_stream.delta import DeltaTableRef
         from consistent_stream.oracle import duckdb_result
@@ -347,7 +355,8 @@ class Checker:
                 meta = BatchMeta.from_commit(target.commit_at(v))
                 if meta is None:
                     continue
-                got = DeltaTable(job.target_path, version=v).to_pyarrow_table()
+                got = DeltaTable(job.target_path, version=v,
+                                 storage_options=location.delta_storage_options(job.target_path)).to_pyarrow_table()
                 want = duckdb_result(job.sql, job.sources, Cut(meta.base_cut), chain=True, arrow=True)
                 if got.column_names != want.column_names:
                     problems.append(f"{name}@{v}: columns {got.column_names} != {want.column_names}")
@@ -396,11 +405,13 @@ def _run(cmd: list[str], env: dict, log_path: Path, wait_for_go: bool = False) -
 class Campaign:
     """A campaign's working directory, sources, runner, checker and tallies."""
 
-    def __init__(self, root: Path, seed: int, runner: str = "engine", *, spark=None, random_kills: float = 0.25):
+    def __init__(self, root: Path, seed: int, runner: str = "engine", *, spark=None, random_kills: float = 0.25,
+                 targets: str | None = None, lease_s: float = 0.0):
         from consistent_stream.faults import POINTS
         self.root, self.rnd, self.points = root, random.Random(seed), list(POINTS)
         self.shop = Shop(root, self.rnd)
-        self.runner = DbtRunner(root) if runner == "dbt" else EngineRunner(root)
+        self.runner = DbtRunner(root, targets) if runner == "dbt" else EngineRunner(root, targets)
+        self.lease_s = lease_s   # an object store's writer lock: a killed run's lease to wait out
         self.check = Checker(self.runner, self.shop)
         self.kills = collections.Counter()
         self.not_reached = collections.Counter()
@@ -422,10 +433,21 @@ class Campaign:
         if self.spark is not None and isinstance(runner, EngineRunner) and not isinstance(runner, DbtRunner):
             from consistent_stream.job import run_job
             from consistent_stream.spec import JobSpec
+            from consistent_stream.errors import ConcurrentWriterError
             try:
                 for name in ORDER:
                     if name in runner.spec_files:
-                        run_job(self.spark, JobSpec.load(runner.spec_files[name]))
+                        for attempt in range(4):
+                            try:
+                                run_job(self.spark, JobSpec.load(runner.spec_files[name]))
+                                break
+                            except ConcurrentWriterError:
+                                # the killed run's lease on an object store's lock (its renewal
+                                # may have come just before the kill): the refusal is right;
+                                # wait it out and try again
+                                if not self.lease_s or attempt == 3:
+                                    raise
+                                time.sleep(self.lease_s)
             except Exception as e:   # noqa: BLE001 - a failed restart is the campaign's finding
                 return f"the restart failed: {type(e).__name__}: {e}"
             return None
@@ -530,6 +552,8 @@ class Campaign:
             outcome += f" with exit status {rc}"
         run_end = time.time()
         self._next = self._plan()   # its JVM starts during the restart and the check
+        if rc != 0 and self.lease_s:
+            time.sleep(self.lease_s + 2.5)   # the killed run's lease on the writer lock ends (+ the stamp's 1 s)
         err = self._recover(runner)
         problems = [err] if err else self.check()
         result = {"trial": n, "runner": runner.name, "continuous": continuous, "kill": kill, "outcome": outcome,
@@ -559,7 +583,19 @@ def main(argv=None) -> int:
                     help="restart in this process's Spark session (engine runner; faster) or in a child process "
                          "like the killed run (always so for the dbt runner)")
     ap.add_argument("--keep", help="keep the working directory here instead of a temporary one")
+    ap.add_argument("--store", choices=["local", "s3"], default="local",
+                    help="where the targets and checkpoints live: local disk, or an S3 API server on loopback "
+                         "(s3proxy, consistent_stream.s3server; the writer lock's lease then 4 s)")
     args = ap.parse_args(argv)
+    server, targets, lease_s = None, None, 0.0
+    if args.store == "s3":
+        from consistent_stream import location, s3server
+        from consistent_stream.sink.lock import LEASE_ENV
+        server = s3server.start(Path(tempfile.mkdtemp(prefix="cs-crash-s3-")), buckets=("cs-crash",))
+        lease_s = 4.0
+        os.environ.update({**server.env(), LEASE_ENV: str(lease_s)})
+        location.reset()
+        targets = "s3://cs-crash/targets"
     spark = None
     if args.restart == "here" and args.runner == "engine":
         import consistent_stream  # noqa: F401  (PYSPARK_PYTHON for the workers)
@@ -571,7 +607,7 @@ def main(argv=None) -> int:
     root = Path(args.keep or tempfile.mkdtemp(prefix="cs-crash-"))
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    campaign = Campaign(root, args.seed, args.runner, spark=spark)
+    campaign = Campaign(root, args.seed, args.runner, spark=spark, targets=targets, lease_s=lease_s)
     campaign.setup()
     for _ in range(args.trials):
         r = campaign.trial()
@@ -580,6 +616,8 @@ def main(argv=None) -> int:
     print(json.dumps(campaign.summary(time.time() - t0)))
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
+    if server is not None:
+        server.stop()
     return 1 if campaign.failures else 0
 
 
