@@ -113,9 +113,7 @@ class DeltaSource:
         if self._hint is not None and self._tail is not None and not self._tail.unreadable(self._tail.after, position):
             features, schema, partitions = (self._hint["reader_features"], self._hint["schema"],
                                             self._hint["partition_columns"])
-            nets = [c.net_rows for c in self._tail.range(self._tail.after, position)]
-            if self._hint.get("rows") is not None and None not in nets:
-                rows = int(self._hint["rows"]) + sum(nets)
+            rows = self._counted_rows(position)
         else:
             table = self._require()
             features = sorted(table.read_plan().features)
@@ -205,13 +203,19 @@ class DeltaSource:
         """Rows of the table at ``position`` (from the log's statistics; reading on from the
         cut, the rows the cut's commit recorded plus what the tail's commits added less what
         they removed, by their operation metrics, when those tell)."""
+        rows = self._counted_rows(position)
+        return rows if rows is not None else self._require().num_records(position)
+
+    def _counted_rows(self, position: int) -> int | None:
+        """Rows at ``position`` from the cut's recorded count and the tail's commits after it
+        (:attr:`.TailCommit.net_rows`); None when the hint records no count, the tail does not
+        read that far or a commit's metrics do not tell."""
         hint, tail = self._hint, self._tail
-        if hint is not None and tail is not None and hint.get("rows") is not None and position >= tail.after \
-                and not tail.unreadable(tail.after, position):
-            nets = [c.net_rows for c in tail.range(tail.after, position)]
-            if None not in nets:
-                return int(hint["rows"]) + sum(nets)
-        return self._require().num_records(position)
+        if hint is None or tail is None or hint.get("rows") is None or position < tail.after \
+                or tail.unreadable(tail.after, position):
+            return None
+        nets = [c.net_rows for c in tail.range(tail.after, position)]
+        return None if None in nets else int(hint["rows"]) + sum(nets)
 
     def commit_ms(self, position: int) -> int:
         if self._hint is not None and position == self._hint["version"]:
