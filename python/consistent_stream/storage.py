@@ -188,6 +188,16 @@ def read_bytes(path: str) -> bytes:
     return data
 
 
+def read_many(paths: list[str], name: str = "read") -> list[bytes]:
+    """The bytes of each of ``paths`` (:func:`read_bytes`), in order, read at once on up to 16
+    threads (on an object store a GET each: one round trip for all). Raises as
+    :func:`read_bytes` does, for the first path that fails."""
+    if len(paths) < 2:
+        return [read_bytes(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(16, len(paths)), thread_name_prefix=name) as pool:
+        return list(pool.map(read_bytes, paths))
+
+
 def load_json(path: str):
     """The JSON value in file ``path`` (UTF-8). Raises FileNotFoundError when it does not
     exist, OSError when it cannot be read, ValueError when it is not JSON: for a caller that

@@ -122,8 +122,7 @@ class LogTail:
             self.listed = True
             self.anchored = known in versions
         new = [v for v in versions if v > known]
-        with ThreadPoolExecutor(max_workers=min(16, max(1, len(new))), thread_name_prefix="delta-tail") as pool:
-            texts = list(pool.map(lambda v: storage.read_bytes(f"{self.log_dir}/{v:020d}.json"), new))
+        texts = storage.read_many([f"{self.log_dir}/{v:020d}.json" for v in new], "delta-tail")
         for v, text in zip(new, texts):
             actions = tuple(json.loads(line) for line in text.splitlines() if line.strip())
             info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})

@@ -675,8 +675,7 @@ def fetched_scan(paths: list[str], schema: pa.Schema, keys: dict | None, limit: 
     import pyarrow.dataset as pads
     import pyarrow.parquet as pq
     from .. import storage
-    with ThreadPoolExecutor(max_workers=min(16, max(1, len(paths))), thread_name_prefix="state-read") as pool:
-        blobs = list(pool.map(storage.read_bytes, paths))
+    blobs = storage.read_many(paths, "state-read")
     tables = [pq.read_table(pa.BufferReader(b), schema=schema) for b in blobs]
     data = pads.dataset(tables, schema=schema).to_table(filter=_key_filter(keys)) if tables else schema.empty_table()
     return None if limit is not None and data.num_rows > limit else data
