@@ -26,7 +26,7 @@ $(STAMP): setup.py
 # (JVM starts, dbt's parsing, waits on subprocesses) goes to the other worker.
 test: .venv
 	scripts/ensure_postgres.sh
-	$(PYTHON) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
+	$(PYTHON) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
 
 demo: .venv
 	scripts/demo.sh

@@ -19,21 +19,19 @@ pytest_plugins = ["dbt.tests.fixtures.project"]
 
 # The files that take minutes, in the order ``make test`` starts them. It runs ``-n 2 --dist
 # loadfile --no-loadscope-reorder``: each of its two workers takes the next file in collection
-# order when it is (almost) done with its last, so a long file taken late is the run's tail.
-# xdist's default order (by number of tests) took the crash campaign (one test, 430 s) last,
-# and the suite took 1,699 s (xdist's rule replayed on its per-test durations, ``--junitxml``:
-# 1,684 s of work on one worker, 1,442 s on the other); this order, replayed the same way,
-# 1,588 s, and a clean clone ran it in 1,651 s the same afternoon. Seconds per file on 2026-11-25:
-# properties 622, crash campaign 430, cluster 293, bad inputs 234, writer lock 192, cost 191,
-# TPC-H models 152, pgbench 147, chains 126, operators 90; the rest under 70 each. Since small
-# rebuilds run on the driver (same machine, a faster day, old code against new): 1,664 s of
-# test time against 1,364 s, the suite 843 s against 684-743 s; crash campaign 289, properties
-# 281, cluster 138, pgbench 114, cost 94, writer lock 74, TPC-H models 62, bad inputs 49.
-LONG_FIRST = ("test_properties.py", "test_crash_campaign.py", "test_cluster.py", "test_object_store.py",
-              "test_kafka_debezium.py",
-              "test_bad_inputs.py", "test_writer_lock.py", "test_cost.py", "test_tpch_models.py",
-              "test_pgbench_consistency.py", "test_chains.py", "test_cdf_schema_changes.py", "test_operators.py",
-              "test_float_sums.py", "test_compare.py")
+# order when it is (almost) done with its last, so a long file taken late is the run's tail:
+# longest first. Seconds per file in a clean clone's run on 2026-11-27 (``--junitxml``, before
+# delta-spark's snapshot partitions were set below): properties 1,046, crash campaign 626,
+# Spark-written sources 387, cluster 323, object store 281, (functional) test_basic 212, Kafka
+# 198, writer lock 176, pgbench 167, TPC-H models 122; the rest under 90 each. The files of
+# tests/functional stay where collection puts them: their package fixture turns dbt's caches
+# off after the last of them.
+LONG_FIRST = ("test_properties.py", "test_crash_campaign.py", "test_spark_written_sources.py", "test_cluster.py",
+              "test_object_store.py", "test_kafka_debezium.py", "test_writer_lock.py", "test_pgbench_consistency.py",
+              "test_tpch_models.py", "test_cost.py", "test_cdf_schema_changes.py", "test_dbt_refs.py",
+              "test_example_project.py", "test_dbt_plugin.py", "test_dbt_end_to_end.py", "test_chains.py",
+              "test_bad_inputs.py", "test_continuous.py", "test_kafka_stack.py", "test_float_sums.py",
+              "test_maintenance.py", "test_operators.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -49,6 +47,9 @@ def spark(tmp_path_factory):
     wh = tmp_path_factory.mktemp("warehouse")
     s = (with_delta(SparkSession.builder).master("local[2]").appName("consistent-stream-tests")
          .config("spark.sql.shuffle.partitions", "2")
+         # delta-spark rebuilds a snapshot's state in 50 partitions by default (a 50-task job at
+         # each version it reads or writes); the tests' tables hold a few rows
+         .config("spark.databricks.delta.snapshotPartitions", "2")
          .config("spark.ui.enabled", "false")
          .config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.session.timeZone", "UTC")
