@@ -1,18 +1,21 @@
-"""Benchmark: what delta-spark adds to a Spark session's start.
+"""Benchmark: what delta-spark's, the S3A connector's and Kafka's jars add to a session's start.
 
     .venv/bin/python benchmarks/session_start.py [--runs 5]
 
-Starts a fresh Python process per sample, alternating two variants, each building a local
+Starts a fresh Python process per sample, alternating three variants, each building a local
 SparkSession at Spark's defaults (``local[*]``, no tuning) and running its first query
 (``SELECT 1``), as a `dbt run` or the ``consistent-stream`` command does at its start:
 
 * ``plain``: the builder alone;
-* ``delta``: the builder with ``consistent_stream.session.delta_confs()`` (delta-spark's
-  cached jars by path, its SQL extension and catalog).
+* ``delta``: the builder with delta-spark's cached jars by path, its SQL extension and
+  catalog, and nothing else;
+* ``all``: the builder with ``consistent_stream.session.delta_confs()``, what every session
+  of this project starts with: delta-spark's as above plus the S3A connector's and Spark's
+  Kafka source's jars.
 
 Prints one JSON line per sample (variant, seconds from the builder to the first query's
 result, seconds to import pyspark before it) and a summary line with the medians and their
-difference.
+differences (``delta_adds_s``: delta against plain; ``s3a_kafka_add_s``: all against delta).
 """
 from __future__ import annotations
 
@@ -29,6 +32,11 @@ from pyspark.sql import SparkSession
 t1 = time.time()
 b = SparkSession.builder.master("local[*]").config("spark.ui.enabled", "false")
 if sys.argv[1] == "delta":
+    from consistent_stream import session
+    b = (b.config("spark.jars", ",".join(session.delta_jars()))
+         .config("spark.sql.extensions", session.DELTA_EXTENSION)
+         .config("spark.sql.catalog.spark_catalog", session.DELTA_CATALOG))
+elif sys.argv[1] == "all":
     from consistent_stream.session import with_delta
     b = with_delta(b)
 s = b.getOrCreate()
@@ -43,15 +51,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
-    samples: dict[str, list[float]] = {"plain": [], "delta": []}
+    samples: dict[str, list[float]] = {"plain": [], "delta": [], "all": []}
     for _ in range(args.runs):
-        for variant in ("plain", "delta"):
+        for variant in samples:
             out = subprocess.run([sys.executable, "-c", CHILD, variant], capture_output=True, text=True, check=True)
             rec = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
             samples[variant].append(rec["start_s"])
             print(json.dumps(rec), flush=True)
     med = {k: round(statistics.median(v), 3) for k, v in samples.items()}
     print(json.dumps({"summary": {"median_start_s": med, "delta_adds_s": round(med["delta"] - med["plain"], 3),
+                                  "s3a_kafka_add_s": round(med["all"] - med["delta"], 3),
                                   "runs": args.runs}}))
     return 0
 

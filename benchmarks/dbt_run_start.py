@@ -1,0 +1,122 @@
+"""Benchmark: where a whole `dbt run` after a small change spends its seconds, process start
+included.
+
+    .venv/bin/python benchmarks/dbt_run_start.py [--sf 0.01] [--runs 3]
+
+Copies ``models/example`` to a temporary directory, generates TPC-H there (scale factor
+``--sf``) and builds every model with one `dbt run`. Then, ``--runs`` times: one small refresh
+round (``refresh_round(size=14)``: 14 orders and their lineitems inserted, deleted and
+updated), and `dbt run` of the whole project in a fresh process, as a user or an
+orchestrator starts it (``.venv/bin/dbt run --log-format json``). Each run is split by the
+timestamps of dbt's own structured log events:
+
+* ``start_s``: from the process's start to dbt's first event (the interpreter, dbt's and the
+  adapter's imports);
+* ``parse_s``: from there to dbt's manifest being ready (``FoundStats``: the project parsed,
+  or its partial parse read);
+* ``session_s``: from there to the first model's start line (``LogStartLine``): dbt opens
+  its connection before any model to fill its relation cache, so this holds the JVM's and
+  the Spark session's start (delta-spark's extension and catalog, the metastore) and dbt-spark's
+  ``SHOW TABLE EXTENDED`` of each schema;
+* ``models_s``: each model's node, from its start line to its result line
+  (``LogModelResult``), summed; ``models`` gives each (the example project's five
+  consistent_stream models and its one view, ``stg_lineitem``);
+* ``end_s``: from the last result line to the process's exit (run results, the session's
+  stop);
+* ``rest_s``: what is between the nodes.
+
+Prints one JSON line per run and a summary line with the medians (seconds).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DBT = str(Path(sys.executable).parent / "dbt")
+
+
+def _ts(event: dict) -> float:
+    return datetime.datetime.fromisoformat(event["info"]["ts"].replace("Z", "+00:00")).timestamp()
+
+
+def split(events: list[dict], t_start: float, t_end: float) -> dict:
+    """The phases of one `dbt run` (see the module docstring) from its JSON log ``events``;
+    ``t_start`` and ``t_end``: the process's start and exit (epoch seconds)."""
+    first = _ts(events[0])
+    parsed = next((_ts(e) for e in events if e["info"]["name"] == "FoundStats"), first)
+    nodes: list[tuple[str, float, float]] = []
+    started: dict[str, float] = {}
+    for e in events:
+        name = e["info"]["name"]
+        node = e.get("data", {}).get("node_info", {}).get("unique_id")
+        if name == "LogStartLine" and node:
+            started[node] = _ts(e)
+        elif name.startswith("Log") and name.endswith("Result") and node in started:
+            nodes.append((node.split(".")[-1], started.pop(node), _ts(e)))
+    nodes.sort(key=lambda n: n[1])
+    first_node = nodes[0][1] if nodes else parsed
+    last_node = max((end for _, _, end in nodes), default=first_node)
+    out = {"wall_s": t_end - t_start, "start_s": first - t_start, "parse_s": parsed - first,
+           "session_s": first_node - parsed, "models_s": sum(end - begin for _, begin, end in nodes),
+           "end_s": t_end - last_node, "models": {n: round(end - begin, 3) for n, begin, end in nodes}}
+    out["rest_s"] = out["wall_s"] - sum(out[k] for k in ("start_s", "parse_s", "session_s", "models_s", "end_s"))
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def dbt_run(project: Path, env: dict) -> tuple[float, float, list[dict], int]:
+    t0 = time.time()
+    p = subprocess.run([DBT, "run", "--log-format", "json", "--project-dir", str(project),
+                        "--profiles-dir", str(project)], env=env, cwd=str(project), capture_output=True, text=True)
+    t1 = time.time()
+    events = []
+    for line in p.stdout.splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            pass
+    if p.returncode != 0:
+        raise SystemExit(f"dbt run failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return t0, t1, events, p.returncode
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sf", type=float, default=0.01)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    from consistent_stream.tpch.generate import generate
+    from consistent_stream.tpch.refresh import refresh_round
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="cs-dbt-start-") as tmp:
+        project = Path(tmp) / "example"
+        shutil.copytree(REPO / "models" / "example", project,
+                        ignore=shutil.ignore_patterns("data", "spark-warehouse", "metastore_db", "target", "logs"))
+        env = {**os.environ, "DBT_PROJECT_DIR": str(project), "DBT_PROFILES_DIR": str(project),
+               "TPCH_DIR": "data/tpch", "DBT_SEND_ANONYMOUS_USAGE_STATS": "false"}
+        generate(args.sf, project / "data" / "tpch")
+        dbt_run(project, env)   # the first build
+        for i in range(args.runs):
+            refresh_round(project / "data" / "tpch", i + 1, size=14)
+            t0, t1, events, _ = dbt_run(project, env)
+            row = {"run": i + 1, "sf": args.sf, **split(events, t0, t1)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    keys = ("wall_s", "start_s", "parse_s", "session_s", "models_s", "end_s", "rest_s")
+    print(json.dumps({"summary": True, "sf": args.sf, "runs": len(rows), "models": len(rows[0]["models"]),
+                      **{f"{k}_median": round(statistics.median(r[k] for r in rows), 3) for k in keys}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
