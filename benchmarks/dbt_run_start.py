@@ -33,7 +33,6 @@ import argparse
 import datetime
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,6 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 DBT = str(Path(sys.executable).parent / "dbt")
 
 
@@ -96,17 +94,13 @@ def main() -> int:
     ap.add_argument("--sf", type=float, default=0.01)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    from consistent_stream.tpch.generate import generate
     from consistent_stream.tpch.refresh import refresh_round
+    from noop_run import example_project
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="cs-dbt-start-") as tmp:
-        project = Path(tmp) / "example"
-        shutil.copytree(REPO / "models" / "example", project,
-                        ignore=shutil.ignore_patterns("data", "spark-warehouse", "metastore_db", "target", "logs"))
-        env = {**os.environ, "DBT_PROJECT_DIR": str(project), "DBT_PROFILES_DIR": str(project),
-               "TPCH_DIR": "data/tpch", "DBT_SEND_ANONYMOUS_USAGE_STATS": "false"}
-        generate(args.sf, project / "data" / "tpch")
+        project, variables = example_project(tmp, args.sf)
+        env = {**os.environ, **variables}
         dbt_run(project, env)   # the first build
         for i in range(args.runs):
             refresh_round(project / "data" / "tpch", i + 1, size=14)

@@ -25,6 +25,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def example_project(tmp: str | Path, sf: float) -> tuple[Path, dict[str, str]]:
+    """A copy of ``models/example`` under ``tmp`` (without data, warehouse, metastore or dbt's
+    output) with TPC-H at scale factor ``sf`` generated in it; returns its directory and the
+    environment variables a `dbt run` of it needs (project and profiles directory, the TPC-H
+    directory, no usage statistics)."""
+    from consistent_stream.tpch.generate import generate
+    project = Path(tmp) / "example"
+    shutil.copytree(REPO / "models" / "example", project,
+                    ignore=shutil.ignore_patterns("data", "spark-warehouse", "metastore_db", "target", "logs"))
+    generate(sf, project / "data" / "tpch")
+    return project, {"DBT_PROJECT_DIR": str(project), "DBT_PROFILES_DIR": str(project), "TPCH_DIR": "data/tpch",
+                     "DBT_SEND_ANONYMOUS_USAGE_STATS": "false"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sf", type=float, default=0.1)
@@ -32,17 +46,12 @@ def main() -> int:
     args = ap.parse_args()
     import consistent_stream  # noqa: F401
     from dbt.cli.main import dbtRunner
-    from consistent_stream.tpch.generate import generate
     from consistent_stream.tpch.refresh import refresh_round
 
     with tempfile.TemporaryDirectory(prefix="cs-noop-") as tmp:
-        project = Path(tmp) / "example"
-        shutil.copytree(REPO / "models" / "example", project,
-                        ignore=shutil.ignore_patterns("data", "spark-warehouse", "metastore_db", "target", "logs"))
-        os.environ.update(DBT_PROJECT_DIR=str(project), DBT_PROFILES_DIR=str(project), TPCH_DIR="data/tpch",
-                          DBT_SEND_ANONYMOUS_USAGE_STATS="false")
+        project, env = example_project(tmp, args.sf)
+        os.environ.update(env)
         os.chdir(project)
-        generate(args.sf, project / "data" / "tpch")
         runner = dbtRunner()
 
         def dbt_run() -> tuple[float, dict]:
