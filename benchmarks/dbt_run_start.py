@@ -1,7 +1,7 @@
 """Benchmark: where a whole `dbt run` after a small change spends its seconds, process start
 included.
 
-    .venv/bin/python benchmarks/dbt_run_start.py [--sf 0.01] [--runs 3]
+    .venv/bin/python benchmarks/dbt_run_start.py [--sf 0.01] [--runs 3] [--conf KEY=VALUE ...]
 
 Copies ``models/example`` to a temporary directory, generates TPC-H there (scale factor
 ``--sf``) and builds every model with one `dbt run`. Then, ``--runs`` times: one small refresh
@@ -24,6 +24,9 @@ timestamps of dbt's own structured log events:
 * ``end_s``: from the last result line to the process's exit (run results, the session's
   stop);
 * ``rest_s``: what is between the nodes.
+
+``--conf`` adds a Spark conf to the profile's ``server_side_parameters`` (the ``local``
+target's), to measure a setting against the profile as the project ships it.
 
 Prints one JSON line per run and a summary line with the medians (seconds).
 """
@@ -89,10 +92,26 @@ def dbt_run(project: Path, env: dict) -> tuple[float, float, list[dict]]:
     return t0, t1, events
 
 
+def with_confs(profiles: Path, confs: list[str]) -> None:
+    """Add ``KEY=VALUE`` Spark confs to the ``local`` target's ``server_side_parameters`` in
+    the profiles file ``profiles``."""
+    import yaml
+    doc = yaml.safe_load(profiles.read_text())
+    params = doc["tpch_example"]["outputs"]["local"]["server_side_parameters"]
+    for kv in confs:
+        key, sep, value = kv.partition("=")
+        if not sep:
+            raise SystemExit(f"--conf {kv}: expected KEY=VALUE")
+        params[key] = value
+    profiles.write_text(yaml.safe_dump(doc))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sf", type=float, default=0.01)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark conf added to the profile's server_side_parameters")
     args = ap.parse_args()
     from consistent_stream.tpch.refresh import refresh_round
     from noop_run import example_project
@@ -100,16 +119,18 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="cs-dbt-start-") as tmp:
         project, variables = example_project(tmp, args.sf)
+        if args.conf:
+            with_confs(project / "profiles.yml", args.conf)
         env = {**os.environ, **variables}
         dbt_run(project, env)   # the first build
         for i in range(args.runs):
             refresh_round(project / "data" / "tpch", i + 1, size=14)
             t0, t1, events = dbt_run(project, env)
-            row = {"run": i + 1, "sf": args.sf, **split(events, t0, t1)}
+            row = {"run": i + 1, "sf": args.sf, "confs": args.conf, **split(events, t0, t1)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     keys = ("wall_s", "start_s", "parse_s", "session_s", "models_s", "end_s", "rest_s")
-    print(json.dumps({"summary": True, "sf": args.sf, "runs": len(rows), "models": len(rows[0]["models"]),
+    print(json.dumps({"summary": True, "sf": args.sf, "confs": args.conf, "runs": len(rows), "models": len(rows[0]["models"]),
                       **{f"{k}_median": round(statistics.median(r[k] for r in rows), 3) for k in keys}}))
     return 0
 

@@ -3,6 +3,7 @@ every location on an S3 API server on loopback (s3proxy, :mod:`consistent_stream
 in one process and one untuned Spark session, and the object store requests each batch makes.
 
     .venv/bin/python benchmarks/object_store.py [--sf 0.1] [--batches 5] [--models ...] [--latency-ms N]
+                                                [--trace FILE]
 
 TPC-H is generated once on local disk and copied to the store (the same Delta tables on both
 sides); every example model is built on each side, then ``--batches`` small refresh rounds
@@ -99,6 +100,8 @@ def main() -> int:
     ap.add_argument("--models", nargs="*")
     ap.add_argument("--latency-ms", type=float, default=0.0,
                     help="delay each direction of every request by this many ms (a proxy in front of the server)")
+    ap.add_argument("--trace", type=Path,
+                    help="write every S3 run's requests, in order, to this file (one JSON line a run)")
     args = ap.parse_args()
 
     import consistent_stream  # noqa: F401
@@ -165,6 +168,9 @@ def main() -> int:
                     wall = time.time() - t0
                     time.sleep(0.2)   # the log's last lines
                     req = _requests(server, since) if side == "s3" else None
+                    if req is not None and args.trace:
+                        with args.trace.open("a") as f:
+                            f.write(json.dumps({"model": m, "batch": i, "requests": server.request_log(since)}) + "\n")
                     samples[(side, m)].append({"run_s": wall, "batch_s": s["metrics"][0]["seconds"] if s["metrics"]
                                                else None, "batches": s["batches"], "requests": req,
                                                "changes_read": s["changes_read"]})

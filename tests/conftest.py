@@ -40,6 +40,22 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _jvm_caches_per_file():
+    """After each test file, the shared session's caches emptied: delta-spark's DeltaLog cache
+    (a snapshot and its cached state for every table the JVM opened, up to 10,000 tables for
+    an hour) and Spark's cached DataFrames. A user's `dbt run` process opens a project's
+    tables; the tests' one JVM opens thousands over half an hour, and one CI run's TPC-H
+    check failed with Spark's "Not enough memory to build and broadcast the table" after the
+    files before it on its worker (the driver's default 1 GiB, as users run it)."""
+    yield
+    from pyspark.sql import SparkSession
+    s = SparkSession.getActiveSession()
+    if s is not None:
+        s.catalog.clearCache()
+        s._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     from pyspark.sql import SparkSession
