@@ -130,7 +130,8 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     keys = ("wall_s", "start_s", "parse_s", "session_s", "models_s", "end_s", "rest_s")
-    print(json.dumps({"summary": True, "sf": args.sf, "confs": args.conf, "runs": len(rows), "models": len(rows[0]["models"]),
+    print(json.dumps({"summary": True, "sf": args.sf, "confs": args.conf, "runs": len(rows),
+                      "models": len(rows[0]["models"]),
                       **{f"{k}_median": round(statistics.median(r[k] for r in rows), 3) for k in keys}}))
     return 0
 

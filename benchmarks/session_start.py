@@ -51,7 +51,8 @@ elif sys.argv[1] in ("all", "hive"):
 if sys.argv[1] == "hive":
     d = sys.argv[2]
     b = (b.enableHiveSupport().config("spark.sql.warehouse.dir", d + "/warehouse")
-         .config("spark.hadoop.javax.jdo.option.ConnectionURL", f"jdbc:derby:;databaseName={d}/metastore_db;create=true")
+         .config("spark.hadoop.javax.jdo.option.ConnectionURL",
+                 f"jdbc:derby:;databaseName={d}/metastore_db;create=true")
          .config("spark.driver.extraJavaOptions", f"-Dderby.stream.error.file={d}/derby.log"))
 s = b.getOrCreate()
 s.sql("SELECT 1").collect()
@@ -79,7 +80,8 @@ def main() -> int:
             samples[variant].append(rec["start_s"] + rec["catalog_s"])
             print(json.dumps(rec), flush=True)
     med = {k: round(statistics.median(v), 3) for k, v in samples.items()}
-    print(json.dumps({"summary": {"median_start_and_catalog_s": med, "delta_adds_s": round(med["delta"] - med["plain"], 3),
+    print(json.dumps({"summary": {"median_start_and_catalog_s": med,
+                                  "delta_adds_s": round(med["delta"] - med["plain"], 3),
                                   "s3a_kafka_add_s": round(med["all"] - med["delta"], 3),
                                   "hive_adds_s": round(med["hive"] - med["all"], 3),
                                   "runs": args.runs}}))
