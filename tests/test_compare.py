@@ -76,6 +76,29 @@ def test_a_decimal_computed_from_a_double_may_differ_by_one_unit_in_its_last_pla
 SQL = "select g, sum(x) as total, cast(sum(x) as decimal(18, 2)) as total_2dp, count(*) as n from src.t group by g"
 
 
+@pytest.mark.parametrize("match_on", ["driver", "spark"])
+def test_compare_frames_counts_rows_as_a_multiset_on_spark(spark, monkeypatch, match_on):
+    """verify's comparison of two DataFrames: repeated rows count (two expected, one in the
+    target: one missing), NULLs and NaN equal themselves, floats within the tolerance match,
+    the matching of the rows left done on the driver or (past DRIVER_MATCH_ROWS) by Spark."""
+    import consistent_stream.verify as verify
+    if match_on == "spark":
+        monkeypatch.setattr(verify, "DRIVER_MATCH_ROWS", 0)
+    nan = float("nan")
+    cols = "k string, x double, n int"
+    expected = spark.createDataFrame([("a", 1.0, None), ("a", 1.0, None), ("b", nan, 2), ("c", 3.0, 3),
+                                      ("d", 4.0, 4)], cols)
+    got = spark.createDataFrame([("a", 1.0, None), ("b", nan, 2), ("c", 3.0 * (1 + 1e-12), 3), ("d", 4.5, 4),
+                                 ("e", 5.0, 5)], cols)
+    r = verify.compare_frames(got, expected, tolerance=FloatTolerance(), inexact=["x"], unit={})
+    assert (r.rows_target, r.rows_expected, r.missing, r.unexpected) == (5, 5, 2, 2), r.describe()
+    missing = sorted(e["missing"]["k"] for e in r.examples if "missing" in e)
+    unexpected = sorted(e["unexpected"]["k"] for e in r.examples if "unexpected" in e)
+    assert (missing, unexpected) == (["a", "d"], ["d", "e"]) and r.inexact_columns == ["x"]
+    same = verify.compare_frames(expected, expected, tolerance=FloatTolerance(), inexact=["x"], unit={})
+    assert same.ok and (same.rows_target, same.rows_expected) == (5, 5)
+
+
 @pytest.fixture(scope="module")
 def built(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("verify_floats")

@@ -9,10 +9,10 @@ which exact columns are equal and floating-point columns (FLOAT, DOUBLE, and col
 from an order-dependent floating-point aggregate, :mod:`consistent_stream.plan.inexact`)
 agree within a tolerance.
 
-On the executors: the multiset difference both ways (``exceptAll``), which cancels every row
-equal in all columns. The rows left (usually none, or the few whose floating-point values
-differ in their last bits) are matched on the driver with the tolerance, up to
-``DRIVER_MATCH_ROWS`` of them; past that, Spark pairs them within each group of equal exact
+On the executors: the multiset difference both ways in one aggregation over both sides (the
+model's SQL runs once), which cancels every row equal in all columns. The rows left (usually
+none, or the few whose floating-point values differ in their last bits) are matched on the
+driver with the tolerance, up to ``DRIVER_MATCH_ROWS`` of them; past that, Spark pairs them within each group of equal exact
 columns in the order of their floating-point values (exact where a group holds one row a
 side, as it does under a unique key) and checks each pair.
 """
@@ -169,12 +169,32 @@ def compare_frames(got: DataFrame, expected: DataFrame, *, tolerance: FloatToler
                    unit: dict[str, float], examples: int = 5) -> Comparison:
     """:func:`~consistent_stream.compare.compare_tables` for two DataFrames of the same columns
     (module docstring: the exact difference on the executors, the matching of what is left on
-    the driver or, past ``DRIVER_MATCH_ROWS`` rows, by Spark)."""
-    missing = expected.exceptAll(got).persist()
-    unexpected = got.exceptAll(expected).persist()
+    the driver or, past ``DRIVER_MATCH_ROWS`` rows, by Spark).
+
+    The multiset difference both ways in one aggregation (Spark's own ``exceptAll`` rule, both
+    directions at once): the rows of both sides grouped by every column (NULLs equal, NaN and
+    -0.0 normalised as Spark groups them), each group's rows counted per side; a group with
+    ``e`` expected and ``t`` target rows leaves ``e - t`` rows missing or ``t - e``
+    unexpected. Batch evaluation (``expected``) runs once: each run of a model's joins builds
+    its broadcast relations anew on the driver's heap, where they stay until Spark's cleaner
+    finds them unreachable."""
+    cols = [f"`{c}`" for c in expected.columns]
+    tagged = (expected.select(*cols, F.lit(1).alias("__e"), F.lit(0).alias("__t"))
+              .unionByName(got.select(*cols, F.lit(0).alias("__e"), F.lit(1).alias("__t"))))
+    groups = tagged.groupBy(*cols).agg(F.sum("__e").alias("__e"), F.sum("__t").alias("__t"))
+    totals = groups.agg(F.sum("__e"), F.sum("__t"), F.sum(F.greatest(F.col("__e") - F.col("__t"), F.lit(0))),
+                        F.sum(F.greatest(F.col("__t") - F.col("__e"), F.lit(0)))).first()
+    rows_expected, rows_target, n_missing, n_unexpected = (int(v or 0) for v in totals)
+    if n_missing + n_unexpected == 0:
+        return Comparison(rows_target=rows_target, rows_expected=rows_expected, missing=0, unexpected=0,
+                          tolerance=tolerance, inexact_columns=[c for c in expected.columns if c in inexact])
+    diffs = groups.where(F.col("__e") != F.col("__t")).persist()
     try:
-        n_missing, n_unexpected = missing.count(), unexpected.count()
-        rows_target, rows_expected = got.count(), expected.count()
+        def side(more: str, less: str) -> DataFrame:
+            return (diffs.where(F.col(more) > F.col(less))
+                    .select(*cols, F.explode(F.sequence(F.lit(1), F.col(more) - F.col(less))).alias("__i"))
+                    .select(*cols))
+        missing, unexpected = side("__e", "__t"), side("__t", "__e")
         if n_missing + n_unexpected <= DRIVER_MATCH_ROWS:
             result = compare_tables(unexpected.toArrow(), missing.toArrow(), tolerance=tolerance, inexact=inexact,
                                     unit=unit, examples=examples)
@@ -183,8 +203,7 @@ def compare_frames(got: DataFrame, expected: DataFrame, *, tolerance: FloatToler
         result.rows_target, result.rows_expected = rows_target, rows_expected
         return result
     finally:
-        missing.unpersist()
-        unexpected.unpersist()
+        diffs.unpersist()
 
 
 def _paired_by_spark(unexpected: DataFrame, missing: DataFrame, tolerance: FloatTolerance, inexact: list[str],
