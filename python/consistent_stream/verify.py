@@ -12,9 +12,9 @@ agree within a tolerance.
 On the executors: the multiset difference both ways in one aggregation over both sides (the
 model's SQL runs once), which cancels every row equal in all columns. The rows left (usually
 none, or the few whose floating-point values differ in their last bits) are matched on the
-driver with the tolerance, up to ``DRIVER_MATCH_ROWS`` of them; past that, Spark pairs them within each group of equal exact
-columns in the order of their floating-point values (exact where a group holds one row a
-side, as it does under a unique key) and checks each pair.
+driver with the tolerance, up to ``DRIVER_MATCH_ROWS`` of them; past that, Spark pairs them
+within each group of equal exact columns in the order of their floating-point values (exact
+where a group holds one row a side, as it does under a unique key) and checks each pair.
 """
 from __future__ import annotations
 
