@@ -45,9 +45,10 @@ def _jvm_caches_per_file():
     """After each test file, the shared session's caches emptied: delta-spark's DeltaLog cache
     (a snapshot and its cached state for every table the JVM opened, up to 10,000 tables for
     an hour) and Spark's cached DataFrames. A user's `dbt run` process opens a project's
-    tables; the tests' one JVM opens thousands over half an hour, and one CI run's TPC-H
-    check failed with Spark's "Not enough memory to build and broadcast the table" after the
-    files before it on its worker (the driver's default 1 GiB, as users run it)."""
+    tables; the tests' one JVM opens thousands over half an hour. (Two CI runs' TPC-H check
+    failed with Spark's "Not enough memory to build and broadcast the table": its cause was
+    in that test, broadcast hash relations of 32 MiB each built four times a check, see
+    ``verify.compare_frames``, not what earlier files left.)"""
     yield
     from pyspark.sql import SparkSession
     s = SparkSession.getActiveSession()
