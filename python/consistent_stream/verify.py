@@ -187,7 +187,9 @@ def compare_frames(got: DataFrame, expected: DataFrame, *, tolerance: FloatToler
     rows_expected, rows_target, n_missing, n_unexpected = (int(v or 0) for v in totals)
     if n_missing + n_unexpected == 0:
         return Comparison(rows_target=rows_target, rows_expected=rows_expected, missing=0, unexpected=0,
-                          tolerance=tolerance, inexact_columns=[c for c in expected.columns if c in inexact])
+                          tolerance=tolerance,
+                          inexact_columns=[f.name for f in expected.schema.fields
+                                           if isinstance(f.dataType, (DoubleType, FloatType)) or f.name in inexact])
     diffs = groups.where(F.col("__e") != F.col("__t")).persist()
     try:
         def side(more: str, less: str) -> DataFrame:
