@@ -1,6 +1,8 @@
 """Debezium PostgreSQL change events and transaction metadata as its JSON converter writes them
 (the shapes measured on Debezium 3.6.1.Final with Kafka Connect 4.1.1), for tests that put
-exact sequences on real Kafka topics: duplicates, a missing END, malformed values.
+exact sequences on real Kafka topics: duplicates, a missing END, malformed values. Snapshot
+reads (op r) carry the snapshot transaction's ``txId`` and ``lsn``, the same on every one of
+them, as the connector writes them.
 
 Tables here have two columns: ``id`` int32 (the key) and ``v`` int64."""
 from __future__ import annotations
@@ -29,6 +31,13 @@ class Events:
         self.lsn = 1000
         self.xid = 500
         self.total = 0
+        self.snapshot_xid, self.snapshot_lsn = 499, 996   # the snapshot transaction's: on every op r event
+
+    def repeat_snapshot(self) -> None:
+        """The connector takes its snapshot again (a new snapshot transaction, a later LSN)."""
+        self.xid += 1
+        self.lsn += 8
+        self.snapshot_xid, self.snapshot_lsn = self.xid, self.lsn
 
     def topic(self, table: str) -> str:
         return f"{self.prefix}.public.{table}"
@@ -44,9 +53,13 @@ class Events:
 
     def change(self, table: str, op: str, before: dict | None, after: dict | None, tx: str | None,
                snapshot: str = "false", order: int | None = None, table_order: int = 1) -> bytes:
-        self.lsn += 8
+        if op == "r":
+            xid, lsn = self.snapshot_xid, self.snapshot_lsn
+        else:
+            self.lsn += 8
+            xid, lsn = self.xid, self.lsn
         source = {"version": "3.6.1.Final", "connector": "postgresql", "name": self.prefix, "db": "postgres",
-                  "schema": "public", "table": table, "txId": self.xid, "lsn": self.lsn, "snapshot": snapshot,
+                  "schema": "public", "table": table, "txId": xid, "lsn": lsn, "snapshot": snapshot,
                   "ts_ms": 1764000000000}
         txb = None
         if tx is not None:

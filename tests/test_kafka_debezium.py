@@ -19,6 +19,7 @@ import pytest
 
 import kafka_scenario
 from kafka_events import Events
+from postgres_server import wait_for
 from consistent_stream import kafka_stack
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.errors import SourceError
@@ -57,6 +58,108 @@ def test_pgbench_through_debezium_on_kafka_is_consistent_at_every_version_throug
     assert o.duplicates_dropped > 0, o       # the restarted connector re-sent what it had not recorded
     assert o.foil_violations > 0, o          # per-topic reads of the same topics break the invariant
     assert o.control_violations == 0, o
+
+
+def test_a_snapshot_on_topics_of_several_partitions_builds_and_equals_postgres(spark, stack, tmp_path):
+    """The connector's initial snapshot of tables full before it starts, on data topics of 3
+    partitions (created before the connector, as production topics are): the first build
+    equals PostgreSQL, and so does the run after transfers, deletes and an insert."""
+    from postgres_server import Database
+    db = Database()
+    db.execute("CREATE TABLE accounts (id int PRIMARY KEY, owner int NOT NULL, balance bigint NOT NULL)")
+    db.execute("CREATE TABLE owners (id int PRIMARY KEY, name text NOT NULL)")
+    for t in ("accounts", "owners"):
+        db.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
+    db.execute("INSERT INTO accounts SELECT g, g % 7, 1000 + g FROM generate_series(1, 500) g")
+    db.execute("INSERT INTO owners SELECT g, 'o' || g FROM generate_series(0, 6) g")
+    for t in ("accounts", "owners"):
+        stack.create_topic(f"bank.public.{t}", 3)
+    stack.register_postgres("bank", db.dsn, ["accounts", "owners"], "bank", slot=f"s_bank_{db.name}")
+    assert len(stack.consume("bank.public.accounts", min_count=500, timeout_s=120)) == 500
+    sql = ("select o.name, count(*) as n, sum(a.balance) as total from bank.accounts a "
+           "join bank.owners o on a.owner = o.id group by o.name")
+    sources = [{"source_name": "bank", "name": t, "relation": f"bank.{t}",
+                "meta": {"format": "kafka", "bootstrap_servers": stack.bootstrap, "topic": f"bank.public.{t}",
+                         "primary_key": "id"}} for t in ("accounts", "owners")]
+    job = JobSpec.from_dbt(project_root=str(tmp_path), schema="s", identifier="bank", model_name="bank", sql=sql,
+                           sources=sources, config={"unique_key": "name",
+                                                    "location_root": str(tmp_path / "targets")},
+                           warehouse_dir=str(tmp_path / "wh"))
+    job = JobSpec(**{**job.__dict__, "trigger": "available_now"})
+    want = "select o.name, count(*), sum(a.balance) from accounts a join owners o on a.owner = o.id group by o.name"
+
+    def same():
+        from helpers import delta_pandas
+        got = {(r.name, r.n, r.total) for r in delta_pandas(job.target_path).itertuples(index=False)}
+        assert got == {(n, c, int(t)) for n, c, t in db.execute(want)}
+    run_job(spark, job, full_refresh=True)
+    same()
+    for i in range(1, 40):
+        db.execute(f"UPDATE accounts SET balance = balance - {i} WHERE id = {i}; "
+                   f"UPDATE accounts SET balance = balance + {i} WHERE id = {500 - i}")
+    db.execute("DELETE FROM accounts WHERE id BETWEEN 200 AND 209")
+    db.execute("INSERT INTO accounts VALUES (501, 3, 7)")
+    wait_for(lambda: _topic_events(stack, "bank.transaction") >= 2 * 41, timeout=120, what="the transactions")
+    run_job(spark, job)
+    same()
+    stack.delete_connector("bank")
+    forget_readers()
+
+
+def _topic_events(stack, topic: str) -> int:
+    return sum(high - low for low, high in stack.watermarks(topic).values())
+
+
+def _spread(stack, e: Events, table: str, rows: list[tuple[int, int, str]]) -> None:
+    """Snapshot reads of ``table``: ``(id, partition, marker)`` each (v = 10 * id)."""
+    for i, part, marker in rows:
+        stack.produce(e.topic(table), [e.change(table, "r", None, {"id": i, "v": 10 * i}, None, marker)],
+                      key=str(i), partition=part)
+
+
+def test_a_snapshot_spread_over_partitions_in_any_order_and_a_repeated_one_are_assembled(spark, stack, tmp_path):
+    """Snapshot reads on topics of 3 partitions, the event marked ``first`` in the last
+    partition and the table's last one in the first: the first build holds every row. A
+    connector that stopped during its snapshot and took it again: only the second attempt's
+    rows, however the attempts' events fall into partitions. A snapshot whose last event has
+    not come: the run says which topic and partitions wait, and blames no SQL."""
+    e = Events("spread")
+    for t in ("a", "b"):
+        stack.create_topic(e.topic(t), 3)
+    _spread(stack, e, "a", [(1, 2, "first"), (2, 1, "true"), (3, 2, "true"), (4, 1, "true"),
+                            (5, 0, "last_in_data_collection")])
+    _spread(stack, e, "b", [(1, 2, "true"), (2, 0, "last")])
+    job = _job(tmp_path, stack, e)
+    available_now = JobSpec(**{**job.__dict__, "trigger": "available_now"})
+    run_job(spark, available_now, full_refresh=True)
+    assert _totals(job.target_path) == {"a": 150, "b": 30}
+    _tx(stack, e, [("a", {"id": 1, "v": 10}, {"id": 1, "v": 11}), ("b", None, {"id": 3, "v": 1})])
+    run_job(spark, available_now)
+    assert _totals(job.target_path) == {"a": 151, "b": 31}
+    forget_readers()
+
+    e = Events("again")
+    for t in ("a", "b"):
+        stack.create_topic(e.topic(t), 3)
+    _spread(stack, e, "a", [(1, 0, "first"), (2, 1, "true"), (3, 2, "true")])          # stopped here
+    e.repeat_snapshot()
+    _spread(stack, e, "a", [(1, 0, "first"), (2, 1, "true"), (4, 2, "true"), (5, 0, "last_in_data_collection")])
+    _spread(stack, e, "b", [(7, 1, "last")])
+    job = _job(tmp_path, stack, e, name="m2")
+    run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
+    assert _totals(job.target_path) == {"a": 120, "b": 70}
+    forget_readers()
+
+    e = Events("partial")
+    for t in ("a", "b"):
+        stack.create_topic(e.topic(t), 3)
+    _spread(stack, e, "a", [(1, 2, "first"), (2, 1, "true"), (3, 0, "true")])
+    job = _job(tmp_path, stack, e, name="m3", tables=("a",))
+    with pytest.raises(SourceError, match=r"source\('k', 'a'\) has nothing to read yet: the connector's snapshot is "
+                                          r"not read yet: Kafka topic partial.public.a \(public.a\): 3 snapshot rows "
+                                          r"read in partitions \[0, 1, 2\] of 3, but not the connector's last"):
+        run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
+    forget_readers()
 
 
 # -- bad inputs on hand-written topics ------------------------------------------------------------

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..errors import SourceError
 from .formats import Source, open_source
 from .model import ModelSource
+from .spec import INITIAL
 
 
 def latest_cut(sources: list[Source]) -> dict[str, int]:
@@ -37,7 +38,9 @@ def latest_cut(sources: list[Source]) -> dict[str, int]:
     clock so that all its sources share it (Delta's latest version; for Debezium sources the
     last complete transaction of their landing directory); with upstream models, the newest
     cut on which they and the base sources agree (:func:`aligned_cut`). The clocks are read
-    at once (on an object store each is a LIST and a GET or more: one round trip for all)."""
+    at once (on an object store each is a LIST and a GET or more: one round trip for all).
+    Raises SourceError when a clock has no position yet (a Debezium source before its
+    connector's snapshot is read), saying what it waits for (:meth:`Source.waiting_for`)."""
     first = {}
     for s in sources:
         first.setdefault(s.clock, s)
@@ -46,6 +49,10 @@ def latest_cut(sources: list[Source]) -> dict[str, int]:
             clocks = dict(zip(first, pool.map(lambda s: s.latest_position(), first.values())))
     else:
         clocks = {c: s.latest_position() for c, s in first.items()}
+    for c, s in first.items():
+        if clocks[c] == INITIAL:
+            raise SourceError(f"source('{s.spec.source_name}', '{s.spec.name}') has nothing to read yet: "
+                              f"{s.waiting_for()}")
     return aligned_cut(sources, {s.spec.key: clocks[s.clock] for s in sources})
 
 

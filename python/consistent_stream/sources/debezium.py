@@ -345,6 +345,10 @@ class DebeziumSource:
     def latest_position(self) -> int:
         return self.reader(refresh=True).latest_position()
 
+    def waiting_for(self) -> str:
+        return (f"the landing directory {self.spec.location} holds no complete snapshot and no complete transaction "
+                f"yet: wait until capture has written the snapshot (its event marked snapshot 'last'), then run again")
+
     def rows(self, position: int) -> int:
         return self.reader(upto=position).row_count(self.spec.table, position)
 

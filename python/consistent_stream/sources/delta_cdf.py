@@ -175,6 +175,9 @@ class DeltaSource:
                                       else {}))
         return StructType(fields)
 
+    def waiting_for(self) -> str:
+        return f"the Delta table {self.spec.location} has no version"
+
     def latest_position(self) -> int:
         """The table's latest version. Raises SourceError when the table is missing, its
         Change Data Feed is off, or its protocol needs a reader feature that cannot be read

@@ -54,6 +54,9 @@ class Source(Protocol):
 
     def latest_position(self) -> int: ...
 
+    def waiting_for(self) -> str:
+        """Why :meth:`latest_position` is INITIAL (nothing to read yet) and what to wait for."""
+
     def rows(self, position: int) -> int: ...
 
     def commit_ms(self, position: int) -> int: ...

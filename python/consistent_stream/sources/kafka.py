@@ -47,9 +47,15 @@ duplicate), never applied twice (a transaction's id is :func:`transaction_key` o
 the PostgreSQL connector's ids carry each message's own LSN); in per_topic mode a change is
 identified by its ``source.lsn``. Tombstones (the null value after a delete) and events that are neither
 changes nor transaction metadata (heartbeats, schema changes) are skipped and counted. The
-counts go to the log at every refresh (:attr:`KafkaReader.skipped`). A snapshot that starts
+counts go to the log at every refresh (:attr:`KafkaReader.skipped`).
+
+**The connector's snapshot** (:mod:`.kafka_snapshot`): its events are assembled whatever the
+number of partitions of the data topics and however they interleave; a snapshot that starts
 again (a connector that crashed during its initial snapshot and repeats it) replaces the
-partial one of that table.
+partial attempt (counted as ``repeated_snapshot``). It is published, as position 0, at the
+end of a refresh that read every partition to a high watermark taken after its last markers
+were read; until then the source has no position, and a run says what the snapshot waits for
+(:meth:`KafkaReader.snapshot_waiting`).
 
 Reading: each refresh reads every partition from where the last one stopped to its high
 watermark (:mod:`.kafka_log`, through Spark's Kafka source; the executors drop the schema
@@ -90,6 +96,7 @@ from .debezium import DebeziumSource, TransactionLog
 from .debezium_events import POS, WEIGHT, _table_of, rows_to_arrow
 from .kafka_log import MAX_RECORDS, KafkaLog, lost_offset
 from .kafka_schema import column_type, converters, schema_from_envelope
+from .kafka_snapshot import SnapshotAssembly
 from .landing import ColumnSchema, TableSchema
 from .landing_index import TxInfo
 from .spec import INITIAL
@@ -152,10 +159,8 @@ class _Topic:
     primary_key: tuple
     schema: TableSchema | None = None
     convert: dict = field(default_factory=dict)
-    snapshot_rows: list = field(default_factory=list)
-    snapshot_done: bool = False
-    streamed: bool = False
     absent: bool = False        # its topic did not exist at the last refresh
+    partitions: int = 0         # partitions of its topic at the last refresh
 
 
 @dataclass
@@ -212,8 +217,7 @@ class KafkaReader(TransactionLog):
         self._published: set[str] = set()
         self._seen_lsn: dict[str, set] = {}        # per_topic: changes applied, by topic
         self._last = INITIAL
-        self._snapshot_published = False
-        self._snapshot_last_seen = False
+        self._snapshot = SnapshotAssembly()
         self._tx_records = 0
         self._chunk_seq = 0
         self.skipped = {"duplicates": 0, "tombstones": 0, "other": 0}
@@ -244,11 +248,10 @@ class KafkaReader(TransactionLog):
                 t.schema, t.convert = ts, converters(ts)
                 self._schemas[t.table] = ts
             self._row_totals[t.table] = int(d.get("rows", 0))
-            t.streamed = True
         self._published = set(base.get("included", ()))
         self._base_lsn = base.get("end_lsn")
         self._last = p
-        self._snapshot_published = True
+        self._snapshot.take()   # the resume point is past the snapshot
         self._txs = [TxInfo(p, "resume point", int(base.get("ts_ms", 0)), {}, self.tx_topic, -1, p == 0)]
 
     # -- tables ---------------------------------------------------------------------------------
@@ -295,6 +298,25 @@ class KafkaReader(TransactionLog):
 
     def _refresh(self) -> None:
         t0 = time.time()
+        settled = self._snapshot.published or self._snapshot_complete()
+        n, read = self._read_round()
+        if not settled and self._snapshot_complete() and any(t.partitions > 1 for t in self._topics.values()):
+            # the snapshot's last markers were read in this round: the rows the connector wrote
+            # before them to other partitions are below high watermarks taken now
+            m, more = self._read_round()
+            n, read = n + m, read | more
+        if self.consistency == "transaction" and not self._snapshot.published and self._snapshot_complete():
+            out: dict = {}
+            self._publish(out, snapshot=True)
+            self._add_rows(out)
+        if read:
+            log.info("%s: read %d records of %d partitions in %.2fs; position %d; skipped %s; %d transactions "
+                     "waiting", self.location, n, len(read), time.time() - t0, self._last, self.skipped,
+                     len(self._order))
+
+    def _read_round(self) -> tuple[int, set]:
+        """Read every partition from where the last read stopped to its high watermark (taken
+        now); returns the records read and the partitions that had any."""
         topics = list(self._declared)
         if self.consistency == "transaction":
             # Debezium creates the transaction topic at the first transaction after its snapshot
@@ -318,7 +340,7 @@ class KafkaReader(TransactionLog):
             if p.high > start:
                 ranges[(p.topic, p.partition)] = (start, p.high)
         if not ranges:
-            return
+            return 0, set()
         envelope_topics = frozenset(topics) | {self.tx_topic}
         parts = _split(ranges, MAX_RECORDS)
         n = 0
@@ -334,8 +356,7 @@ class KafkaReader(TransactionLog):
                 n += records.num_rows
                 for tp, (_, end) in part.items():
                     self._next[tp] = end
-        log.info("%s: read %d records of %d partitions in %.2fs; position %d; skipped %s; %d transactions waiting",
-                 self.location, n, len(ranges), time.time() - t0, self._last, self.skipped, len(self._order))
+        return n, set(ranges)
 
     def _partitions(self, topic: str) -> list:
         """The partitions of a data topic. Debezium creates a table's topic at its first
@@ -350,10 +371,12 @@ class KafkaReader(TransactionLog):
             return []
         t.absent = False
         try:
-            return self.log.partitions(topic)
+            parts = self.log.partitions(topic)
         except SourceError as e:
             raise SourceError(f"{e}. An empty table has no topic until its first change: declare its columns in "
                               f"meta.consistent_stream.columns to read it as empty until then") from None
+        t.partitions = len(parts)
+        return parts
 
     def _apply(self, records: pa.Table) -> None:
         """Parse ``records`` (:meth:`.kafka_log.KafkaLog.read`), data topics first (their events
@@ -421,13 +444,17 @@ class KafkaReader(TransactionLog):
             self._per_topic_event(t, op, obj, src, offset, where, out)
             return
         if op == "r" and not isinstance(txb, dict):
-            self._snapshot_event(t, obj, src, where)
+            rows = self._snapshot.accept(t.topic, t.table, part, src, where, t.partitions)
+            if rows is not None:
+                self._weighted(t, "r", obj, where, rows, SNAPSHOT_POSITION)
+            if self._snapshot.superseded:
+                self.skipped["repeated_snapshot"] = self._snapshot.superseded
             return
         if not isinstance(txb, dict) or txb.get("id") is None:
             raise SourceError(f"{where}: change event (op {op}) without a 'transaction' block: the connector must "
                               f"run with provide.transaction.metadata=true for consistency: transaction, or set "
                               f"meta.consistent_stream.consistency: per_topic (each table cut on its own)")
-        t.streamed = True
+        self._snapshot.streamed(t.topic, part)
         tx = self._pending_tx(transaction_key(txb["id"]), record_ms)
         if tx is None:
             return
@@ -460,25 +487,6 @@ class KafkaReader(TransactionLog):
         if not t.convert:
             return row
         return {k: (t.convert[k](v) if k in t.convert else v) for k, v in row.items()}
-
-    def _snapshot_event(self, t: _Topic, obj: dict, src: dict, where: str) -> None:
-        marker = str(src.get("snapshot", "")).lower()
-        if t.streamed or self._snapshot_published:
-            raise SourceError(f"{where}: a snapshot read (op r) after the snapshot was complete: either the table's "
-                              f"topic did not exist yet when the other tables' snapshots were read (it was taken as "
-                              f"empty: run --full-refresh now that it exists), or an incremental snapshot (signal), "
-                              f"which format: kafka does not read (take a new snapshot under a new topic.prefix and "
-                              f"run --full-refresh)")
-        if marker in ("first", "first_in_data_collection") and t.snapshot_rows:
-            log.warning("%s: the snapshot of %s starts again (the connector repeated it): the %d rows of the "
-                        "first attempt are replaced", where, t.table, len(t.snapshot_rows))
-            t.snapshot_rows = []
-            t.snapshot_done = False
-        self._weighted(t, "r", obj, where, t.snapshot_rows, SNAPSHOT_POSITION)
-        if marker in ("last", "last_in_data_collection"):
-            t.snapshot_done = True
-        if marker == "last":
-            self._snapshot_last_seen = True
 
     def _per_topic_event(self, t: _Topic, op: str, obj: dict, src: dict, offset: int, where: str, out) -> None:
         position = offset + 1
@@ -559,32 +567,32 @@ class KafkaReader(TransactionLog):
         return True
 
     def _snapshot_complete(self) -> bool:
-        """Every table's snapshot is read: its last event (``source.snapshot`` =
-        ``last_in_data_collection`` or ``last``) arrived, or its changes began, or it has no
-        snapshot event while the snapshot's very last event (``last``) or a transaction
-        arrived, or its topic does not exist (an empty table with declared columns: Debezium
-        marks no event ``last`` when the last table it reads is empty). Should such a table's
-        snapshot events come after all (it was not empty), they fail the read loudly
-        (:meth:`_snapshot_event`), never silently."""
-        over = self._tx_records > 0 or self._snapshot_last_seen
-        return all(t.snapshot_done or t.streamed or (not t.snapshot_rows and (over or t.absent))
-                   for t in self._topics.values())
+        """Every table's snapshot is read (:meth:`.kafka_snapshot.SnapshotAssembly.table_complete`;
+        ``over`` once a transaction was read)."""
+        return not self.snapshot_waiting()
 
-    def _publish(self, out: dict) -> None:
-        """Publish the snapshot once complete, then every complete transaction at the head of
-        the END order; their rows go to ``out`` (table -> weighted rows)."""
-        if not self._snapshot_published:
-            if not self._snapshot_complete():
+    def snapshot_waiting(self) -> list[str]:
+        """What the connector's snapshot still waits for, one line per table naming its topic
+        and partitions (:meth:`.kafka_snapshot.SnapshotAssembly.waiting`); empty once it is read."""
+        if self._snapshot.published:
+            return []
+        return self._snapshot.waiting([(t.topic, t.table, t.partitions) for t in self._topics.values()],
+                                      over=self._tx_records > 0, absent={t.topic for t in self._topics.values()
+                                                                         if t.absent})
+
+    def _publish(self, out: dict, snapshot: bool = False) -> None:
+        """Publish the snapshot once complete (``snapshot``: at the end of a refresh, every
+        partition read to its high watermark: :meth:`_refresh`), then every complete
+        transaction at the head of the END order; their rows go to ``out`` (table -> weighted
+        rows)."""
+        if not self._snapshot.published:
+            if not (snapshot and self._snapshot_complete()):
                 return
-            counts = {}
-            for t in self._topics.values():
-                if t.snapshot_rows:
-                    out.setdefault(t.table, []).extend(t.snapshot_rows)
-                    counts[t.table] = len(t.snapshot_rows)
-                t.snapshot_rows = []
+            rows, counts = self._snapshot.take()
+            for table, r in rows.items():
+                out.setdefault(table, []).extend(r)
             self._txs.append(TxInfo(SNAPSHOT_POSITION, "snapshot", 0, counts, self.tx_topic, -1, True))
             self._last = SNAPSHOT_POSITION
-            self._snapshot_published = True
         while self._order:
             tx = self._pending[self._order[0]]
             if not self._complete(tx):
@@ -785,6 +793,13 @@ class KafkaSource(DebeziumSource):
 
     def _open_reader(self) -> KafkaReader:
         return reader_for(self.spec)
+
+    def waiting_for(self) -> str:
+        waits = self.reader().snapshot_waiting()
+        return ("the connector's snapshot is not read yet: " + "; ".join(waits) + ". Wait until the connector has "
+                "finished its snapshot (Kafka Connect's status of the connector; its last snapshot event is marked "
+                "source.snapshot = last), then run again") if waits else \
+            f"no complete transaction on {self.clock} yet"
 
     def resume(self, cut_offsets: dict, position: int) -> bool:
         """Start this process's reader of the clock at the resume point ``cut_offsets`` holds
