@@ -106,6 +106,47 @@ def test_a_snapshot_on_topics_of_several_partitions_builds_and_equals_postgres(s
     forget_readers()
 
 
+def test_decimals_are_decimals_in_every_decimal_handling_mode(spark, stack, tmp_path):
+    """A numeric(12,2) column through Debezium in its precise, string and double modes (and in
+    string mode with the table's columns declared): decimal(12,2) in the model, and 0.10 + 0.20
+    + 0.30 is exactly 0.60. The precise connector's data topic has 3 partitions (Connect's topic
+    creation), its transaction topic one."""
+    import decimal
+    import pyarrow as pa
+    from helpers import delta_pandas
+    from postgres_server import Database
+    db = Database()
+    db.execute("CREATE TABLE acct (id int PRIMARY KEY, balance numeric(12,2) NOT NULL)")
+    db.execute("ALTER TABLE acct REPLICA IDENTITY FULL")
+    db.execute("INSERT INTO acct VALUES (1, 0.10), (2, 0.20)")
+    modes = ("precise", "string", "double")
+    for mode in modes:
+        stack.register_postgres(f"dec_{mode}", db.dsn, ["acct"], f"dec{mode}", slot=f"s_dec_{mode}_{db.name}",
+                                decimal_handling=mode, partitions=3 if mode == "precise" else None)
+    db.execute("INSERT INTO acct VALUES (3, 0.30)")
+    for mode in modes:
+        wait_for(lambda: _topic_events(stack, f"dec{mode}.transaction") >= 2, timeout=120, what="the transaction")
+    assert stack.partitions("decprecise.public.acct") == 3 and stack.partitions("decprecise.transaction") == 1
+    assert stack.partitions("decstring.public.acct") == 1
+    for mode, columns in [(m, None) for m in modes] + [("string", {"id": "int", "balance": "decimal(12,2)"})]:
+        meta = {"format": "kafka", "bootstrap_servers": stack.bootstrap, "topic": f"dec{mode}.public.acct",
+                "primary_key": "id", **({"columns": columns} if columns else {})}
+        name = f"dec_{mode}{'_declared' if columns else ''}"
+        job = JobSpec.from_dbt(project_root=str(tmp_path), schema="s", identifier=name, model_name=name,
+                               sql="select 'all' as k, sum(balance) as total, count(*) as n from d.acct",
+                               sources=[{"source_name": "d", "name": "acct", "relation": "d.acct", "meta": meta}],
+                               config={"unique_key": "k", "location_root": str(tmp_path / "targets")},
+                               warehouse_dir=str(tmp_path / "wh"))
+        run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
+        got = pa.table(DeltaTableRef(job.target_path).table().to_pyarrow_table())
+        assert got.schema.field("total").type == pa.decimal128(22, 2), (name, got.schema)   # Spark's sum of (12,2)
+        rows = delta_pandas(job.target_path).to_dict("records")
+        assert rows == [{"k": "all", "total": decimal.Decimal("0.60"), "n": 3}], (name, rows)
+        forget_readers()
+    for mode in modes:
+        stack.delete_connector(f"dec_{mode}")
+
+
 def _topic_events(stack, topic: str) -> int:
     return sum(high - low for low, high in stack.watermarks(topic).values())
 

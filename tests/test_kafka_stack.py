@@ -4,6 +4,7 @@ transaction metadata; the worker survives a kill -9 and its connector runs again
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections import defaultdict
 
@@ -34,10 +35,14 @@ def test_debezium_transactions_and_worker_restart(tmp_path):
         db.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
     db.execute("INSERT INTO acct VALUES (1, 100.00), (2, 50.00)")
     slot = f"dbz_{db.name}"
-    stack = kafka_stack.start(tmp_path / "kafka", offset_flush_interval_ms=1000)
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        connect_port = so.getsockname()[1]
+    stack = kafka_stack.start(tmp_path / "kafka", offset_flush_interval_ms=1000, connect_port=connect_port)
     try:
+        assert stack.connect_port == connect_port and stack.connect_url.endswith(f":{connect_port}")
         assert kafka_stack.load(tmp_path / "kafka").bootstrap == stack.bootstrap
-        status = stack.register_postgres("cs", db.dsn, ["acct", "note"], "cs", slot=slot)
+        status = stack.register_postgres("cs", db.dsn, ["acct", "note"], "cs", slot=slot, decimal_handling="string")
         assert status["connector"]["state"] == "RUNNING" and status["tasks"][0]["state"] == "RUNNING"
         xids = []
         conn = db.connect()

@@ -4,8 +4,10 @@ and controller in one JVM), one Kafka Connect 4.1.1 distributed worker (a second
 Debezium's PostgreSQL connector 3.6.1.Final as a Connect plugin, all from Maven Central.
 
     python -m consistent_stream.kafka_stack install               # make .venv runs it: the jars, once
-    python -m consistent_stream.kafka_stack start --dir D [--postgres]   # prints the state as JSON
+    python -m consistent_stream.kafka_stack start --dir D [--postgres] [--partitions N]
+                  [--broker-port P] [--controller-port P] [--connect-port P]   # prints the state as JSON
     python -m consistent_stream.kafka_stack register --dir D --name N --tables a,b --prefix P [--dsn DSN]
+                  [--decimal-handling precise|string|double] [--partitions N] [--set KEY=VALUE ...]
     python -m consistent_stream.kafka_stack stop --dir D
 
 The jars are resolved once, at install, with Spark's Ivy (:func:`consistent_stream.session.resolve`)
@@ -488,6 +490,7 @@ class KafkaStack:
 
     def register_postgres(self, name: str, dsn: str, tables: list[str] | str, topic_prefix: str, *,
                           transaction_metadata: bool = True, snapshot_mode: str = "initial", slot: str | None = None,
+                          decimal_handling: str = "precise", partitions: int | None = None,
                           extra: dict | None = None, timeout_s: float = 120.0) -> dict:
         """Register Debezium's PostgreSQL connector ``name`` (one task) capturing ``tables``
         (``"schema.table"`` names, or bare names in ``public``; a list or comma-separated) of the
@@ -495,11 +498,19 @@ class KafkaStack:
         ``<topic_prefix>.<schema>.<table>`` (and ``<topic_prefix>.transaction`` with
         ``transaction_metadata``): ``plugin.name=pgoutput``, replication slot ``slot`` (default
         ``dbz_<name>``, lower-cased, other characters as ``_``), publication ``<slot>_pub``
-        (``publication.autocreate.mode=filtered``), ``decimal.handling.mode=string``,
-        ``snapshot.mode=snapshot_mode``; ``extra`` (connector config keys -> values) last.
-        Lets the server decode with pgoutput first (:func:`allow_pgoutput`). Returns the
-        connector's status once it and its task are RUNNING. Raises KafkaStackError (with the
-        trace when FAILED; Connect's answer when it refuses the config)."""
+        (``publication.autocreate.mode=filtered``), ``decimal.handling.mode=decimal_handling``
+        (``precise``: Connect's ``Decimal``; ``string`` and ``double`` also propagate each
+        column's source type, ``column.propagate.source.type=.*``, from which a ``numeric(p,s)``
+        column is read as ``decimal(p,s)``), ``snapshot.mode=snapshot_mode``. The data topics
+        Connect creates get ``partitions`` partitions (default: the stack's
+        ``num_partitions``; ``topic.creation.default.partitions``), the transaction topic
+        always one (a ``topic.creation`` group of its own: its order is the commit order).
+        ``extra`` (connector config keys -> values) last. Lets the server decode with pgoutput
+        first (:func:`allow_pgoutput`). Returns the connector's status once it and its task are
+        RUNNING. Raises KafkaStackError (with the trace when FAILED; Connect's answer when it
+        refuses the config) or ValueError for an unknown ``decimal_handling``."""
+        if decimal_handling not in ("precise", "string", "double"):
+            raise ValueError(f"decimal_handling {decimal_handling!r}: use precise, string or double")
         from psycopg2.extensions import parse_dsn
         allow_pgoutput(dsn)
         p = parse_dsn(dsn)
@@ -514,8 +525,14 @@ class KafkaStack:
             "database.dbname": p.get("dbname", p.get("user", "postgres")),
             "topic.prefix": topic_prefix, "table.include.list": ",".join(re.escape(t) for t in tables),
             "plugin.name": "pgoutput", "slot.name": slot, "publication.name": f"{slot}_pub",
-            "publication.autocreate.mode": "filtered", "decimal.handling.mode": "string",
+            "publication.autocreate.mode": "filtered", "decimal.handling.mode": decimal_handling,
+            **({"column.propagate.source.type": ".*"} if decimal_handling != "precise" else {}),
             "provide.transaction.metadata": str(bool(transaction_metadata)).lower(), "snapshot.mode": snapshot_mode,
+            "topic.creation.default.partitions": str(partitions or self.num_partitions),
+            "topic.creation.default.replication.factor": "1",
+            "topic.creation.groups": "transaction",
+            "topic.creation.transaction.include": re.escape(f"{topic_prefix}.transaction"),
+            "topic.creation.transaction.partitions": "1", "topic.creation.transaction.replication.factor": "1",
             **{k: str(v) for k, v in (extra or {}).items()},
         }
         try:
@@ -691,11 +708,15 @@ def _cluster_id() -> str:
 
 def start(directory: str | Path, *, pg_dsn: str | None = None, host: str = HOST, num_partitions: int = 1,
           schemas_enable: bool = True, offset_flush_interval_ms: int = 10000, worker_config: dict | None = None,
-          broker_config: dict | None = None, timeout_s: float = 180.0) -> KafkaStack:
+          broker_config: dict | None = None, broker_port: int | None = None, controller_port: int | None = None,
+          connect_port: int | None = None, timeout_s: float = 180.0) -> KafkaStack:
     """Start a single-node KRaft broker (broker and controller in one JVM, ``-Xmx512m``) and a
-    Connect distributed worker (``-Xmx768m``) on free ports of ``host``, with their files in
-    ``directory`` (created; an earlier stack's data there is wiped): topics auto-created with
-    ``num_partitions`` partitions, every replication factor 1, the worker's converters
+    Connect distributed worker (``-Xmx768m``) on ``host``, at ``broker_port``,
+    ``controller_port`` and ``connect_port`` (Connect's REST API; each a free port when not
+    given), with their files in ``directory`` (created; an earlier stack's data there is
+    wiped): the data topics of connectors registered with :meth:`KafkaStack.register_postgres`
+    get ``num_partitions`` partitions by default, every other topic the broker creates one,
+    every replication factor 1, the worker's converters
     JsonConverter with ``schemas.enable`` = ``schemas_enable`` for keys and values, its offsets
     flushed every ``offset_flush_interval_ms`` ms, ``worker_config`` / ``broker_config`` (keys
     -> values) added last. Returns when the broker answers and the worker lists Debezium's
@@ -715,10 +736,16 @@ def start(directory: str | Path, *, pg_dsn: str | None = None, host: str = HOST,
         else:
             p.unlink(missing_ok=True)
     broker_jars = _jars(broker_dir(), "the Kafka broker's jars")
-    ports = set()
-    while len(ports) < 3:
-        ports.add(_free_port(host))
-    bport, cport, rport = sorted(ports)
+    given = [p for p in (broker_port, controller_port, connect_port) if p]
+    if len(set(given)) != len(given):
+        raise KafkaStackError(f"the broker, controller and Connect ports must differ: {given}")
+    free = set()
+    while len(free) < 3 - len(given):
+        p = _free_port(host)
+        if p not in given:
+            free.add(p)
+    free = sorted(free)
+    bport, cport, rport = (p or free.pop(0) for p in (broker_port, controller_port, connect_port))
     stack = KafkaStack(directory=str(d), host=host, broker_port=bport, controller_port=cport, connect_port=rport,
                        cluster_id=_cluster_id(), num_partitions=num_partitions, schemas_enable=schemas_enable,
                        offset_flush_interval_ms=offset_flush_interval_ms,
@@ -731,7 +758,7 @@ def start(directory: str | Path, *, pg_dsn: str | None = None, host: str = HOST,
         "advertised.listeners": f"PLAINTEXT://{host}:{bport}",
         "controller.listener.names": "CONTROLLER", "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "log.dirs": d / "kafka-logs", "num.partitions": num_partitions, "auto.create.topics.enable": "true",
+        "log.dirs": d / "kafka-logs", "num.partitions": 1, "auto.create.topics.enable": "true",
         "default.replication.factor": 1, "min.insync.replicas": 1,
         "offsets.topic.replication.factor": 1, "offsets.topic.num.partitions": 1,
         "transaction.state.log.replication.factor": 1, "transaction.state.log.min.isr": 1,
@@ -792,7 +819,10 @@ def _main(argv: list[str]) -> int:
     st.add_argument("--dir", required=True)
     st.add_argument("--host", default=HOST)
     st.add_argument("--postgres", action="store_true", help="also start a throwaway PostgreSQL 15 (localpg)")
-    st.add_argument("--partitions", type=int, default=1)
+    st.add_argument("--partitions", type=int, default=1,
+                    help="partitions of the data topics of the connectors registered (the transaction topic: one)")
+    for port in ("broker", "controller", "connect"):
+        st.add_argument(f"--{port}-port", type=int, help="default: a free port")
     st.add_argument("--no-schemas", action="store_true", help="JsonConverter schemas.enable=false")
     st.add_argument("--offset-flush-ms", type=int, default=10000)
     rg = sub.add_parser("register")
@@ -804,6 +834,10 @@ def _main(argv: list[str]) -> int:
     rg.add_argument("--slot")
     rg.add_argument("--snapshot-mode", default="initial")
     rg.add_argument("--no-transaction-metadata", action="store_true")
+    rg.add_argument("--decimal-handling", choices=("precise", "string", "double"), default="precise")
+    rg.add_argument("--partitions", type=int, help="partitions of its data topics (default: the stack's)")
+    rg.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a connector setting, added last (repeatable)")
     sp = sub.add_parser("stop")
     sp.add_argument("--dir", required=True)
     args = ap.parse_args(argv)
@@ -819,7 +853,9 @@ def _main(argv: list[str]) -> int:
                 allow_pgoutput(pg.dsn)
             try:
                 s = start(args.dir, pg_dsn=pg.dsn if pg else None, host=args.host, num_partitions=args.partitions,
-                          schemas_enable=not args.no_schemas, offset_flush_interval_ms=args.offset_flush_ms)
+                          schemas_enable=not args.no_schemas, offset_flush_interval_ms=args.offset_flush_ms,
+                          broker_port=args.broker_port, controller_port=args.controller_port,
+                          connect_port=args.connect_port)
             except BaseException:
                 if pg:
                     pg.stop()
@@ -836,9 +872,17 @@ def _main(argv: list[str]) -> int:
             dsn = args.dsn or (s.postgres or {}).get("dsn")
             if not dsn:
                 raise KafkaStackError("--dsn is needed (the stack was not started with --postgres)")
+            extra = {}
+            for kv in args.set:
+                key, eq, value = kv.partition("=")
+                if not eq or not key.strip():
+                    raise KafkaStackError(f"--set {kv!r}: expected KEY=VALUE (a connector setting)")
+                extra[key.strip()] = value
             status = s.register_postgres(args.name, dsn, args.tables, args.prefix, slot=args.slot,
                                          snapshot_mode=args.snapshot_mode,
-                                         transaction_metadata=not args.no_transaction_metadata)
+                                         transaction_metadata=not args.no_transaction_metadata,
+                                         decimal_handling=args.decimal_handling, partitions=args.partitions,
+                                         extra=extra)
             print(json.dumps(status))
         else:
             s = load(args.dir)

@@ -42,11 +42,30 @@ def column_type(name: str, type_name: str, label: str) -> str:
     return t
 
 
+def source_decimal(params: dict) -> str | None:
+    """``decimal(p,s)`` for a column the database declares ``NUMERIC(p,s)`` / ``DECIMAL(p,s)``
+    (1 <= p <= 38), from the parameters Debezium adds to its schema with
+    ``column.propagate.source.type`` (``__debezium.source.column.type``, ``.length``,
+    ``.scale``); None otherwise (no such parameters, a ``numeric`` without precision).
+    ``decimal.handling.mode=string`` or ``double`` then still give the database's exact type."""
+    if str(params.get("__debezium.source.column.type", "")).upper() not in ("NUMERIC", "DECIMAL"):
+        return None
+    try:
+        p, s = int(params.get("__debezium.source.column.length", 0)), int(params["__debezium.source.column.scale"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return f"decimal({p},{s})" if 1 <= p <= 38 and 0 <= s <= p else None
+
+
 def schema_from_envelope(table: str, schema: dict, primary_key: tuple, where: str) -> TableSchema:
     """The table's schema from a change event's Kafka Connect schema (the envelope's
     ``schema``: a struct whose ``after`` field is the row's struct); each column's
     ``source_type`` is its Connect logical type name (or type), from which :func:`converters`
-    knows how its JSON values are encoded. SourceError naming ``where`` when the schema has no
+    knows how its JSON values are encoded. Decimals are ``decimal(p,s)`` in each of
+    Debezium's ``decimal.handling.mode`` values: ``precise`` from Connect's ``Decimal`` (its
+    ``connect.decimal.precision`` and ``scale``), ``string`` and ``double`` from the source
+    type Debezium propagates (:func:`source_decimal`); without it they are a string or a
+    double (declare the table's ``columns`` to type them). SourceError naming ``where`` when the schema has no
     row struct or a column type this reader does not know."""
     fields = {f.get("field"): f for f in schema.get("fields") or [] if isinstance(f, dict)}
     row = fields.get("after") or fields.get("before")
@@ -64,6 +83,8 @@ def schema_from_envelope(table: str, schema: dict, primary_key: tuple, where: st
             t = _LOGICAL[logical]
         elif logical == VARIABLE_DECIMAL:
             t = "string"
+        elif kind in ("string", "double", "float64") and source_decimal(params):
+            t = source_decimal(params)
         elif kind in _PRIMITIVE:
             t = _PRIMITIVE[kind]
         elif kind == "bytes":
