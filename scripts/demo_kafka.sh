@@ -28,8 +28,8 @@ rm -rf spark-warehouse metastore_db derby.log target logs
 "$repo/scripts/ensure_postgres.sh"
 "$py" -m consistent_stream.kafka_stack stop --dir "$stackdir" >/dev/null 2>&1 || true
 
-step "start PostgreSQL, Kafka (KRaft) and Kafka Connect with Debezium on loopback"
-state=$("$py" -m consistent_stream.kafka_stack start --dir "$stackdir" --postgres)
+step "start PostgreSQL, Kafka (KRaft) and Kafka Connect with Debezium on loopback (data topics: 3 partitions)"
+state=$("$py" -m consistent_stream.kafka_stack start --dir "$stackdir" --postgres --partitions 3)
 trap '"$py" -m consistent_stream.kafka_stack stop --dir "$stackdir"' EXIT
 echo "$state"
 export KAFKA_BOOTSTRAP=$("$py" -c 'import json,sys; print(json.loads(sys.argv[1])["bootstrap"])' "$state")
@@ -53,7 +53,8 @@ deadline = time.time() + 180
 while True:
     md = c.list_topics(timeout=10).topics
     t = "pgb.public.pgbench_accounts"
-    if t in md and c.get_watermark_offsets(TopicPartition(t, 0), timeout=10)[1] >= 100000:
+    if t in md and sum(c.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
+                       for p in md[t].partitions) >= 100000:
         break
     assert time.time() < deadline, "Debezium's snapshot did not reach Kafka in 180 s (see the stack's connect.log)"
     time.sleep(2)

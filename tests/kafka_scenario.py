@@ -51,6 +51,7 @@ class Outcome:
     final_matches_database: bool = False
     cut_positions: list = field(default_factory=list)
     seconds: float = 0.0
+    prefix: str = ""
 
 
 # pgbench_history is empty after `pgbench -i`: Debezium creates its topic at its first insert,
@@ -68,16 +69,18 @@ def kafka_sources(bootstrap: str, prefix: str, sql: str, consistency: str = "tra
             for t in TABLES if f"pg.{t}" in sql]
 
 
-def start_pgbench_connector(stack, db: Database, prefix: str, scale: int = 1) -> None:
+def start_pgbench_connector(stack, db: Database, prefix: str, scale: int = 1, partitions: int = 1) -> None:
     """pgbench's tables (``-i``) in ``db`` with REPLICA IDENTITY FULL, captured by a Debezium
-    connector named ``prefix`` into topics ``<prefix>.public.<table>``."""
+    connector named ``prefix`` into topics ``<prefix>.public.<table>`` of ``partitions``
+    partitions each."""
     srv = db.server
     init = subprocess.run([srv.bin("pgbench"), "-i", "-s", str(scale), "-q", "-h", "127.0.0.1", "-p", str(srv.port),
                            "-U", "postgres", db.name], capture_output=True, text=True)
     assert init.returncode == 0, init.stderr
     for t in TABLES:
         db.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
-    stack.register_postgres(prefix, db.dsn, [f"public.{t}" for t in TABLES], prefix, slot=f"s_{prefix}")
+    stack.register_postgres(prefix, db.dsn, [f"public.{t}" for t in TABLES], prefix, slot=f"s_{prefix}",
+                            partitions=partitions)
 
 
 def _run_in_subprocess(job: JobSpec, path: str, seconds: float) -> subprocess.Popen:
@@ -101,13 +104,16 @@ def _run_in_subprocess(job: JobSpec, path: str, seconds: float) -> subprocess.Po
 def run(spark, stack, tmp_path, *, seconds: float, clients: int = 4, rate: int = 100,
         model: str = "branch_balances", kill_connect_after_s: float | None = None,
         kill_run_after_s: float | None = None, foil_skew_ms: int = 20, spark_checks: int = 3,
-        trigger_s: float = 1.0) -> Outcome:
+        trigger_s: float = 1.0, partitions: int = 1) -> Outcome:
+    """The module docstring's run: pgbench's tables filled (``pgbench -i``) before the connector
+    starts, its data topics of ``partitions`` partitions (the foil, whose per-topic cuts are
+    offsets of one partition, runs only with one)."""
     t0 = time.time()
     o = Outcome()
     db = Database()
-    prefix = f"pgb{db.name}"
+    prefix = o.prefix = f"pgb{db.name}"
     m = MODELS[model]
-    start_pgbench_connector(stack, db, prefix)
+    start_pgbench_connector(stack, db, prefix, partitions=partitions)
     try:
         sources = kafka_sources(stack.bootstrap, prefix, m.sql)
         job = JobSpec.from_dbt(project_root=str(tmp_path), schema="bench", identifier=m.name, model_name=m.name,
@@ -161,7 +167,8 @@ def run(spark, stack, tmp_path, *, seconds: float, clients: int = 4, rate: int =
         o.duplicates_dropped = reader.skipped["duplicates"]
         o.transactions = len([t for t in reader.transactions() if not t.snapshot])
         _check_versions(o, spark, m, job, target, spark_checks)
-        _foil(o, m, job, reader, stack.bootstrap, prefix, foil_skew_ms)
+        if partitions == 1:
+            _foil(o, m, job, reader, stack.bootstrap, prefix, foil_skew_ms)
     finally:
         stack.delete_connector(prefix)
     o.seconds = round(time.time() - t0, 1)

@@ -255,16 +255,25 @@ def test_a_backlog_s_commits_are_read_once_per_run_not_once_per_batch(spark, tmp
     assert _versions_equal_batch_evaluation(spark, job) == 1 + summary["batches"]
 
 
-def test_a_change_larger_than_recompute_threshold_is_recomputed_from_snapshots(spark, tmp_path):
+def test_a_change_larger_than_recompute_threshold_is_recomputed_from_snapshots(spark, tmp_path, caplog):
+    """...in one version, max_batch_rows notwithstanding: the run log warns, naming the
+    threshold that would split it."""
     sc = Scenario(spark, tmp_path, {"t": pa.table({"id": list(range(100)), "g": [i % 4 for i in range(100)],
                                                    "v": list(range(100))})}, {"t": ["id"]})
     job = sc.job("select g, count(*) as n, min(v) as lo, max(v) as hi from src.t group by g", "g")
+    job.max_batch_rows = 500
     sc.run(job, full_refresh=True)
-    sc.insert("t", pa.table({"id": list(range(100, 1200)), "g": [i % 5 for i in range(1100)],
-                             "v": list(range(1100))}))
-    summary = sc.run(job)
+    for i in range(2):
+        sc.insert("t", pa.table({"id": list(range(100 + 550 * i, 650 + 550 * i)), "g": [i % 5 for i in range(550)],
+                                 "v": list(range(550))}))
+    with caplog.at_level("WARNING", logger="consistent_stream.sources.backlog"):
+        summary = sc.run(job)
+    assert summary["batches"] == 1, summary
     m = summary["metrics"][0]
     assert m["strategy"] == "recompute" and "recompute_threshold" in m["reason"]
+    assert "backlog of 1100 change rows > recompute_threshold 0.25 x 1200 source rows: one version to the cut, " \
+           "recomputed from the snapshots (max_batch_rows 500 does not split it; a recompute_threshold above " \
+           "0.917 would)" in caplog.text, caplog.text
     sc.delete("t", "id < 3")  # and it goes on incrementally from the rebuilt state
     summary = sc.run(job)
     assert summary["metrics"][0]["strategy"] == "incremental"

@@ -60,6 +60,22 @@ def test_pgbench_through_debezium_on_kafka_is_consistent_at_every_version_throug
     assert o.control_violations == 0, o
 
 
+def test_pgbench_through_debezium_on_three_partition_topics_is_consistent_through_a_connect_crash(
+        spark, stack, tmp_path):
+    """The same chain with every data topic in 3 partitions (the transaction topic in one):
+    pgbench's tables are full before the connector starts (its snapshot spreads them over the
+    partitions), the Connect worker is SIGKILLed mid-run; every version keeps the invariant and
+    equals batch evaluation, the last equals PostgreSQL."""
+    o = kafka_scenario.run(spark, stack, tmp_path, seconds=25, rate=100, kill_connect_after_s=8, partitions=3,
+                           spark_checks=1)
+    print(o)
+    assert o.connect_killed and o.transactions > 1000 and o.versions >= 3, o
+    assert o.invariant_violations == 0 and o.oracle_mismatches == 0 and o.spark_checked >= 1, o
+    assert o.final_matches_database, o
+    assert o.cut_positions == sorted(o.cut_positions) and len(set(o.cut_positions)) == o.versions, o
+    assert stack.partitions(f"{o.prefix}.public.pgbench_accounts") == 3, o
+
+
 def test_a_snapshot_on_topics_of_several_partitions_builds_and_equals_postgres(spark, stack, tmp_path):
     """The connector's initial snapshot of tables full before it starts, on data topics of 3
     partitions (created before the connector, as production topics are): the first build

@@ -77,8 +77,10 @@ def plan_cuts(sources: list, start: dict[str, int], end: dict[str, int], *, max_
         return [dict(end)]
     source_rows = sum(by_key[k].rows(end[k]) for k in keys)
     if total > recompute_threshold * max(source_rows, 1):
-        log.info("backlog of %d change rows > recompute_threshold %s x %d source rows: one batch to the cut",
-                 total, recompute_threshold, source_rows)
+        log.warning("backlog of %d change rows > recompute_threshold %s x %d source rows: one version to the cut, "
+                    "recomputed from the snapshots (max_batch_rows %d does not split it; a recompute_threshold "
+                    "above %.3g would)", total, recompute_threshold, source_rows, max_rows,
+                    total / max(source_rows, 1))
         return [dict(end)]
     cuts: list[dict[str, int]] = []
     cut = dict(start)
