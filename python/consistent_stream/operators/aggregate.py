@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from pyspark.sql.types import DataType, DecimalType, DoubleType, FloatType, StructField, StructType
+from pyspark.sql.types import DataType, DecimalType, DoubleType, FloatType, StringType, StructField, StructType
 
 from ..changelog import WEIGHT, Changelog, cols_sql, consolidate_sql, q
 from ..fsum import bucket_sql, finite_sql, nonfinite_counts_sql, pair_sum_sql, value_sql
@@ -141,12 +141,14 @@ def _accumulators(spec: AggregateSpec, linear: list[AggCall]) -> _Accumulators:
     lo_col, nonfinite = {}, {}
     for x in linear_args:
         if any(a.func in ("sum", "avg") and spec.args[a.name] == x for a in linear):
-            if _floating(spec.arg_types[x]):
+            if _floating(spec.arg_types[x]) or isinstance(spec.arg_types[x], StringType):
+                # Spark sums a string argument as DOUBLE (its implicit cast: SUM(CAST(x AS DOUBLE)))
+                v = q(x) if _floating(spec.arg_types[x]) else f"CAST({q(x)} AS DOUBLE)"
                 lo_col[x] = f"{s_col[x]}_lo"
                 nonfinite[x] = (f"{s_col[x]}_pinf", f"{s_col[x]}_ninf", f"{s_col[x]}_nan")
-                hi, lo = pair_sum_sql(f"{finite_sql(q(x))} * {W}")
+                hi, lo = pair_sum_sql(f"{finite_sql(v)} * {W}")
                 exprs += [f"{hi} AS {q(s_col[x])}", f"{lo} AS {q(lo_col[x])}"]
-                exprs += [f"{e} AS {q(c)}" for e, c in zip(nonfinite_counts_sql(q(x), W), nonfinite[x])]
+                exprs += [f"{e} AS {q(c)}" for e, c in zip(nonfinite_counts_sql(v, W), nonfinite[x])]
                 value_cols += [s_col[x], lo_col[x], *nonfinite[x]]
             else:
                 exprs.append(f"SUM({q(x)} * {W}) AS {q(s_col[x])}")
