@@ -292,11 +292,12 @@ def _wait_for(what: str, check, timeout: float, interval: float = 1.0):
 
 
 @contextlib.contextmanager
-def pgbench_topics(scale: int, seconds: int, clients: int, timeout: float, log=sys.stderr):
+def pgbench_topics(scale: int, seconds: int, clients: int, timeout: float, log=sys.stderr, partitions: int = 1):
     """PostgreSQL 15 (capture/localpg.py), Kafka + Kafka Connect + Debezium
     (consistent_stream.kafka_stack), ``pgbench -i -s scale`` with REPLICA IDENTITY FULL,
     Debezium registered (topic prefix ``pgb``, transaction metadata), ``pgbench -c clients -T
-    seconds``, and a wait until Connect has written every change. Yields a dict: ``pg``,
+    seconds``, and a wait until Connect has written every change; the data topics have
+    ``partitions`` partitions (the transaction topic one). Yields a dict: ``pg``,
     ``stack``, ``prefix``, ``pgbench_transactions``, ``pgbench_tps``, ``expect`` (topic ->
     messages), ``topic_messages``, ``connect_catch_up_wait_s``, ``postgres_rows`` (the query's
     answer). Stops everything on exit. Run with .venv's python (the benchmarks that compare
@@ -321,7 +322,7 @@ def pgbench_topics(scale: int, seconds: int, clients: int, timeout: float, log=s
         print(f"Kafka on {stack.bootstrap}", file=log)
         prefix = "pgb"
         stack.register_postgres("pgb", pg.dsn, [f"public.{t}" for t in TABLES], prefix,
-                                transaction_metadata=True)
+                                transaction_metadata=True, partitions=partitions)
         topics = [topic_name(prefix, t) for t in TABLES]
         accounts = scale * 100_000
 

@@ -23,7 +23,7 @@ the topics' start:
 also reads the transaction topic, counted apart). Prints one JSON line per engine and run and a
 summary with the ratio; appends them to ``benchmarks/results/kafka_catch_up.jsonl``.
 
-    .venv/bin/python benchmarks/kafka_catch_up.py [--scale 1] [--seconds 30] [--runs 2]
+    .venv/bin/python benchmarks/kafka_catch_up.py [--scale 1] [--seconds 30] [--runs 2] [--partitions 1]
 """
 from __future__ import annotations
 
@@ -82,20 +82,21 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--partitions", type=int, default=1, help="partitions of the data topics")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(HERE.parent / "python"))
     from consistent_stream.session import with_delta
     from pyspark.sql import SparkSession
 
     out = []
-    with pgbench_topics(a.scale, a.seconds, a.clients, a.timeout) as env:
+    with pgbench_topics(a.scale, a.seconds, a.clients, a.timeout, partitions=a.partitions) as env:
         stack, prefix, expected = env["stack"], env["prefix"], env["postgres_rows"]
         tx_topic = f"{prefix}.transaction"
         tx_messages = flink_sql.topic_messages(stack.bootstrap, [tx_topic])[tx_topic]
         events = sum(env["topic_messages"].values())
         spark = (with_delta(SparkSession.builder).master("local[*]").appName("kafka-catch-up")
                  .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
-        common = {"scale": a.scale, "pgbench_transactions": env["pgbench_transactions"], "pgbench": env["pgbench_tps"],
+        common = {"scale": a.scale, "partitions": a.partitions, "pgbench_transactions": env["pgbench_transactions"], "pgbench": env["pgbench_tps"],
                   "events": events, "transaction_topic_messages": tx_messages, "date": time.strftime("%Y-%m-%d")}
         work = tempfile.mkdtemp(prefix="cs-kafka-catch-up-")
         try:

@@ -117,3 +117,25 @@ def test_what_an_incomplete_snapshot_waits_for_names_topic_and_partitions():
     assert waits[0].startswith("Kafka topic p.public.a (public.a): 2 snapshot rows read in partitions [0, 2] of 3")
     assert "p.public.b (public.b): no snapshot row and no change read yet" in waits[1]
     assert a.waiting([(TOPIC, TABLE, 3), ("p.public.b", "public.b", 1)], over=True, absent=set()) == waits[:1]
+
+
+def test_between_two_reads_only_a_tables_own_partitions_prove_its_snapshot_read():
+    """What may be published before a refresh has read every partition to its end: a table
+    whose every partition had a change read (its snapshot rows came before, in each), or whose
+    one partition holds its own last snapshot event."""
+    a = SnapshotAssembly()
+    a.accept(TOPIC, TABLE, 0, {"snapshot": "first", "txId": 1, "lsn": 2}, "w", 3)
+    a.accept(TOPIC, TABLE, 1, {"snapshot": "last_in_data_collection", "txId": 1, "lsn": 2}, "w", 3)
+    assert a.table_complete(TABLE, TOPIC, over=False, absent=False)
+    assert not a.table_evident(TABLE, TOPIC, 3, absent=False)     # partition 2 may hold rows not read yet
+    for p in (0, 1):
+        a.streamed(TOPIC, p)
+    assert not a.table_evident(TABLE, TOPIC, 3, absent=False)
+    a.streamed(TOPIC, 2)
+    assert a.table_evident(TABLE, TOPIC, 3, absent=False)
+    one = SnapshotAssembly()
+    one.accept("p.public.b", "public.b", 0, {"snapshot": "true", "txId": 1, "lsn": 2}, "w", 1)
+    assert not one.table_evident("public.b", "p.public.b", 1, absent=False)
+    one.accept("p.public.b", "public.b", 0, {"snapshot": "last", "txId": 1, "lsn": 2}, "w", 1)
+    assert one.table_evident("public.b", "p.public.b", 1, absent=False)
+    assert SnapshotAssembly().table_evident("public.c", "p.public.c", 0, absent=True)

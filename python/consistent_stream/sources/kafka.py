@@ -54,7 +54,8 @@ number of partitions of the data topics and however they interleave; a snapshot 
 again (a connector that crashed during its initial snapshot and repeats it) replaces the
 partial attempt (counted as ``repeated_snapshot``). It is published, as position 0, at the
 end of a refresh that read every partition to a high watermark taken after its last markers
-were read; until then the source has no position, and a run says what the snapshot waits for
+were read, or earlier when each table's own partitions prove it (a change read in each); until
+then the source has no position, and a run says what the snapshot waits for
 (:meth:`KafkaReader.snapshot_waiting`).
 
 Reading: each refresh reads every partition from where the last one stopped to its high
@@ -78,6 +79,8 @@ waits, since when, and for what.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import logging
 import re
@@ -145,6 +148,22 @@ def _split(ranges: dict, limit: int) -> list[dict]:
                 part[tp] = (lo, hi)
         out.append(part)
     return out
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc():
+    """Pause Python's cyclic garbage collector for the block. Parsing a read's records makes
+    millions of small containers (row dicts, tuples, pending transactions) and no reference
+    cycles: each is freed by its reference count, but their allocations keep triggering
+    collections that walk every live container, the rows kept so far included: a large part
+    of the parsing time (the README's catch-up section)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _where(topic: str, partition: int, offset: int) -> str:
@@ -380,7 +399,12 @@ class KafkaReader(TransactionLog):
 
     def _apply(self, records: pa.Table) -> None:
         """Parse ``records`` (:meth:`.kafka_log.KafkaLog.read`), data topics first (their events
-        wait for their transaction's END), then the transaction topic; publish what is complete."""
+        wait for their transaction's END), then the transaction topic; publish what is complete.
+        Python's cyclic garbage collector is paused meanwhile (:func:`_no_cyclic_gc`)."""
+        with _no_cyclic_gc():
+            self._apply_records(records)
+
+    def _apply_records(self, records: pa.Table) -> None:
         self.read_events += records.num_rows
         cols = {c: records.column(c).to_pylist() for c in ("topic", "partition", "offset", "value")}
         ts = records.column("timestamp").cast(pa.int64()).to_pylist()   # microseconds
@@ -580,13 +604,22 @@ class KafkaReader(TransactionLog):
                                       over=self._tx_records > 0, absent={t.topic for t in self._topics.values()
                                                                          if t.absent})
 
+    def _snapshot_evident(self) -> bool:
+        """The snapshot is read, and each table's own partitions prove it
+        (:meth:`.kafka_snapshot.SnapshotAssembly.table_evident`): it may be published between
+        two reads of a refresh, so that a backlog's transactions after it do not wait for the
+        refresh's end."""
+        return self._snapshot_complete() and all(
+            self._snapshot.table_evident(t.table, t.topic, t.partitions, absent=t.absent)
+            for t in self._topics.values())
+
     def _publish(self, out: dict, snapshot: bool = False) -> None:
         """Publish the snapshot once complete (``snapshot``: at the end of a refresh, every
-        partition read to its high watermark: :meth:`_refresh`), then every complete
-        transaction at the head of the END order; their rows go to ``out`` (table -> weighted
-        rows)."""
+        partition read to its high watermark, :meth:`_refresh`; else when each table's own
+        partitions prove it, :meth:`_snapshot_evident`), then every complete transaction at
+        the head of the END order; their rows go to ``out`` (table -> weighted rows)."""
         if not self._snapshot.published:
-            if not (snapshot and self._snapshot_complete()):
+            if not (self._snapshot_complete() if snapshot else self._snapshot_evident()):
                 return
             rows, counts = self._snapshot.take()
             for table, r in rows.items():

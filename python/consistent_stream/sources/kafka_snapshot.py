@@ -27,8 +27,11 @@ repeat is a SourceError.
 table was streamed (the connector streams only after its snapshot), or it has no snapshot row
 while the snapshot is over (``last`` or a transaction read) or its topic does not exist. On
 topics of several partitions the marker says that every other row was written before it, not
-that the reader has read them: :class:`~.kafka.KafkaReader` publishes the snapshot only after
-reading every partition to a high watermark taken after the markers were read. A snapshot
+that the reader has read them: :class:`~.kafka.KafkaReader` publishes the snapshot between two
+reads of a refresh only when each table's own partitions prove it (:meth:`SnapshotAssembly.
+table_evident`: a change read in every partition, each partition's rows being in the order the
+connector wrote them), else after reading every partition to a high watermark taken after the
+markers were read. A snapshot
 read after the snapshot was published, or in a partition after a change of the same table,
 is a SourceError (an incremental snapshot, which ``format: kafka`` does not read).
 """
@@ -179,6 +182,19 @@ class SnapshotAssembly:
         if self._streamed.get(topic):
             return True
         return not (cur is not None and cur.rows.get(table)) and (over or absent)
+
+    def table_evident(self, table: str, topic: str, partitions: int, *, absent: bool) -> bool:
+        """Whether every snapshot row of ``table`` has been read, proven by its own topic's
+        partitions alone, whatever is still unread in others (what a refresh may publish on,
+        between two of its reads): each of the topic's ``partitions`` partitions had a change
+        of the table read (the connector wrote its snapshot rows there before), or the topic
+        has one partition and the table's own last snapshot event was read there, or the topic
+        does not exist."""
+        if absent:
+            return True
+        if partitions > 0 and len(self._streamed.get(topic, ())) >= partitions:
+            return True
+        return partitions == 1 and self._current is not None and table in self._current.done
 
     def waiting(self, tables: list[tuple[str, str, int]], *, over: bool, absent: set) -> list[str]:
         """What the snapshot still waits for, one line per table (``tables``: (topic, table,
