@@ -319,7 +319,8 @@ class KafkaReader(TransactionLog):
         t0 = time.time()
         settled = self._snapshot.published or self._snapshot_complete()
         n, read = self._read_round()
-        if not settled and self._snapshot_complete() and any(t.partitions > 1 for t in self._topics.values()):
+        if not (settled or self._snapshot.published) and self._snapshot_complete() and \
+                any(t.partitions > 1 for t in self._topics.values()):
             # the snapshot's last markers were read in this round: the rows the connector wrote
             # before them to other partitions are below high watermarks taken now
             m, more = self._read_round()
