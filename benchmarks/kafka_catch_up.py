@@ -96,7 +96,8 @@ def main(argv: list[str]) -> int:
         events = sum(env["topic_messages"].values())
         spark = (with_delta(SparkSession.builder).master("local[*]").appName("kafka-catch-up")
                  .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
-        common = {"scale": a.scale, "partitions": a.partitions, "pgbench_transactions": env["pgbench_transactions"], "pgbench": env["pgbench_tps"],
+        common = {"scale": a.scale, "partitions": a.partitions, "pgbench_transactions": env["pgbench_transactions"],
+                  "pgbench": env["pgbench_tps"],
                   "events": events, "transaction_topic_messages": tx_messages, "date": time.strftime("%Y-%m-%d")}
         work = tempfile.mkdtemp(prefix="cs-kafka-catch-up-")
         try:

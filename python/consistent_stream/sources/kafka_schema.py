@@ -65,8 +65,8 @@ def schema_from_envelope(table: str, schema: dict, primary_key: tuple, where: st
     Debezium's ``decimal.handling.mode`` values: ``precise`` from Connect's ``Decimal`` (its
     ``connect.decimal.precision`` and ``scale``), ``string`` and ``double`` from the source
     type Debezium propagates (:func:`source_decimal`); without it they are a string or a
-    double (declare the table's ``columns`` to type them). SourceError naming ``where`` when the schema has no
-    row struct or a column type this reader does not know."""
+    double (declare the table's ``columns`` to type them). SourceError naming ``where`` when
+    the schema has no row struct or a column type this reader does not know."""
     fields = {f.get("field"): f for f in schema.get("fields") or [] if isinstance(f, dict)}
     row = fields.get("after") or fields.get("before")
     if not isinstance(row, dict) or row.get("type") != "struct":
