@@ -83,6 +83,26 @@ def start_pgbench_connector(stack, db: Database, prefix: str, scale: int = 1, pa
                             partitions=partitions)
 
 
+def remove_connector(stack, db: Database, name: str, slot: str, timeout_s: float = 60.0) -> None:
+    """Delete connector ``name`` and drop its replication slot ``slot``: Debezium keeps the slot,
+    and the test session's one PostgreSQL server has ``max_replication_slots`` = 10 for every
+    test's captures and connectors."""
+    stack.delete_connector(name)
+    deadline = time.time() + timeout_s
+    while True:
+        try:
+            db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                       "WHERE slot_name = %s AND NOT active", (slot,))
+            if not db.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)):
+                return
+        except Exception:
+            pass
+        if time.time() > deadline:
+            raise AssertionError(f"replication slot {slot} is still in use {timeout_s:.0f} s after its connector "
+                                 f"{name} was deleted")
+        time.sleep(0.2)
+
+
 def _run_in_subprocess(job: JobSpec, path: str, seconds: float) -> subprocess.Popen:
     """The model's continuous run in a process of its own (to be SIGKILLed)."""
     spec = os.path.join(path, "job.json")
@@ -170,7 +190,7 @@ def run(spark, stack, tmp_path, *, seconds: float, clients: int = 4, rate: int =
         if partitions == 1:
             _foil(o, m, job, reader, stack.bootstrap, prefix, foil_skew_ms)
     finally:
-        stack.delete_connector(prefix)
+        remove_connector(stack, db, prefix, f"s_{prefix}")
     o.seconds = round(time.time() - t0, 1)
     return o
 

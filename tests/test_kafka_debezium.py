@@ -91,6 +91,14 @@ def test_a_snapshot_on_topics_of_several_partitions_builds_and_equals_postgres(s
     for t in ("accounts", "owners"):
         stack.create_topic(f"bank.public.{t}", 3)
     stack.register_postgres("bank", db.dsn, ["accounts", "owners"], "bank", slot=f"s_bank_{db.name}")
+    try:
+        _bank_builds_and_equals_postgres(spark, stack, tmp_path, db)
+    finally:
+        kafka_scenario.remove_connector(stack, db, "bank", f"s_bank_{db.name}")
+        forget_readers()
+
+
+def _bank_builds_and_equals_postgres(spark, stack, tmp_path, db):
     assert len(stack.consume("bank.public.accounts", min_count=500, timeout_s=120)) == 500
     sql = ("select o.name, count(*) as n, sum(a.balance) as total from bank.accounts a "
            "join bank.owners o on a.owner = o.id group by o.name")
@@ -118,8 +126,6 @@ def test_a_snapshot_on_topics_of_several_partitions_builds_and_equals_postgres(s
     wait_for(lambda: _topic_events(stack, "bank.transaction") >= 2 * 41, timeout=120, what="the transactions")
     run_job(spark, job)
     same()
-    stack.delete_connector("bank")
-    forget_readers()
 
 
 def test_decimals_are_decimals_in_every_decimal_handling_mode(spark, stack, tmp_path):
@@ -127,18 +133,27 @@ def test_decimals_are_decimals_in_every_decimal_handling_mode(spark, stack, tmp_
     string mode with the table's columns declared): decimal(12,2) in the model, and 0.10 + 0.20
     + 0.30 is exactly 0.60. The precise connector's data topic has 3 partitions (Connect's topic
     creation), its transaction topic one."""
-    import decimal
-    import pyarrow as pa
-    from helpers import delta_pandas
     from postgres_server import Database
     db = Database()
     db.execute("CREATE TABLE acct (id int PRIMARY KEY, balance numeric(12,2) NOT NULL)")
     db.execute("ALTER TABLE acct REPLICA IDENTITY FULL")
     db.execute("INSERT INTO acct VALUES (1, 0.10), (2, 0.20)")
     modes = ("precise", "string", "double")
-    for mode in modes:
-        stack.register_postgres(f"dec_{mode}", db.dsn, ["acct"], f"dec{mode}", slot=f"s_dec_{mode}_{db.name}",
-                                decimal_handling=mode, partitions=3 if mode == "precise" else None)
+    try:
+        for mode in modes:
+            stack.register_postgres(f"dec_{mode}", db.dsn, ["acct"], f"dec{mode}", slot=f"s_dec_{mode}_{db.name}",
+                                    decimal_handling=mode, partitions=3 if mode == "precise" else None)
+        _decimals_sum_exactly(spark, stack, tmp_path, db, modes)
+    finally:
+        for mode in modes:
+            if f"dec_{mode}" in stack.connectors():
+                kafka_scenario.remove_connector(stack, db, f"dec_{mode}", f"s_dec_{mode}_{db.name}")
+
+
+def _decimals_sum_exactly(spark, stack, tmp_path, db, modes):
+    import decimal
+    import pyarrow as pa
+    from helpers import delta_pandas
     db.execute("INSERT INTO acct VALUES (3, 0.30)")
     for mode in modes:
         wait_for(lambda: _topic_events(stack, f"dec{mode}.transaction") >= 2, timeout=120, what="the transaction")
@@ -159,8 +174,6 @@ def test_decimals_are_decimals_in_every_decimal_handling_mode(spark, stack, tmp_
         rows = delta_pandas(job.target_path).to_dict("records")
         assert rows == [{"k": "all", "total": decimal.Decimal("0.60"), "n": 3}], (name, rows)
         forget_readers()
-    for mode in modes:
-        stack.delete_connector(f"dec_{mode}")
 
 
 def _topic_events(stack, topic: str) -> int:
