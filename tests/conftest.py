@@ -48,18 +48,13 @@ def _jvm_caches_per_file():
     tables; the tests' one JVM opens thousands over half an hour. (Two CI runs' TPC-H check
     failed with Spark's "Not enough memory to build and broadcast the table": its cause was
     in that test, broadcast hash relations of 32 MiB each built four times a check, see
-    ``verify.compare_frames``, not what earlier files left.) Then a JVM garbage collection:
-    Spark's ContextCleaner frees a broadcast (its block in the driver's memory store, counted
-    against the memory a new broadcast may take) only once a collection found it unreachable,
-    and old-generation collections are rare in a 1 GiB heap; a later file's broadcast failed
-    with that error again after the Kafka tests' files (CI of c698d78, test_cost.py)."""
+    ``verify.compare_frames``, not what earlier files left.)"""
     yield
     from pyspark.sql import SparkSession
     s = SparkSession.getActiveSession()
     if s is not None:
         s.catalog.clearCache()
         s._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
-        s._jvm.java.lang.System.gc()
 
 
 @pytest.fixture(scope="session")
