@@ -84,23 +84,12 @@ def start_pgbench_connector(stack, db: Database, prefix: str, scale: int = 1, pa
 
 
 def remove_connector(stack, db: Database, name: str, slot: str, timeout_s: float = 60.0) -> None:
-    """Delete connector ``name`` and drop its replication slot ``slot``: Debezium keeps the slot,
-    and the test session's one PostgreSQL server has ``max_replication_slots`` = 10 for every
-    test's captures and connectors."""
+    """Delete connector ``name`` and drop its replication slot ``slot`` (Debezium keeps it;
+    :meth:`postgres_server.Database.drop_replication_slot`)."""
     stack.delete_connector(name)
-    deadline = time.time() + timeout_s
-    while True:
-        try:
-            db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                       "WHERE slot_name = %s AND NOT active", (slot,))
-            if not db.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)):
-                return
-        except Exception:
-            pass
-        if time.time() > deadline:
-            raise AssertionError(f"replication slot {slot} is still in use {timeout_s:.0f} s after its connector "
-                                 f"{name} was deleted")
-        time.sleep(0.2)
+    if not db.drop_replication_slot(slot, timeout_s):
+        raise AssertionError(f"replication slot {slot} is still in use {timeout_s:.0f} s after its connector "
+                             f"{name} was deleted")
 
 
 def _run_in_subprocess(job: JobSpec, path: str, seconds: float) -> subprocess.Popen:

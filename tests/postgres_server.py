@@ -44,6 +44,24 @@ class Database:
     def execute(self, sql: str, params=None):
         return localpg.execute(self.dsn, sql, params)
 
+    def drop_replication_slot(self, slot: str, timeout_s: float) -> bool:
+        """Drop logical replication slot ``slot`` of this database once nothing uses it (a
+        stopped connector or capture lets go of it a moment later); returns whether it is gone
+        within ``timeout_s``. The shared server has ``max_replication_slots`` = 10 for every
+        test's captures and connectors, and Debezium keeps its slot after it stops."""
+        deadline = time.time() + timeout_s
+        while True:
+            try:
+                self.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                             "WHERE slot_name = %s AND NOT active", (slot,))
+                if not self.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)):
+                    return True
+            except Exception:
+                pass
+            if time.time() > deadline:
+                return False
+            time.sleep(0.2)
+
 
 def start_capture(dsn: str | None, tables: str, slot: str, landing: str, *extra: str, env: dict | None = None,
                   log_path: str | None = None) -> subprocess.Popen:

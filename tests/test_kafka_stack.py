@@ -119,12 +119,4 @@ def test_debezium_transactions_and_worker_restart(tmp_path):
         assert sum(v["op"] == "r" for v in acct) == 2
     finally:
         stack.stop()
-        for _ in range(50):
-            try:
-                db.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                           "WHERE slot_name = %s AND NOT active", (slot,))
-                if not db.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)):
-                    break
-            except Exception:
-                pass
-            time.sleep(0.2)
+        db.drop_replication_slot(slot, timeout_s=10)
