@@ -4,7 +4,8 @@
 # Both set up .venv at the repository root first (re-installed when setup.py changes), with
 # delta-spark's and the S3A connector's jars resolved from Maven Central into
 # .venv/share/consistent-stream/jars (and s3proxy's, the S3 API server the tests and the S3
-# demos start on loopback): after that, nothing needs the network.
+# demos start on loopback), and the Spark driver's class-data sharing archive built beside
+# them (about two minutes): after that, nothing needs the network.
 
 PYTHON := .venv/bin/python
 STAMP := .venv/installed.stamp
@@ -19,6 +20,7 @@ $(STAMP): setup.py
 	$(PYTHON) -m consistent_stream.session resolve
 	$(PYTHON) -m consistent_stream.s3server install
 	$(PYTHON) -m consistent_stream.kafka_stack install
+	$(PYTHON) -m consistent_stream.session archive
 	touch $@
 
 # Two pytest workers (pytest-xdist), each test file on one of them: each worker has its own

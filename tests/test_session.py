@@ -2,6 +2,8 @@
 them, the test session itself, and the error when the jars were never fetched."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from consistent_stream import session
@@ -21,10 +23,39 @@ def test_the_confs_added_to_a_bare_profile():
     confs = delta_confs({})
     assert confs["spark.sql.extensions"] == DELTA_EXTENSION
     assert confs["spark.sql.catalog.spark_catalog"] == DELTA_CATALOG
-    jars = confs["spark.jars"].split(",")
+    assert "spark.jars" not in confs   # a local session: the driver's class path
+    jars = confs["spark.driver.extraClassPath"].split(os.pathsep)
     assert "delta-spark" in jars[0] and all(j.endswith(".jar") for j in jars)
     assert any("hadoop-aws" in j for j in jars) and any("awssdk_s3-" in j for j in jars)
     assert any("spark-sql-kafka-0-10" in j for j in jars)
+    # nothing Spark ships: delta-spark's dependencies name older Jackson, Parquet, Hadoop jars
+    assert session.spark_ships(jars) == []
+    cached = session.delta_jars() + session.s3a_jars() + session.kafka_jars()
+    shipped = {os.path.basename(j) for j in session.spark_ships(cached)}
+    assert {"com.fasterxml.jackson.core_jackson-databind-2.13.5.jar",
+            "org.apache.hadoop_hadoop-client-runtime-3.4.2.jar"} <= shipped, shipped
+    assert set(jars) | set(session.spark_ships(cached)) == set(cached)
+
+
+def test_a_cluster_session_names_the_jars_for_its_executors_to_fetch():
+    for master in ("spark://127.0.0.1:7077", "local-cluster[2,1,1024]"):
+        confs = delta_confs({}, master)
+        assert "spark.driver.extraClassPath" not in confs
+        jars = confs["spark.jars"].split(",")
+        assert "delta-spark" in jars[0] and session.spark_ships(jars) == []
+    assert "spark.jars" in delta_confs({"spark.master": "spark://h:7077"})
+    for master in (None, "local", "local[2]", "local[*]", "local[2,3]"):
+        assert session.is_local(master), master
+
+
+def test_a_local_session_copies_no_jar_into_its_files_directory(spark):
+    # spark.jars would have the local executor copy each jar into SparkFiles' root at its
+    # first task, a copy left in /tmp whenever the process is killed
+    from pyspark import SparkFiles
+    assert spark.range(3).count() == 3
+    root = SparkFiles.getRootDirectory()
+    assert [n for n in os.listdir(root) if n.endswith(".jar")] == [], root
+    assert not spark.sparkContext.getConf().get("spark.jars", "")
 
 
 def test_a_profile_that_sets_delta_itself_keeps_its_settings():
@@ -32,15 +63,22 @@ def test_a_profile_that_sets_delta_itself_keeps_its_settings():
             "spark.sql.extensions": f"org.example.Other,{DELTA_EXTENSION}",
             "spark.sql.catalog.spark_catalog": DELTA_CATALOG}
     added = delta_confs(mine)   # only the S3A connector and Kafka source, which the profile does not bring
-    assert list(added) == ["spark.jars"] and "hadoop-aws" in added["spark.jars"].split(",")[0]
-    assert "delta-spark" not in added["spark.jars"]
-    assert any("spark-sql-kafka" in j for j in added["spark.jars"].split(","))
+    cp = added["spark.driver.extraClassPath"].split(os.pathsep)
+    assert set(added) - {"spark.driver.extraJavaOptions"} == {"spark.driver.extraClassPath"} and "hadoop-aws" in cp[0]
+    assert not any("delta-spark" in j for j in cp)
+    assert any("spark-sql-kafka" in j for j in cp)
     mine["spark.jars.packages"] += ",org.apache.hadoop:hadoop-aws:3.5.0,org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
-    assert delta_confs(mine) == {}
-    other = {"spark.sql.extensions": "org.example.Other", "spark.jars": "/opt/x.jar"}
+    assert set(delta_confs(mine)) <= {"spark.driver.extraJavaOptions"}   # the archive's, when built
+    other = {"spark.sql.extensions": "org.example.Other", "spark.driver.extraClassPath": "/opt/x.jar"}
     confs = delta_confs(other)
     assert confs["spark.sql.extensions"] == f"org.example.Other,{DELTA_EXTENSION}"
-    assert confs["spark.jars"].startswith("/opt/x.jar,")
+    assert confs["spark.driver.extraClassPath"].startswith("/opt/x.jar" + os.pathsep)
+    on_cluster = delta_confs({"spark.master": "spark://h:7077", "spark.jars": "/opt/x.jar"})
+    assert on_cluster["spark.jars"].startswith("/opt/x.jar,")
+    # a profile's own delta-spark on the driver's class path counts as delta-spark's jars
+    own = {"spark.driver.extraClassPath": "/opt/a.jar" + os.pathsep + "/opt/io.delta_delta-spark_4.2_2.13-4.4.0.jar"}
+    assert session.has_delta(own) and not session.has_s3a(own)
+    assert not any("delta-spark" in j for j in delta_confs(own)["spark.driver.extraClassPath"].split(os.pathsep)[2:])
 
 
 def test_missing_jars_name_the_directory_and_the_command(tmp_path, monkeypatch):
@@ -50,3 +88,41 @@ def test_missing_jars_name_the_directory_and_the_command(tmp_path, monkeypatch):
     msg = str(e.value)
     assert str(tmp_path / "nowhere") in msg and "-m consistent_stream.session resolve" in msg, msg
     assert session.jars_dir().parent == tmp_path / "nowhere"
+
+
+_LOADS = """
+import sys
+from pyspark.sql import SparkSession
+from consistent_stream.session import with_delta
+profile = {"spark.driver.extraJavaOptions": "-Xlog:class+load=info:file=" + sys.argv[1]}
+b = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
+for k, v in profile.items():
+    b = b.config(k, v)
+b = with_delta(b, profile)
+s = b.getOrCreate()
+s.range(3).write.format("delta").save(sys.argv[2])
+print(s.sparkContext.getConf().get("spark.driver.extraJavaOptions"))
+s.stop()
+"""
+
+
+def test_a_local_session_maps_the_class_data_sharing_archive_make_built(tmp_path):
+    import subprocess
+    import sys
+    archive = session.archive_path()
+    assert archive.is_file(), f"make .venv builds {archive} (python -m consistent_stream.session archive)"
+    confs = delta_confs({"spark.driver.extraJavaOptions": "-Dx=1"})
+    assert confs["spark.driver.extraJavaOptions"].startswith(f"-Dx=1 -XX:SharedArchiveFile={archive} ")
+    assert "spark.driver.extraJavaOptions" not in delta_confs({}, "spark://h:7077")
+    log = tmp_path / "classes.log"
+    p = subprocess.run([sys.executable, "-c", _LOADS, str(log), str(tmp_path / "t")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    loads = log.read_text().splitlines()
+    # a Delta class the session loads at its start, and one its first write loads
+    for cls in ("io.delta.sql.DeltaSparkSessionExtension ", "org.apache.spark.sql.delta.OptimisticTransaction "):
+        line = next(line for line in loads if cls in line)
+        assert "shared objects file (top)" in line, line
+    p = subprocess.run([sys.executable, "-c", _LOADS, str(tmp_path / "off.log"), str(tmp_path / "u")],
+                       capture_output=True, text=True, env={**os.environ, "CONSISTENT_STREAM_CDS": "off"})
+    assert p.returncode == 0 and "SharedArchiveFile" not in p.stdout, p.stdout + p.stderr[-3000:]
+    assert not any("shared objects file (top)" in line for line in (tmp_path / "off.log").read_text().splitlines())

@@ -54,7 +54,7 @@ def _start_session(parameters: dict) -> None:
     from consistent_stream import location
     from consistent_stream.session import with_delta
 
-    builder = with_delta(SparkSession.builder.enableHiveSupport(), parameters)
+    builder = SparkSession.builder.enableHiveSupport()
     if location.is_remote(str(parameters.get("spark.sql.warehouse.dir") or "")):
         # the catalog reaches the warehouse when the session starts, before any model runs:
         # the store's S3A settings (the profile's own fs.s3a keys, else the AWS chain) go in
@@ -64,4 +64,6 @@ def _start_session(parameters: dict) -> None:
             builder = builder.config(f"spark.hadoop.{k}", v)
     for parameter, value in parameters.items():
         builder = builder.config(parameter, value)
-    builder.getOrCreate()
+    # last: delta-spark's confs are the profile's values with Delta's added (its extensions,
+    # class path and Java options appended to the profile's own)
+    with_delta(builder, parameters).getOrCreate()

@@ -8,8 +8,17 @@ depends on, from Maven Central). The jars are resolved once, at install: ``make 
 ``python -m consistent_stream.session resolve``, which lets Spark's own Ivy resolver
 (``spark.jars.packages``, what ``spark-submit --packages`` and delta-spark's
 ``configure_spark_with_delta_pip`` use) fetch them, and keeps the jar files in a cache
-directory (:func:`jars_dir`) with a manifest. A session then loads them by path
-(``spark.jars``): no resolution at start, and no network after set-up.
+directory (:func:`jars_dir`) with a manifest. A session then loads them by path: no
+resolution at start, and no network after set-up. A local session (``local``, ``local[N]``,
+pyspark's default ``local[*]``) puts them on the driver's class path
+(``spark.driver.extraClassPath``), where its executor, which runs in the same JVM, finds them;
+``spark.jars`` would have that executor copy every jar into the session's ``userFiles``
+directory under ``/tmp`` at its first task (114 MB, every start) and leave the copy behind when
+the process is killed. A session on a cluster (``spark://...``) names them in ``spark.jars``,
+from which its executors fetch them. Either way, jars Spark already ships (the same Maven
+artifact in pyspark's ``jars/``, at whatever version; delta-spark's dependencies name older
+Jackson, Parquet and Hadoop client jars) are left out: Spark's own copy is the one its
+classes were built with, and the one its class loader found first anyway.
 
 The S3A connector (``s3://`` and ``s3a://`` locations, :mod:`consistent_stream.location`) is
 resolved the same way into its own directory (:func:`s3a_jars_dir`): ``org.apache.hadoop:
@@ -22,6 +31,14 @@ the Kafka client it was built with), which ``format: kafka`` sources read throug
 (:mod:`consistent_stream.sources.kafka_log`), is resolved the same way into a third directory
 (:func:`kafka_jars_dir`).
 
+A local session's driver JVM also maps a class-data sharing archive (AppCDS, JDK 13+'s
+dynamic archive, JEP 350) when one was built for this install (:func:`build_archive`, which
+``make .venv`` runs after the jars): the classes a session, Delta, the Hive catalog, SQL and a
+streaming query load, parsed and verified once, at install, and mapped at each start instead
+of read from ~300 jars. The JVM checks the archive against its own build and class path and
+starts without it, silently, when either differs (another JDK, a profile's jars before
+ours); ``CONSISTENT_STREAM_CDS=off`` leaves it out.
+
 Every session this project builds goes through :func:`delta_confs`: the command line's
 (``cli.local_spark``), dbt's (the ``consistent_spark`` connection adds them to the profile's
 ``server_side_parameters`` before dbt-spark builds its session), the tests' and the
@@ -33,6 +50,7 @@ them there) or cannot be resolved.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -160,39 +178,93 @@ def _cached(d: Path) -> list[str] | None:
     return [str(d / n) for n in names]
 
 
+def _brings(confs: Mapping[str, str], package: str, jar: str) -> bool:
+    """Whether ``confs`` name a Maven coordinate holding ``package`` in ``spark.jars.packages``,
+    or a jar whose file name holds ``jar`` in ``spark.jars`` or the driver's class path."""
+    paths = (confs.get("spark.jars", "").split(",")
+             + confs.get("spark.driver.extraClassPath", "").split(os.pathsep))
+    return package in confs.get("spark.jars.packages", "") or any(jar in os.path.basename(j) for j in paths)
+
+
 def has_delta(confs: Mapping[str, str]) -> bool:
     """Whether ``confs`` (a profile's or a session's) already bring delta-spark's jars."""
-    return ("io.delta:" in confs.get("spark.jars.packages", "")
-            or any("delta-spark" in os.path.basename(j) for j in confs.get("spark.jars", "").split(",")))
+    return _brings(confs, "io.delta:", "delta-spark")
 
 
 def has_s3a(confs: Mapping[str, str]) -> bool:
     """Whether ``confs`` already bring hadoop-aws."""
-    return ("hadoop-aws" in confs.get("spark.jars.packages", "")
-            or any("hadoop-aws" in os.path.basename(j) for j in confs.get("spark.jars", "").split(",")))
+    return _brings(confs, "hadoop-aws", "hadoop-aws")
 
 
 def has_kafka(confs: Mapping[str, str]) -> bool:
     """Whether ``confs`` already bring Spark's Kafka source."""
-    return ("spark-sql-kafka" in confs.get("spark.jars.packages", "")
-            or any("spark-sql-kafka" in os.path.basename(j) for j in confs.get("spark.jars", "").split(",")))
+    return _brings(confs, "spark-sql-kafka", "spark-sql-kafka")
 
 
-def delta_confs(existing: Mapping[str, str] | None = None) -> dict[str, str]:
+def is_local(master: str | None) -> bool:
+    """Whether a session on ``master`` runs its executor in the driver's JVM: ``local``,
+    ``local[N]``, ``local[*]``, ``local[N,F]``, or None (pyspark's default, ``local[*]``).
+    ``local-cluster[...]`` and cluster URLs are not."""
+    return not master or master == "local" or master.startswith("local[")
+
+
+# artifacts Spark ships under another name: jcl-over-slf4j holds commons-logging's API
+SHIPPED_AS = {"commons-logging": "jcl-over-slf4j"}
+
+
+def _artifact(jar_name: str) -> str:
+    """The Maven artifact id of a jar file name: ``<group>_<artifact>-<version>.jar`` (Ivy's
+    names, in this cache) or ``<artifact>-<version>.jar`` (pyspark's ``jars/``)."""
+    stem = jar_name.removesuffix(".jar")
+    if "_" in stem and "." in stem.split("_", 1)[0]:
+        stem = stem.split("_", 1)[1]
+    # the version starts at the first "-<digit>" with no "_" after it (``kafka-0-10_2.13-4.2.0``)
+    for m in re.finditer(r"-\d", stem):
+        if "_" not in stem[m.start():]:
+            return stem[:m.start()]
+    return stem
+
+
+def spark_ships(jars: list[str]) -> list[str]:
+    """Those of ``jars`` (paths) whose artifact pyspark's own ``jars/`` directory holds (at any
+    version), or holds under another name (:data:`SHIPPED_AS`)."""
+    import pyspark
+
+    shipped = {_artifact(n) for n in os.listdir(os.path.join(os.path.dirname(pyspark.__file__), "jars"))}
+    return [j for j in jars if _artifact(os.path.basename(j)) in shipped
+            or SHIPPED_AS.get(_artifact(os.path.basename(j))) in shipped]
+
+
+def delta_confs(existing: Mapping[str, str] | None = None, master: str | None = None) -> dict[str, str]:
     """The session confs (name -> value) to add to ``existing`` (the confs a profile or
-    caller already sets) so that the session has Delta, S3A and Kafka: ``spark.jars`` with the
-    cached jars of each (unless ``existing`` brings delta-spark's, hadoop-aws' or
-    spark-sql-kafka's jars itself), Delta's SQL extension appended to
-    ``spark.sql.extensions``, and ``spark.sql.catalog.spark_catalog`` = DeltaCatalog unless set.
-    Values in ``existing`` that need no change are not repeated. Raises SessionError
+    caller already sets) so that a session on ``master`` (default: ``existing``'s
+    ``spark.master``, else pyspark's ``local[*]``) has Delta, S3A and Kafka: the cached jars of
+    each (unless ``existing`` brings delta-spark's, hadoop-aws' or spark-sql-kafka's jars
+    itself; less those Spark ships, :func:`spark_ships`) appended to
+    ``spark.driver.extraClassPath`` for a local master (:func:`is_local`), to ``spark.jars``
+    otherwise; Delta's SQL extension appended to ``spark.sql.extensions``; and
+    ``spark.sql.catalog.spark_catalog`` = DeltaCatalog unless set; and, for a local master,
+    the class-data sharing archive (:func:`archive_path`, when built and not turned off)
+    appended to ``spark.driver.extraJavaOptions``. Values in ``existing`` that need no change
+    are not repeated: set what this returns after ``existing``. Raises SessionError
     (:func:`delta_jars`)."""
     existing = dict(existing or {})
     out: dict[str, str] = {}
     add = (([] if has_delta(existing) else delta_jars()) + ([] if has_s3a(existing) else s3a_jars())
            + ([] if has_kafka(existing) else kafka_jars()))
+    shipped = set(spark_ships(add))
+    add = [j for j in add if j not in shipped]
+    local = is_local(master or existing.get("spark.master"))
     if add:
-        jars = [j for j in existing.get("spark.jars", "").split(",") if j]
-        out["spark.jars"] = ",".join(jars + add)
+        key, sep = ("spark.driver.extraClassPath", os.pathsep) if local else ("spark.jars", ",")
+        jars = [j for j in existing.get(key, "").split(sep) if j]
+        out[key] = sep.join(jars + add)
+    archive = archive_path()
+    if local and os.environ.get("CONSISTENT_STREAM_CDS", "").lower() != "off" and archive.is_file():
+        options = existing.get("spark.driver.extraJavaOptions", "")
+        if "SharedArchiveFile" not in options and "ArchiveClassesAtExit" not in options:
+            out["spark.driver.extraJavaOptions"] = (f"{options} " if options else "") + (
+                f"-XX:SharedArchiveFile={archive} {CDS_QUIET}")
     extensions = [e.strip() for e in existing.get("spark.sql.extensions", "").split(",") if e.strip()]
     if DELTA_EXTENSION not in extensions:
         out["spark.sql.extensions"] = ",".join(extensions + [DELTA_EXTENSION])
@@ -201,9 +273,10 @@ def delta_confs(existing: Mapping[str, str] | None = None) -> dict[str, str]:
     return out
 
 
-def with_delta(builder, existing: Mapping[str, str] | None = None):
-    """``builder`` (a ``SparkSession.Builder``) with :func:`delta_confs` set on it."""
-    for k, v in delta_confs(existing).items():
+def with_delta(builder, existing: Mapping[str, str] | None = None, master: str | None = None):
+    """``builder`` (a ``SparkSession.Builder`` for a session on ``master``, see
+    :func:`delta_confs`) with :func:`delta_confs` set on it."""
+    for k, v in delta_confs(existing, master).items():
         builder = builder.config(k, v)
     return builder
 
@@ -264,9 +337,78 @@ def resolve(target: Path | None = None, coordinates: list[str] | None = None,
     return [str(target / os.path.basename(j)) for j in jars]
 
 
+CDS_QUIET = "-Xlog:cds=off,cds+dynamic=off"
+"""The JVM's class-data sharing messages off: an archive that does not match (another JDK, another
+class path) is a start without it, not a warning on dbt's output."""
+
+
+def archive_path() -> Path:
+    """The driver JVM's class-data sharing archive, beside the jars: ``<jars_root>/spark-driver.jsa``."""
+    return jars_root() / "spark-driver.jsa"
+
+
+_TRAINER = """
+import os, sys, tempfile
+from pyspark.sql import SparkSession
+from consistent_stream.session import delta_confs
+d = tempfile.mkdtemp(prefix="consistent-stream-cds-")
+b = (SparkSession.builder.master("local[2]").enableHiveSupport().config("spark.ui.enabled", "false")
+     .config("spark.sql.warehouse.dir", d + "/warehouse")
+     .config("spark.hadoop.javax.jdo.option.ConnectionURL", f"jdbc:derby:;databaseName={d}/metastore_db;create=true"))
+for k, v in delta_confs({}, "local[2]").items():
+    b = b.config(k, v)
+b = b.config("spark.driver.extraJavaOptions",
+             f"-Dderby.stream.error.file={d}/derby.log -XX:ArchiveClassesAtExit={sys.argv[1]} {sys.argv[2]}")
+s = b.getOrCreate()
+s.sql("SHOW DATABASES").collect()
+t = d + "/t"
+s.range(100).selectExpr("id", "id % 7 AS k", "CAST(id AS DECIMAL(12,2)) AS x").write.format("delta") \
+    .option("delta.enableChangeDataFeed", "true").save(t)
+s.sql(f"CREATE TABLE cds_t USING delta LOCATION '{t}'")
+s.sql(f"MERGE INTO delta.`{t}` a USING (SELECT 1 AS id, 2 AS k) b ON a.id = b.id "
+      "WHEN MATCHED THEN UPDATE SET k = b.k WHEN NOT MATCHED THEN INSERT (id, k) VALUES (b.id, b.k)")
+s.sql(f"DELETE FROM delta.`{t}` WHERE id = 3")
+s.read.format("delta").option("readChangeFeed", "true").option("startingVersion", 0).load(t).count()
+s.sql(f"SELECT a.k, count(*), sum(b.x) FROM delta.`{t}` a JOIN delta.`{t}` b ON a.id = b.id GROUP BY a.k").toArrow()
+s.createDataFrame(s.range(10).toPandas()).count()
+q = (s.readStream.format("delta").load(t).writeStream.trigger(availableNow=True)
+     .option("checkpointLocation", d + "/cp").foreachBatch(lambda df, i: df.count()).start())
+q.awaitTermination()
+s.sql("DESCRIBE HISTORY cds_t").collect()
+s.stop()
+"""
+
+
+def build_archive(target: Path | None = None) -> Path | None:
+    """Build the driver JVM's class-data sharing archive at ``target`` (default
+    :func:`archive_path`): a local session as :func:`delta_confs` builds it, with Hive's catalog
+    on a throw-away Derby metastore, runs what a run does (SQL, a Delta write, MERGE, DELETE,
+    a change-feed read, a join, Arrow both ways, a streaming query's batch) with
+    ``-XX:ArchiveClassesAtExit``; the JVM writes the classes it loaded when it exits (about a
+    minute in all). Returns the archive's path, or None when this JVM cannot build one (a JDK
+    before 13, no base archive): sessions then start without it. An archive already there is
+    replaced only when the new one is complete."""
+    target = Path(target) if target else archive_path()
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    env = {**os.environ, "CONSISTENT_STREAM_CDS": "off"}
+    p = subprocess.run([sys.executable, "-c", _TRAINER, str(tmp), CDS_QUIET], capture_output=True, text=True, env=env)
+    if p.returncode != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
+        tmp.unlink(missing_ok=True)
+        print(f"warning: the class-data sharing archive was not built (sessions start without it):\n"
+              f"{(p.stderr or p.stdout)[-2000:]}", file=sys.stderr)
+        return None
+    tmp.rename(target)
+    return target
+
+
 def _main(argv: list[str]) -> int:
+    if argv[:1] == ["archive"]:
+        built = build_archive()
+        print(f"the driver's class-data sharing archive: {built or 'not built'}")
+        return 0
     if argv[:1] != ["resolve"]:
-        print("usage: python -m consistent_stream.session resolve", file=sys.stderr)
+        print("usage: python -m consistent_stream.session resolve|archive", file=sys.stderr)
         return 2
     try:
         jars = resolve()
