@@ -126,3 +126,37 @@ def test_a_local_session_maps_the_class_data_sharing_archive_make_built(tmp_path
                        capture_output=True, text=True, env={**os.environ, "CONSISTENT_STREAM_CDS": "off"})
     assert p.returncode == 0 and "SharedArchiveFile" not in p.stdout, p.stdout + p.stderr[-3000:]
     assert not any("shared objects file (top)" in line for line in (tmp_path / "off.log").read_text().splitlines())
+
+
+_PROFILE = """
+import json, sys
+from dbt.adapters.consistent_spark.connections import _start_session
+from pyspark.sql import SparkSession
+_start_session({"spark.master": "local[1]", "spark.ui.enabled": "false",
+                "spark.sql.warehouse.dir": sys.argv[1] + "/warehouse",
+                "spark.hadoop.javax.jdo.option.ConnectionURL":
+                    "jdbc:derby:;databaseName=" + sys.argv[1] + "/metastore_db;create=true",
+                "spark.sql.extensions": "org.example.NotThere",
+                "spark.driver.extraJavaOptions": "-Dcs.profile.option=kept"})
+s = SparkSession.getActiveSession()
+s.range(3).write.format("delta").save(sys.argv[1] + "/t")
+s.sql(f"DELETE FROM delta.`{sys.argv[1]}/t` WHERE id = 1")   # needs Delta's SQL extension
+print(json.dumps({"extensions": s.conf.get("spark.sql.extensions"),
+                  "java_options": s.sparkContext.getConf().get("spark.driver.extraJavaOptions"),
+                  "property": s.sparkContext._jvm.java.lang.System.getProperty("cs.profile.option"),
+                  "rows": s.read.format("delta").load(sys.argv[1] + "/t").count()}))
+"""
+
+
+def test_a_dbt_profile_with_its_own_extensions_and_java_options_keeps_them_and_gets_deltas(tmp_path):
+    # the adapter used to set the profile's values after delta-spark's merged ones, so a
+    # profile's spark.sql.extensions replaced Delta's extension
+    import json
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-c", _PROFILE, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])
+    assert out["extensions"] == f"org.example.NotThere,{DELTA_EXTENSION}", out
+    assert out["property"] == "kept" and out["rows"] == 2, out
+    assert "-Dcs.profile.option=kept -XX:SharedArchiveFile=" in out["java_options"], out

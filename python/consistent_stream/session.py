@@ -376,6 +376,8 @@ q = (s.readStream.format("delta").load(t).writeStream.trigger(availableNow=True)
 q.awaitTermination()
 s.sql("DESCRIBE HISTORY cds_t").collect()
 s.stop()
+import shutil
+shutil.rmtree(d, ignore_errors=True)
 """
 
 
@@ -384,8 +386,8 @@ def build_archive(target: Path | None = None) -> Path | None:
     :func:`archive_path`): a local session as :func:`delta_confs` builds it, with Hive's catalog
     on a throw-away Derby metastore, runs what a run does (SQL, a Delta write, MERGE, DELETE,
     a change-feed read, a join, Arrow both ways, a streaming query's batch) with
-    ``-XX:ArchiveClassesAtExit``; the JVM writes the classes it loaded when it exits (about a
-    minute in all). Returns the archive's path, or None when this JVM cannot build one (a JDK
+    ``-XX:ArchiveClassesAtExit``; the JVM writes the classes it loaded when it exits (about two
+    minutes in all on a 2-core machine). Returns the archive's path, or None when this JVM cannot build one (a JDK
     before 13, no base archive): sessions then start without it. An archive already there is
     replaced only when the new one is complete."""
     target = Path(target) if target else archive_path()
