@@ -49,17 +49,16 @@ t0 = time.time()
 from pyspark.sql import SparkSession
 t1 = time.time()
 b = SparkSession.builder.master("local[*]").config("spark.ui.enabled", "false")
-if sys.argv[1] == "delta":
+if sys.argv[1] in ("delta", "all_spark_jars"):
     import os
     from consistent_stream import session
-    jars = [j for j in session.delta_jars() if j not in session.spark_ships(session.delta_jars())]
-    b = (b.config("spark.driver.extraClassPath", os.pathsep.join(jars))
-         .config("spark.sql.extensions", session.DELTA_EXTENSION)
-         .config("spark.sql.catalog.spark_catalog", session.DELTA_CATALOG))
-elif sys.argv[1] == "all_spark_jars":
-    from consistent_stream import session
-    b = (b.config("spark.jars", ",".join(session.delta_jars() + session.s3a_jars() + session.kafka_jars()))
-         .config("spark.sql.extensions", session.DELTA_EXTENSION)
+    if sys.argv[1] == "delta":
+        shipped = set(session.spark_ships(session.delta_jars()))
+        b = b.config("spark.driver.extraClassPath",
+                     os.pathsep.join(j for j in session.delta_jars() if j not in shipped))
+    else:
+        b = b.config("spark.jars", ",".join(session.delta_jars() + session.s3a_jars() + session.kafka_jars()))
+    b = (b.config("spark.sql.extensions", session.DELTA_EXTENSION)
          .config("spark.sql.catalog.spark_catalog", session.DELTA_CATALOG))
 elif sys.argv[1] in ("all", "all_without_cds", "hive"):
     import os

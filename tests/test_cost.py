@@ -38,9 +38,7 @@ def _versions_equal_batch_evaluation(spark, job):
     broadcast the table" when the Kafka tests' file had run before on the same worker."""
     target = DeltaTableRef(job.target_path)
     checked = 0
-    before = spark.conf.get("spark.sql.autoBroadcastJoinThreshold")
-    spark.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
-    try:
+    with settings.spark_confs(spark, {"spark.sql.autoBroadcastJoinThreshold": "-1"}):
         for c in target.history():
             if "cut" not in c.metadata:
                 continue
@@ -48,8 +46,6 @@ def _versions_equal_batch_evaluation(spark, job):
             assert_same_rows(delta_pandas(job.target_path, c.version),
                              batch_dataframe(spark, job.sql, job.sources, cut).toPandas(), f"version {c.version}")
             checked += 1
-    finally:
-        spark.conf.set("spark.sql.autoBroadcastJoinThreshold", before)
     return checked
 
 

@@ -350,7 +350,7 @@ def archive_path() -> Path:
 _TRAINER = """
 import os, sys, tempfile
 from pyspark.sql import SparkSession
-from consistent_stream.session import delta_confs
+from consistent_stream.session import CDS_QUIET, delta_confs
 d = tempfile.mkdtemp(prefix="consistent-stream-cds-")
 b = (SparkSession.builder.master("local[2]").enableHiveSupport().config("spark.ui.enabled", "false")
      .config("spark.sql.warehouse.dir", d + "/warehouse")
@@ -358,7 +358,7 @@ b = (SparkSession.builder.master("local[2]").enableHiveSupport().config("spark.u
 for k, v in delta_confs({}, "local[2]").items():
     b = b.config(k, v)
 b = b.config("spark.driver.extraJavaOptions",
-             f"-Dderby.stream.error.file={d}/derby.log -XX:ArchiveClassesAtExit={sys.argv[1]} {sys.argv[2]}")
+             f"-Dderby.stream.error.file={d}/derby.log -XX:ArchiveClassesAtExit={sys.argv[1]} {CDS_QUIET}")
 s = b.getOrCreate()
 s.sql("SHOW DATABASES").collect()
 t = d + "/t"
@@ -394,7 +394,7 @@ def build_archive(target: Path | None = None) -> Path | None:
     tmp = target.with_name(target.name + ".tmp")
     tmp.unlink(missing_ok=True)
     env = {**os.environ, "CONSISTENT_STREAM_CDS": "off"}
-    p = subprocess.run([sys.executable, "-c", _TRAINER, str(tmp), CDS_QUIET], capture_output=True, text=True, env=env)
+    p = subprocess.run([sys.executable, "-c", _TRAINER, str(tmp)], capture_output=True, text=True, env=env)
     if p.returncode != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
         tmp.unlink(missing_ok=True)
         print(f"warning: the class-data sharing archive was not built (sessions start without it):\n"
