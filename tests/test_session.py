@@ -35,6 +35,10 @@ def test_the_confs_added_to_a_bare_profile():
     assert {"com.fasterxml.jackson.core_jackson-databind-2.13.5.jar",
             "org.apache.hadoop_hadoop-client-runtime-3.4.2.jar"} <= shipped, shipped
     assert set(jars) | set(session.spark_ships(cached)) == set(cached)
+    # the Kafka source's fetched records are not kept five minutes in the driver's heap
+    assert confs["spark.kafka.consumer.fetchedData.cache.timeout"] == "10s"
+    mine = {"spark.kafka.consumer.fetchedData.cache.timeout": "2m"}
+    assert "spark.kafka.consumer.fetchedData.cache.timeout" not in delta_confs(mine)
 
 
 def test_a_cluster_session_names_the_jars_for_its_executors_to_fetch():
@@ -64,11 +68,12 @@ def test_a_profile_that_sets_delta_itself_keeps_its_settings():
             "spark.sql.catalog.spark_catalog": DELTA_CATALOG}
     added = delta_confs(mine)   # only the S3A connector and Kafka source, which the profile does not bring
     cp = added["spark.driver.extraClassPath"].split(os.pathsep)
-    assert set(added) - {"spark.driver.extraJavaOptions"} == {"spark.driver.extraClassPath"} and "hadoop-aws" in cp[0]
+    assert set(added) - {"spark.driver.extraJavaOptions", *session.KAFKA_POOL_CONFS} == {"spark.driver.extraClassPath"}
+    assert "hadoop-aws" in cp[0]
     assert not any("delta-spark" in j for j in cp)
     assert any("spark-sql-kafka" in j for j in cp)
     mine["spark.jars.packages"] += ",org.apache.hadoop:hadoop-aws:3.5.0,org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
-    assert set(delta_confs(mine)) <= {"spark.driver.extraJavaOptions"}   # the archive's, when built
+    assert set(delta_confs(mine)) <= {"spark.driver.extraJavaOptions", *session.KAFKA_POOL_CONFS}   # the archive's, when built
     other = {"spark.sql.extensions": "org.example.Other", "spark.driver.extraClassPath": "/opt/x.jar"}
     confs = delta_confs(other)
     assert confs["spark.sql.extensions"] == f"org.example.Other,{DELTA_EXTENSION}"

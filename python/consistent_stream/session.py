@@ -29,7 +29,12 @@ built against, in place of the SDK's 690 MB ``bundle`` jar, which hadoop-aws nam
 Spark's Kafka source (``org.apache.spark:spark-sql-kafka-0-10_2.13`` at pyspark's version, with
 the Kafka client it was built with), which ``format: kafka`` sources read through
 (:mod:`consistent_stream.sources.kafka_log`), is resolved the same way into a third directory
-(:func:`kafka_jars_dir`).
+(:func:`kafka_jars_dir`). Its records are fetched by a pool of Kafka consumers in the JVM that
+runs the read's tasks (a local session's driver), which keeps the records of each consumer's last
+poll for the next task that starts where it stopped; Spark keeps them five minutes, here ten
+seconds (:data:`KAFKA_POOL_CONFS`): a run reads each offset range once, and a Debezium topic's
+records (a few KB each, the schema in every one) held five minutes after a read are hundreds of
+MB of a local driver's 1 GB heap while the run's next models build.
 
 A local session's driver JVM also maps a class-data sharing archive (AppCDS, JDK 13+'s
 dynamic archive, JEP 350) when one was built for this install (:func:`build_archive`, which
@@ -62,6 +67,13 @@ from typing import Mapping
 from .errors import ConsistentStreamError
 
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+
+KAFKA_POOL_CONFS = {"spark.kafka.consumer.fetchedData.cache.timeout": "10s",
+                    "spark.kafka.consumer.fetchedData.cache.evictorThreadRunInterval": "5s"}
+"""How long Spark's Kafka source keeps the records a consumer fetched past a task's end offset
+(default five minutes, evicted each minute), so that the next task that starts there need not
+poll: ten seconds, evicted every five. A run reads an offset range once, so a batch of a
+continuous model started within ten seconds is the only reader that could use them."""
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 MANIFEST = "jars.txt"
 SCALA = "2.13"
@@ -245,7 +257,8 @@ def delta_confs(existing: Mapping[str, str] | None = None, master: str | None = 
     otherwise; Delta's SQL extension appended to ``spark.sql.extensions``; and
     ``spark.sql.catalog.spark_catalog`` = DeltaCatalog unless set; and, for a local master,
     the class-data sharing archive (:func:`archive_path`, when built and not turned off)
-    appended to ``spark.driver.extraJavaOptions``. Values in ``existing`` that need no change
+    appended to ``spark.driver.extraJavaOptions``; and the Kafka source's record pool's
+    timeouts (:data:`KAFKA_POOL_CONFS`) unless set. Values in ``existing`` that need no change
     are not repeated: set what this returns after ``existing``. Raises SessionError
     (:func:`delta_jars`)."""
     existing = dict(existing or {})
@@ -270,6 +283,7 @@ def delta_confs(existing: Mapping[str, str] | None = None, master: str | None = 
         out["spark.sql.extensions"] = ",".join(extensions + [DELTA_EXTENSION])
     if "spark.sql.catalog.spark_catalog" not in existing:
         out["spark.sql.catalog.spark_catalog"] = DELTA_CATALOG
+    out.update({k: v for k, v in KAFKA_POOL_CONFS.items() if k not in existing})
     return out
 
 
