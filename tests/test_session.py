@@ -131,6 +131,41 @@ def test_a_local_session_maps_the_class_data_sharing_archive_make_built(tmp_path
                        capture_output=True, text=True, env={**os.environ, "CONSISTENT_STREAM_CDS": "off"})
     assert p.returncode == 0 and "SharedArchiveFile" not in p.stdout, p.stdout + p.stderr[-3000:]
     assert not any("shared objects file (top)" in line for line in (tmp_path / "off.log").read_text().splitlines())
+    # what make built it with is this install: no staleness (the JVM mapped it above)
+    assert session.archive_staleness() is None, session.archive_staleness()
+
+
+def test_a_stale_archive_is_named_with_its_cause_and_the_command_that_rebuilds_it(tmp_path, monkeypatch, caplog):
+    """The JVM starts without an archive whose JDK or class path jars changed, silently (its
+    messages are off): the project compares the record make wrote beside the archive with this
+    install, and a session's confs log a warning once, with the command."""
+    import json
+    import logging
+    archive = tmp_path / "spark-driver.jsa"
+    monkeypatch.setattr(session, "archive_path", lambda: archive)
+    jar = tmp_path / "a.jar"
+    jar.write_bytes(b"x" * 10)
+    assert "there is no archive" in session.archive_staleness()
+    archive.write_bytes(b"jsa")
+    assert "no record of what" in session.archive_staleness()
+    home = session._java_home()
+    libjvm = session._file_id(os.path.join(home, "lib", "server", "libjvm.so"))
+    record = {"java_home": home, "vm_version": "17", "libjvm": libjvm, "entries": [[str(jar), session._file_id(str(jar))]]}
+    (tmp_path / "spark-driver.jsa.json").write_text(json.dumps(record))
+    assert session.archive_staleness() is None
+    jar.write_bytes(b"y" * 11)   # pyspark or a jar upgraded in place
+    assert session.archive_staleness() == f"{jar}, on the class path it was built with, changed"
+    with caplog.at_level(logging.WARNING, logger="consistent_stream"):
+        for _ in range(2):
+            confs = delta_confs({})
+    assert f"-XX:SharedArchiveFile={archive}" in confs["spark.driver.extraJavaOptions"]
+    warnings = [r.getMessage() for r in caplog.records if "class-data sharing archive" in r.getMessage()]
+    assert len(warnings) == 1 and "python -m consistent_stream.session archive" in warnings[0], warnings
+    jar.unlink()
+    assert session.archive_staleness().endswith("is gone")
+    other = tmp_path / "another-jdk"   # JAVA_HOME, which Spark's launcher runs, is another JDK
+    monkeypatch.setenv("JAVA_HOME", str(other))
+    assert session.archive_staleness() == f"it was built with the JDK at {home}, and sessions run the one at {other}"
 
 
 _PROFILE = """

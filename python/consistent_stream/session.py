@@ -42,7 +42,9 @@ dynamic archive, JEP 350) when one was built for this install (:func:`build_arch
 streaming query load, parsed and verified once, at install, and mapped at each start instead
 of read from ~300 jars. The JVM checks the archive against its own build and class path and
 starts without it, silently, when either differs (another JDK, a profile's jars before
-ours); ``CONSISTENT_STREAM_CDS=off`` leaves it out.
+ours); ``CONSISTENT_STREAM_CDS=off`` leaves it out. What it was built with is recorded beside
+it, and a session's confs log a warning when this install no longer matches that record
+(:func:`archive_staleness`).
 
 Every session this project builds goes through :func:`delta_confs`: the command line's
 (``cli.local_spark``), dbt's (the ``consistent_spark`` connection adds them to the profile's
@@ -54,6 +56,7 @@ them there) or cannot be resolved.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -272,12 +275,9 @@ def delta_confs(existing: Mapping[str, str] | None = None, master: str | None = 
         key, sep = ("spark.driver.extraClassPath", os.pathsep) if local else ("spark.jars", ",")
         jars = [j for j in existing.get(key, "").split(sep) if j]
         out[key] = sep.join(jars + add)
-    archive = archive_path()
-    if local and os.environ.get("CONSISTENT_STREAM_CDS", "").lower() != "off" and archive.is_file():
-        options = existing.get("spark.driver.extraJavaOptions", "")
-        if "SharedArchiveFile" not in options and "ArchiveClassesAtExit" not in options:
-            out["spark.driver.extraJavaOptions"] = (f"{options} " if options else "") + (
-                f"-XX:SharedArchiveFile={archive} {CDS_QUIET}")
+    options = _archive_option(existing) if local else None
+    if options:
+        out["spark.driver.extraJavaOptions"] = options
     extensions = [e.strip() for e in existing.get("spark.sql.extensions", "").split(",") if e.strip()]
     if DELTA_EXTENSION not in extensions:
         out["spark.sql.extensions"] = ",".join(extensions + [DELTA_EXTENSION])
@@ -361,6 +361,83 @@ def archive_path() -> Path:
     return jars_root() / "spark-driver.jsa"
 
 
+def _archive_record(archive: Path) -> Path:
+    """What ``archive`` was built with (JSON beside it): the JVM's ``java.home`` and
+    ``java.vm.version``, and each class path entry with its size and modification time."""
+    return archive.with_name(archive.name + ".json")
+
+
+def _java_home() -> str | None:
+    """The Java installation a local session's driver will run: ``$JAVA_HOME``, else the
+    ``java`` on ``PATH`` (what Spark's launcher, ``spark-class``, picks), resolved; None when
+    there is none."""
+    if os.environ.get("JAVA_HOME"):
+        return os.path.realpath(os.environ["JAVA_HOME"])
+    java = shutil.which("java")
+    return os.path.dirname(os.path.dirname(os.path.realpath(java))) if java else None
+
+
+def _file_id(path: str) -> list | None:
+    """A class path entry as the JVM checks it against an archive: [size in bytes,
+    modification time in ns] of a file; None for a directory or a missing path."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return None if os.path.isdir(path) else [st.st_size, st.st_mtime_ns]
+
+
+def archive_staleness(archive: Path | None = None) -> str | None:
+    """Why a local session's driver would start without the class-data sharing archive
+    ``archive`` (default :func:`archive_path`), as the JVM decides it (JDK 17: another JVM
+    build, or a jar of the class path it was built with changed in size or modification time,
+    or gone), or None when it matches this install. Only what this install controls is
+    compared (a profile's own jars ahead of ours are the profile's choice). An archive with no
+    record of what it was built with (:func:`_archive_record`) is stale: its match is unknown."""
+    archive = Path(archive) if archive else archive_path()
+    if not archive.is_file():
+        return f"there is no archive at {archive}"
+    try:
+        built = json.loads(_archive_record(archive).read_text())
+    except (OSError, ValueError):
+        return f"there is no record of what {archive} was built with ({_archive_record(archive)})"
+    home = _java_home()
+    if home is None or os.path.realpath(built["java_home"]) != home:
+        return f"it was built with the JDK at {built['java_home']}, and sessions run the one at {home}"
+    libjvm = os.path.join(home, "lib", "server", "libjvm.so")
+    if built.get("libjvm") and _file_id(libjvm) != built["libjvm"]:
+        return f"the JDK at {home} changed since it was built (its {libjvm})"
+    for path, ident in built["entries"]:
+        if _file_id(path) != ident:
+            return f"{path}, on the class path it was built with, {'is gone' if not os.path.exists(path) else 'changed'}"
+    return None
+
+
+_warned_stale: set[str] = set()
+
+
+def _archive_option(existing: Mapping[str, str]) -> str | None:
+    """The Java options that map the class-data sharing archive into a local session's driver,
+    or None: turned off (``CONSISTENT_STREAM_CDS=off``), no archive, or the options in
+    ``existing`` already name one. A stale archive (:func:`archive_staleness`) is still named
+    (the JVM starts without it, silently) and logged once per process as a warning with the
+    command that rebuilds it."""
+    archive = archive_path()
+    if os.environ.get("CONSISTENT_STREAM_CDS", "").lower() == "off" or not archive.is_file():
+        return None
+    options = existing.get("spark.driver.extraJavaOptions", "")
+    if "SharedArchiveFile" in options or "ArchiveClassesAtExit" in options:
+        return None
+    stale = archive_staleness(archive)
+    if stale and str(archive) not in _warned_stale:
+        _warned_stale.add(str(archive))
+        import logging
+        logging.getLogger("consistent_stream").warning(
+            "the Spark driver's class-data sharing archive does not match this install (%s): sessions start "
+            "without it, a few seconds slower. Rebuild it: python -m consistent_stream.session archive", stale)
+    return (f"{options} " if options else "") + f"-XX:SharedArchiveFile={archive} {CDS_QUIET}"
+
+
 _TRAINER = """
 import os, sys, tempfile
 from pyspark.sql import SparkSession
@@ -389,8 +466,13 @@ q = (s.readStream.format("delta").load(t).writeStream.trigger(availableNow=True)
      .option("checkpointLocation", d + "/cp").foreachBatch(lambda df, i: df.count()).start())
 q.awaitTermination()
 s.sql("DESCRIBE HISTORY cds_t").collect()
+props = s._jvm.java.lang.System
+built_with = {"java_home": props.getProperty("java.home"), "vm_version": props.getProperty("java.vm.version"),
+              "class_path": props.getProperty("java.class.path").split(os.pathsep)}
 s.stop()
-import shutil
+import json, shutil
+with open(sys.argv[2], "w") as f:
+    json.dump(built_with, f)
 shutil.rmtree(d, ignore_errors=True)
 """
 
@@ -401,30 +483,47 @@ def build_archive(target: Path | None = None) -> Path | None:
     on a throw-away Derby metastore, runs what a run does (SQL, a Delta write, MERGE, DELETE,
     a change-feed read, a join, Arrow both ways, a streaming query's batch) with
     ``-XX:ArchiveClassesAtExit``; the JVM writes the classes it loaded when it exits (about two
-    minutes in all on a 2-core machine). Returns the archive's path, or None when this JVM cannot build one (a JDK
-    before 13, no base archive): sessions then start without it. An archive already there is
+    minutes in all on a 2-core machine), and writes what it was built with beside it
+    (:func:`_archive_record`, read by :func:`archive_staleness`). Returns the archive's path,
+    or None when this JVM cannot build one (a JDK before 13, no base archive): sessions then
+    start without it. An archive already there is
     replaced only when the new one is complete."""
     target = Path(target) if target else archive_path()
     tmp = target.with_name(target.name + ".tmp")
+    record = _archive_record(tmp)
     tmp.unlink(missing_ok=True)
     env = {**os.environ, "CONSISTENT_STREAM_CDS": "off"}
-    p = subprocess.run([sys.executable, "-c", _TRAINER, str(tmp)], capture_output=True, text=True, env=env)
-    if p.returncode != 0 or not tmp.is_file() or tmp.stat().st_size == 0:
+    p = subprocess.run([sys.executable, "-c", _TRAINER, str(tmp), str(record)], capture_output=True, text=True,
+                       env=env)
+    if p.returncode != 0 or not tmp.is_file() or tmp.stat().st_size == 0 or not record.is_file():
         tmp.unlink(missing_ok=True)
+        record.unlink(missing_ok=True)
         print(f"warning: the class-data sharing archive was not built (sessions start without it):\n"
               f"{(p.stderr or p.stdout)[-2000:]}", file=sys.stderr)
         return None
+    built = json.loads(record.read_text())
+    home = os.path.realpath(built["java_home"])
+    built["libjvm"] = _file_id(os.path.join(home, "lib", "server", "libjvm.so"))
+    built["entries"] = [[e, _file_id(e)] for e in built.pop("class_path") if e and _file_id(e) is not None]
+    _archive_record(target).write_text(json.dumps(built, indent=1) + "\n")
+    record.unlink()
     tmp.rename(target)
     return target
 
 
 def _main(argv: list[str]) -> int:
+    if argv == ["archive", "--check"]:
+        stale = archive_staleness()
+        print(f"the driver's class-data sharing archive {archive_path()}: "
+              + (f"not used: {stale}. Rebuild it: python -m consistent_stream.session archive" if stale
+                 else "matches this install"))
+        return 1 if stale else 0
     if argv[:1] == ["archive"]:
         built = build_archive()
         print(f"the driver's class-data sharing archive: {built or 'not built'}")
         return 0
     if argv[:1] != ["resolve"]:
-        print("usage: python -m consistent_stream.session resolve|archive", file=sys.stderr)
+        print("usage: python -m consistent_stream.session resolve|archive [--check]", file=sys.stderr)
         return 2
     try:
         jars = resolve()
