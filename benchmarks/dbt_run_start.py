@@ -1,7 +1,7 @@
 """Benchmark: where a whole `dbt run` after a small change spends its seconds, process start
 included.
 
-    .venv/bin/python benchmarks/dbt_run_start.py [--sf 0.01] [--runs 3] [--conf KEY=VALUE ...]
+    .venv/bin/python benchmarks/dbt_run_start.py [--sf 0.01] [--runs 3] [--conf KEY=VALUE ...] [--command test]
 
 Copies ``models/example`` to a temporary directory, generates TPC-H there (scale factor
 ``--sf``) and builds every model with one `dbt run`. Then, ``--runs`` times: one small refresh
@@ -24,6 +24,10 @@ timestamps of dbt's own structured log events:
 * ``end_s``: from the last result line to the process's exit (run results, the session's
   stop);
 * ``rest_s``: what is between the nodes.
+
+``--command test`` times `dbt test` instead (the project's 21 data tests, each a Spark query
+of a model's table), after an untimed `dbt run` of each round's change; its "models" are the
+tests.
 
 ``--conf`` adds a Spark conf to the profile's ``server_side_parameters`` (the ``local``
 target's), to measure a setting against the profile as the project ships it.
@@ -74,11 +78,11 @@ def split(events: list[dict], t_start: float, t_end: float) -> dict:
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
 
 
-def dbt_run(project: Path, env: dict) -> tuple[float, float, list[dict]]:
-    """`dbt run` of ``project`` in a fresh process: its start and exit (epoch seconds) and its
-    JSON log events. Exits when dbt fails."""
+def dbt_run(project: Path, env: dict, command: str = "run") -> tuple[float, float, list[dict]]:
+    """`dbt <command>` (default ``run``) of ``project`` in a fresh process: its start and exit
+    (epoch seconds) and its JSON log events. Exits when dbt fails."""
     t0 = time.time()
-    p = subprocess.run([DBT, "run", "--log-format", "json", "--project-dir", str(project),
+    p = subprocess.run([DBT, command, "--log-format", "json", "--project-dir", str(project),
                         "--profiles-dir", str(project)], env=env, cwd=str(project), capture_output=True, text=True)
     t1 = time.time()
     events = []
@@ -88,7 +92,7 @@ def dbt_run(project: Path, env: dict) -> tuple[float, float, list[dict]]:
         except ValueError:
             pass
     if p.returncode != 0:
-        raise SystemExit(f"dbt run failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        raise SystemExit(f"dbt {command} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return t0, t1, events
 
 
@@ -112,6 +116,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="a Spark conf added to the profile's server_side_parameters")
+    ap.add_argument("--command", choices=["run", "test"], default="run",
+                    help="the dbt command timed (test: after an untimed run of each round)")
     args = ap.parse_args()
     from consistent_stream.tpch.refresh import refresh_round
     from noop_run import example_project
@@ -125,12 +131,14 @@ def main() -> int:
         dbt_run(project, env)   # the first build
         for i in range(args.runs):
             refresh_round(project / "data" / "tpch", i + 1, size=14)
-            t0, t1, events = dbt_run(project, env)
-            row = {"run": i + 1, "sf": args.sf, "confs": args.conf, **split(events, t0, t1)}
+            if args.command != "run":
+                dbt_run(project, env)
+            t0, t1, events = dbt_run(project, env, args.command)
+            row = {"run": i + 1, "command": args.command, "sf": args.sf, "confs": args.conf, **split(events, t0, t1)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     keys = ("wall_s", "start_s", "parse_s", "session_s", "models_s", "end_s", "rest_s")
-    print(json.dumps({"summary": True, "sf": args.sf, "confs": args.conf, "runs": len(rows),
+    print(json.dumps({"summary": True, "command": args.command, "sf": args.sf, "confs": args.conf, "runs": len(rows),
                       "models": len(rows[0]["models"]),
                       **{f"{k}_median": round(statistics.median(r[k] for r in rows), 3) for k in keys}}))
     return 0

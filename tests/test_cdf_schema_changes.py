@@ -54,21 +54,6 @@ DROP = [_merge("(104, 4, 1, 'd')", "(5)", "(4), (103)", note="remark"),
 changes on both sides of it."""
 
 
-@pytest.fixture(autouse=True)
-def _small_delta_snapshots(spark):
-    """delta-spark rebuilds a table's state in 50 tasks after each of its commits by default
-    (``spark.databricks.delta.snapshotPartitions``); these tables have a few files, and the
-    session two cores. Restored after each test (the session is shared)."""
-    key = "spark.databricks.delta.snapshotPartitions"
-    old = spark.conf.get(key, None)
-    spark.conf.set(key, "2")
-    yield
-    if old is None:
-        spark.conf.unset(key)
-    else:
-        spark.conf.set(key, old)
-
-
 def _run(spark, job, label: str) -> None:
     summary = run_job(spark, job)
     assert summary["batches"] == 1 and summary["strategies"] == ["incremental"], (label, summary)

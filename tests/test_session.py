@@ -41,6 +41,17 @@ def test_the_confs_added_to_a_bare_profile():
     assert "spark.kafka.consumer.fetchedData.cache.timeout" not in delta_confs(mine)
 
 
+def test_a_local_session_rebuilds_a_delta_snapshot_in_as_many_tasks_as_it_has_cores(spark):
+    # delta-spark's default, 50 tasks, is 25 waves of tiny tasks on 2 cores for every table a
+    # fresh process reads (README, "Using it")
+    key = session.SNAPSHOT_PARTITIONS
+    assert delta_confs({}, "local[3]")[key] == "3" and delta_confs({}, "local")[key] == "1"
+    assert delta_confs({"spark.master": "local[4,2]"})[key] == "4"
+    assert delta_confs({})[key] == str(os.cpu_count())   # pyspark's default master, local[*]
+    assert key not in delta_confs({}, "spark://h:7077") and key not in delta_confs({key: "50"})
+    assert spark.conf.get(key) == "2"   # the tests' session: local[2], nothing set by hand
+
+
 def test_a_cluster_session_names_the_jars_for_its_executors_to_fetch():
     for master in ("spark://127.0.0.1:7077", "local-cluster[2,1,1024]"):
         confs = delta_confs({}, master)
@@ -68,12 +79,15 @@ def test_a_profile_that_sets_delta_itself_keeps_its_settings():
             "spark.sql.catalog.spark_catalog": DELTA_CATALOG}
     added = delta_confs(mine)   # only the S3A connector and Kafka source, which the profile does not bring
     cp = added["spark.driver.extraClassPath"].split(os.pathsep)
-    assert set(added) - {"spark.driver.extraJavaOptions", *session.KAFKA_POOL_CONFS} == {"spark.driver.extraClassPath"}
+    assert set(added) - {"spark.driver.extraJavaOptions", session.SNAPSHOT_PARTITIONS, *session.KAFKA_POOL_CONFS} \
+        == {"spark.driver.extraClassPath"}
     assert "hadoop-aws" in cp[0]
     assert not any("delta-spark" in j for j in cp)
     assert any("spark-sql-kafka" in j for j in cp)
     mine["spark.jars.packages"] += ",org.apache.hadoop:hadoop-aws:3.5.0,org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
-    assert set(delta_confs(mine)) <= {"spark.driver.extraJavaOptions", *session.KAFKA_POOL_CONFS}   # the archive's, when built
+    # the archive's options, when built, and the session's tuning
+    assert set(delta_confs(mine)) <= {"spark.driver.extraJavaOptions", session.SNAPSHOT_PARTITIONS,
+                                      *session.KAFKA_POOL_CONFS}
     other = {"spark.sql.extensions": "org.example.Other", "spark.driver.extraClassPath": "/opt/x.jar"}
     confs = delta_confs(other)
     assert confs["spark.sql.extensions"] == f"org.example.Other,{DELTA_EXTENSION}"

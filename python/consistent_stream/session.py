@@ -223,6 +223,23 @@ def is_local(master: str | None) -> bool:
     return not master or master == "local" or master.startswith("local[")
 
 
+def local_cores(master: str | None) -> int:
+    """How many tasks a local session on ``master`` (:func:`is_local`) runs at once: N of
+    ``local[N]`` or ``local[N,F]``, this machine's CPUs for ``local[*]`` or None, 1 for ``local``."""
+    if master == "local":
+        return 1
+    m = re.match(r"local\[(\d+)", master or "")
+    return int(m.group(1)) if m else (os.cpu_count() or 1)
+
+
+SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
+"""delta-spark rebuilds a table's state (the files of a version) in this many tasks when it first
+reads a version: 50 by default, sized for a cluster. A local session runs them a few at a time
+(a 2-core machine: 25 waves of tiny tasks for every table a fresh process reads, see the
+README's "Using it"); :func:`delta_confs` sets it to the session's cores (one wave). The price: each task replays a larger share of the
+log at once (a table of a million files would hold half its file list per task on 2 cores)."""
+
+
 # artifacts Spark ships under another name: jcl-over-slf4j holds commons-logging's API
 SHIPPED_AS = {"commons-logging": "jcl-over-slf4j"}
 
@@ -260,7 +277,8 @@ def delta_confs(existing: Mapping[str, str] | None = None, master: str | None = 
     otherwise; Delta's SQL extension appended to ``spark.sql.extensions``; and
     ``spark.sql.catalog.spark_catalog`` = DeltaCatalog unless set; and, for a local master,
     the class-data sharing archive (:func:`archive_path`, when built and not turned off)
-    appended to ``spark.driver.extraJavaOptions``; and the Kafka source's record pool's
+    appended to ``spark.driver.extraJavaOptions``, and delta-spark's snapshot partitions set to
+    its cores (:data:`SNAPSHOT_PARTITIONS`, unless set); and the Kafka source's record pool's
     timeouts (:data:`KAFKA_POOL_CONFS`) unless set. Values in ``existing`` that need no change
     are not repeated: set what this returns after ``existing``. Raises SessionError
     (:func:`delta_jars`)."""
@@ -270,7 +288,8 @@ def delta_confs(existing: Mapping[str, str] | None = None, master: str | None = 
            + ([] if has_kafka(existing) else kafka_jars()))
     shipped = set(spark_ships(add))
     add = [j for j in add if j not in shipped]
-    local = is_local(master or existing.get("spark.master"))
+    master = master or existing.get("spark.master")
+    local = is_local(master)
     if add:
         key, sep = ("spark.driver.extraClassPath", os.pathsep) if local else ("spark.jars", ",")
         jars = [j for j in existing.get(key, "").split(sep) if j]
@@ -278,6 +297,8 @@ def delta_confs(existing: Mapping[str, str] | None = None, master: str | None = 
     options = _archive_option(existing) if local else None
     if options:
         out["spark.driver.extraJavaOptions"] = options
+    if local and SNAPSHOT_PARTITIONS not in existing:
+        out[SNAPSHOT_PARTITIONS] = str(local_cores(master))
     extensions = [e.strip() for e in existing.get("spark.sql.extensions", "").split(",") if e.strip()]
     if DELTA_EXTENSION not in extensions:
         out["spark.sql.extensions"] = ",".join(extensions + [DELTA_EXTENSION])
