@@ -70,13 +70,6 @@ from typing import Mapping
 from .errors import ConsistentStreamError
 
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
-
-KAFKA_POOL_CONFS = {"spark.kafka.consumer.fetchedData.cache.timeout": "10s",
-                    "spark.kafka.consumer.fetchedData.cache.evictorThreadRunInterval": "5s"}
-"""How long Spark's Kafka source keeps the records a consumer fetched past a task's end offset
-(default five minutes, evicted each minute), so that the next task that starts there need not
-poll: ten seconds, evicted every five. A run reads an offset range once, so a batch of a
-continuous model started within ten seconds is the only reader that could use them."""
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 MANIFEST = "jars.txt"
 SCALA = "2.13"
@@ -84,6 +77,13 @@ AWS_SDK = {"3.5.0": "2.35.4", "3.4.2": "2.29.52", "3.4.1": "2.24.6"}
 """The AWS SDK v2 version each Hadoop release's hadoop-aws was built against (its
 ``hadoop-project`` POM, ``aws-java-sdk-v2.version``)."""
 AWS_SDK_MODULES = ("s3", "s3-transfer-manager", "sts")
+
+KAFKA_POOL_CONFS = {"spark.kafka.consumer.fetchedData.cache.timeout": "10s",
+                    "spark.kafka.consumer.fetchedData.cache.evictorThreadRunInterval": "5s"}
+"""How long Spark's Kafka source keeps the records a consumer fetched past a task's end offset
+(default five minutes, evicted each minute), so that the next task that starts there need not
+poll: ten seconds, evicted every five. A run reads an offset range once, so a batch of a
+continuous model started within ten seconds is the only reader that could use them."""
 
 
 class SessionError(ConsistentStreamError):
@@ -236,8 +236,9 @@ SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 """delta-spark rebuilds a table's state (the files of a version) in this many tasks when it first
 reads a version: 50 by default, sized for a cluster. A local session runs them a few at a time
 (a 2-core machine: 25 waves of tiny tasks for every table a fresh process reads, see the
-README's "Using it"); :func:`delta_confs` sets it to the session's cores (one wave). The price: each task replays a larger share of the
-log at once (a table of a million files would hold half its file list per task on 2 cores)."""
+README's "Using it"); :func:`delta_confs` sets it to the session's cores (one wave). The price:
+each task replays a larger share of the log at once (a table of a million files would hold half
+its file list per task on 2 cores)."""
 
 
 # artifacts Spark ships under another name: jcl-over-slf4j holds commons-logging's API
