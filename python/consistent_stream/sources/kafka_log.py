@@ -120,7 +120,8 @@ class KafkaLog:
         spark = SparkSession.getActiveSession()
         if spark is None:   # a command of its own (``consistent-stream status``): a local session
             from ..session import with_delta
-            builder = with_delta(SparkSession.builder, master="local[1]").master("local[1]").config("spark.ui.enabled", "false")
+            builder = (with_delta(SparkSession.builder, master="local[1]").master("local[1]")
+                       .config("spark.ui.enabled", "false"))
             spark = builder.getOrCreate()
         assign: dict[str, list[int]] = {}
         starts: dict[str, dict[str, int]] = {}
