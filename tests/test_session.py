@@ -164,7 +164,8 @@ def test_a_stale_archive_is_named_with_its_cause_and_the_command_that_rebuilds_i
     assert "no record of what" in session.archive_staleness()
     home = session._java_home()
     libjvm = session._file_id(os.path.join(home, "lib", "server", "libjvm.so"))
-    record = {"java_home": home, "vm_version": "17", "libjvm": libjvm, "entries": [[str(jar), session._file_id(str(jar))]]}
+    record = {"java_home": home, "vm_version": "17", "libjvm": libjvm,
+              "entries": [[str(jar), session._file_id(str(jar))]]}
     (tmp_path / "spark-driver.jsa.json").write_text(json.dumps(record))
     assert session.archive_staleness() is None
     jar.write_bytes(b"y" * 11)   # pyspark or a jar upgraded in place

@@ -431,7 +431,8 @@ def archive_staleness(archive: Path | None = None) -> str | None:
         return f"the JDK at {home} changed since it was built (its {libjvm})"
     for path, ident in built["entries"]:
         if _file_id(path) != ident:
-            return f"{path}, on the class path it was built with, {'is gone' if not os.path.exists(path) else 'changed'}"
+            how = "changed" if os.path.exists(path) else "is gone"
+            return f"{path}, on the class path it was built with, {how}"
     return None
 
 
@@ -508,8 +509,8 @@ def build_archive(target: Path | None = None) -> Path | None:
     minutes in all on a 2-core machine), and writes what it was built with beside it
     (:func:`_archive_record`, read by :func:`archive_staleness`). Returns the archive's path,
     or None when this JVM cannot build one (a JDK before 13, no base archive): sessions then
-    start without it. An archive already there is
-    replaced only when the new one is complete."""
+    start without it. An archive already there is replaced only when the new one is complete
+    (a kill between the two leaves the old record: a warning to rebuild, not a silent miss)."""
     target = Path(target) if target else archive_path()
     tmp = target.with_name(target.name + ".tmp")
     record = _archive_record(tmp)
@@ -527,9 +528,9 @@ def build_archive(target: Path | None = None) -> Path | None:
     home = os.path.realpath(built["java_home"])
     built["libjvm"] = _file_id(os.path.join(home, "lib", "server", "libjvm.so"))
     built["entries"] = [[e, _file_id(e)] for e in built.pop("class_path") if e and _file_id(e) is not None]
+    tmp.rename(target)
     _archive_record(target).write_text(json.dumps(built, indent=1) + "\n")
     record.unlink()
-    tmp.rename(target)
     return target
 
 
