@@ -46,7 +46,7 @@ def _session(master: str, warehouse: Path, driver_memory: str | None, executor_m
     from consistent_stream.cluster import driver_conf
     from pyspark.sql import SparkSession
     from consistent_stream.session import with_delta
-    b = (with_delta(SparkSession.builder, master=master).master(master).appName("consistent-stream-cluster-vs-local")
+    b = (with_delta(SparkSession.builder, master=master).appName("consistent-stream-cluster-vs-local")
          .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.session.timeZone", "UTC").config("spark.sql.warehouse.dir", str(warehouse)))
     if master.startswith("spark://"):

@@ -87,7 +87,7 @@ ENGINE_RUNNER = textwrap.dedent("""
     logging.getLogger("consistent_stream").setLevel(logging.INFO)
     from consistent_stream.job import run_job
     from consistent_stream.spec import JobSpec
-    spark = (with_delta(SparkSession.builder, master="local[2]").master("local[2]")
+    spark = (with_delta(SparkSession.builder, master="local[2]")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     if os.environ.get("CRASH_CAMPAIGN_WAIT") and sys.stdin.readline().strip() != "go":
@@ -601,7 +601,7 @@ def main(argv=None) -> int:
         import consistent_stream  # noqa: F401  (PYSPARK_PYTHON for the workers)
         from pyspark.sql import SparkSession
         from consistent_stream.session import with_delta
-        spark = (with_delta(SparkSession.builder, master="local[2]").master("local[2]")
+        spark = (with_delta(SparkSession.builder, master="local[2]")
                  .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
     root = Path(args.keep or tempfile.mkdtemp(prefix="cs-crash-"))

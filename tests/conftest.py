@@ -62,7 +62,7 @@ def spark(tmp_path_factory):
     from pyspark.sql import SparkSession
     from consistent_stream.session import with_delta
     wh = tmp_path_factory.mktemp("warehouse")
-    s = (with_delta(SparkSession.builder, master="local[2]").master("local[2]").appName("consistent-stream-tests")
+    s = (with_delta(SparkSession.builder, master="local[2]").appName("consistent-stream-tests")
          .config("spark.sql.shuffle.partitions", "2")
          .config("spark.ui.enabled", "false")
          .config("spark.ui.showConsoleProgress", "false")

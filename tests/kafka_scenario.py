@@ -102,7 +102,7 @@ def _run_in_subprocess(job: JobSpec, path: str, seconds: float) -> subprocess.Po
             "from consistent_stream.job import run_job\n"
             "from consistent_stream.session import with_delta\n"
             "from pyspark.sql import SparkSession\n"
-            "s = with_delta(SparkSession.builder, master='local[2]').master('local[2]').config('spark.ui.enabled','false')"
+            "s = with_delta(SparkSession.builder, master='local[2]').config('spark.ui.enabled','false')"
             ".config('spark.sql.session.timeZone','UTC').getOrCreate()\n"
             "job = JobSpec.load(%r)\n"
             "run_job(s, job, timeout_s=%f)\n") % (os.path.join(REPO, "tests"), spec, seconds)

@@ -418,7 +418,7 @@ LOSE_JVM = textwrap.dedent("""
     from pyspark.sql import SparkSession
     from consistent_stream.session import with_delta
     from consistent_stream.spec import JobSpec
-    spark = (with_delta(SparkSession.builder, master="local[1]").master("local[1]").config("spark.ui.enabled", "false")
+    spark = (with_delta(SparkSession.builder, master="local[1]").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "1").getOrCreate())
     jvm_pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
     real = Q.process_batch

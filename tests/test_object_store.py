@@ -146,7 +146,7 @@ CHILD = textwrap.dedent("""
     from consistent_stream.session import with_delta
     from consistent_stream.job import run_job
     from consistent_stream.spec import JobSpec
-    spark = (with_delta(SparkSession.builder, master="local[1]").master("local[1]").config("spark.ui.enabled", "false")
+    spark = (with_delta(SparkSession.builder, master="local[1]").config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     run_job(spark, JobSpec.load(sys.argv[1]), timeout_s=float(sys.argv[2]) or None)

@@ -163,7 +163,7 @@ def test_a_stale_archive_is_named_with_its_cause_and_the_command_that_rebuilds_i
     archive.write_bytes(b"jsa")
     assert "no record of what" in session.archive_staleness()
     home = session._java_home()
-    libjvm = session._file_id(os.path.join(home, "lib", "server", "libjvm.so"))
+    libjvm = session._file_id(session._libjvm(home))
     record = {"java_home": home, "vm_version": "17", "libjvm": libjvm,
               "entries": [[str(jar), session._file_id(str(jar))]]}
     (tmp_path / "spark-driver.jsa.json").write_text(json.dumps(record))

@@ -31,7 +31,7 @@ CONTINUOUS = textwrap.dedent("""
     from consistent_stream.session import with_delta
     from consistent_stream.job import run_job
     from consistent_stream.spec import JobSpec
-    spark = (with_delta(SparkSession.builder, master="local[1]").master("local[1]").config("spark.ui.enabled", "false")
+    spark = (with_delta(SparkSession.builder, master="local[1]").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "1").getOrCreate())
     run_job(spark, JobSpec.load(sys.argv[1]), timeout_s=300)
 """)

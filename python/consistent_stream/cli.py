@@ -37,7 +37,7 @@ def local_spark():
     from pyspark.sql import SparkSession
     from .session import with_delta
     master = os.environ.get("CONSISTENT_STREAM_MASTER", "local[2]")
-    b = (with_delta(SparkSession.builder, master=master).master(master)
+    b = (with_delta(SparkSession.builder, master=master)
          .appName("consistent-stream")
          .config("spark.ui.enabled", "false")
          .config("spark.ui.showConsoleProgress", "false")

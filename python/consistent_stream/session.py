@@ -310,8 +310,10 @@ def delta_confs(existing: Mapping[str, str] | None = None, master: str | None = 
 
 
 def with_delta(builder, existing: Mapping[str, str] | None = None, master: str | None = None):
-    """``builder`` (a ``SparkSession.Builder`` for a session on ``master``, see
-    :func:`delta_confs`) with :func:`delta_confs` set on it."""
+    """``builder`` (a ``SparkSession.Builder``) with :func:`delta_confs` set on it, and its
+    master set to ``master`` when given (the confs depend on it: one value for both)."""
+    if master:
+        builder = builder.master(master)
     for k, v in delta_confs(existing, master).items():
         builder = builder.config(k, v)
     return builder
@@ -399,6 +401,11 @@ def _java_home() -> str | None:
     return os.path.dirname(os.path.dirname(os.path.realpath(java))) if java else None
 
 
+def _libjvm(java_home: str) -> str:
+    """The JVM library of the Java installation at ``java_home`` (what its build is)."""
+    return os.path.join(java_home, "lib", "server", "libjvm.so")
+
+
 def _file_id(path: str) -> list | None:
     """A class path entry as the JVM checks it against an archive: [size in bytes,
     modification time in ns] of a file; None for a directory or a missing path."""
@@ -426,9 +433,8 @@ def archive_staleness(archive: Path | None = None) -> str | None:
     home = _java_home()
     if home is None or os.path.realpath(built["java_home"]) != home:
         return f"it was built with the JDK at {built['java_home']}, and sessions run the one at {home}"
-    libjvm = os.path.join(home, "lib", "server", "libjvm.so")
-    if built.get("libjvm") and _file_id(libjvm) != built["libjvm"]:
-        return f"the JDK at {home} changed since it was built (its {libjvm})"
+    if built.get("libjvm") and _file_id(_libjvm(home)) != built["libjvm"]:
+        return f"the JDK at {home} changed since it was built (its {_libjvm(home)})"
     for path, ident in built["entries"]:
         if _file_id(path) != ident:
             how = "changed" if os.path.exists(path) else "is gone"
@@ -451,8 +457,8 @@ def _archive_option(existing: Mapping[str, str]) -> str | None:
     options = existing.get("spark.driver.extraJavaOptions", "")
     if "SharedArchiveFile" in options or "ArchiveClassesAtExit" in options:
         return None
-    stale = archive_staleness(archive)
-    if stale and str(archive) not in _warned_stale:
+    stale = archive_staleness(archive) if str(archive) not in _warned_stale else None
+    if stale:
         _warned_stale.add(str(archive))
         import logging
         logging.getLogger("consistent_stream").warning(
@@ -525,9 +531,8 @@ def build_archive(target: Path | None = None) -> Path | None:
               f"{(p.stderr or p.stdout)[-2000:]}", file=sys.stderr)
         return None
     built = json.loads(record.read_text())
-    home = os.path.realpath(built["java_home"])
-    built["libjvm"] = _file_id(os.path.join(home, "lib", "server", "libjvm.so"))
-    built["entries"] = [[e, _file_id(e)] for e in built.pop("class_path") if e and _file_id(e) is not None]
+    built["libjvm"] = _file_id(_libjvm(os.path.realpath(built["java_home"])))
+    built["entries"] = [[e, ident] for e in built.pop("class_path") if e and (ident := _file_id(e)) is not None]
     tmp.rename(target)
     _archive_record(target).write_text(json.dumps(built, indent=1) + "\n")
     record.unlink()

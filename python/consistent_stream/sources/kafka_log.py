@@ -120,7 +120,7 @@ class KafkaLog:
         spark = SparkSession.getActiveSession()
         if spark is None:   # a command of its own (``consistent-stream status``): a local session
             from ..session import with_delta
-            builder = (with_delta(SparkSession.builder, master="local[1]").master("local[1]")
+            builder = (with_delta(SparkSession.builder, master="local[1]")
                        .config("spark.ui.enabled", "false"))
             spark = builder.getOrCreate()
         assign: dict[str, list[int]] = {}
