@@ -226,8 +226,8 @@ class _Run:
         store the state table's log is read meanwhile, on a thread (:meth:`state_table`)."""
         t0 = time.time()
         sources = {s.key: open_source(s) for s in job.sources}
-        target = DeltaTableRef(job.target_path, owned=True)   # the run holds the model's writer lock
-        state = DeltaTableRef(job.state_root, owned=True)
+        target = DeltaTableRef(job.target_path, own_log=True)   # the run holds the model's writer lock
+        state = DeltaTableRef(job.state_root, own_log=True)
         opening = None
         if location.is_remote(job.state_root) and not full_refresh:
             def open_state():
@@ -249,7 +249,7 @@ class _Run:
             self.state_opening.join()
             self.state_opening = None
         if self.full_refresh:
-            self.state = DeltaTableRef(self.job.state_root, owned=True)
+            self.state = DeltaTableRef(self.job.state_root, own_log=True)
         return self.state
 
 

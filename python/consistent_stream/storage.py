@@ -271,6 +271,34 @@ def write_bytes(path: str, data: bytes, *, fsync: bool = False) -> None:
             os.fsync(f.fileno())
 
 
+def create_bytes(path: str, data: bytes) -> None:
+    """Create file ``path`` holding ``data`` unless a file is there already: the put-if-absent
+    a Delta commit needs (two writers of one version: one wins, the other is told). On an
+    object store one conditional PUT (``If-None-Match: *``); locally a hidden temporary file
+    hard-linked to the name (atomic, and refused when the name exists; readers never see a
+    partial file). Raises FileExistsError when the file exists, OSError otherwise."""
+    _forget_under(path)
+    if location.is_remote(path):
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, PreconditionError
+        store, key = _store(path)
+        try:
+            obstore.put(store, key, bytes(data), mode="create")
+        except (AlreadyExistsError, PreconditionError):
+            raise FileExistsError(path) from None
+        except Exception as e:
+            raise OSError(f"cannot write {path}: {e}") from e
+        _remember(path, bytes(data))
+        return
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    write_bytes(tmp, data)
+    try:
+        os.link(tmp, path)
+    finally:
+        os.unlink(tmp)
+    _remember(path, bytes(data))
+
+
 def rename(src: str, dst: str) -> None:
     """Rename file ``src`` to ``dst``, replacing a file at ``dst``: atomically on a local file
     system (a directory too, over an empty one), as a copy and a delete of the object on an

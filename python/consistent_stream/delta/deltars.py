@@ -26,6 +26,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from .. import location, storage
 from ..errors import CommitError, SourceError
 from ..faults import fault_point
+from .log import ConflictingCommit, OwnedLog, UnsupportedLog, log_path
 
 META_PREFIX = "consistent_stream."
 log = logging.getLogger("consistent_stream")
@@ -314,9 +315,15 @@ class DeltaTableRef:
     Raises :class:`SourceError` when the table is missing or a version is gone.
     """
 
-    def __init__(self, path: str, *, owned: bool = False):
+    def __init__(self, path: str, *, owned: bool = False, own_log: bool = False):
         self.path = str(path)
-        self.owned = owned
+        self.owned = owned or own_log
+        # a table only this package writes (the state table): its log replayed and committed by
+        # :mod:`.log`, delta-rs opened only for what that does not serve (history, maintenance)
+        # (a table :mod:`consistent_stream.storage` reaches: a local path or an object store's)
+        reached = "://" not in self.path or location.is_remote(self.path)
+        self._log: OwnedLog | None = OwnedLog(self.path) if own_log and reached else None
+        self._log_loaded = False
         self._fresh = False     # owned: the handle is at the latest version (only our commits move it)
         self._ahead: int | None = None   # owned: our newest commit's version, past the handle's (not read yet)
         self.storage_options = location.delta_storage_options(self.path)
@@ -326,7 +333,27 @@ class DeltaTableRef:
         self._files: dict[int, pa.Table] = {}  # version -> add actions (flattened), newest two kept
 
     # ---- the handle -------------------------------------------------------------------------
+    def _own(self) -> OwnedLog | None:
+        """The replayed log of an ``own_log`` table, loaded on first use; None for another
+        table, or when the log holds what :mod:`.log` does not replay (delta-rs serves it)."""
+        if self._log is None:
+            return None
+        if not self._log_loaded:
+            try:
+                self._log.load()
+            except UnsupportedLog as e:
+                log.info("the Delta log of %s is read by delta-rs: it has %s", self.path, e)
+                self._log = None
+                return None
+            except OSError as e:
+                raise SourceError(f"cannot read the Delta log of {self.path}: {e}") from e
+            self._log_loaded = True
+        return self._log
+
     def exists(self) -> bool:
+        own = self._own()
+        if own is not None:
+            return own.version >= 0
         if self._dt is not None:
             return True
         if not location.is_remote(self.path) and not os.path.isdir(os.path.join(self.path, "_delta_log")):
@@ -345,6 +372,9 @@ class DeltaTableRef:
             if self._dt.version() < self._ahead:
                 self._dt.update_incremental()
             self._ahead = None
+        own = self._own()
+        if own is not None and self._dt is not None and self._dt.version() < own.version:
+            self._dt.update_incremental()
         if self._dt is None:
             try:
                 self._dt = DeltaTable(self.path, storage_options=self.storage_options)
@@ -358,6 +388,13 @@ class DeltaTableRef:
         An ``owned`` table (the run holds the model's writer lock: only its own commits move it)
         is looked up once, and after each of its own commits (:meth:`_advanced`), not at every
         call: on an object store a refresh is a LIST and a GET."""
+        own = self._own()
+        if own is not None:
+            if force or own.version < 0:
+                own.refresh()
+            if own.version < 0:
+                raise SourceError(f"no Delta table at {self.path}")
+            return own.version
         if self._dt is None:
             self._fresh = True
             return self.table().version()
@@ -374,6 +411,9 @@ class DeltaTableRef:
     def version(self) -> int:
         """The handle's version, without looking for newer commits (an owned table: its
         newest, the run's own last commit included)."""
+        own = self._own()
+        if own is not None and own.version >= 0:
+            return own.version
         return self._ahead if self._ahead is not None else self.table().version()
 
     def _at(self, version: int) -> DeltaTable:
@@ -396,6 +436,9 @@ class DeltaTableRef:
         a commit this ref makes with a txn records it (:meth:`_recorded`) without a replay."""
         if not self.exists():
             return None
+        own = self._own()
+        if own is not None:
+            return own.txn_version(app_id)
         version = self.table().version()
         known = self._txns.get(app_id)
         if known is None or known[0] != version:
@@ -462,6 +505,10 @@ class DeltaTableRef:
         return changes
 
     def arrow_schema(self, version: int | None = None) -> pa.Schema:
+        own = self._own()
+        if own is not None and own.version >= 0 and version in (None, own.version):
+            from deltalake import Schema
+            return pa.schema(Schema.from_json(own.metadata["schemaString"]).to_arrow())
         dt = self.table() if version is None else self._at(version)
         return pa.schema(dt.schema().to_arrow())
 
@@ -471,6 +518,9 @@ class DeltaTableRef:
         return plain_schema(self.arrow_schema(version))
 
     def partition_columns(self) -> list[str]:
+        own = self._own()
+        if own is not None and own.version >= 0:
+            return own.partition_columns
         return list(self.table().metadata().partition_columns)
 
     def reader_features(self, version: int | None = None) -> set[str]:
@@ -496,6 +546,16 @@ class DeltaTableRef:
         if version not in self._files:
             self._remember(version, pa.table(self._at(version).get_add_actions(flatten=True)))
         return self._files[version]
+
+    def data_files(self, version: int) -> list[DataFile] | None:
+        """The data files of ``version`` with their Delta statistics JSON, from the replayed
+        log of an ``own_log`` table at that version (no read); None otherwise (read
+        :meth:`add_actions`). Paths as the log holds them."""
+        own = self._own()
+        if own is None or own.version != version:
+            return None
+        return [DataFile(a["path"], int(a.get("size") or 0), _num_records(a.get("stats")),
+                         dict(a.get("partitionValues") or {}), a.get("stats") or "") for a in own.files.values()]
 
     def _remember(self, version: int, actions: pa.Table) -> None:
         self._files[version] = actions
@@ -547,6 +607,11 @@ class DeltaTableRef:
         known = self._commit_cache.get(version)
         if known is not None:
             return known
+        own = self._own()
+        replayed = own.commits.get(version) if own is not None else None
+        if replayed is not None:
+            meta = {k[len(META_PREFIX):]: v for k, v in replayed.info.items() if k.startswith(META_PREFIX)}
+            return Commit(version, replayed.timestamp_ms, meta), dict(replayed.txns)
         try:
             actions = self.log_actions(version)
         except FileNotFoundError:
@@ -770,7 +835,12 @@ class DeltaTableRef:
         """After one of our commits, which should be version ``expected``: the handle follows
         it. delta-rs moves it itself after a MERGE; an owned table's handle is moved when
         something next reads the table through it (its version is known meanwhile, and the
-        commit is checked from its own file, :meth:`_recorded`); any other is refreshed."""
+        commit is checked from its own file, :meth:`_recorded`); any other is refreshed. An
+        ``own_log`` table's replay reads the commit delta-rs made (one LIST, one GET)."""
+        own = self._own()
+        if own is not None:
+            own.refresh()
+            return own.version
         if self._dt is not None and self._dt.version() >= expected:
             self._ahead, self._fresh = None, True
             return self._dt.version()
@@ -794,6 +864,8 @@ class DeltaTableRef:
         if not exists:
             self._dt = DeltaTable(self.path, storage_options=self.storage_options)
             self._fresh = True
+            if self._log is not None:
+                self._log.load()
             return self._dt.version()
         return self._advanced(before + 1)
 
@@ -820,7 +892,12 @@ class DeltaTableRef:
                                           post_commithook_properties=HOOKS)
             self._dt = DeltaTable(self.path, storage_options=self.storage_options)
             self._fresh = True
+            if self._log is not None:
+                self._log.load()
             return self._dt.version()
+        own = self._own()
+        if own is not None and self._same_table(own, schema, partition_by, docs):
+            return self._commit_own(adds, removes, txn, metadata)
         dt = self.table()
         current = pa.schema(dt.schema().to_arrow())
         same = [(f.name, f.type) for f in plain_schema(current)] == \
@@ -852,8 +929,93 @@ class DeltaTableRef:
             raise CommitError(f"commit to {self.path} did not record txn {txn} as version {before + 1}")
         return version
 
+    @staticmethod
+    def _same_table(own: OwnedLog, schema: pa.Schema, partition_by: list[str] | None, docs: Docs | None) -> bool:
+        """Whether a commit of files of ``schema`` (plain types), ``partition_by`` and ``docs``
+        leaves the replayed table's metadata as it is (else delta-rs replaces it)."""
+        from deltalake import Schema
+        if not own.metadata or own.partition_columns != list(partition_by or []):
+            return False
+        fields = json.loads(own.metadata.get("schemaString") or "{}").get("fields", [])
+        wanted = json.loads(Schema.from_arrow(schema).to_json())["fields"]
+        if [(f["name"], f["type"]) for f in fields] != [(f["name"], f["type"]) for f in wanted]:
+            return False
+        kept = Docs(own.metadata.get("description"),
+                    tuple(sorted((f["name"].lower(), f["metadata"]["comment"]) for f in fields
+                                 if (f.get("metadata") or {}).get("comment") is not None)))
+        return kept.updated(docs, schema) == kept
+
+    def _commit_own(self, adds: list[DataFile], removes: list[DataFile], txn: Txn | None,
+                    metadata: dict[str, Any] | None, *, operation: str = "WRITE", metrics: dict | None = None,
+                    cdc: list[DataFile] = ()) -> int:
+        """ONE commit through the replayed log (:meth:`.log.OwnedLog.commit`): ``adds``,
+        ``removes``, the Change Data Feed files ``cdc``, recording ``txn``, ``metadata`` and
+        the operation's ``metrics`` (delta-rs' names). Raises CommitError when another writer
+        took the version."""
+        meta = self._props(txn, metadata).custom_metadata or {}
+        if metrics is None:
+            metrics = {"num_added_files": len(adds), "num_removed_files": len(removes),
+                       "num_added_rows": sum(a.num_records for a in adds)}
+        info = {"operation": operation, "engineInfo": "consistent_stream", "operationMetrics": metrics, **meta}
+        cdc_actions = [{"path": log_path(f.path), "partitionValues": dict(f.partition_values), "size": int(f.size),
+                        "dataChange": False} for f in cdc]
+        try:
+            return self._own().commit([_add_dict(a.add_action()) for a in adds],
+                                      [_remove_dict(r.remove_action()) for r in removes],
+                                      txn=(txn.app_id, txn.version) if txn else None, info=info, cdc=cdc_actions)
+        except ConflictingCommit as e:
+            raise CommitError(f"commit to {self.path} refused: {e}") from e
+        except OSError as e:
+            raise CommitError(f"commit to {self.path} failed: {e}") from e
+
+    REWRITE_WRITER_VERSION = 4
+    """The newest writer protocol :meth:`rewritable` tables may have without table features:
+    2 (column invariants, append-only), 3 (CHECK constraints), 4 (Change Data Feed, generated
+    columns); those that constrain rows are refused by name in :meth:`rewritable`."""
+
+    def rewritable(self) -> str | None:
+        """Why a copy-on-write rewrite through the replayed log (:meth:`commit_rewrite`) may
+        not replace a delta-rs MERGE on this table (None: it may): not an ``own_log`` table,
+        partitioned, a protocol with table features or reader version 2+, CHECK constraints,
+        column invariants, generated or identity columns (delta-rs' MERGE enforces them), or
+        append-only."""
+        own = self._own()
+        if own is None or own.version < 0:
+            return "its log is not replayed here"
+        p, conf = own.protocol, own.configuration
+        if own.partition_columns:
+            return "it is partitioned"
+        if int(p.get("minReaderVersion", 1)) > 1 or int(p.get("minWriterVersion", 2)) > self.REWRITE_WRITER_VERSION \
+                or p.get("readerFeatures") or p.get("writerFeatures"):
+            return f"its protocol ({p})"
+        if any(k.startswith("delta.constraints.") for k in conf) or conf.get("delta.appendOnly") == "true":
+            return "it has CHECK constraints or is append-only"
+        fields = json.loads(own.metadata.get("schemaString") or "{}").get("fields", [])
+        if any(k.startswith(("delta.invariants", "delta.generationExpression", "delta.identity"))
+               for f in fields for k in (f.get("metadata") or {})):
+            return "it has column invariants, generated or identity columns"
+        return None
+
+    def change_feed_on(self) -> bool:
+        """Whether the table records its Change Data Feed (``delta.enableChangeDataFeed``)."""
+        own = self._own()
+        conf = own.configuration if own is not None else self.table().metadata().configuration
+        return str(conf.get("delta.enableChangeDataFeed", "false")).lower() == "true"
+
+    def commit_rewrite(self, adds: list[DataFile], removes: list[DataFile], cdc: list[DataFile], *, txn: Txn,
+                       metadata: dict[str, Any], metrics: dict[str, int]) -> int:
+        """ONE commit of a copy-on-write MERGE done by the caller (a :meth:`rewritable`
+        table): ``removes`` the files it rewrote, ``adds`` their new files, ``cdc`` its Change
+        Data Feed files (under ``_change_data/``), recording ``txn``, ``metadata`` and
+        ``metrics`` (delta-rs' MERGE metric names). Returns the new version. Raises
+        CommitError when another writer took the version."""
+        return self._commit_own(adds, removes, txn, metadata, operation="MERGE", metrics=metrics, cdc=cdc)
+
     def commit_empty(self, *, txn: Txn, metadata: dict[str, Any]) -> int:
         """A commit with no data change that records ``txn`` and ``metadata``."""
+        own = self._own()
+        if own is not None and own.version >= 0:
+            return self._commit_own([], [], txn, metadata)
         dt = self.table()
         before = dt.version()
         dt.create_write_transaction([], "append", dt.schema(), commit_properties=self._props(txn, metadata),
@@ -909,6 +1071,27 @@ class DeltaTableRef:
         if not self._recorded(v, txn):
             raise CommitError(f"merge into {self.path} did not record txn {txn}")
         return v, dict(metrics or {})
+
+
+def _num_records(stats: str | None) -> int:
+    """``numRecords`` of a Delta statistics JSON (0 when absent)."""
+    try:
+        return int(json.loads(stats).get("numRecords") or 0) if stats else 0
+    except (ValueError, AttributeError):
+        return 0
+
+
+def _add_dict(a: AddAction) -> dict:
+    """A delta-rs AddAction as the log's ``add`` action (path in log form)."""
+    return {"path": log_path(a.path), "partitionValues": dict(a.partition_values or {}), "size": int(a.size),
+            "modificationTime": int(a.modification_time), "dataChange": bool(a.data_change), "stats": a.stats}
+
+
+def _remove_dict(r: RemoveAction) -> dict:
+    """A delta-rs RemoveAction as the log's ``remove`` action (path in log form)."""
+    return {"path": log_path(r.path), "deletionTimestamp": int(r.deletion_timestamp or 0),
+            "dataChange": bool(r.data_change), "extendedFileMetadata": True,
+            "partitionValues": dict(r.partition_values or {}), "size": int(r.size or 0)}
 
 
 INSERTED_METRICS = ("num_added_rows", "num_target_rows_inserted", "numOutputRows", "numTargetRowsInserted")

@@ -178,3 +178,71 @@ def _arrow_schema(df: DataFrame) -> pa.Schema:
     """``df``'s schema in Arrow; a TIMESTAMP is UTC-adjusted microseconds, as Delta stores it."""
     from .deltars import arrow_schema
     return arrow_schema(df.schema)
+
+
+def stats_bounds(stats: str, schema: pa.Schema) -> tuple[dict, dict, dict]:
+    """``(min, max, nullCount)`` of a file's Delta statistics JSON, each column -> value, the
+    bounds as Python values of the column's type in ``schema`` (a date's ISO string as a
+    ``datetime.date``, a timestamp's as a UTC ``datetime``); bounds of floating point and
+    other types, and strings Delta may have truncated, are left out (no bound: no skipping)."""
+    try:
+        st = json.loads(stats) if stats else {}
+    except ValueError:
+        st = {}
+    lo, hi = {}, {}
+    for name, values, out in (("minValues", st.get("minValues") or {}, lo), ("maxValues", st.get("maxValues") or {}, hi)):
+        for c, v in values.items():
+            i = schema.get_field_index(c)
+            if i < 0 or v is None:
+                continue
+            t = schema.field(i).type
+            try:
+                if pa.types.is_integer(t) and isinstance(v, int):
+                    out[c] = v
+                elif pa.types.is_date(t):
+                    out[c] = datetime.date.fromisoformat(v)
+                elif pa.types.is_timestamp(t) and t.tz is not None:
+                    out[c] = datetime.datetime.fromisoformat(v.replace("Z", "+00:00"))
+                elif (pa.types.is_string(t) or pa.types.is_large_string(t)) and len(v) < MAX_STRING_STAT:
+                    out[c] = v
+            except (TypeError, ValueError):
+                pass
+    return lo, hi, dict(st.get("nullCount") or {})
+
+
+def may_hold(bounds: tuple[dict, dict, dict], rows: int, wanted: dict[str, tuple[list, bool]]) -> bool:
+    """Whether a file with ``bounds`` (:func:`stats_bounds`) of ``rows`` rows may hold a row
+    whose every column ``c`` of ``wanted`` has one of the values ``wanted[c][0]`` (sorted, no
+    NULL), or NULL when ``wanted[c][1]``. A column without bounds may hold anything."""
+    import bisect
+    lo, hi, nulls = bounds
+    for c, (values, want_null) in wanted.items():
+        if want_null and nulls.get(c, 1) != 0:
+            continue   # may hold a NULL looked for
+        a, b = lo.get(c), hi.get(c)
+        if a is None or b is None:
+            if nulls.get(c) == rows and not want_null:
+                return False   # every value NULL, none looked for
+            continue
+        try:
+            i = bisect.bisect_left(values, a)
+            if not (i < len(values) and values[i] <= b):
+                return False
+        except TypeError:
+            continue
+    return True
+
+
+def wanted_values(keys: pa.Table, cols: list[str], null_safe: bool = True) -> dict[str, tuple[list, bool]] | None:
+    """For :func:`may_hold`: each column's distinct non-NULL values of ``keys``, sorted, and
+    whether it has a NULL looked for; None when the values do not sort (any file may hold them)."""
+    out = {}
+    for c in cols:
+        col = keys.column(c)
+        values = pc.unique(col.drop_null()).to_pylist()
+        try:
+            values.sort()
+        except TypeError:
+            return None
+        out[c] = (values, null_safe and col.null_count > 0)
+    return out

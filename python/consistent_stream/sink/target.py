@@ -29,6 +29,7 @@ from ..changelog import WEIGHT
 from ..delta import DeltaTableRef, Docs, Txn
 from ..errors import CommitError, UniqueKeyViolation
 from ..settings import spark_confs
+from . import rewrite
 from .unique import key_in, row_keys
 
 OP = "__op"
@@ -197,10 +198,16 @@ def _multiplicities_on_spark(spark, target: DeltaTableRef, version: int, neg: pa
 def commit_changes(target: DeltaTableRef, changes: pa.Table, *, unique_key: list[str] | None, txn: Txn,
                    metadata: dict) -> tuple[int, int, int]:
     """An incremental batch's commit: ONE MERGE of the change-sized ``changes`` (from
-    :func:`sink_changes` with a ``unique_key``, or :func:`bag_changes` for a bag). Returns
+    :func:`sink_changes` with a ``unique_key``, or :func:`bag_changes` for a bag): done here,
+    copy-on-write, through the target's replayed log (:mod:`.rewrite`) where the table allows
+    it (:meth:`~DeltaTableRef.rewritable`), else by delta-rs. Returns
     ``(new version, rows written, target rows rewritten)``; the last counts the rows the MERGE
     copied unchanged into new files plus those it changed (copy-on-write)."""
-    if unique_key is None:
+    done = rewrite.merge(target, changes, unique_key, txn=txn, metadata=metadata) \
+        if changes.num_rows and target.rewritable() is None else None
+    if done is not None:
+        version, m = done
+    elif unique_key is None:
         version, m = target.merge_bag(changes, txn=txn, metadata=metadata)
     else:
         version, m = target.merge_by_key(changes, unique_key, txn=txn, metadata=metadata)

@@ -10,14 +10,15 @@ key would silently replace one with the other.
 """
 from __future__ import annotations
 
-import bisect
-
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from .. import location
+from .. import location, storage
 from ..changelog import WEIGHT
 from ..delta import DeltaTableRef
+from ..delta.deltars import plain_arrow
+from ..delta.files import MAX_STRING_STAT, may_hold, stats_bounds, wanted_values
 from ..errors import CommitError, UniqueKeyViolation
 
 
@@ -65,10 +66,9 @@ def check_new_keys(target: DeltaTableRef, version: int, delta: pa.Table, unique_
     new = plus.filter(pc.invert(key_in(plus, delta.filter(pc.less(w, 0)), unique_key)))
     if not new.num_rows:
         return
-    dt = target.table()
-    if dt.version() != version:
+    if target.version() != version:
         raise CommitError(f"model {model}: the target {target.path} moved from version {version} to "
-                          f"{dt.version()} during the batch; another writer is at work. Nothing was committed "
+                          f"{target.version()} during the batch; another writer is at work. Nothing was committed "
                           f"for this batch")
     found = _target_keys(target, version, new, unique_key)
     clash = row_keys(new.filter(key_in(new, found, unique_key)), unique_key)
@@ -83,39 +83,44 @@ def check_new_keys(target: DeltaTableRef, version: int, delta: pa.Table, unique_
 
 def _may_hold(actions: pa.Table, new: pa.Table, unique_key: list[str], parts: list[str]) -> list[int]:
     """Indexes of the files (rows of ``actions``, the version's add actions with their
-    statistics) whose min/max range of every key column holds one of the new keys' values (or
-    that have NULLs where a new key has one); files without statistics may hold anything."""
-    keep = list(range(actions.num_rows))
-    for c in unique_key:
-        col = f"min.{c}"
-        if c in parts or col not in actions.column_names:
-            continue
-        values = sorted(v for v in new.column(c).to_pylist() if v is not None)
-        has_null = new.column(c).null_count > 0
-        lo, hi = actions.column(col).to_pylist(), actions.column(f"max.{c}").to_pylist()
-        nulls = actions.column(f"null_count.{c}").to_pylist() if f"null_count.{c}" in actions.column_names \
-            else [None] * actions.num_rows
+    statistics, flattened by delta-rs) whose min/max range of every key column holds one of
+    the new keys' values (or that have NULLs where a new key has one): :func:`~consistent_stream.
+    delta.files.may_hold`; files without statistics may hold anything, and so may a string
+    maximum Delta may have truncated."""
+    stored = [c for c in unique_key if c not in parts and f"min.{c}" in actions.column_names]
+    wanted = wanted_values(new, stored)
+    if wanted is None:
+        return list(range(actions.num_rows))
+    columns = {k: actions.column(k).to_pylist() for k in actions.column_names
+               if k.split(".", 1)[-1] in stored and k.split(".", 1)[0] in ("min", "max", "null_count")}
 
-        def holds(i: int) -> bool:
-            if lo[i] is None or hi[i] is None or isinstance(hi[i], str) and len(hi[i]) >= 32:
-                return True  # no statistics, or a string maximum Delta may have truncated
-            if has_null and (nulls[i] is None or nulls[i] > 0):
-                return True
-            try:
-                j = bisect.bisect_left(values, lo[i])
-                return j < len(values) and values[j] <= hi[i]
-            except TypeError:  # statistics of another Python type than the values
-                return True
-        keep = [i for i in keep if holds(i)]
-    return keep
+    def bounds(i: int) -> tuple[dict, dict, dict]:
+        lo, hi, nulls = {}, {}, {}
+        for c in stored:
+            a, b = columns[f"min.{c}"][i], columns[f"max.{c}"][i]
+            if a is not None and b is not None and not (isinstance(b, str) and len(b) >= MAX_STRING_STAT):
+                lo[c], hi[c] = a, b
+            n = columns.get(f"null_count.{c}", [None] * actions.num_rows)[i]
+            if n is not None:
+                nulls[c] = n
+        return lo, hi, nulls
+    rows = actions.column("num_records").to_pylist() if "num_records" in actions.column_names \
+        else [None] * actions.num_rows
+    return [i for i in range(actions.num_rows) if may_hold(bounds(i), rows[i], wanted)]
 
 
 def _target_keys(target: DeltaTableRef, version: int, new: pa.Table, unique_key: list[str]) -> pa.Table:
     """The key columns of the target's rows at ``version`` in the files that may hold one of
     ``new``'s keys (:func:`_may_hold`), read from those files' Parquet directly."""
-    import pyarrow.parquet as pq
-
-    from ..delta.deltars import plain_arrow
+    files = target.data_files(version)
+    if files is not None and not target.partition_columns():   # the replayed log's files and statistics
+        schema = target.plain_arrow_schema()
+        wanted = wanted_values(new, unique_key)
+        paths = [target.file_path(f.path) for f in files
+                 if wanted is None or may_hold(stats_bounds(f.stats, schema), f.num_records, wanted)]
+        blobs = storage.read_many(paths, "key-read")
+        tables = [plain_arrow(pq.read_table(pa.BufferReader(b), columns=unique_key)) for b in blobs]
+        return pa.concat_tables(tables) if tables else new.select(unique_key).slice(0, 0)
     actions = target.add_actions(version)
     parts = [c[len("partition."):] for c in actions.column_names if c.startswith("partition.")]
     stored = [c for c in unique_key if c not in parts]

@@ -41,7 +41,6 @@ previous batch, never at "latest".
 """
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -55,7 +54,7 @@ from pyspark.sql.types import StructField, StructType
 
 from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, consolidate_arrow, q
 from ..delta import DataFile, DeltaTableRef, Txn
-from ..delta.files import new_dir, write_arrow, write_spark
+from ..delta.files import may_hold, new_dir, wanted_values, write_arrow, write_spark
 from ..duck import UNSUPPORTED, KeyedScan
 from ..errors import CommitError
 from ..faults import fault_point
@@ -225,7 +224,7 @@ class StateStore:
         self.properties = dict(properties or {})   # Delta table properties the state table is created with
         self.policy = policy or DEFAULT_POLICY
         # written only by the run holding the writer lock (``table``: its handle, already opened)
-        self.table = table if table is not None else DeltaTableRef(path, owned=True)
+        self.table = table if table is not None else DeltaTableRef(path, own_log=True)
         self.arrangements = dict(arrangements)
         self.version: int | None = None
         self._files: dict[str, list[_File]] = {}
@@ -249,6 +248,16 @@ class StateStore:
         self.version = version
         self._files = {}
         if version is None:
+            return
+        known = self.table.data_files(version)
+        if known is not None:   # the replayed log's files (the state table's, at its newest version)
+            for f in known:
+                name = f.partition_values.get(ARRANGEMENT)
+                arrangement = self.arrangements.get(name)
+                if arrangement is None:   # an arrangement the plan no longer has: kept, never read
+                    self._files.setdefault(name, []).append(_File(f, _level(f.path), {}, {}, {}))
+                else:
+                    self._files.setdefault(name, []).append(self._known(f, arrangement))
             return
         actions = self.table.add_actions(version)
         for a in actions.to_pylist():
@@ -284,38 +293,10 @@ class StateStore:
         files = self.files_of(arrangement.name)
         if keys is None or keys.arrow is None or not arrangement.key:
             return files
-        picked = []
-        wanted = {}
-        for c in arrangement.key:
-            col = keys.arrow.column(c)
-            values = [v for v in pc.unique(col.drop_null()).to_pylist()]
-            try:
-                values.sort()
-            except TypeError:
-                return files
-            wanted[c] = (values, null_safe and col.null_count > 0)
-        for f in files:
-            ok = True
-            for c, (values, want_null) in wanted.items():
-                if want_null and f.nulls.get(c, 1) != 0:
-                    continue  # may hold a NULL key we look for
-                lo, hi = f.lo.get(c), f.hi.get(c)
-                if lo is None or hi is None:
-                    if f.nulls.get(c) == f.rows and not want_null:
-                        ok = False  # every key of the file is NULL, and NULL is not looked for
-                        break
-                    continue
-                try:
-                    i = bisect.bisect_left(values, lo)
-                    hit = i < len(values) and values[i] <= hi
-                except TypeError:
-                    hit = True
-                if not hit:
-                    ok = False
-                    break
-            if ok:
-                picked.append(f)
-        return picked
+        wanted = wanted_values(keys.arrow, list(arrangement.key), null_safe)
+        if wanted is None:
+            return files
+        return [f for f in files if may_hold((f.lo, f.hi, f.nulls), f.rows, wanted)]
 
     def read(self, arrangement: Arrangement, keys: KeySet | None, null_safe: bool = True) -> Changelog:
         """Rows of ``arrangement`` at ``keys`` (all rows when None) as of the previous batch;

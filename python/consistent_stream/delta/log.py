@@ -1,0 +1,342 @@
+"""The Delta log of a table only this package writes (a model's state table), replayed and
+committed here instead of by delta-rs: what the table's one writer needs, at the fewest
+object-store requests.
+
+Why. Opening a table with delta-rs 1.6 reads ``_last_checkpoint``, lists the log, reads the
+checkpoint in several ranged GETs and each commit since it twice; each of its commits lists
+the log before and after the PUT and reads the new commit back, and its checkpoint hook
+replays the log once more. A run opens and commits its state table once a batch, so that is
+most of what a small batch costs on an object store. Here (the Delta protocol, "Action
+Reconciliation", "Checkpoints"):
+
+* **open** (:meth:`OwnedLog.load`): ``_last_checkpoint`` (one GET), the checkpoint's parts
+  (one GET each, whole, read at once), one LIST of the commits after it and one GET of each
+  (at once). Reconciliation: the newest ``protocol`` and ``metaData``, the newest ``txn`` per
+  app id, and the live files (an ``add`` not followed by a ``remove`` of its path).
+* **commit** (:meth:`OwnedLog.commit`): the commit file of the next version written once, if
+  absent (one conditional PUT: two writers of a version cannot both win), and the replay
+  moved by the commit's own actions, nothing read back.
+* **checkpoint**: after a commit whose version is a multiple of ``delta.checkpointInterval``
+  (the table's property, Delta's default 10 when unset), a classic single-file checkpoint
+  (Parquet, the action columns Delta readers look for) and ``_last_checkpoint``: two PUTs. A
+  checkpoint that fails to be written is logged and left for maintenance; the commit stands.
+
+What it does not replay (:class:`UnsupportedLog`, the caller opens the table with delta-rs
+instead): v2 checkpoints (sidecars), deletion vectors, a gap in the versions. Tables written
+this way are plain Delta tables: delta-rs and delta-spark read them and their checkpoints.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import storage
+
+log = logging.getLogger("consistent_stream")
+
+DEFAULT_CHECKPOINT_INTERVAL = 10
+"""Delta's ``delta.checkpointInterval`` when the table does not set it."""
+
+
+class UnsupportedLog(Exception):
+    """The log holds what :class:`OwnedLog` does not replay (its message says what)."""
+
+
+class ConflictingCommit(Exception):
+    """Another writer committed the version this one was about to write, with data changes
+    or a transaction of the committing app: the commit was not made."""
+
+
+def _map(t: pa.DataType = pa.string()) -> pa.DataType:
+    return pa.map_(pa.string(), t)
+
+
+_STRINGS = pa.list_(pa.field("element", pa.string(), nullable=False))
+CHECKPOINT_SCHEMA = pa.schema([
+    ("txn", pa.struct([pa.field("appId", pa.string(), False), pa.field("version", pa.int64(), False),
+                       ("lastUpdated", pa.int64())])),
+    ("add", pa.struct([pa.field("path", pa.string(), False), pa.field("partitionValues", _map(), False),
+                       pa.field("size", pa.int64(), False), pa.field("modificationTime", pa.int64(), False),
+                       pa.field("dataChange", pa.bool_(), False), ("stats", pa.string()), ("tags", _map())])),
+    ("remove", pa.struct([pa.field("path", pa.string(), False), ("deletionTimestamp", pa.int64()),
+                          pa.field("dataChange", pa.bool_(), False), ("extendedFileMetadata", pa.bool_()),
+                          ("partitionValues", _map()), ("size", pa.int64())])),
+    ("metaData", pa.struct([pa.field("id", pa.string(), False), ("name", pa.string()), ("description", pa.string()),
+                            pa.field("format", pa.struct([pa.field("provider", pa.string(), False),
+                                                          pa.field("options", _map(), False)]), False),
+                            pa.field("schemaString", pa.string(), False),
+                            pa.field("partitionColumns", _STRINGS, False), ("createdTime", pa.int64()),
+                            pa.field("configuration", _map(), False)])),
+    ("protocol", pa.struct([pa.field("minReaderVersion", pa.int32(), False),
+                            pa.field("minWriterVersion", pa.int32(), False),
+                            ("readerFeatures", _STRINGS), ("writerFeatures", _STRINGS)])),
+])
+"""A classic checkpoint's columns (the Delta protocol, "Checkpoint Schema"): one action per
+row, the others NULL. Maps are key/value lists in Parquet, as delta-rs and delta-spark write them."""
+
+_MAP_FIELDS = {"add": ("partitionValues", "tags"), "remove": ("partitionValues",),
+               "metaData": ("configuration",)}
+_SAFE_PATH = re.compile(r"[A-Za-z0-9_\-./=]+")
+
+
+def log_path(rel: str) -> str:
+    """A data file's path relative to the table root as the log holds it (a URI reference,
+    percent-encoded as delta-rs writes it); a path already in that form is unchanged."""
+    return rel if _SAFE_PATH.fullmatch(rel) or "%" in rel else quote(rel, safe="/=")
+
+
+@dataclass
+class CommitInfo:
+    """One commit as its file says: ``version``, ``timestamp_ms``, the whole ``commitInfo``
+    (``info``), the ``txns`` it records (app id -> version), and whether it changes data
+    (``data_change``: an add or remove with ``dataChange``)."""
+    version: int
+    timestamp_ms: int
+    info: dict
+    txns: dict = field(default_factory=dict)
+    data_change: bool = False
+
+
+class OwnedLog:
+    """The replayed log of the Delta table at ``table_path`` (module docstring). ``version``
+    is -1 until :meth:`load` finds the table."""
+
+    def __init__(self, table_path: str):
+        self.path = table_path.rstrip("/")
+        self.log_dir = f"{self.path}/_delta_log"
+        self.version = -1
+        self.checkpoint_version = -1   # the newest checkpoint's version (-1: none)
+        self.protocol: dict = {}
+        self.metadata: dict = {}
+        self.txns: dict[str, dict] = {}          # app id -> its newest txn action
+        self.files: dict[str, dict] = {}         # log path -> add action
+        self.tombstones: dict[str, dict] = {}    # log path -> remove action
+        self.commits: dict[int, CommitInfo] = {}  # commits replayed from their files (not those in a checkpoint)
+        self.requests = 0
+
+    # ---- replay -------------------------------------------------------------------------------
+    def load(self) -> bool:
+        """Replay the log from its newest checkpoint. Returns False when there is no table
+        (no commit, no checkpoint). Raises UnsupportedLog, OSError when a file cannot be read."""
+        self.__init__(self.path)
+        last = storage.read_text(f"{self.log_dir}/_last_checkpoint")
+        self.requests += 1
+        start = ""
+        if last:
+            try:
+                cp = json.loads(last)
+            except ValueError:
+                cp = None
+            if cp and "version" in cp:
+                if cp.get("v2Checkpoint") or cp.get("checkpointSchema", {}).get("sidecar"):
+                    raise UnsupportedLog("a v2 checkpoint")
+                self._read_checkpoint(int(cp["version"]), cp.get("parts"))
+                start = f"{self.checkpoint_version:020d}.json"
+        return self._read_commits(start) or self.checkpoint_version >= 0
+
+    def refresh(self) -> int:
+        """Read the commits written since (one LIST, a GET each); returns the newest version."""
+        if self.version < 0:
+            self.load()
+        else:
+            self._read_commits(f"{self.version:020d}.json")
+        return self.version
+
+    def _read_checkpoint(self, version: int, parts: int | None) -> None:
+        names = ([f"{version:020d}.checkpoint.parquet"] if not parts else
+                 [f"{version:020d}.checkpoint.{i:010d}.{int(parts):010d}.parquet" for i in range(1, int(parts) + 1)])
+        blobs = storage.read_many([f"{self.log_dir}/{n}" for n in names], "delta-log")
+        self.requests += len(names)
+        for blob in blobs:
+            table = pq.read_table(pa.BufferReader(blob))
+            if "sidecar" in table.column_names and table.column("sidecar").null_count < table.num_rows:
+                raise UnsupportedLog("a v2 checkpoint with sidecars")
+            cols = [c for c in ("protocol", "metaData", "txn", "add", "remove") if c in table.column_names]
+            for row in table.select(cols).to_pylist():
+                for kind, action in row.items():
+                    if action is not None:
+                        self._apply(kind, _dicts(kind, action))
+        self.checkpoint_version = self.version = version
+
+    def _read_commits(self, start: str) -> bool:
+        names = storage.list_after(self.log_dir, start)
+        self.requests += 1
+        versions = sorted(int(n[:20]) for n in names if len(n) == 25 and n.endswith(".json") and n[:20].isdigit())
+        versions = [v for v in versions if v > self.version]
+        if not versions:
+            return False
+        if versions != list(range(self.version + 1, versions[-1] + 1)):
+            raise UnsupportedLog(f"a gap in the versions after {self.version} ({versions[:5]}...)")
+        texts = storage.read_many([f"{self.log_dir}/{v:020d}.json" for v in versions], "delta-log")
+        self.requests += len(versions)
+        for v, text in zip(versions, texts):
+            self._replay(v, [json.loads(line) for line in text.splitlines() if line.strip()])
+        return True
+
+    def _replay(self, version: int, actions: list[dict]) -> None:
+        info, txns, changed = {}, {}, False
+        for a in actions:
+            for kind, action in a.items():
+                if kind == "commitInfo":
+                    info = action
+                    continue
+                self._apply(kind, action)
+                if kind == "txn":
+                    txns[action["appId"]] = int(action["version"])
+                elif kind in ("add", "remove") and action.get("dataChange", True):
+                    changed = True
+        ts = int(info.get("inCommitTimestamp") or info.get("timestamp") or 0)
+        self.commits[version] = CommitInfo(version, ts, info, txns, changed)
+        for v in sorted(self.commits)[:-64]:
+            del self.commits[v]
+        self.version = version
+
+    def _apply(self, kind: str, action: dict) -> None:
+        if kind == "add":
+            if action.get("deletionVector"):
+                raise UnsupportedLog("deletion vectors")
+            self.files[action["path"]] = action
+            self.tombstones.pop(action["path"], None)
+        elif kind == "remove":
+            self.files.pop(action["path"], None)
+            self.tombstones[action["path"]] = action
+        elif kind == "txn":
+            self.txns[action["appId"]] = action
+        elif kind == "metaData":
+            self.metadata = action
+        elif kind == "protocol":
+            self.protocol = action
+        elif kind not in ("cdc", "domainMetadata", "checkpointMetadata", "sidecar"):
+            raise UnsupportedLog(f"a {kind} action")
+
+    # ---- what the table holds -----------------------------------------------------------------
+    @property
+    def configuration(self) -> dict:
+        return dict(self.metadata.get("configuration") or {})
+
+    @property
+    def partition_columns(self) -> list[str]:
+        return list(self.metadata.get("partitionColumns") or [])
+
+    def txn_version(self, app_id: str) -> int | None:
+        t = self.txns.get(app_id)
+        return None if t is None else int(t["version"])
+
+    # ---- commits ------------------------------------------------------------------------------
+    def commit(self, adds: list[dict], removes: list[dict], *, txn: tuple[str, int] | None,
+               info: dict, cdc: list[dict] = (), retries: int = 3) -> int:
+        """ONE commit of ``adds`` and ``removes`` (add / remove actions, paths in log form),
+        and ``cdc`` (Change Data Feed files: ``cdc`` actions), recording ``txn`` (app id, version) and ``info`` (the ``commitInfo``), at the version
+        after the replay's. When another writer took that version with a commit that changes
+        no data and records no transaction of ``txn``'s app (table maintenance: a property, a
+        checkpoint's commit), the replay reads it and the commit goes to the next version; any
+        other commit there raises ConflictingCommit. Returns the new version."""
+        now = int(time.time() * 1000)
+        lines = [{"commitInfo": {"timestamp": now, **info}}]
+        if txn is not None:
+            lines.append({"txn": {"appId": txn[0], "version": int(txn[1]), "lastUpdated": now}})
+        lines += [{"remove": r} for r in removes] + [{"add": a} for a in adds] + [{"cdc": c} for c in cdc]
+        body = "\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode() + b"\n"
+        for _ in range(retries + 1):
+            version = self.version + 1
+            try:
+                storage.create_bytes(f"{self.log_dir}/{version:020d}.json", body)
+                self.requests += 1
+            except FileExistsError:
+                self.requests += 1
+                self._accept_concurrent(txn)
+                continue
+            self._replay(version, [json.loads(line) for line in body.splitlines()])
+            self._maybe_checkpoint()
+            return version
+        raise ConflictingCommit(f"{self.path}: the versions after {self.version} keep being taken by other writers")
+
+    def _accept_concurrent(self, txn: tuple[str, int] | None) -> None:
+        before = self.version
+        self.refresh()
+        for v in range(before + 1, self.version + 1):
+            c = self.commits.get(v)
+            if c is None or c.data_change or (txn is not None and txn[0] in c.txns):
+                raise ConflictingCommit(
+                    f"{self.path}: version {v} was committed by another writer"
+                    + (f" ({'a data change' if c.data_change else f'transactions {c.txns}'})" if c else ""))
+
+    def _maybe_checkpoint(self) -> None:
+        try:
+            interval = int(self.configuration.get("delta.checkpointInterval", DEFAULT_CHECKPOINT_INTERVAL))
+        except ValueError:
+            interval = DEFAULT_CHECKPOINT_INTERVAL
+        if interval <= 0 or self.version % interval:
+            return
+        try:
+            self.write_checkpoint()
+        except Exception as e:  # noqa: BLE001 (the commit stands; maintenance writes the checkpoint)
+            log.warning("checkpoint of %s at version %d not written (maintenance writes it): %s",
+                        self.path, self.version, e)
+
+    def write_checkpoint(self) -> None:
+        """A classic checkpoint of the replay's version and ``_last_checkpoint`` pointing at
+        it (two PUTs). Tombstones older than ``delta.deletedFileRetentionDuration`` (Delta's
+        default: one week) are left out, as Delta's own checkpoints do."""
+        keep_ms = _interval_ms(self.configuration.get("delta.deletedFileRetentionDuration"), 7 * 24 * 3600 * 1000)
+        floor = int(time.time() * 1000) - keep_ms
+        rows = [{"protocol": self.protocol}, {"metaData": _lists("metaData", self.metadata)}]
+        rows += [{"txn": t} for t in self.txns.values()]
+        rows += [{"add": _lists("add", a)} for a in self.files.values()]
+        rows += [{"remove": _lists("remove", r)} for r in self.tombstones.values()
+                 if int(r.get("deletionTimestamp") or 0) >= floor]
+        table = pa.Table.from_pylist(rows, schema=CHECKPOINT_SCHEMA)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression="snappy")
+        buf = sink.getvalue()
+        storage.write_bytes(f"{self.log_dir}/{self.version:020d}.checkpoint.parquet", buf)
+        storage.replace_bytes(f"{self.log_dir}/_last_checkpoint", json.dumps(
+            {"version": self.version, "size": table.num_rows, "sizeInBytes": buf.size,
+             "numOfAddFiles": len(self.files)}).encode())
+        self.requests += 2
+        self.checkpoint_version = self.version
+
+
+def _dicts(kind: str, action: dict) -> dict:
+    """A checkpoint row's action with its maps as dicts (Arrow reads maps as pair lists)."""
+    out = dict(action)
+    for name in _MAP_FIELDS.get(kind, ()):
+        if isinstance(out.get(name), list):
+            out[name] = dict(out[name])
+    if kind == "metaData" and isinstance((out.get("format") or {}).get("options"), list):
+        out["format"] = {**out["format"], "options": dict(out["format"]["options"])}
+    return out
+
+
+def _lists(kind: str, action: dict) -> dict:
+    """An action with its maps as pair lists (how Arrow builds a map column)."""
+    out = dict(action)
+    for name in _MAP_FIELDS.get(kind, ()):
+        if isinstance(out.get(name), dict):
+            out[name] = list(out[name].items())
+    if kind == "add":
+        out.setdefault("partitionValues", [])
+    if kind == "metaData":
+        fmt = out.get("format") or {"provider": "parquet"}
+        out["format"] = {**fmt, "options": list((fmt.get("options") or {}).items())}
+        out.setdefault("configuration", [])
+    return out
+
+
+_UNITS_MS = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000,
+             "week": 604_800_000}
+
+
+def _interval_ms(text: str | None, default: int) -> int:
+    """Delta's ``interval N unit`` table property in ms (``default`` when unset or unread)."""
+    m = re.fullmatch(r"\s*interval\s+(\d+)\s+(\w+?)s?\s*", text or "")
+    if not m or m.group(2) not in _UNITS_MS:
+        return default
+    return int(m.group(1)) * _UNITS_MS[m.group(2)]

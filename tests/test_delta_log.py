@@ -1,0 +1,88 @@
+"""The state table's log replayed and committed by this package (consistent_stream.delta.log):
+its commits and checkpoints are a Delta table delta-rs and delta-spark read as it says, a
+commit another writer made meanwhile is taken in when it changes no data and refused
+otherwise, and a reopened log (from its checkpoint) says what the committing one said."""
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from consistent_stream.delta import DeltaTableRef, Txn
+from consistent_stream.delta.files import write_arrow
+from consistent_stream.errors import CommitError
+
+SCHEMA = pa.schema([("k", pa.int64()), ("s", pa.string()), ("__arrangement", pa.string())])
+
+
+def _file(root: str, name: str, keys: list[int]):
+    data = pa.table({"k": pa.array(keys, pa.int64()), "s": [f"v{k}" for k in keys]})
+    return write_arrow(root, f"__arrangement={name}/delta-{keys[0]}", data, {"__arrangement": name})
+
+
+def _commit(ref: DeltaTableRef, adds, removes, batch: int, **kw) -> int:
+    return ref.commit_files(adds, removes, schema=SCHEMA, txn=Txn("q", batch), metadata={"batch_id": batch},
+                            partition_by=["__arrangement"], **kw)
+
+
+def _rows(table) -> list[tuple]:
+    return sorted(zip(*[table.column(c).to_pylist() for c in ("k", "s", "__arrangement")]))
+
+
+def test_commits_and_checkpoints_read_the_same_in_delta_rs_and_delta_spark(tmp_path, spark):
+    root = str(tmp_path / "state")
+    ref = DeltaTableRef(root, own_log=True)
+    assert not ref.exists()
+    rows = {}   # live file -> its rows
+
+    def add(name, keys):
+        f = _file(root, name, keys)
+        rows[f.path] = [(k, f"v{k}", name) for k in keys]
+        return f
+    live = [add("a", [1, 2]), add("b", [3])]
+    assert _commit(ref, live, [], 0, configuration={"delta.checkpointInterval": "3"}) == 0
+    for batch in range(1, 8):
+        new = add("ab"[batch % 2], [10 * batch, 10 * batch + 1])
+        gone = [live.pop(0)] if batch % 2 == 0 else []
+        for f in gone:
+            del rows[f.path]
+        live.append(new)
+        assert _commit(ref, [new], gone, batch) == batch
+        assert ref.txn_version("q") == batch
+    names = os.listdir(os.path.join(root, "_delta_log"))
+    assert {"00000000000000000003.checkpoint.parquet", "00000000000000000006.checkpoint.parquet",
+            "_last_checkpoint"} <= set(names)
+    want = sorted(r for rs in rows.values() for r in rs)
+
+    dt = DeltaTable(root)
+    assert dt.version() == 7 and dt.transaction_version("q") == 7
+    assert _rows(dt.to_pyarrow_table()) == want
+    assert sorted(f.path for f in ref.data_files(7)) == sorted(pa.table(dt.get_add_actions(flatten=True))
+                                                               .column("path").to_pylist())
+    # delta-spark reads the log from our checkpoint at 6, then commit 7
+    df = spark.read.format("delta").load(root)
+    assert sorted((r["k"], r["s"], r["__arrangement"]) for r in df.collect()) == want
+
+    again = DeltaTableRef(root, own_log=True)
+    assert again.exists() and again.version() == 7 and again.txn_version("q") == 7
+    assert again._log.checkpoint_version == 6
+    assert sorted(f.path for f in again.data_files(7)) == sorted(f.path for f in ref.data_files(7))
+    assert again.commit_at(7).metadata["batch_id"] == "7"
+
+
+def test_a_commit_that_changes_no_data_is_taken_in_and_a_data_commit_refused(tmp_path):
+    root = str(tmp_path / "state")
+    ref = DeltaTableRef(root, own_log=True)
+    _commit(ref, [_file(root, "a", [1])], [], 0)
+    # table maintenance with delta-rs (a property): version 1, no data change
+    DeltaTable(root).alter.set_table_properties({"delta.checkpointInterval": "5"})
+    assert _commit(ref, [_file(root, "a", [2])], [], 1) == 2
+    assert ref.version() == 2 and ref.txn_version("q") == 1
+    # another writer's data: version 3; our commit is refused and writes nothing
+    write_deltalake(root, pa.table({"k": pa.array([9], pa.int64()), "s": ["x"], "__arrangement": ["a"]}),
+                    mode="append")
+    with pytest.raises(CommitError, match="version 3 was committed by another writer"):
+        _commit(ref, [_file(root, "a", [3])], [], 2)
+    assert DeltaTable(root).version() == 3 and DeltaTable(root).transaction_version("q") == 1
