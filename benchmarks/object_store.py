@@ -19,7 +19,9 @@ request log. With ``--latency-ms N`` every client reaches the server through a p
 delays each byte by N ms in each direction (``benchmarks/latency_proxy.py``: a request and
 its answer take at least 2N ms, as S3 10-30 ms away does). The source copy's own requests are
 not counted (they happen between runs). Both sides are verified against batch evaluation at
-the end.
+the end. Beside the server's count, each run's own (``object_store_requests`` of its summary:
+the requests counted by the clients this package drives, :data:`consistent_stream.location.
+REQUESTS`) and how far the two are apart at most, as a fraction of the server's.
 
 Prints one JSON line per model and a summary line, on stdout.
 """
@@ -173,6 +175,7 @@ def main() -> int:
                             f.write(json.dumps({"model": m, "batch": i, "requests": server.request_log(since)}) + "\n")
                     samples[(side, m)].append({"run_s": wall, "batch_s": s["metrics"][0]["seconds"] if s["metrics"]
                                                else None, "batches": s["batches"], "requests": req,
+                                               "client_requests": s["object_store_requests"],
                                                "changes_read": s["changes_read"]})
         summary = []
         for m in jobs["local"]:
@@ -188,6 +191,12 @@ def main() -> int:
                    "s3_requests_per_run_median": statistics.median(r["total"] for r in reqs),
                    "s3_requests_per_run": [r["total"] for r in reqs],
                    "s3_requests_by_kind_last": reqs[-1]["by_kind"], "s3_requests_by_what_last": reqs[-1]["by_what"],
+                   "client_requests_per_run": [x["client_requests"]["total"] for x in s3],
+                   "client_requests_by_what_last": s3[-1]["client_requests"]["by_what"],
+                   "delta_rs_opens_per_run": [x["client_requests"]["delta_rs_opens"] for x in s3],
+                   "client_to_server_max_deviation": round(max(
+                       abs(x["client_requests"]["total"] - x["requests"]["total"]) / max(1, x["requests"]["total"])
+                       for x in s3), 3),
                    "verified_local": verify_target(spark, jobs["local"][m].target_path).ok,
                    "verified_s3": verify_target(spark, jobs["s3"][m].target_path).ok}
             summary.append(rec)

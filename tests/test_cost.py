@@ -12,6 +12,7 @@ from deltalake import DeltaTable
 from consistent_stream import settings
 from consistent_stream.changelog import arrow_to_spark
 from consistent_stream.delta import DeltaTableRef
+from consistent_stream.delta.log import OwnedLog
 from consistent_stream.errors import UniqueKeyViolation
 from consistent_stream.job import run_job
 from consistent_stream.oracle import batch_dataframe
@@ -374,11 +375,12 @@ def test_the_duckdb_keyed_scan_returns_what_arrows_scan_returns(spark, tmp_path)
 
 def test_a_run_opens_each_delta_table_once(spark, tmp_path, monkeypatch):
     """The target and the state are opened once a run (their logs replayed from the last
-    checkpoint once), shared by the batch, maintenance and the catalog's publish; the sources
-    are not opened at all: their change since the last cut is read from their logs' tails
-    (consistent_stream.delta.tail). (A batch that reads another version than the newest, e.g.
-    one of a backlog's batches ending before it, opens a snapshot at that version: time
-    travel, not a reopen.)"""
+    checkpoint once, here: consistent_stream.delta.log), shared by the batch, maintenance and
+    the catalog's publish, and delta-rs opens no table at all (the target's change-sized MERGE
+    is done here too, sink.rewrite); the sources are not opened either: their change since the
+    last cut is read from their logs' tails (consistent_stream.delta.tail). (A batch that reads
+    another version than the newest, e.g. one of a backlog's batches ending before it, opens a
+    snapshot at that version: time travel, not a reopen.)"""
     sc = Scenario(spark, tmp_path, {
         "c": pa.table({"id": [1, 2], "name": ["ann", "bob"]}),
         "o": pa.table({"oid": [10], "cid": [1], "amt": [5]}),
@@ -402,11 +404,19 @@ def test_a_run_opens_each_delta_table_once(spark, tmp_path, monkeypatch):
             traceback.extract_stack()[:-1]) if "consistent_stream" in f.filename))
         init(self, table_uri, *a, **kw)
     monkeypatch.setattr(DeltaTable, "__init__", counted)
+    replayed: list[str] = []
+    load = OwnedLog.load
+
+    def counted_load(self):
+        replayed.append(os.path.realpath(self.path))
+        return load(self)
+    monkeypatch.setattr(OwnedLog, "load", counted_load)
     summary = run_job(spark, job)
     monkeypatch.undo()
     assert summary["batches"] == 1 and summary["changes_read"] == 2, summary
+    assert opened == [], list(zip(opened, where))
     tables = [job.target_path, job.state_root]
-    assert sorted(opened) == sorted(os.path.realpath(t) for t in tables), list(zip(opened, where))
+    assert sorted(replayed) == sorted(os.path.realpath(t) for t in tables)
     sc.check(job)
 
 

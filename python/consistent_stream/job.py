@@ -156,13 +156,16 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
     """Run ``job`` to the cut taken now (trigger available-now) and stop; or, with a
     processing-time trigger, keep running (until ``timeout_s`` when given). Returns the
     run summary (``batches``, ``changes_read``, ``rows_written``, ``seconds``,
-    ``target_version``, ``freshness_s``, ``up_to_date``, ``metrics`` per batch, ...).
+    ``target_version``, ``freshness_s``, ``up_to_date``, ``metrics`` per batch,
+    ``object_store_requests``: the run's, lock and checks included, as
+    :meth:`location.RequestCounter.since` gives them, ...).
 
     The run holds the model's writer lock throughout (:mod:`consistent_stream.sink.lock`):
     a second run of the model raises ConcurrentWriterError before reading or writing
     anything. Raises ConfigError on a Spark Connect session (:func:`require_classic_session`)."""
     from .sink.lock import WriterLock
     require_classic_session(spark, job.model)
+    before = location.REQUESTS.snapshot()
     reach_storage(spark, job)
     try:
         # the run owns its checkpoint's small files: each is read once (storage.read_once_under)
@@ -170,7 +173,9 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
                 storage.read_once_under(os.path.join(job.checkpoint_location, "_consistent_stream"),
                                         prefetch=(job.spec_path, job.fingerprint_path, job.plan_path,
                                                   job.query_path, job.local_sql_path)):
-            return _run_job(spark, job, full_refresh=full_refresh, timeout_s=timeout_s, fence=lock.check)
+            summary = _run_job(spark, job, full_refresh=full_refresh, timeout_s=timeout_s, fence=lock.check)
+        summary["object_store_requests"] = location.REQUESTS.since(before)
+        return summary
     except Exception as e:  # a full or read-only disk, a lost session: say so (README "Bad inputs")
         explained = preflight.explain_failure(job, e)
         if explained is None:

@@ -26,6 +26,12 @@ profiles (and, last, the instance or container metadata). The endpoint is
 endpoint implies path-style requests. Secrets are never printed: :class:`S3Settings` shows
 only where they came from.
 
+Requests: :data:`REQUESTS` counts the object-store requests the clients this package drives
+itself make (obstore: :mod:`consistent_stream.storage`, the writer lock, :func:`check_reachable`),
+by method and by what they touched, for each batch's metrics and each run's summary, so a user
+on real S3 sees them; delta-rs (counted as the tables it opens), pyarrow's S3 file system and
+S3A make theirs unseen.
+
 Errors: :class:`ConfigError` for a location whose scheme no engine here reads (naming the
 config key) or an S3 URI without a bucket; :class:`StorageError` from :func:`check_reachable`
 for a bucket that does not exist, credentials that are refused or missing, or a store that
@@ -33,6 +39,7 @@ does not answer.
 """
 from __future__ import annotations
 
+import collections
 import os
 import posixpath
 import threading
@@ -43,6 +50,66 @@ from .errors import ConfigError, StorageError
 
 S3_SCHEMES = ("s3", "s3a")
 SUPPORTED = "a local path, a file:// URI, or s3://bucket/prefix (s3a:// is read as s3://)"
+DELTA_RS_OPEN = "delta-rs open"
+"""The pseudo-method :data:`REQUESTS` counts a delta-rs open of a table on an object store as
+(its requests are delta-rs' own, not counted)."""
+
+
+def request_target(path: str) -> str:
+    """What an object-store request touched, from its key: ``delta_log`` (a Delta log entry),
+    ``lock`` (a writer lock), ``checkpoint_files`` (the model checkpoint's own files),
+    ``data_files`` (Parquet data and change files), else ``other``."""
+    if "/_delta_log/" in path or path.rstrip("/").endswith("/_delta_log"):
+        return "delta_log"
+    if path.endswith((".lock", ".lock.clock")):
+        return "lock"
+    if "/_consistent_stream/" in path:
+        return "checkpoint_files"
+    if path.endswith(".parquet"):
+        return "data_files"
+    return "other"
+
+
+class RequestCounter:
+    """Object-store requests counted by the client that makes them: ``(method, what)`` ->
+    requests (``method``: GET, PUT, LIST, HEAD, DELETE, COPY, or :data:`DELTA_RS_OPEN`;
+    ``what``: :func:`request_target`). Thread-safe; :meth:`since` gives the requests after a
+    :meth:`snapshot`."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._counts: collections.Counter = collections.Counter()
+
+    def add(self, method: str, path: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[(method, request_target(path))] += n
+
+    def snapshot(self) -> collections.Counter:
+        with self._lock:
+            return collections.Counter(self._counts)
+
+    def since(self, before: collections.Counter) -> dict:
+        """``{"total", "by_method", "by_what", "delta_rs_opens"}`` of the requests counted
+        since ``before`` (a :meth:`snapshot`); delta-rs opens are not in the total."""
+        now = self.snapshot()
+        now.subtract(before)
+        by_method: collections.Counter = collections.Counter()
+        by_what: collections.Counter = collections.Counter()
+        opens = 0
+        for (method, what), n in now.items():
+            if n <= 0:
+                continue
+            if method == DELTA_RS_OPEN:
+                opens += n
+                continue
+            by_method[method] += n
+            by_what[what] += n
+        return {"total": sum(by_method.values()), "by_method": dict(sorted(by_method.items())),
+                "by_what": dict(sorted(by_what.items())), "delta_rs_opens": opens}
+
+
+REQUESTS = RequestCounter()
+"""This process's object-store requests (:class:`RequestCounter`)."""
 
 
 def scheme(path: str) -> str:
@@ -333,6 +400,7 @@ def check_reachable(path: str, key: str = "location") -> None:
     import obstore
     store, prefix = object_store(path)
     try:
+        REQUESTS.add("LIST", path)
         next(iter(obstore.list(store, prefix or None, chunk_size=1)), None)
     except Exception as e:
         text = str(e)

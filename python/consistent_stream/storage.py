@@ -53,6 +53,7 @@ def _prefix(key: str) -> str:
 def _s3_get(path: str) -> bytes:
     import obstore
     store, key = _store(path)
+    location.REQUESTS.add("GET", path)
     try:
         return bytes(obstore.get(store, key).bytes())
     except FileNotFoundError:
@@ -64,6 +65,7 @@ def _s3_get(path: str) -> bytes:
 def _s3_put(path: str, data) -> None:
     import obstore
     store, key = _store(path)
+    location.REQUESTS.add("PUT", path)
     try:
         obstore.put(store, key, bytes(data))
     except Exception as e:
@@ -73,6 +75,8 @@ def _s3_put(path: str, data) -> None:
 def _s3_head(path: str):
     import obstore
     store, key = _store(path)
+    if key:
+        location.REQUESTS.add("HEAD", path)
     try:
         return obstore.head(store, key) if key else None
     except FileNotFoundError:
@@ -86,7 +90,9 @@ def _s3_keys(path: str) -> list[str]:
     import obstore
     store, key = _store(path)
     try:
-        return [m["path"] for chunk in obstore.list(store, _prefix(key) or None) for m in chunk]
+        keys = [m["path"] for chunk in obstore.list(store, _prefix(key) or None) for m in chunk]
+        location.REQUESTS.add("LIST", path, 1 + len(keys) // 1000)
+        return keys
     except FileNotFoundError:
         return []
     except Exception as e:
@@ -282,6 +288,7 @@ def create_bytes(path: str, data: bytes) -> None:
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
         store, key = _store(path)
+        location.REQUESTS.add("PUT", path)
         try:
             obstore.put(store, key, bytes(data), mode="create")
         except (AlreadyExistsError, PreconditionError):
@@ -309,6 +316,8 @@ def rename(src: str, dst: str) -> None:
         import obstore
         store, key = _store(src)
         _, dst_key = _store(dst)
+        location.REQUESTS.add("COPY", dst)
+        location.REQUESTS.add("DELETE", src)
         try:
             obstore.rename(store, key, dst_key)
         except FileNotFoundError:
@@ -375,6 +384,7 @@ def list_dir(path: str) -> list[str]:
         import obstore
         store, key = _store(path)
         prefix = _prefix(key)
+        location.REQUESTS.add("LIST", path)
         try:
             out = obstore.list_with_delimiter(store, prefix or None)
         except FileNotFoundError:
@@ -403,6 +413,7 @@ def list_after(path: str, name: str) -> list[str]:
         try:
             found = [m["path"][len(prefix):] for chunk in obstore.list(store, prefix or None, offset=prefix + name)
                      for m in chunk]
+            location.REQUESTS.add("LIST", path, 1 + len(found) // 1000)
         except FileNotFoundError:
             return []
         except Exception as e:
@@ -469,6 +480,7 @@ def remove(path: str) -> bool:
             return False
         import obstore
         store, key = _store(path)
+        location.REQUESTS.add("DELETE", path)
         try:
             obstore.delete(store, key)
         except Exception as e:

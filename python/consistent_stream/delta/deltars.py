@@ -333,6 +333,13 @@ class DeltaTableRef:
         self._files: dict[int, pa.Table] = {}  # version -> add actions (flattened), newest two kept
 
     # ---- the handle -------------------------------------------------------------------------
+    def _delta_rs(self, version: int | None = None) -> DeltaTable:
+        """A delta-rs handle of the table (at ``version``, default the latest): one log replay
+        by delta-rs, counted in :data:`location.REQUESTS` for a table on an object store."""
+        if location.is_remote(self.path):
+            location.REQUESTS.add(location.DELTA_RS_OPEN, self.path + "/_delta_log/")
+        return DeltaTable(self.path, version=version, storage_options=self.storage_options)
+
     def _own(self) -> OwnedLog | None:
         """The replayed log of an ``own_log`` table, loaded on first use; None for another
         table, or when the log holds what :mod:`.log` does not replay (delta-rs serves it)."""
@@ -359,7 +366,7 @@ class DeltaTableRef:
         if not location.is_remote(self.path) and not os.path.isdir(os.path.join(self.path, "_delta_log")):
             return False
         try:
-            self._dt = DeltaTable(self.path, storage_options=self.storage_options)
+            self._dt = self._delta_rs()
             self._fresh = True
             return True
         except TableNotFoundError:
@@ -377,7 +384,7 @@ class DeltaTableRef:
             self._dt.update_incremental()
         if self._dt is None:
             try:
-                self._dt = DeltaTable(self.path, storage_options=self.storage_options)
+                self._dt = self._delta_rs()
                 self._fresh = True
             except TableNotFoundError as e:
                 raise SourceError(f"no Delta table at {self.path}: {e}") from e
@@ -422,7 +429,7 @@ class DeltaTableRef:
         if dt.version() == version:
             return dt
         try:
-            return DeltaTable(self.path, version=version, storage_options=self.storage_options)
+            return self._delta_rs(version)
         except Exception as e:  # delta-rs raises plain exceptions for vacuumed versions
             raise SourceError(f"cannot open Delta table {self.path} at version {version}: {e}. If the "
                               f"version was vacuumed or its log cleaned up, run with --full-refresh") from e
@@ -862,7 +869,7 @@ class DeltaTableRef:
                         configuration=None if exists else configuration,
                         commit_properties=self._props(txn, metadata), post_commithook_properties=HOOKS)
         if not exists:
-            self._dt = DeltaTable(self.path, storage_options=self.storage_options)
+            self._dt = self._delta_rs()
             self._fresh = True
             if self._log is not None:
                 self._log.load()
@@ -890,7 +897,7 @@ class DeltaTableRef:
                                           description=docs.description if docs else None,
                                           configuration=configuration, commit_properties=self._props(txn, metadata),
                                           post_commithook_properties=HOOKS)
-            self._dt = DeltaTable(self.path, storage_options=self.storage_options)
+            self._dt = self._delta_rs()
             self._fresh = True
             if self._log is not None:
                 self._log.load()

@@ -207,6 +207,7 @@ class _ObjectStoreLock:
         from obstore.exceptions import NotFoundError
         store, key = self._store()
         try:
+            location.REQUESTS.add("GET", self.path)
             got = obstore.get(store, key)
             data = bytes(got.bytes())
         except (FileNotFoundError, NotFoundError):
@@ -221,7 +222,9 @@ class _ObjectStoreLock:
         """The store's clock: the ``last_modified`` of a probe object put now."""
         import obstore
         store, key = self._store()
+        location.REQUESTS.add("PUT", self.path + ".clock")
         obstore.put(store, key + ".clock", b"")
+        location.REQUESTS.add("HEAD", self.path + ".clock")
         return obstore.head(store, key + ".clock")["last_modified"]
 
     def _expiry(self, record: dict, last_modified: datetime.datetime) -> datetime.datetime:
@@ -258,6 +261,7 @@ class _ObjectStoreLock:
         for _ in range(self._ATTEMPTS):
             sent = time.monotonic()
             try:
+                location.REQUESTS.add("PUT", self.path)
                 result = obstore.put(store, key, body, mode="create")
                 return self._hold(me, result["e_tag"], sent)
             except AlreadyExistsError:
@@ -274,6 +278,7 @@ class _ObjectStoreLock:
                     break                                   # held, its lease running
             sent = time.monotonic()
             try:
+                location.REQUESTS.add("PUT", self.path)
                 result = obstore.put(store, key, body, mode={"e_tag": etag})
             except PreconditionError:
                 continue                                    # changed since we read it: read it again
@@ -312,6 +317,7 @@ class _ObjectStoreLock:
         store, key = self._store()
         sent = time.monotonic()
         try:
+            location.REQUESTS.add("PUT", self.path)
             result = obstore.put(store, key, json.dumps(record).encode(), mode={"e_tag": etag})
         except (PreconditionError, NotFoundError, FileNotFoundError):
             try:
@@ -385,6 +391,7 @@ class _ObjectStoreLock:
             return
         store, key = self._store()
         try:
+            location.REQUESTS.add("PUT", self.path)
             obstore.put(store, key, b"", mode={"e_tag": etag})
         except (PreconditionError, NotFoundError, FileNotFoundError):
             now = self.holder()

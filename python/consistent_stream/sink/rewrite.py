@@ -32,6 +32,7 @@ from .. import storage
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta.deltars import plain_arrow
 from ..delta.files import may_hold, new_dir, stats_bounds, wanted_values, write_arrow
+from ..faults import fault_point
 from ..settings import STATE_FILE_ROWS
 from .unique import key_in
 
@@ -92,6 +93,7 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
                "num_target_rows_deleted": counts["delete"], "num_target_rows_inserted": counts["insert"],
                "num_target_files_added": len(adds), "num_target_files_removed": len(picked),
                "num_output_rows": new.num_rows}
+    fault_point("files_written")
     return target.commit_rewrite(adds, picked, cdc, txn=txn, metadata=metadata, metrics=metrics), metrics
 
 

@@ -1,0 +1,108 @@
+"""The target's change-sized MERGE done here, copy-on-write (consistent_stream.sink.rewrite):
+the same rows and the same Change Data Feed as delta-rs' MERGE of the same changes, NULL keys
+as values, a bag's copies, only the files whose statistics may hold a changed key rewritten,
+delta-spark reading the result and its feed; and delta-rs' MERGE kept where the table asks
+for what the rewrite does not enforce."""
+from __future__ import annotations
+
+import shutil
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from consistent_stream.delta import DeltaTableRef, Txn
+from consistent_stream.sink import rewrite
+from consistent_stream.sink.target import commit_changes
+
+CDF = {"delta.enableChangeDataFeed": "true"}
+
+
+def _target(path, rows: dict, *, files: int = 1, partition_by=None, configuration=None) -> None:
+    t = pa.table(rows)
+    step = -(-t.num_rows // files)
+    for i in range(files):
+        write_deltalake(path, t.slice(i * step, step), mode="append", partition_by=partition_by,
+                        configuration={**CDF, **(configuration or {})} if i == 0 else None)
+
+
+def _changes(rows: dict, ops: list[str]) -> pa.Table:
+    return pa.table(rows).append_column("__op", pa.array(ops, pa.string()))
+
+
+def _sorted_rows(t: pa.Table, cols) -> list:
+    return sorted(zip(*[t.column(c).to_pylist() for c in cols]), key=repr)
+
+
+def _feed(path: str, version: int) -> list:
+    t = pa.table(DeltaTable(path).load_cdf(starting_version=version, ending_version=version).read_all())
+    return _sorted_rows(t, ["k", "v", "_change_type"])
+
+
+KEYED = {"k": pa.array([1, 2, 3, None, 5, 6], pa.int64()), "v": ["a", "b", "c", "null", "e", "f"]}
+KEYED_CHANGES = _changes({"k": pa.array([2, 3, None, 9], pa.int64()), "v": ["B", "c", "NULL", "i"]},
+                         ["upsert", "delete", "upsert", "upsert"])
+
+
+def test_a_keyed_merge_equals_delta_rs_and_its_feed(tmp_path):
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    _target(ours, KEYED, files=3)
+    shutil.copytree(ours, theirs)
+    ref = DeltaTableRef(ours, own_log=True)
+    assert ref.rewritable() is None
+    version, m = rewrite.merge(ref, KEYED_CHANGES, ["k"], txn=Txn("q", 1), metadata={"batch_id": 1})
+    v2, _ = DeltaTableRef(theirs).merge_by_key(KEYED_CHANGES, ["k"], txn=Txn("q", 1), metadata={"batch_id": 1})
+    assert version == v2 == 3
+    assert _sorted_rows(DeltaTable(ours).to_pyarrow_table(), ["k", "v"]) == \
+        _sorted_rows(DeltaTable(theirs).to_pyarrow_table(), ["k", "v"]) == \
+        sorted([(1, "a"), (2, "B"), (None, "NULL"), (5, "e"), (6, "f"), (9, "i")], key=repr)
+    assert _feed(ours, 3) == _feed(theirs, 3) == sorted(
+        [(2, "b", "update_preimage"), (2, "B", "update_postimage"), (3, "c", "delete"),
+         (None, "null", "update_preimage"), (None, "NULL", "update_postimage"), (9, "i", "insert")], key=repr)
+    assert (m["num_target_rows_updated"], m["num_target_rows_deleted"], m["num_target_rows_inserted"]) == (2, 1, 1)
+    assert DeltaTable(ours).transaction_version("q") == 1
+    # the file holding keys 5 and 6 only was left as it was
+    assert m["num_target_files_removed"] == 2 and m["num_target_rows_copied"] == 1
+
+
+def test_a_bag_merge_deletes_every_copy_and_appends(tmp_path):
+    path = str(tmp_path / "bag")
+    _target(path, {"k": pa.array([1, 1, 1, 2, 3], pa.int64()), "v": ["x", "x", "y", "z", None]}, files=2)
+    ref = DeltaTableRef(path, own_log=True)
+    changes = _changes({"k": pa.array([1, 3, 1, 4], pa.int64()), "v": ["x", None, "x", "w"]},
+                       ["delete", "delete", "insert", "insert"])
+    version, m = rewrite.merge(ref, changes, None, txn=Txn("q", 1), metadata={})
+    assert _sorted_rows(DeltaTable(path).to_pyarrow_table(), ["k", "v"]) == \
+        sorted([(1, "x"), (1, "y"), (2, "z"), (4, "w")], key=repr)
+    assert _feed(path, version) == sorted([(1, "x", "delete"), (1, "x", "delete"), (3, None, "delete"),
+                                           (1, "x", "insert"), (4, "w", "insert")], key=repr)
+
+
+def test_delta_spark_reads_the_rewritten_table_and_its_feed(tmp_path, spark):
+    path = str(tmp_path / "t")
+    _target(path, KEYED, files=2)
+    ref = DeltaTableRef(path, own_log=True)
+    version, _ = commit_changes(ref, KEYED_CHANGES, unique_key=["k"], txn=Txn("q", 1), metadata={})[0], None
+    rows = sorted(((r["k"], r["v"]) for r in spark.read.format("delta").load(path).collect()), key=repr)
+    assert rows == sorted([(1, "a"), (2, "B"), (None, "NULL"), (5, "e"), (6, "f"), (9, "i")], key=repr)
+    feed = (spark.read.format("delta").option("readChangeFeed", "true").option("startingVersion", version)
+            .option("endingVersion", version).load(path).collect())
+    assert sorted(((r["k"], r["v"], r["_change_type"]) for r in feed), key=repr) == _feed(path, version)
+
+
+@pytest.mark.parametrize("kind", ["partitioned", "check constraint"])
+def test_tables_the_rewrite_does_not_enforce_keep_delta_rs_merge(tmp_path, kind):
+    path = str(tmp_path / "t")
+    if kind == "partitioned":
+        _target(path, {**KEYED, "p": ["x"] * 6}, partition_by=["p"])
+        changes = _changes({"k": pa.array([2], pa.int64()), "v": ["B"], "p": ["x"]}, ["upsert"])
+    else:
+        _target(path, KEYED)
+        DeltaTable(path).alter.add_constraint({"v_set": "v IS NOT NULL"})
+        changes = _changes({"k": pa.array([2], pa.int64()), "v": ["B"]}, ["upsert"])
+    ref = DeltaTableRef(path, own_log=True)
+    assert ref.rewritable() is not None
+    version, _, _ = commit_changes(ref, changes, unique_key=["k"], txn=Txn("q", 1), metadata={})
+    assert DeltaTable(path).history(1)[0]["operation"] == "MERGE"
+    assert DeltaTable(path).history(1)[0].get("engineInfo", "").startswith("delta-rs")
+    assert ("B" in DeltaTable(path).to_pyarrow_table().column("v").to_pylist())
