@@ -62,6 +62,7 @@ from .sources.formats import cut_metadata, open_source
 from .sources.spec import INITIAL
 from .spec import JobSpec
 from .state import StateStore
+from .state.arrangement import OBJECT_STORE_POLICY
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +220,8 @@ class QueryRuntime:
         self.columns = scan_columns(compiled)
         self.target = target if target is not None else DeltaTableRef(job.target_path)
         self.store = StateStore(spark, job.state_root, types.arrangements, file_rows=job.state_file_rows,
-                                properties=state_properties(retention_of(job)), table=state)
+                                properties=state_properties(retention_of(job)), table=state,
+                                policy=OBJECT_STORE_POLICY if location.is_remote(job.state_root) else None)
         self.translations = Translations(job.local_sql_path)   # the local engine's, kept across runs
         self.last: BatchMeta | None = None   # the newest committed batch, once known
         self.parallelism: int | None = None  # set by the autoscaler between batches (None: the engine's defaults)

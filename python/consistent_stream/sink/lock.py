@@ -258,18 +258,20 @@ class _ObjectStoreLock:
         body = json.dumps(me).encode()
         current: dict = {}
         expires: datetime.datetime | None = None
+        sent = time.monotonic()
         for _ in range(self._ATTEMPTS):
-            sent = time.monotonic()
-            try:
-                location.REQUESTS.add("PUT", self.path)
-                result = obstore.put(store, key, body, mode="create")
-                return self._hold(me, result["e_tag"], sent)
-            except AlreadyExistsError:
-                pass
+            # read first: a model's lock object stays after a release (empty), so a create
+            # would fail in all but a model's first run (a GET and a PUT, not three requests)
             current, etag, last_modified = self._read()
             expires = None
-            if etag is None:
-                continue                                    # deleted since: create it again
+            if etag is None:                                # no lock object: create it
+                sent = time.monotonic()
+                try:
+                    location.REQUESTS.add("PUT", self.path)
+                    result = obstore.put(store, key, body, mode="create")
+                    return self._hold(me, result["e_tag"], sent)
+                except AlreadyExistsError:
+                    continue                                # created since (or our create retried): read it
             if current.get("token") == me["token"]:         # our create went through, then was retried
                 return self._hold(me, etag, sent)
             if current.get("token"):
