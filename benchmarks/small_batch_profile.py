@@ -3,7 +3,7 @@ report, as ``benchmarks/refresh_vs_full.py`` times it), beside DuckDB's full rec
 same SQL over the same Parquet (the physical anchor).
 
     .venv/bin/python benchmarks/small_batch_profile.py [--sf 1] [--batches 5] [--models ...] [--top 30]
-                                                       [--keep-data]
+                                                       [--keep-data] [--no-profile]
 
 TPC-H at ``--sf`` is generated once (kept under ``benchmarks/.data/profile`` with
 ``--keep-data``), every example model over sources is built, then ``--batches`` small refresh
@@ -61,6 +61,8 @@ def main() -> int:
     ap.add_argument("--models", nargs="*", default=None)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--keep-data", action="store_true")
+    ap.add_argument("--no-profile", action="store_true",
+                    help="time the runs without cProfile (which adds to every call): the run as users meet it")
     args = ap.parse_args()
     from refresh_vs_full import _session, _settle
     from consistent_stream.job import run_job
@@ -92,9 +94,11 @@ def main() -> int:
             _settle()
             p = profiles[job.model]
             t0 = time.perf_counter()
-            p.enable()
+            if not args.no_profile:
+                p.enable()
             s = run_job(spark, job)
-            p.disable()
+            if not args.no_profile:
+                p.disable()
             stats[job.model].append((time.perf_counter() - t0, s))
             meta = BatchMeta.from_commit(DeltaTableRef(job.target_path).latest_commit())
             duck[job.model].append(_duckdb_recompute_s(job, meta.cut))
@@ -105,11 +109,11 @@ def main() -> int:
         for b in batch:
             for k, v in (b.get("phases") or {}).items():
                 phases.setdefault(k, []).append(v)
-        ps = pstats.Stats(profiles[job.model])
-        top = sorted(ps.stats.items(), key=lambda kv: -kv[1][3])[:args.top]
+        top = [] if args.no_profile else \
+            sorted(pstats.Stats(profiles[job.model]).stats.items(), key=lambda kv: -kv[1][3])[:args.top]
         n = len(runs)
         print(json.dumps({
-            "sf": args.sf, "model": job.model, "runs": n,
+            "sf": args.sf, "model": job.model, "runs": n, "profiled": not args.no_profile,
             "run_s_median": round(statistics.median(r[0] for r in runs), 3),
             "batch_s_median": round(statistics.median(b["seconds"] for b in batch), 3) if batch else None,
             "phases_median": {k: round(statistics.median(v), 3) for k, v in phases.items()},

@@ -45,13 +45,14 @@ CHECKPOINT_INTERVAL = 100
 ``delta.checkpointInterval``)."""
 CHECKPOINT_INTERVAL_OBJECT_STORE = 4
 """The default when the target or the checkpoint is on an object store: every run opens the
-target and the state table. delta-rs 1.6 reads each commit since the newest checkpoint twice
-(once for the protocol and metadata, once for the files), a GET each, and the checkpoint
-itself in about a dozen ranged GETs (its Parquet footer and columns, pass after pass); writing
-one (every ``interval`` commits) reads the log again and costs two PUTs. Per run and table
-that is a fixed dozen GETs plus about ``interval - 1`` GETs of commits plus the writing's
-share: 4 is near the least (10, Delta Spark's own ``checkpointInterval``, costs ~5 more GETs a
-run; never checkpointing, a GET per commit per run, without end)."""
+target and the state table, replaying each log from its newest checkpoint
+(:mod:`consistent_stream.delta.log`): ``_last_checkpoint``, the checkpoint (one GET each), a
+LIST and a GET per commit since; writing a checkpoint costs two PUTs. Per run and table that
+is 3 requests plus about ``(interval - 1) / 2`` commits plus ``2 / interval`` for the writing:
+from 2 to 4 the same within half a request, and 4 keeps the checkpoints (which rewrite every
+live file's entry) four times rarer than 1 would; 10, Delta Spark's own
+``checkpointInterval``, costs ~3 more GETs a run, never checkpointing a GET per commit per
+run, without end."""
 
 
 def _as_list(value, key: str) -> list[str]:

@@ -903,7 +903,7 @@ class DeltaTableRef:
                 self._log.load()
             return self._dt.version()
         own = self._own()
-        if own is not None and self._same_table(own, schema, partition_by, docs):
+        if own is not None and own.plain and self._same_table(own, schema, partition_by, docs):
             return self._commit_own(adds, removes, txn, metadata)
         dt = self.table()
         current = pa.schema(dt.schema().to_arrow())
@@ -966,35 +966,29 @@ class DeltaTableRef:
         info = {"operation": operation, "engineInfo": "consistent_stream", "operationMetrics": metrics, **meta}
         cdc_actions = [{"path": log_path(f.path), "partitionValues": dict(f.partition_values), "size": int(f.size),
                         "dataChange": False} for f in cdc]
+        now = int(time.time() * 1000)
         try:
-            return self._own().commit([_add_dict(a.add_action()) for a in adds],
-                                      [_remove_dict(r.remove_action()) for r in removes],
+            return self._own().commit([_add_dict(a, now) for a in adds], [_remove_dict(r, now) for r in removes],
                                       txn=(txn.app_id, txn.version) if txn else None, info=info, cdc=cdc_actions)
         except ConflictingCommit as e:
             raise CommitError(f"commit to {self.path} refused: {e}") from e
         except OSError as e:
             raise CommitError(f"commit to {self.path} failed: {e}") from e
 
-    REWRITE_WRITER_VERSION = 4
-    """The newest writer protocol :meth:`rewritable` tables may have without table features:
-    2 (column invariants, append-only), 3 (CHECK constraints), 4 (Change Data Feed, generated
-    columns); those that constrain rows are refused by name in :meth:`rewritable`."""
-
     def rewritable(self) -> str | None:
         """Why a copy-on-write rewrite through the replayed log (:meth:`commit_rewrite`) may
         not replace a delta-rs MERGE on this table (None: it may): not an ``own_log`` table,
-        partitioned, a protocol with table features or reader version 2+, CHECK constraints,
+        partitioned, a protocol this package does not write (:attr:`.log.OwnedLog.plain`), CHECK constraints,
         column invariants, generated or identity columns (delta-rs' MERGE enforces them), or
         append-only."""
         own = self._own()
         if own is None or own.version < 0:
             return "its log is not replayed here"
-        p, conf = own.protocol, own.configuration
+        conf = own.configuration
         if own.partition_columns:
             return "it is partitioned"
-        if int(p.get("minReaderVersion", 1)) > 1 or int(p.get("minWriterVersion", 2)) > self.REWRITE_WRITER_VERSION \
-                or p.get("readerFeatures") or p.get("writerFeatures"):
-            return f"its protocol ({p})"
+        if not own.plain:
+            return f"its protocol ({own.protocol})"
         if any(k.startswith("delta.constraints.") for k in conf) or conf.get("delta.appendOnly") == "true":
             return "it has CHECK constraints or is append-only"
         fields = json.loads(own.metadata.get("schemaString") or "{}").get("fields", [])
@@ -1021,7 +1015,7 @@ class DeltaTableRef:
     def commit_empty(self, *, txn: Txn, metadata: dict[str, Any]) -> int:
         """A commit with no data change that records ``txn`` and ``metadata``."""
         own = self._own()
-        if own is not None and own.version >= 0:
+        if own is not None and own.version >= 0 and own.plain:
             return self._commit_own([], [], txn, metadata)
         dt = self.table()
         before = dt.version()
@@ -1088,17 +1082,17 @@ def _num_records(stats: str | None) -> int:
         return 0
 
 
-def _add_dict(a: AddAction) -> dict:
-    """A delta-rs AddAction as the log's ``add`` action (path in log form)."""
-    return {"path": log_path(a.path), "partitionValues": dict(a.partition_values or {}), "size": int(a.size),
-            "modificationTime": int(a.modification_time), "dataChange": bool(a.data_change), "stats": a.stats}
+def _add_dict(f: DataFile, now_ms: int) -> dict:
+    """The log's ``add`` action of data file ``f`` (path in log form)."""
+    return {"path": log_path(f.path), "partitionValues": dict(f.partition_values), "size": int(f.size),
+            "modificationTime": now_ms, "dataChange": True,
+            "stats": f.stats or json.dumps({"numRecords": f.num_records})}
 
 
-def _remove_dict(r: RemoveAction) -> dict:
-    """A delta-rs RemoveAction as the log's ``remove`` action (path in log form)."""
-    return {"path": log_path(r.path), "deletionTimestamp": int(r.deletion_timestamp or 0),
-            "dataChange": bool(r.data_change), "extendedFileMetadata": True,
-            "partitionValues": dict(r.partition_values or {}), "size": int(r.size or 0)}
+def _remove_dict(f: DataFile, now_ms: int) -> dict:
+    """The log's ``remove`` action of data file ``f`` (path in log form)."""
+    return {"path": log_path(f.path), "deletionTimestamp": now_ms, "dataChange": True,
+            "extendedFileMetadata": True, "partitionValues": dict(f.partition_values), "size": int(f.size)}
 
 
 INSERTED_METRICS = ("num_added_rows", "num_target_rows_inserted", "numOutputRows", "numTargetRowsInserted")

@@ -45,6 +45,11 @@ DEFAULT_CHECKPOINT_INTERVAL = 10
 """Delta's ``delta.checkpointInterval`` when the table does not set it."""
 
 
+MAX_WRITER_VERSION = 4
+"""The newest writer protocol version :attr:`OwnedLog.plain` tables may have (without table
+features)."""
+
+
 class UnsupportedLog(Exception):
     """The log holds what :class:`OwnedLog` does not replay (its message says what)."""
 
@@ -119,7 +124,6 @@ class OwnedLog:
         self.files: dict[str, dict] = {}         # log path -> add action
         self.tombstones: dict[str, dict] = {}    # log path -> remove action
         self.commits: dict[int, CommitInfo] = {}  # commits replayed from their files (not those in a checkpoint)
-        self.requests = 0
 
     # ---- replay -------------------------------------------------------------------------------
     def load(self) -> bool:
@@ -127,7 +131,6 @@ class OwnedLog:
         (no commit, no checkpoint). Raises UnsupportedLog, OSError when a file cannot be read."""
         self.__init__(self.path)
         last = storage.read_text(f"{self.log_dir}/_last_checkpoint")
-        self.requests += 1
         start = ""
         if last:
             try:
@@ -153,7 +156,6 @@ class OwnedLog:
         names = ([f"{version:020d}.checkpoint.parquet"] if not parts else
                  [f"{version:020d}.checkpoint.{i:010d}.{int(parts):010d}.parquet" for i in range(1, int(parts) + 1)])
         blobs = storage.read_many([f"{self.log_dir}/{n}" for n in names], "delta-log")
-        self.requests += len(names)
         for blob in blobs:
             table = pq.read_table(pa.BufferReader(blob))
             if "sidecar" in table.column_names and table.column("sidecar").null_count < table.num_rows:
@@ -167,7 +169,6 @@ class OwnedLog:
 
     def _read_commits(self, start: str) -> bool:
         names = storage.list_after(self.log_dir, start)
-        self.requests += 1
         versions = sorted(int(n[:20]) for n in names if len(n) == 25 and n.endswith(".json") and n[:20].isdigit())
         versions = [v for v in versions if v > self.version]
         if not versions:
@@ -175,7 +176,6 @@ class OwnedLog:
         if versions != list(range(self.version + 1, versions[-1] + 1)):
             raise UnsupportedLog(f"a gap in the versions after {self.version} ({versions[:5]}...)")
         texts = storage.read_many([f"{self.log_dir}/{v:020d}.json" for v in versions], "delta-log")
-        self.requests += len(versions)
         for v, text in zip(versions, texts):
             self._replay(v, [json.loads(line) for line in text.splitlines() if line.strip()])
         return True
@@ -225,6 +225,16 @@ class OwnedLog:
     def partition_columns(self) -> list[str]:
         return list(self.metadata.get("partitionColumns") or [])
 
+    @property
+    def plain(self) -> bool:
+        """Whether this package may write the table's commits and checkpoints: a protocol
+        without table features, reader version 1 (no column mapping) and writer version 4
+        at most (invariants, CHECK constraints, Change Data Feed, generated columns: nothing
+        a commit must add to the rows or the log beyond their actions)."""
+        p = self.protocol
+        return (int(p.get("minReaderVersion", 1)) <= 1 and int(p.get("minWriterVersion", 2)) <= MAX_WRITER_VERSION
+                and not p.get("readerFeatures") and not p.get("writerFeatures"))
+
     def txn_version(self, app_id: str) -> int | None:
         t = self.txns.get(app_id)
         return None if t is None else int(t["version"])
@@ -248,9 +258,7 @@ class OwnedLog:
             version = self.version + 1
             try:
                 storage.create_bytes(f"{self.log_dir}/{version:020d}.json", body)
-                self.requests += 1
             except FileExistsError:
-                self.requests += 1
                 self._accept_concurrent(txn)
                 continue
             self._replay(version, [json.loads(line) for line in body.splitlines()])
@@ -273,7 +281,7 @@ class OwnedLog:
             interval = int(self.configuration.get("delta.checkpointInterval", DEFAULT_CHECKPOINT_INTERVAL))
         except ValueError:
             interval = DEFAULT_CHECKPOINT_INTERVAL
-        if interval <= 0 or self.version % interval:
+        if interval <= 0 or self.version % interval or not self.plain:
             return
         try:
             self.write_checkpoint()
@@ -300,7 +308,6 @@ class OwnedLog:
         storage.replace_bytes(f"{self.log_dir}/_last_checkpoint", json.dumps(
             {"version": self.version, "size": table.num_rows, "sizeInBytes": buf.size,
              "numOfAddFiles": len(self.files)}).encode())
-        self.requests += 2
         self.checkpoint_version = self.version
 
 
