@@ -106,3 +106,16 @@ def test_tables_the_rewrite_does_not_enforce_keep_delta_rs_merge(tmp_path, kind)
     assert DeltaTable(path).history(1)[0]["operation"] == "MERGE"
     assert DeltaTable(path).history(1)[0].get("engineInfo", "").startswith("delta-rs")
     assert ("B" in DeltaTable(path).to_pyarrow_table().column("v").to_pylist())
+
+
+def test_a_change_touching_more_rows_than_the_driver_rewrites_goes_to_delta_rs(tmp_path, monkeypatch):
+    from consistent_stream import settings
+    path = str(tmp_path / "t")
+    _target(path, KEYED)
+    monkeypatch.setattr(settings, "REWRITE_ROWS", 5)   # the one file holds 6 rows
+    ref = DeltaTableRef(path, own_log=True)
+    assert ref.rewritable() is None
+    version, _, _ = commit_changes(ref, KEYED_CHANGES, unique_key=["k"], txn=Txn("q", 1), metadata={})
+    assert DeltaTable(path).history(1)[0].get("engineInfo", "").startswith("delta-rs")
+    assert _sorted_rows(DeltaTable(path).to_pyarrow_table(), ["k", "v"]) == \
+        sorted([(1, "a"), (2, "B"), (None, "NULL"), (5, "e"), (6, "f"), (9, "i")], key=repr)

@@ -22,6 +22,10 @@ DRIVER_SCAN_ROWS = 50_000_000
 """A keyed read whose picked files hold at most this many rows is a scan on the driver
 (multi-threaded) that keeps only the rows at the keys: the driver holds the matches, never the
 files. Above it, Spark's executors run a semi join over the files."""
+REWRITE_ROWS = 5_000_000
+"""Target rows a change-sized MERGE done on the driver (:mod:`consistent_stream.sink.rewrite`)
+may rewrite: the rows of the files it touches, held whole while they are rewritten. Above it
+delta-rs' MERGE, which streams them, applies the change."""
 ROWS_PER_TASK = 100_000
 """Rows per shuffle partition of a change-sized query."""
 STATE_FILE_ROWS = 1_000_000

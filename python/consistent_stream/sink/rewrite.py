@@ -11,8 +11,8 @@ changed, only removed and replaced):
    or delete by key, by every column's for a bag's deletes (a bag's inserts match nothing);
 2. **read** those files whole (one GET each, at once) and split their rows into the matched
    and the kept ones (NULLs compare equal, as the MERGE's IS NOT DISTINCT FROM);
-3. **write** the kept rows with the upserted or inserted ones as new files (sorted by the key,
-   so the files' key ranges stay narrow for the next pick), and the Change Data Feed rows
+3. **write** the kept rows (in their order) with the upserted or inserted ones (sorted by the
+   key) as new files, written at once, and the Change Data Feed rows
    (``delete``, ``update_preimage``/``update_postimage`` for a key upserted over a row,
    ``insert``) as one file under ``_change_data/`` when the table records its feed;
 4. **commit** once: the picked files removed, the new ones added, the feed's file, the txn.
@@ -24,21 +24,24 @@ effect, at most one row per key.
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import storage
+from .. import settings, storage
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta.deltars import plain_arrow
 from ..delta.files import may_hold, new_dir, stats_bounds, wanted_values, write_arrow
 from ..faults import fault_point
-from ..settings import STATE_FILE_ROWS
 from .unique import key_in
 
 OP = "__op"
-FILE_ROWS = STATE_FILE_ROWS
-"""At most this many rows in one file the rewrite writes."""
+FILE_ROWS = 500_000
+"""At most this many rows in one file the rewrite writes (a target of a million rows or more
+is written as several files at once)."""
 
 
 def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, txn: Txn,
@@ -47,7 +50,9 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     commit recording ``txn`` and ``metadata``; returns the new version and the MERGE's
     metrics (delta-rs' names: ``num_target_rows_copied``, ``_updated``, ``_deleted``,
     ``_inserted``, ``num_target_files_added`` / ``_removed``), or None when the changes'
-    columns do not cast to the target's (the caller's delta-rs MERGE says why).
+    columns do not cast to the target's (the caller's delta-rs MERGE says why) or the files
+    the change touches hold more than ``settings.REWRITE_ROWS`` rows (delta-rs' MERGE streams
+    them).
 
     ``changes``: the target's columns plus ``__op``: with a ``key``, 'upsert' or 'delete' and
     one row per key; without (a bag), 'delete' (every copy of that row, distinct rows) or
@@ -67,6 +72,8 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
         upserts = rows.filter(pc.equal(ops, "insert"))
         lookup, match = rows.filter(pc.equal(ops, "delete")), cols
     picked = _pick(target.data_files(version), schema, lookup, match)
+    if sum(f.num_records for f in picked) > settings.REWRITE_ROWS:
+        return None
     old = _read(target, picked, schema)
     hit = key_in(old, lookup, match)
     kept, gone = old.filter(pc.invert(hit)), old.filter(hit)
@@ -77,11 +84,9 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
                  (upserts.filter(post), "update_postimage"), (upserts.filter(pc.invert(post)), "insert")]
     else:
         parts = [(gone, "delete"), (upserts, "insert")]
-    new = pa.concat_tables([kept, upserts])
-    if key is not None and new.num_rows:
-        new = new.take(pc.sort_indices(new, [(c, "ascending") for c in key]))
-    adds = [write_arrow(target.path, new_dir("part"), new.slice(i, FILE_ROWS))
-            for i in range(0, new.num_rows, FILE_ROWS)]
+    if key is not None and upserts.num_rows:
+        upserts = upserts.take(pc.sort_indices(upserts, [(c, "ascending") for c in key]))
+    adds = _write(target, pa.concat_tables([kept, upserts]))
     cdc = []
     feed = pa.concat_tables([t.append_column("_change_type", pa.array([kind] * t.num_rows, pa.string()))
                              for t, kind in parts])
@@ -92,9 +97,19 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
                "num_target_rows_updated": counts.get("update_preimage", 0),
                "num_target_rows_deleted": counts["delete"], "num_target_rows_inserted": counts["insert"],
                "num_target_files_added": len(adds), "num_target_files_removed": len(picked),
-               "num_output_rows": new.num_rows}
+               "num_output_rows": kept.num_rows + upserts.num_rows}
     fault_point("files_written")
     return target.commit_rewrite(adds, picked, cdc, txn=txn, metadata=metadata, metrics=metrics), metrics
+
+
+def _write(target: DeltaTableRef, rows: pa.Table) -> list[DataFile]:
+    """``rows`` as new data files of ``FILE_ROWS`` rows at most, written at once (each file's
+    encoding runs on a core of its own)."""
+    parts = [rows.slice(i, FILE_ROWS) for i in range(0, rows.num_rows, FILE_ROWS)]
+    if len(parts) < 2:
+        return [write_arrow(target.path, new_dir("part"), p) for p in parts]
+    with ThreadPoolExecutor(max_workers=min(len(parts), os.cpu_count() or 2), thread_name_prefix="merge-write") as pool:
+        return list(pool.map(lambda p: write_arrow(target.path, new_dir("part"), p), parts))
 
 
 def _pick(files: list[DataFile], schema: pa.Schema, lookup: pa.Table, match: list[str]) -> list[DataFile]:
