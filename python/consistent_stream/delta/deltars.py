@@ -5,7 +5,10 @@ once (one log replay, from the last Delta checkpoint) and is then *refreshed*, n
 reopened: ``refresh()`` applies only the commits written since, and the ref's own commits
 advance it without reading the log. Versions are Delta table versions (int >= 0). Commits
 carry an idempotent transaction (``txn`` action: app id + version) and custom commit
-metadata under ``consistent_stream.*`` keys.
+metadata under ``consistent_stream.*`` keys. A ref made with ``own_log`` (a table only the
+model's run writes) replays and commits through :mod:`.log` and opens delta-rs only for what
+that does not serve (history, time travel, maintenance, a MERGE :mod:`~consistent_stream.sink.
+rewrite` leaves to delta-rs).
 """
 from __future__ import annotations
 
