@@ -360,6 +360,19 @@ class DeltaTableRef:
             self._log_loaded = True
         return self._log
 
+    def _created(self) -> int:
+        """After this ref created the table: its version, from the replayed log of an
+        ``own_log`` table (delta-rs is opened only when something needs it), else from a
+        delta-rs handle."""
+        if self._log is not None:
+            self._log_loaded = False
+            own = self._own()
+            if own is not None:
+                return own.version
+        self._dt = self._delta_rs()
+        self._fresh = True
+        return self._dt.version()
+
     def exists(self) -> bool:
         own = self._own()
         if own is not None:
@@ -872,11 +885,7 @@ class DeltaTableRef:
                         configuration=None if exists else configuration,
                         commit_properties=self._props(txn, metadata), post_commithook_properties=HOOKS)
         if not exists:
-            self._dt = self._delta_rs()
-            self._fresh = True
-            if self._log is not None:
-                self._log.load()
-            return self._dt.version()
+            return self._created()
         return self._advanced(before + 1)
 
     def commit_files(self, adds: list[DataFile], removes: list[DataFile], *, schema: pa.Schema,
@@ -900,11 +909,7 @@ class DeltaTableRef:
                                           description=docs.description if docs else None,
                                           configuration=configuration, commit_properties=self._props(txn, metadata),
                                           post_commithook_properties=HOOKS)
-            self._dt = self._delta_rs()
-            self._fresh = True
-            if self._log is not None:
-                self._log.load()
-            return self._dt.version()
+            return self._created()
         own = self._own()
         if own is not None and own.plain and self._same_table(own, schema, partition_by, docs):
             return self._commit_own(adds, removes, txn, metadata)

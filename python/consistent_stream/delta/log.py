@@ -116,6 +116,10 @@ class OwnedLog:
     def __init__(self, table_path: str):
         self.path = table_path.rstrip("/")
         self.log_dir = f"{self.path}/_delta_log"
+        self._reset()
+
+    def _reset(self) -> None:
+        """Nothing replayed yet."""
         self.version = -1
         self.checkpoint_version = -1   # the newest checkpoint's version (-1: none)
         self.protocol: dict = {}
@@ -129,7 +133,7 @@ class OwnedLog:
     def load(self) -> bool:
         """Replay the log from its newest checkpoint. Returns False when there is no table
         (no commit, no checkpoint). Raises UnsupportedLog, OSError when a file cannot be read."""
-        self.__init__(self.path)
+        self._reset()
         last = storage.read_text(f"{self.log_dir}/_last_checkpoint")
         start = ""
         if last:
@@ -261,7 +265,7 @@ class OwnedLog:
             except FileExistsError:
                 self._accept_concurrent(txn)
                 continue
-            self._replay(version, [json.loads(line) for line in body.splitlines()])
+            self._replay(version, lines)
             self._maybe_checkpoint()
             return version
         raise ConflictingCommit(f"{self.path}: the versions after {self.version} keep being taken by other writers")
