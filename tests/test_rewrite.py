@@ -119,3 +119,20 @@ def test_a_change_touching_more_rows_than_the_driver_rewrites_goes_to_delta_rs(t
     assert DeltaTable(path).history(1)[0].get("engineInfo", "").startswith("delta-rs")
     assert _sorted_rows(DeltaTable(path).to_pyarrow_table(), ["k", "v"]) == \
         sorted([(1, "a"), (2, "B"), (None, "NULL"), (5, "e"), (6, "f"), (9, "i")], key=repr)
+
+
+def test_mostly_distinct_columns_are_written_plain_and_repeated_ones_as_a_dictionary(tmp_path):
+    """A rewritten file's keys and prices are encoded plain (pyarrow's dictionary of a
+    mostly-distinct column is hashed whole, then abandoned), its repeated flags as a
+    dictionary; the rows read back the same."""
+    import pyarrow.parquet as pq
+    from consistent_stream.delta.files import write_arrow
+    n = 30_000
+    t = pa.table({"k": pa.array(range(n), pa.int64()), "flag": pa.array(["A", "N", "R"] * (n // 3)),
+                  "price": pa.array([i * 0.25 for i in range(n)])})
+    f = write_arrow(str(tmp_path), "part-x", t)
+    md = pq.read_metadata(str(tmp_path / f.path))
+    encodings = {md.schema.column(i).name: md.row_group(0).column(i).encodings for i in range(md.num_columns)}
+    assert not any("DICTIONARY" in e for e in encodings["k"] + encodings["price"]), encodings
+    assert any("DICTIONARY" in e for e in encodings["flag"]), encodings
+    assert pq.read_table(str(tmp_path / f.path)).equals(t)
