@@ -86,3 +86,36 @@ def test_a_commit_that_changes_no_data_is_taken_in_and_a_data_commit_refused(tmp
     with pytest.raises(CommitError, match="version 3 was committed by another writer"):
         _commit(ref, [_file(root, "a", [3])], [], 2)
     assert DeltaTable(root).version() == 3 and DeltaTable(root).transaction_version("q") == 1
+
+
+def test_the_targets_version_checksums_are_what_delta_spark_computes(tmp_path, spark):
+    """A table committed with ``checksums=True`` (a model's target) has a version checksum
+    per commit that delta-spark takes its protocol and metadata from and validates against its
+    own state reconstruction, also after a reopen from a checkpoint and after files are
+    removed; delta-spark then commits on top of it (its own checksum follows from ours)."""
+    import json
+    root = str(tmp_path / "target")
+    ref = DeltaTableRef(root, own_log=True, checksums=True)
+    live = [_file(root, "a", [1, 2]), _file(root, "b", [3])]
+    _commit(ref, live, [], 0, configuration={"delta.checkpointInterval": "3"})
+    for batch in range(1, 5):
+        new = _file(root, "ab"[batch % 2], [10 * batch])
+        _commit(ref, [new], [live.pop(0)] if batch % 2 == 0 else [], batch)
+        live.append(new)
+    again = DeltaTableRef(root, own_log=True, checksums=True)   # replayed from the checkpoint at 3
+    assert again.exists() and again._log.checkpoint_version == 3
+    _commit(again, [_file(root, "a", [99])], [live.pop(0)], 5)
+    log_dir = os.path.join(root, "_delta_log")
+    crc = json.loads(open(os.path.join(log_dir, "00000000000000000005.crc")).read())
+    adds = pa.table(DeltaTable(root).get_add_actions(flatten=True))
+    assert crc["numFiles"] == adds.num_rows and crc["tableSizeBytes"] == sum(adds.column("size_bytes").to_pylist())
+    assert all(os.path.exists(os.path.join(log_dir, f"{v:020d}.crc")) for v in range(1, 6))
+
+    jlog = spark._jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, root)
+    snap = jlog.unsafeVolatileSnapshot()
+    assert snap.version() == 5 and snap.checksumOpt().isDefined()
+    assert snap.validateChecksum(getattr(snap, "validateChecksum$default$1")())
+    spark.createDataFrame([(7, "v7", "a")], "k long, s string, __arrangement string") \
+        .write.format("delta").mode("append").save(root)
+    assert os.path.exists(os.path.join(log_dir, "00000000000000000006.crc"))
+    assert spark.read.format("delta").load(root).count() == DeltaTable(root).to_pyarrow_table().num_rows

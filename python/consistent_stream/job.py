@@ -231,7 +231,8 @@ class _Run:
         store the state table's log is read meanwhile, on a thread (:meth:`state_table`)."""
         t0 = time.time()
         sources = {s.key: open_source(s) for s in job.sources}
-        target = DeltaTableRef(job.target_path, own_log=True)   # the run holds the model's writer lock
+        # the run holds the model's writer lock; Spark readers of the target use its checksums
+        target = DeltaTableRef(job.target_path, own_log=True, checksums=True)
         state = DeltaTableRef(job.state_root, own_log=True)
         opening = None
         if location.is_remote(job.state_root) and not full_refresh:

@@ -318,14 +318,15 @@ class DeltaTableRef:
     Raises :class:`SourceError` when the table is missing or a version is gone.
     """
 
-    def __init__(self, path: str, *, owned: bool = False, own_log: bool = False):
+    def __init__(self, path: str, *, owned: bool = False, own_log: bool = False, checksums: bool = False):
         self.path = str(path)
         self.owned = owned or own_log
         # a table only this package writes (the state table): its log replayed and committed by
         # :mod:`.log`, delta-rs opened only for what that does not serve (history, maintenance)
         # (a table :mod:`consistent_stream.storage` reaches: a local path or an object store's)
         reached = "://" not in self.path or location.is_remote(self.path)
-        self._log: OwnedLog | None = OwnedLog(self.path) if own_log and reached else None
+        # (``checksums``: each of its commits writes the version checksum Spark readers use)
+        self._log: OwnedLog | None = OwnedLog(self.path, checksums=checksums) if own_log and reached else None
         self._log_loaded = False
         self._fresh = False     # owned: the handle is at the latest version (only our commits move it)
         self._ahead: int | None = None   # owned: our newest commit's version, past the handle's (not read yet)

@@ -16,6 +16,13 @@ Reconciliation", "Checkpoints"):
 * **commit** (:meth:`OwnedLog.commit`): the commit file of the next version written once, if
   absent (one conditional PUT: two writers of a version cannot both win), and the replay
   moved by the commit's own actions, nothing read back.
+* **version checksum** (``checksums=True``, the model's target): after each commit, its
+  ``NNN.crc`` (one PUT), the state the replay holds (live files and their bytes, ``metaData``,
+  ``protocol``), as the protocol's "Version Checksum File" says writers should. delta-spark
+  reads a table's protocol and metadata from the newest version's checksum instead of running
+  a Spark job over its log, so the first read of a target in a Spark session (``dbt test``, a
+  view over it, ``verify``) starts that much sooner. A checksum that fails to be written is
+  logged; the commit stands (readers do without one).
 * **checkpoint**: after a commit whose version is a multiple of ``delta.checkpointInterval``
   (the table's property, Delta's default 10 when unset), a classic single-file checkpoint
   (Parquet, the action columns Delta readers look for) and ``_last_checkpoint``: two PUTs. A
@@ -113,9 +120,10 @@ class OwnedLog:
     """The replayed log of the Delta table at ``table_path`` (module docstring). ``version``
     is -1 until :meth:`load` finds the table."""
 
-    def __init__(self, table_path: str):
+    def __init__(self, table_path: str, *, checksums: bool = False):
         self.path = table_path.rstrip("/")
         self.log_dir = f"{self.path}/_delta_log"
+        self.checksums = checksums
         self._reset()
 
     def _reset(self) -> None:
@@ -266,6 +274,8 @@ class OwnedLog:
                 self._accept_concurrent(txn)
                 continue
             self._replay(version, lines)
+            if self.checksums:
+                self._write_checksum()
             self._maybe_checkpoint()
             return version
         raise ConflictingCommit(f"{self.path}: the versions after {self.version} keep being taken by other writers")
@@ -279,6 +289,23 @@ class OwnedLog:
                 raise ConflictingCommit(
                     f"{self.path}: version {v} was committed by another writer"
                     + (f" ({'a data change' if c.data_change else f'transactions {c.txns}'})" if c else ""))
+
+    def checksum(self) -> dict:
+        """The replay's version checksum (the protocol's "Version Checksum File": live files
+        and their total size in bytes, the one ``metaData`` and ``protocol``). The optional
+        parts are left out: ``setTransactions`` (delta-spark compares them after expiring
+        transactions older than ``delta.setTransactionRetentionDuration``, which this replay
+        does not), ``allFiles`` (grows with the table), the file size histogram."""
+        return {"tableSizeBytes": sum(int(a.get("size") or 0) for a in self.files.values()),
+                "numFiles": len(self.files), "numMetadata": 1, "numProtocol": 1,
+                "metadata": self.metadata, "protocol": self.protocol}
+
+    def _write_checksum(self) -> None:
+        try:
+            storage.create_bytes(f"{self.log_dir}/{self.version:020d}.crc",
+                                 json.dumps(self.checksum(), separators=(",", ":")).encode())
+        except Exception as e:  # noqa: BLE001 (optional: readers without it reconstruct the state)
+            log.warning("version checksum of %s at version %d not written: %s", self.path, self.version, e)
 
     def _maybe_checkpoint(self) -> None:
         try:
