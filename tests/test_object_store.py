@@ -26,6 +26,7 @@ from consistent_stream import location, s3server, storage
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.errors import ConcurrentWriterError, ConfigError, StorageError
 from consistent_stream.job import run_job
+from consistent_stream.observe import model_status
 from consistent_stream.spec import JobSpec
 from dbt_recovery import BIG as DBT_BIG, TOTALS as DBT_TOTALS
 from helpers import assert_target_equals_batch_evaluation
@@ -107,8 +108,13 @@ def test_a_model_on_s3_equals_batch_evaluation_through_changes_a_chain_and_a_ful
     run_job(spark, job)
     assert_target_equals_batch_evaluation(spark, job, "after inserts and an update")
     DeltaTable(src.path("orders")).delete("oid = 10")
-    run_job(spark, job)
+    summary = run_job(spark, job)
     assert_target_equals_batch_evaluation(spark, job, "after a delete")
+    # the batch's requests, counted by the clients, are in its commit and so in `status`; the
+    # target's commit wrote its version checksum to the store
+    status = model_status(job)
+    assert 0 < status.last_batch_requests < summary["object_store_requests"]["total"], (status, summary)
+    assert storage.exists(f"{job.target_path}/_delta_log/{status.target_version:020d}.crc")
 
     # the checkpoint is on the store: the cut log, the state table, Spark's checkpoint
     names = storage.list_dir(job.checkpoint_location)

@@ -69,7 +69,8 @@ class ModelStatus:
     commit time; ``last_batch_*``: the batch that wrote ``target_version``; ``waiting``: per
     source, the upstream transactions seen in part that hold back its cut (a Kafka source's
     :meth:`~consistent_stream.sources.kafka.KafkaReader.stalled`: id, age_s, end_seen,
-    missing)."""
+    missing); ``last_batch_requests``: that batch's object-store requests before its commit
+    (0 on local disk, None when its version did not record them)."""
     model: str
     target_path: str
     target_version: int | None
@@ -81,6 +82,7 @@ class ModelStatus:
     age_s: float | None = None
     last_batch_changes: int | None = None
     last_batch_s: float | None = None
+    last_batch_requests: int | None = None
     error: str | None = None
     waiting: dict = field(default_factory=dict)
 
@@ -140,6 +142,8 @@ def model_status(job: JobSpec, now_ms: int | None = None) -> ModelStatus:
         if meta.started_ms:   # else written by a version that did not record its batches
             status.last_batch_changes, status.last_batch_s = meta.changes_read, _batch_seconds(commit.timestamp_ms,
                                                                                                 meta)
+            if "requests_before_commit" in commit.metadata:
+                status.last_batch_requests = meta.requests_before_commit
         for spec in job.sources:
             source = open_source(spec)
             latest, at = source.latest_position(), int(meta.cut.get(spec.key, -1))

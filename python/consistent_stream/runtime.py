@@ -31,6 +31,7 @@ the last committed batch is known without reading the target's history.
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -79,7 +80,9 @@ class BatchMeta:
     batch wrote it, the cut it reflects, when the cut's newest source commit happened (per
     source and overall, ms since epoch), the state version the next batch reads, and how the
     batch was computed: ``changes_read`` source change rows (snapshot rows when recomputed),
-    from ``started_ms`` (ms since epoch; 0 in commits of older versions) to the commit."""
+    from ``started_ms`` (ms since epoch; 0 in commits of older versions) to the commit, with
+    ``requests_before_commit`` object-store requests (:data:`location.REQUESTS`, the target's
+    commit itself not included: 0 on local disk)."""
     app_id: str
     batch_id: int
     model: str
@@ -95,10 +98,11 @@ class BatchMeta:
     unique_key: list | None = None
     changes_read: int = 0
     started_ms: int = 0
+    requests_before_commit: int = 0
 
     def to_metadata(self) -> dict:
         d = asdict(self)
-        for k in ("batch_id", "source_commit_ms", "changes_read", "started_ms"):
+        for k in ("batch_id", "source_commit_ms", "changes_read", "started_ms", "requests_before_commit"):
             d[k] = str(d[k])
         for k in ("cut_lsn", "cut_offsets"):
             if not d[k]:
@@ -134,7 +138,8 @@ class BatchMeta:
                          cut_offsets=js(m.get("cut_offsets"), {}),
                          base_cut=js(m.get("base_cut"), {}) or js(m["cut"], {}),
                          unique_key=js(m.get("unique_key"), None),
-                         changes_read=int(m.get("changes_read", 0)), started_ms=int(m.get("started_ms", 0)))
+                         changes_read=int(m.get("changes_read", 0)), started_ms=int(m.get("started_ms", 0)),
+                         requests_before_commit=int(m.get("requests_before_commit", 0)))
 
 
 @dataclass
@@ -151,6 +156,7 @@ class _Batch:
     views: Views | None = None
     phases: Phases = field(default_factory=Phases)
     metrics: BatchMetrics = field(default_factory=BatchMetrics)
+    requests: collections.Counter = field(default_factory=collections.Counter)   # REQUESTS at its start
 
     @property
     def txn(self) -> Txn:
@@ -249,7 +255,7 @@ class QueryRuntime:
         t0 = time.time()
         requests = location.REQUESTS.snapshot()
         with counted_jobs(self.spark, f"{self.job.model} batch {batch_id}") as jobs:
-            result = self._process(app_id, batch_id, start, end, t0)
+            result = self._process(app_id, batch_id, start, end, t0, requests)
             result.metrics.spark_jobs += jobs()
         m = result.metrics
         m.object_store_requests = location.REQUESTS.since(requests)
@@ -265,12 +271,14 @@ class QueryRuntime:
                      if m.changes_on_executors else "", m.phases)
         return result
 
-    def _process(self, app_id: str, batch_id: int, start: Cut, end: Cut, t0: float) -> BatchResult:
+    def _process(self, app_id: str, batch_id: int, start: Cut, end: Cut, t0: float,
+                 requests: collections.Counter) -> BatchResult:
         if self._replayed(app_id, batch_id):
             log.info("%s: batch %d already committed (target txn %d); replay skipped", self.job.model, batch_id,
                      self.target.txn_version(app_id))
             return BatchResult(batch_id, True, 0, 0, None, time.time() - t0, end.versions, BatchMetrics())
         b = self._start(app_id, batch_id, start, end)
+        b.requests = requests
         try:
             e = self._steps_1_to_3(b, t0)
             version, written, rewritten, meta = self._commit(e)     # steps 4-5
@@ -422,7 +430,8 @@ class QueryRuntime:
             state_version = self.store.commit(b.txn, {"app_id": b.app_id, "batch_id": str(b.batch_id),
                                                       "start": b.start.versions, "end": b.end.versions})
             fault_point("state_committed")
-            meta = BatchMeta(**{**asdict(e.meta), "state_version": state_version})
+            meta = BatchMeta(**{**asdict(e.meta), "state_version": state_version,
+                                "requests_before_commit": location.REQUESTS.since(b.requests)["total"]})
             b.phases.mark("commit_state")
             self.fence()
             version, written, rewritten = self._commit_target(e.out, e.rebuild, b.txn, meta, b.views)
