@@ -418,7 +418,8 @@ def _summary(job: JobSpec, t0: float, results: list[BatchResult], cut: Cut, vers
 def reach_storage(spark: SparkSession, job: JobSpec) -> None:
     """Before a run reads or writes anything: when a location of ``job`` is on an object
     store, give the session the store's settings (:func:`location.apply_to_spark`) and check
-    that each such location's bucket answers to the credentials (one LIST each). Raises
+    that each such location's bucket answers to the credentials (one LIST each, once in
+    :data:`location.REACHED_FOR_S` per process: the models of a dbt run share it). Raises
     StorageError naming the config key, the location and what to do."""
     places = [(f"model {job.model}: target (location_root)", job.target_path),
               (f"model {job.model}: config checkpoint_location", job.checkpoint_location)]

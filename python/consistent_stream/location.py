@@ -43,6 +43,7 @@ import collections
 import os
 import posixpath
 import threading
+import time
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -193,6 +194,10 @@ class S3Settings:
 _lock = threading.Lock()
 _settings: S3Settings | None = None
 _stores: dict[str, object] = {}   # bucket -> obstore S3Store, and PYARROW -> the pyarrow S3FileSystem
+_reached: dict[str, float] = {}   # bucket -> when check_reachable last found it answering (time.monotonic)
+REACHED_FOR_S = 300.0
+"""How long a bucket that answered :func:`check_reachable` is taken as reachable without asking
+again (seconds): the models of one ``dbt run`` check each bucket once, not once a model."""
 PYARROW = "//pyarrow"   # not a bucket name (buckets have no '/')
 
 # Hadoop S3A settings -> S3Settings fields (a profile that configures S3A for Spark configures us)
@@ -224,6 +229,7 @@ def configure(hadoop_confs: Mapping[str, str]) -> S3Settings | None:
         if s != _settings:
             _settings = s
             _stores.clear()
+            _reached.clear()
     return s
 
 
@@ -242,6 +248,7 @@ def reset() -> None:
     with _lock:
         _settings = None
         _stores.clear()
+        _reached.clear()
 
 
 def _from_aws_chain() -> S3Settings:
@@ -394,14 +401,22 @@ def pyarrow_filesystem(path: str):
 def check_reachable(path: str, key: str = "location") -> None:
     """Raise StorageError, naming ``key``, ``path`` and what to do, when the bucket of S3 URI
     ``path`` does not exist, the credentials are missing or refused, or the store does not
-    answer (one LIST request). Nothing for a local path."""
+    answer (one LIST request; none when the bucket answered with the same settings in the last
+    :data:`REACHED_FOR_S` seconds). Nothing for a local path."""
     if not is_remote(path):
         return
     import obstore
     store, prefix = object_store(path)
+    bucket = split(path)[0]
+    with _lock:
+        answered = _reached.get(bucket)
+    if answered is not None and time.monotonic() - answered < REACHED_FOR_S:
+        return
     try:
         REQUESTS.add("LIST", path)
         next(iter(obstore.list(store, prefix or None, chunk_size=1)), None)
+        with _lock:
+            _reached[bucket] = time.monotonic()
     except Exception as e:
         text = str(e)
         s = settings()
