@@ -41,6 +41,7 @@ previous batch, never at "latest".
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -54,7 +55,7 @@ from pyspark.sql.types import StructField, StructType
 
 from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, consolidate_arrow, q
 from ..delta import DataFile, DeltaTableRef, Txn
-from ..delta.files import may_hold, new_dir, wanted_values, write_arrow, write_spark
+from ..delta.files import may_hold, new_dir, stats_bounds, wanted_values, write_arrow, write_spark
 from ..duck import UNSUPPORTED, KeyedScan
 from ..errors import CommitError
 from ..faults import fault_point
@@ -570,10 +571,8 @@ class StateStore:
         return [self._known(f, arrangement) for f in files]
 
     def _known(self, f: DataFile, arrangement: Arrangement) -> _File:
-        import json
-        st = json.loads(f.stats) if f.stats else {}
-        return _File(f, _level(f.path), _typed(st.get("minValues", {}), arrangement.schema),
-                     _typed(st.get("maxValues", {}), arrangement.schema), st.get("nullCount", {}))
+        lo, hi, nulls = stats_bounds(f.stats, _arrow_schema(arrangement.schema))
+        return _File(f, _level(f.path), lo, hi, nulls)
 
     def _maybe_compact(self, arrangement: Arrangement, files: list[_File]):
         """(files replaced, new files) when the compaction policy fires, else None."""
@@ -634,17 +633,6 @@ class StateStore:
         step = max(1, self.file_rows)
         return [write_arrow(self.path, rel, data.slice(i, step), {ARRANGEMENT: arrangement.name})
                 for i in range(0, data.num_rows, step)]
-
-
-def _typed(values: dict, schema: StructType) -> dict:
-    """JSON statistics back to Python values comparable with key values (dates)."""
-    import datetime
-    out = {}
-    for k, v in values.items():
-        if k in schema.fieldNames() and schema[k].dataType.typeName() == "date" and isinstance(v, str):
-            v = datetime.date.fromisoformat(v)
-        out[k] = v
-    return out
 
 
 def _string():
@@ -712,6 +700,8 @@ def arrow_scan(paths: list, schema: pa.Schema, keys: dict | None, limit: int | N
     return pa.Table.from_batches(batches, schema=schema)
 
 
+@functools.lru_cache(maxsize=256)
 def _arrow_schema(schema: StructType) -> pa.Schema:
+    """``schema`` as Arrow's (cached: a Spark type hashes by its string form)."""
     from ..delta.deltars import arrow_schema
     return arrow_schema(schema)
