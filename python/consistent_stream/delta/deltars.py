@@ -321,7 +321,7 @@ class DeltaTableRef:
     def __init__(self, path: str, *, owned: bool = False, own_log: bool = False, checksums: bool = False):
         self.path = str(path)
         self.owned = owned or own_log
-        # a table only this package writes (the state table): its log replayed and committed by
+        # a table only this package writes (the state table, the target): its log replayed and committed by
         # :mod:`.log`, delta-rs opened only for what that does not serve (history, maintenance)
         # (a table :mod:`consistent_stream.storage` reaches: a local path or an object store's)
         reached = "://" not in self.path or location.is_remote(self.path)

@@ -1,13 +1,13 @@
-"""The Delta log of a table only this package writes (a model's state table), replayed and
-committed here instead of by delta-rs: what the table's one writer needs, at the fewest
-object-store requests.
+"""The Delta log of a table only this package writes (a model's state table and its target,
+both under the model's writer lock), replayed and committed here instead of by delta-rs: what
+the table's one writer needs, at the fewest object-store requests.
 
 Why. Opening a table with delta-rs 1.6 reads ``_last_checkpoint``, lists the log, reads the
 checkpoint in several ranged GETs and each commit since it twice; each of its commits lists
 the log before and after the PUT and reads the new commit back, and its checkpoint hook
-replays the log once more. A run opens and commits its state table once a batch, so that is
-most of what a small batch costs on an object store. Here (the Delta protocol, "Action
-Reconciliation", "Checkpoints"):
+replays the log once more. A run opens and commits its state table and its target once a
+batch, so that is most of what a small batch costs on an object store. Here (the Delta
+protocol, "Action Reconciliation", "Checkpoints"):
 
 * **open** (:meth:`OwnedLog.load`): ``_last_checkpoint`` (one GET), the checkpoint's parts
   (one GET each, whole, read at once), one LIST of the commits after it and one GET of each
