@@ -16,6 +16,8 @@ the topics' start:
   refresh, in this process, whose Spark session (``local[*]``, no tuning) is already up:
   ``seconds`` from the call to its return (the Kafka reads through Spark, the transaction
   assembly, the first batch and its Delta commit);
+  ``driver_peak_rss_mib`` (this Python process) and ``jvm_peak_rss_mib`` (Spark's JVM) are
+  the peaks of resident memory during the call (the high-water marks reset at its start);
 * Flink: ``flink_sql.py`` under ``.venv-flink`` (``benchmarks/flink_setup.sh``), bounded at the
   end offsets, ``seconds`` from job submission (which starts its local MiniCluster) to the end.
 
@@ -67,12 +69,15 @@ def run_ours(spark, bootstrap: str, prefix: str, work: str) -> dict:
                            config={"unique_key": "bid", "location_root": os.path.join(work, "targets"),
                                    "trigger": "available_now"},
                            warehouse_dir=os.path.join(work, "wh"))
+    from refresh_vs_full import PeakRSS
     t0 = time.perf_counter()
-    run_job(spark, job, full_refresh=True)
+    with PeakRSS(spark) as rss:
+        run_job(spark, job, full_refresh=True)
     seconds = time.perf_counter() - t0
     rows = sorted([int(r["bid"]), int(r["n"]), int(r["delta_sum"])]
                   for r in DeltaTable(job.target_path).to_pyarrow_table().to_pylist())
-    return {"engine": "consistent_stream", "seconds": round(seconds, 2), "rows": rows}
+    return {"engine": "consistent_stream", "seconds": round(seconds, 2), "rows": rows,
+            "driver_peak_rss_mib": rss.peak["python"], "jvm_peak_rss_mib": rss.peak["jvm"]}
 
 
 def main(argv: list[str]) -> int:

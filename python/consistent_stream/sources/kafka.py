@@ -59,9 +59,12 @@ then the source has no position, and a run says what the snapshot waits for
 (:meth:`KafkaReader.snapshot_waiting`).
 
 Reading: each refresh reads every partition from where the last one stopped to its high
-watermark (:mod:`.kafka_log`, through Spark's Kafka source; the executors drop the schema
-envelope) and parses the values on the driver (orjson), keeping the complete transactions as
-Arrow chunks (:class:`~.debezium.TransactionLog`). A reader starts at the topics' start, or at
+watermark (:mod:`.kafka_log`, through Spark's Kafka source). The executors parse the values
+(:mod:`.debezium_columns`: the bookkeeping fields as columns, each table's row images typed by
+its schema); the driver walks those columns to assemble transactions, takes the images by
+index, and keeps the complete transactions as Arrow chunks (:class:`~.debezium.TransactionLog`).
+A value the executors cannot parse is read again raw and named by the driver's parser
+(:meth:`KafkaReader.diagnose`). A reader starts at the topics' start, or at
 a *resume point* (:meth:`KafkaReader.resume_point`, recorded in every target commit as
 ``cut_offsets``): a run reads on from its target's last commit (:meth:`KafkaSource.resume`),
 and what needs the table as of a position (a first batch, a rebuild, ``verify``) reads from the
@@ -90,16 +93,18 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import ConfigError, SourceError
 from .debezium import DebeziumSource, TransactionLog
-from .debezium_events import POS, WEIGHT, _table_of, rows_to_arrow
+from .debezium_columns import SOURCE_FIELDS, as_number, images, loads_collections, projection
+from .debezium_events import POS, WEIGHT, rows_to_arrow
 from .kafka_log import MAX_RECORDS, KafkaLog, lost_offset
 from .kafka_schema import column_type, converters, schema_from_envelope
-from .kafka_snapshot import SnapshotAssembly
+from .kafka_snapshot import ATTEMPT_FIELDS, SnapshotAssembly
 from .landing import ColumnSchema, TableSchema
 from .landing_index import TxInfo
 from .spec import INITIAL
@@ -168,6 +173,72 @@ def _no_cyclic_gc():
 
 def _where(topic: str, partition: int, offset: int) -> str:
     return f"Kafka topic {topic} partition {partition} offset {offset}"
+
+
+_EVENT_COLUMNS = ("topic", "partition", "offset", "kind", "op", "tx_id", "total_order", "has_before", "has_after",
+                  "t_status", "t_id", "t_ts_ms", "t_collections") + tuple(f"s_{f}" for f in SOURCE_FIELDS)
+
+
+def _source(col: dict, i: int) -> dict:
+    """Event ``i``'s ``source`` block as far as the snapshot assembly reads it (its marker and
+    the snapshot attempt's fields, numbers as numbers)."""
+    out = {f: as_number(col[f"s_{f}"][i]) for f in ATTEMPT_FIELDS}
+    out["snapshot"] = col["s_snapshot"][i]
+    return out
+
+
+def _not_tx_metadata(where: str) -> SourceError:
+    return SourceError(f"{where}: not Debezium transaction metadata (no 'status'); is "
+                       f"meta.consistent_stream.transaction_topic the connector's <topic.prefix>.transaction?")
+
+
+def _ranges_text(part: dict) -> str:
+    return ", ".join(f"{t}[{p}] {a}..{b - 1}" for (t, p), (a, b) in sorted(part.items()))
+
+
+class _Images:
+    """The typed before/after images of one read's records (:func:`.debezium_columns.images`),
+    per data topic and side, made at first use over the topic's rows alone (the records are
+    ordered by topic): :meth:`of` gives the table and the record index of its first row."""
+
+    def __init__(self, reader: "KafkaReader", records: pa.Table, typed: dict):
+        self.reader, self.records, self.typed = reader, records, typed
+        self._made: dict[tuple, tuple[pa.Table, int]] = {}
+
+    def of(self, topic: str, side: str) -> tuple[pa.Table, int]:
+        got = self._made.get((topic, side))
+        if got is None:
+            rows = np.flatnonzero(pc.equal(self.records.column("topic"), topic).to_numpy(zero_copy_only=False))
+            lo, hi = int(rows[0]), int(rows[-1]) + 1
+            mine = self.records.slice(lo, hi - lo)
+            i, ts = self.typed[topic]
+            try:
+                table = images(mine, i, ts, side)
+            except SourceError as e:
+                part = {}
+                for p, o in zip(mine.column("partition").to_pylist(), mine.column("offset").to_pylist()):
+                    a, b = part.get((topic, p), (o, o + 1))
+                    part[(topic, p)] = (min(a, o), max(b, o + 1))
+                self.reader.diagnose(part, str(e))
+            got = self._made[(topic, side)] = (table, lo)
+        return got
+
+
+def _weighted_table(ts: TableSchema, rows: list) -> pa.Table:
+    """Weighted rows (position, weight, image table, row index) of one table -> an Arrow table
+    of its columns + __pos + __weight (rows taken from each image table in one call)."""
+    groups: dict[int, tuple] = {}
+    for pos, w, image, i in rows:
+        g = groups.get(id(image))
+        if g is None:
+            g = groups[id(image)] = (image, [], [], [])
+        g[1].append(i)
+        g[2].append(pos)
+        g[3].append(w)
+    schema = pa.schema(list(ts.arrow_schema()) + [pa.field(POS, pa.int64()), pa.field(WEIGHT, pa.int64())])
+    parts = [image.take(pa.array(idx, pa.int64())).append_column(POS, pa.array(pos, pa.int64()))
+             .append_column(WEIGHT, pa.array(w, pa.int64())).cast(schema) for image, idx, pos, w in groups.values()]
+    return pa.concat_tables(parts)
 
 
 @dataclass
@@ -361,18 +432,18 @@ class KafkaReader(TransactionLog):
                 ranges[(p.topic, p.partition)] = (start, p.high)
         if not ranges:
             return 0, set()
-        envelope_topics = frozenset(topics) | {self.tx_topic}
         parts = _split(ranges, MAX_RECORDS)
         n = 0
         # a backlog's reads are pipelined: Spark reads the next part (on the JVM's threads)
-        # while this thread parses the one it has
+        # while this thread applies the one it has
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-read") as pool:
-            ahead = pool.submit(self.log.read, parts[0], payload_only=envelope_topics)
+            ahead = pool.submit(self._read_part, parts[0])
             for i, part in enumerate(parts):
-                records = ahead.result()
+                records, typed = ahead.result()
                 if i + 1 < len(parts):
-                    ahead = pool.submit(self.log.read, parts[i + 1], payload_only=envelope_topics)
-                self._apply(records)
+                    ahead = pool.submit(self._read_part, parts[i + 1])
+                records, typed = self._with_schemas(part, records, typed)
+                self._apply(records, typed)
                 n += records.num_rows
                 for tp, (_, end) in part.items():
                     self._next[tp] = end
@@ -398,26 +469,112 @@ class KafkaReader(TransactionLog):
         t.partitions = len(parts)
         return parts
 
-    def _apply(self, records: pa.Table) -> None:
-        """Parse ``records`` (:meth:`.kafka_log.KafkaLog.read`), data topics first (their events
-        wait for their transaction's END), then the transaction topic; publish what is complete.
-        Python's cyclic garbage collector is paused meanwhile (:func:`_no_cyclic_gc`)."""
-        with _no_cyclic_gc():
-            self._apply_records(records)
+    def _read_part(self, part: dict) -> tuple[pa.Table, dict]:
+        """The records of ``part`` parsed on the executors (:mod:`.debezium_columns`), and the
+        data topics whose images they hold typed (topic -> (index, schema)). A value that
+        fails the parse makes :meth:`diagnose` name it."""
+        data = [(t.topic, t.schema) for t in self._topics.values()]
+        typed = {topic: (i, ts) for i, (topic, ts) in enumerate(data) if ts is not None}
+        tx = self.tx_topic if self.consistency == "transaction" else None
+        try:
+            return self.log.read(part, project=projection(data, tx)), typed
+        except SourceError:
+            raise
+        except Exception as e:   # Spark's MALFORMED_RECORD_IN_PARSING and the like
+            if "MALFORMED_RECORD" not in str(e) and "malformed" not in str(e).lower():
+                raise
+            self.diagnose(part, str(e))
 
-    def _apply_records(self, records: pa.Table) -> None:
+    def _with_schemas(self, part: dict, records: pa.Table, typed: dict) -> tuple[pa.Table, dict]:
+        """``records`` again with every data topic's images typed: a topic whose schema was
+        not known when they were read (values in the schema envelope: the first change event
+        gives it, :meth:`_learn_schema`) makes the part read once more."""
+        events = pc.and_(pc.equal(records.column("kind"), "event"), pc.is_valid(records.column("op")))
+        missing = [t for t in self._topics.values() if t.topic not in typed and pc.any(pc.and_(
+            events, pc.equal(records.column("topic"), t.topic))).as_py()]
+        for t in missing:
+            if t.schema is None:
+                self._learn_schema(t, records.filter(pc.and_(events, pc.equal(records.column("topic"), t.topic))))
+        return self._read_part(part) if missing else (records, typed)
+
+    def _learn_schema(self, t: _Topic, events: pa.Table) -> None:
+        """``t``'s table schema from the envelope of its first change event in ``events``
+        (this read's, in offset order), read again as the raw value."""
+        part, offset = events.column("partition")[0].as_py(), events.column("offset")[0].as_py()
+        where = _where(t.topic, part, offset)
+        raw = self.log.read({(t.topic, part): (offset, offset + 1)})
+        obj = self._parse(raw.column("value")[0].as_py(), where)
+        if not (type(obj) is dict and isinstance(obj.get("schema"), dict) and "payload" in obj):
+            raise SourceError(f"{where}: the value has no schema envelope (value.converter.schemas.enable="
+                              f"false), so the columns of {t.table} are unknown: declare them in "
+                              f"meta.consistent_stream.columns")
+        t.schema = schema_from_envelope(t.table, obj["schema"], t.primary_key, where)
+        t.convert = converters(t.schema)
+        self._schemas[t.table] = t.schema
+
+    def diagnose(self, part: dict, cause: str) -> None:
+        """Name the first record of ``part`` that cannot be read (read again as raw values and
+        checked by the driver's parser: malformed JSON, not an event, a value that does not
+        fit its column's type, columns that differ from the table's), as a SourceError naming
+        topic, partition and offset; ``cause`` (the executors' error) when none is found."""
+        raw = self.log.read(part)
+        for topic, p, offset, value in zip(*(raw.column(c).to_pylist() for c in ("topic", "partition", "offset",
+                                                                                  "value"))):
+            where = _where(topic, p, offset)
+            obj = self._parse(value, where)
+            if type(obj) is dict and "payload" in obj and "schema" in obj:
+                obj = obj["payload"]
+            if obj is None:
+                continue
+            if topic == self.tx_topic and self.consistency == "transaction":
+                if type(obj) is not dict or "status" not in obj:
+                    raise _not_tx_metadata(where)
+                continue
+            if type(obj) is not dict:
+                raise SourceError(f"{where}: expected a JSON object (a Debezium change event)")
+            t = self._topics[topic]
+            if obj.get("op") is None or t.schema is None:
+                continue
+            images = [(0, 1, self._converted(t, obj[side]), where) for side in ("before", "after")
+                      if type(obj.get(side)) is dict]
+            rows_to_arrow(t.schema, images, self.location)
+        raise SourceError(f"{self.location}: Kafka records in offsets {_ranges_text(part)} could not be parsed, and "
+                          f"no record among them was found wrong when read one by one: {cause[:2000]}")
+
+    def _apply(self, records: pa.Table, typed: dict) -> None:
+        """Apply ``records`` (:mod:`.debezium_columns`' columns), data topics first (their
+        events wait for their transaction's END), then the transaction topic; publish what is
+        complete. Python's cyclic garbage collector is paused meanwhile (:func:`_no_cyclic_gc`)."""
+        with _no_cyclic_gc():
+            self._apply_records(records, typed)
+
+    def _apply_records(self, records: pa.Table, typed: dict) -> None:
         self.read_events += records.num_rows
-        cols = {c: records.column(c).to_pylist() for c in ("topic", "partition", "offset", "value")}
+        col = {c: records.column(c).to_pylist() for c in _EVENT_COLUMNS}
         ts = records.column("timestamp").cast(pa.int64()).to_pylist()   # microseconds
         tx_rows, out = [], {}
-        for i, (topic, part, offset, value) in enumerate(zip(cols["topic"], cols["partition"], cols["offset"],
-                                                              cols["value"])):
+        shapes = images = None
+        for i, (topic, part, offset, kind) in enumerate(zip(col["topic"], col["partition"], col["offset"],
+                                                             col["kind"])):
+            if kind != "event":
+                if kind == "tombstone":
+                    self.skipped["tombstones"] += 1
+                    continue
+                self.diagnose({(topic, part): (offset, offset + 1)}, "not a JSON object")
             if topic == self.tx_topic and self.consistency == "transaction":
-                tx_rows.append((part, offset, value, (ts[i] or 0) // 1000))
+                tx_rows.append(i)
                 continue
-            self._data_event(self._topics[topic], part, offset, value, out, (ts[i] or 0) // 1000)
-        for part, offset, value, ms in tx_rows:
-            self._tx_event(part, offset, value, ms)
+            if col["op"][i] is None:
+                self.skipped["other"] += 1     # a heartbeat or schema change event
+                continue
+            if images is None:
+                shapes = records.column("shape_ok").to_pylist()
+                images = _Images(self, records, typed)
+            if not shapes[i]:
+                self.diagnose({(topic, part): (offset, offset + 1)}, "columns differ from the table's")
+            self._data_event(self._topics[topic], col, i, images, out, (ts[i] or 0) // 1000)
+        for i in tx_rows:
+            self._tx_event(col, i, (ts[i] or 0) // 1000)
         if self.consistency == "transaction":
             self._publish(out)
         self._add_rows(out)
@@ -431,81 +588,60 @@ class KafkaReader(TransactionLog):
             raise SourceError(f"{where}: malformed JSON value ({e}); a Debezium JSON change event (Kafka "
                               f"Connect's JsonConverter) was expected") from None
 
-    def _data_event(self, t: _Topic, part: int, offset: int, value, out: dict, record_ms: int) -> None:
+    def _data_event(self, t: _Topic, col: dict, i: int, images: "_Images", out: dict, record_ms: int) -> None:
+        part, offset, op = col["partition"][i], col["offset"][i], col["op"][i]
         where = _where(t.topic, part, offset)
-        obj = self._parse(value, where)
-        if obj is None:
-            self.skipped["tombstones"] += 1
-            return
-        schema = None
-        if type(obj) is dict and "payload" in obj and "schema" in obj:
-            schema, obj = obj["schema"], obj["payload"]
-        if obj is None:
-            self.skipped["tombstones"] += 1
-            return
-        if type(obj) is not dict:
-            raise SourceError(f"{where}: expected a JSON object (a Debezium change event)")
-        op = obj.get("op")
-        if op is None:
-            self.skipped["other"] += 1     # a heartbeat or schema change event
-            return
         if op not in ("c", "u", "d", "r"):
             raise SourceError(f"{where}: unknown op {op!r}; expected c, u, d or r")
-        src = obj.get("source")
-        table = _table_of(src) if type(src) is dict else None
+        schema, table = col["s_schema"][i], col["s_table"][i]
+        table = f"{schema}.{table}" if schema else (None if table is None else table)
         if table != t.table:
             raise SourceError(f"{where}: event of table {table!r} in the topic of {t.table} "
                               f"(meta.consistent_stream.table); an event of an unknown table, or the wrong topic")
-        if t.schema is None:
-            if not isinstance(schema, dict):
-                raise SourceError(f"{where}: the value has no schema envelope (value.converter.schemas.enable="
-                                  f"false), so the columns of {t.table} are unknown: declare them in "
-                                  f"meta.consistent_stream.columns")
-            t.schema = schema_from_envelope(t.table, schema, t.primary_key, where)
-            t.convert = converters(t.schema)
-            self._schemas[t.table] = t.schema
-        txb = obj.get("transaction")
         if self.consistency == "per_topic":
-            self._per_topic_event(t, op, obj, src, offset, where, out)
+            self._per_topic_event(t, op, col, i, images, where, out)
             return
-        if op == "r" and not isinstance(txb, dict):
-            rows = self._snapshot.accept(t.topic, t.table, part, src, where, t.partitions)
+        tx_id = col["tx_id"][i]
+        if op == "r" and tx_id is None:
+            rows = self._snapshot.accept(t.topic, t.table, part, _source(col, i), where, t.partitions)
             if rows is not None:
-                self._weighted(t, "r", obj, where, rows, SNAPSHOT_POSITION)
+                self._weighted(t, "r", col, i, images, where, rows, SNAPSHOT_POSITION)
             if self._snapshot.superseded:
                 self.skipped["repeated_snapshot"] = self._snapshot.superseded
             return
-        if not isinstance(txb, dict) or txb.get("id") is None:
+        if tx_id is None:
             raise SourceError(f"{where}: change event (op {op}) without a 'transaction' block: the connector must "
                               f"run with provide.transaction.metadata=true for consistency: transaction, or set "
                               f"meta.consistent_stream.consistency: per_topic (each table cut on its own)")
         self._snapshot.streamed(t.topic, part)
-        tx = self._pending_tx(transaction_key(txb["id"]), record_ms)
+        tx = self._pending_tx(transaction_key(tx_id), record_ms)
         if tx is None:
             return
-        order = txb.get("total_order")
+        order = col["total_order"][i]
         if order in tx.seen:
             self.skipped["duplicates"] += 1
             return
         tx.seen.add(order)
         tx.saw((t.topic, part), offset)
         tx.counts[t.table] = tx.counts.get(t.table, 0) + 1
-        self._weighted(t, op, obj, where, tx.rows.setdefault(t.table, []), None)
+        self._weighted(t, op, col, i, images, where, tx.rows.setdefault(t.table, []), None)
 
-    def _weighted(self, t: _Topic, op: str, obj: dict, where: str, rows: list, position) -> None:
-        """The change as weighted rows (position, weight, row, where): c/r +after, d -before,
-        u -before +after."""
+    @staticmethod
+    def _weighted(t: _Topic, op: str, col: dict, i: int, images: "_Images", where: str, rows: list,
+                  position) -> None:
+        """The change as weighted rows (position, weight, image table, row index): c/r +after,
+        d -before, u -before +after."""
         if op in ("u", "d"):
-            before = obj.get("before")
-            if type(before) is not dict:
+            if not col["has_before"][i]:
                 raise SourceError(f"{where}: op {op} on {t.table} without a 'before' image: retractions need the "
                                   f"whole old row; run ALTER TABLE {t.table} REPLICA IDENTITY FULL")
-            rows.append((position, -1, self._converted(t, before), where))
+            table, lo = images.of(t.topic, "b")
+            rows.append((position, -1, table, i - lo))
         if op != "d":
-            after = obj.get("after")
-            if type(after) is not dict:
+            if not col["has_after"][i]:
                 raise SourceError(f"{where}: op {op} on {t.table} without an 'after' image")
-            rows.append((position, 1, self._converted(t, after), where))
+            table, lo = images.of(t.topic, "a")
+            rows.append((position, 1, table, i - lo))
 
     @staticmethod
     def _converted(t: _Topic, row: dict) -> dict:
@@ -513,35 +649,35 @@ class KafkaReader(TransactionLog):
             return row
         return {k: (t.convert[k](v) if k in t.convert else v) for k, v in row.items()}
 
-    def _per_topic_event(self, t: _Topic, op: str, obj: dict, src: dict, offset: int, where: str, out) -> None:
+    def _per_topic_event(self, t: _Topic, op: str, col: dict, i: int, images: "_Images", where: str,
+                         out) -> None:
+        offset = col["offset"][i]
         position = offset + 1
-        lsn = src.get("lsn")
+        lsn = col["s_lsn"][i]
         if op != "r" and lsn is not None:
             seen = self._seen_lsn.setdefault(t.topic, set())
-            key = (lsn, src.get("txId"), str(obj.get("after") or obj.get("before")))
+            side = "a" if col["has_after"][i] else "b"
+            table, lo = images.of(t.topic, side)
+            key = (lsn, col["s_txId"][i], str(table.slice(i - lo, 1).to_pylist()))
             if key in seen:
                 self.skipped["duplicates"] += 1
                 return
             seen.add(key)
         rows = out.setdefault(t.table, [])
-        self._weighted(t, op, obj, where, rows, position)
-        self._txs.append(TxInfo(position, f"{t.topic}@{offset}", int(src.get("ts_ms") or 0), {t.table: 1},
+        self._weighted(t, op, col, i, images, where, rows, position)
+        self._txs.append(TxInfo(position, f"{t.topic}@{offset}", int(col["s_ts_ms"][i] or 0), {t.table: 1},
                                 t.topic, offset, op == "r"))
         self._last = position
 
-    def _tx_event(self, part: int, offset: int, value, record_ms: int) -> None:
+    def _tx_event(self, col: dict, i: int, record_ms: int) -> None:
+        part, offset = col["partition"][i], col["offset"][i]
         where = _where(self.tx_topic, part, offset)
         self._tx_records += 1
-        obj = self._parse(value, where)
-        if obj is None:
-            self.skipped["tombstones"] += 1
-            return
-        if type(obj) is dict and "payload" in obj and "schema" in obj:
-            obj = obj["payload"]
-        if type(obj) is not dict or "status" not in obj:
-            raise SourceError(f"{where}: not Debezium transaction metadata (no 'status'); is "
-                              f"meta.consistent_stream.transaction_topic the connector's <topic.prefix>.transaction?")
-        tx_id, status = transaction_key(obj.get("id")), str(obj.get("status")).upper()
+        status = col["t_status"][i]
+        if status is None:
+            raise _not_tx_metadata(where)
+        tx_id = transaction_key(col["t_id"][i])
+        status = status.upper()
         tx = self._pending_tx(tx_id, record_ms)
         if tx is None:
             return
@@ -552,14 +688,14 @@ class KafkaReader(TransactionLog):
         if status == "BEGIN":
             return
         if status != "END":
-            raise SourceError(f"{where}: transaction metadata with status {obj.get('status')!r}; expected BEGIN or END")
+            raise SourceError(f"{where}: transaction metadata with status {col['t_status'][i]!r}; expected BEGIN or "
+                              f"END")
         if tx.end_offset is not None:
             self.skipped["duplicates"] += 1
             return
-        counts = {str(d.get("data_collection")): int(d.get("event_count", 0))
-                  for d in obj.get("data_collections") or [] if isinstance(d, dict)}
-        tx.end_offset, tx.end_ts_ms, tx.end_counts = offset, int(obj.get("ts_ms") or record_ms), counts
-        tx.end_lsn = end_lsn(obj.get("id"))
+        counts = loads_collections(col["t_collections"][i])
+        tx.end_offset, tx.end_ts_ms, tx.end_counts = offset, int(col["t_ts_ms"][i] or record_ms), counts
+        tx.end_lsn = end_lsn(col["t_id"][i])
         if self._base_lsn is not None and tx.end_lsn is not None and tx.end_lsn <= self._base_lsn:
             # a transaction the resume point already holds, sent again by a restarted connector
             self.skipped["duplicates"] += 1 + sum(tx.counts.values())
@@ -638,7 +774,7 @@ class KafkaReader(TransactionLog):
             # transaction's END) takes the position after the previous one: positions grow
             position = max(tx.end_offset + 1, self._last + 1)
             for table, rows in tx.rows.items():
-                out.setdefault(table, []).extend((position, w, r, where) for _, w, r, where in rows)
+                out.setdefault(table, []).extend((position, w, image, i) for _, w, image, i in rows)
             self._txs.append(TxInfo(position, tx.id, tx.end_ts_ms, dict(tx.counts), self.tx_topic, tx.end_offset))
             self._recent.append((position, tx.id, tx.end_lsn, tx.first, tx.last))
             self._last = position
@@ -647,9 +783,8 @@ class KafkaReader(TransactionLog):
         tables = {}
         for table, rows in out.items():
             if rows:
-                ts = self._schemas[table]
-                tables[table] = rows_to_arrow(ts, rows, self.location)
-                self._row_totals[table] = self._row_totals.get(table, 0) + sum(w for _, w, _, _ in rows)
+                tables[table] = _weighted_table(self._schemas[table], rows)
+                self._row_totals[table] = self._row_totals.get(table, 0) + sum(r[1] for r in rows)
         self._chunk_seq += 1
         self._add_chunk(self._chunk_seq, f"refresh {self._chunk_seq}", tables)
 

@@ -28,7 +28,6 @@ log = logging.getLogger(__name__)
 
 TIMEOUT_S = 30.0
 RECORD_COLUMNS = ("topic", "partition", "offset", "value", "timestamp")
-KEEP_WHOLE = 16
 MAX_RECORDS = 100_000
 """Records one read brings to the driver at most (a backlog is read in several)."""
 
@@ -97,20 +96,18 @@ class KafkaLog:
             out.append(Partition(topic, p, int(low), int(high)))
         return out
 
-    def read(self, ranges: dict[tuple[str, int], tuple[int, int]], payload_only: frozenset = frozenset(),
-             keep_whole: int = KEEP_WHOLE) -> pa.Table:
+    def read(self, ranges: dict[tuple[str, int], tuple[int, int]], project=None) -> pa.Table:
         """The records of ``ranges`` ((topic, partition) -> [start, end) offsets) through
-        Spark's Kafka source, on the driver, ordered by topic, partition and offset. Out:
+        Spark's Kafka source, on the driver, ordered by topic, partition and offset (at
+        least one range is not empty when ``project`` is given). Out:
         ``topic`` string, ``partition`` int32, ``offset`` int64, ``value`` binary (null: a
-        tombstone), ``timestamp`` timestamp. Empty ranges are not read.
+        tombstone), ``timestamp`` timestamp; or what ``project`` (a function of Spark's Kafka
+        source DataFrame, run on the executors: :func:`.debezium_columns.projection`) makes
+        of them, which must keep ``topic``, ``partition`` and ``offset``. Empty ranges are
+        not read.
 
-        For the topics in ``payload_only``, a value in Kafka Connect's JSON envelope
-        (``{"schema": .., "payload": ..}``) arrives as its payload alone, except the first
-        ``keep_whole`` records of each range (where the reader learns the schema): the schema,
-        repeated in every record, is most of a Debezium value, and is dropped on the
-        executors. A value that is not an envelope (or not JSON) arrives as it is.
-
-        Raises SourceError when a start offset is no longer in Kafka (retention)."""
+        Raises SourceError when a start offset is no longer in Kafka (retention); what
+        ``project`` raises on the executors (a malformed value) passes through."""
         ranges = {tp: r for tp, r in ranges.items() if r[1] > r[0]}
         if not ranges:
             return pa.table({c: pa.array([], t) for c, t in (("topic", pa.string()), ("partition", pa.int32()),
@@ -133,17 +130,7 @@ class KafkaLog:
         df = (spark.read.format("kafka").option("kafka.bootstrap.servers", self.bootstrap)
               .option("assign", json.dumps(assign)).option("startingOffsets", json.dumps(starts))
               .option("endingOffsets", json.dumps(ends)).option("failOnDataLoss", "true").load())
-        if payload_only:
-            from pyspark.sql import functions as F
-            first = F.lit(-1).cast("long")
-            for (topic, p), (start, _) in ranges.items():
-                first = F.when((F.col("topic") == topic) & (F.col("partition") == p), F.lit(start + keep_whole)) \
-                    .otherwise(first)
-            text = F.col("value").cast("string")
-            strip = F.col("topic").isin(*sorted(payload_only)) & (F.col("offset") >= first)
-            df = df.withColumn("value", F.when(strip, F.coalesce(F.get_json_object(text, "$.payload"), text)
-                                                .cast("binary")).otherwise(F.col("value")))
-        df = df.select(*RECORD_COLUMNS)
+        df = project(df) if project is not None else df.select(*RECORD_COLUMNS)
         try:
             t = df.toArrow()
         except Exception as e:   # Py4J / Spark errors: a lost offset is the one users can act on
