@@ -234,10 +234,10 @@ def test_a_snapshot_spread_over_partitions_in_any_order_and_a_repeated_one_are_a
 
 # -- bad inputs on hand-written topics ------------------------------------------------------------
 
-def _job(tmp_path, stack, e: Events, tables=("a", "b"), sql=None, name="m"):
+def _job(tmp_path, stack, e: Events, tables=("a", "b"), sql=None, name="m", columns=None):
     sources = [{"source_name": "k", "name": t, "relation": f"k.{t}",
                 "meta": {"format": "kafka", "bootstrap_servers": stack.bootstrap, "topic": e.topic(t),
-                         "primary_key": "id"}} for t in tables]
+                         "primary_key": "id", **({"columns": columns} if columns else {})}} for t in tables]
     sql = sql or " union all ".join(f"select '{t}' as t, sum(v) as total from k.{t}" for t in tables)
     return JobSpec.from_dbt(project_root=str(tmp_path), schema="s", identifier=name, model_name=name, sql=sql,
                             sources=sources, config={"unique_key": "t", "location_root": str(tmp_path / "targets")},
@@ -279,6 +279,55 @@ def test_malformed_json_names_topic_partition_and_offset_and_commits_nothing(spa
     with pytest.raises(SourceError, match=r"Kafka topic bad1.public.a partition 0 offset 1: malformed JSON"):
         run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}))
     assert _totals(job.target_path) == before
+    forget_readers()
+
+
+def test_a_value_that_does_not_fit_its_column_and_a_changed_schema_are_named_and_nothing_is_committed(
+        spark, stack, tmp_path):
+    """Values are parsed on the executors (FAILFAST); the record the executors refuse is named
+    by reading it again on the driver. Extra columns, which a typed parse would drop, are
+    are caught from each image's keys, with the envelope or without it (declared columns)."""
+    import json
+    e = Events("bad5")
+    _snapshot(stack, e)
+    job = _job(tmp_path, stack, e)
+    run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
+    before = _totals(job.target_path)
+    _tx(stack, e, [("a", None, {"id": 2, "v": 5})])
+    _tx(stack, e, [("a", None, {"id": "three", "v": 5})])
+    with pytest.raises(SourceError, match=r"Kafka topic bad5.public.a partition 0 offset 2: column 'id' has a "
+                                          r"value that is not a int32"):
+        run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}))
+    assert _totals(job.target_path) == before
+    forget_readers()
+
+    e = Events("bad6")
+    _snapshot(stack, e)
+    job = _job(tmp_path, stack, e, name="m6")
+    run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
+    before = _totals(job.target_path)
+    tx, begin = e.begin()
+    value = json.loads(e.change("a", "c", None, {"id": 2, "v": 5, "w": 1}, tx))
+    row = value["schema"]["fields"][1]
+    value["schema"]["fields"][1] = {**row, "fields": row["fields"] + [{"type": "int64", "optional": True,
+                                                                       "field": "w"}]}
+    stack.produce(e.tx_topic, [begin])
+    stack.produce(e.topic("a"), [json.dumps(value).encode()])
+    stack.produce(e.tx_topic, [e.end(tx, {"a": 1})])
+    with pytest.raises(SourceError, match=r"Kafka topic bad6.public.a partition 0 offset 1: row of public.a does not "
+                                          r"match its schema .*unknown columns \['w'\].*schema changes of captured "
+                                          r"tables are not supported"):
+        run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}))
+    assert _totals(job.target_path) == before
+    forget_readers()
+
+    e = Events("bad7", schemas=False)
+    _snapshot(stack, e)
+    _tx(stack, e, [("a", None, {"id": 2, "v": 5, "w": 1})])
+    job = _job(tmp_path, stack, e, name="m7", columns={"id": "int", "v": "bigint"})
+    with pytest.raises(SourceError, match=r"Kafka topic bad7.public.a partition 0 offset 1: row of public.a does not "
+                                          r"match its schema .*unknown columns \['w'\]"):
+        run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
     forget_readers()
 
 

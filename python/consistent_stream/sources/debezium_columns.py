@@ -22,15 +22,19 @@ unless said otherwise; null where the record does not have it):
                        (:data:`.kafka_snapshot.ATTEMPT_FIELDS`), as JSON text
 ``tx_id``              ``transaction.id``; ``total_order``: ``transaction.total_order``
 ``has_before``         bool: a ``before`` image is there; ``has_after`` likewise
-``shape_ok``           bool: each image has exactly the table's columns (schema changes
-                       of captured tables are not read)
+``shape_ok``           bool: each image has exactly the table's columns (schema changes of
+                       captured tables are not read)
 ``t_status``           transaction metadata (the transaction topic): ``status``, ``id``,
                        ``ts_ms``; ``t_collections`` its ``data_collections`` as JSON text
 ``b<i>_<j>``           data topic ``i``'s ``before`` image, column ``j`` of its table
-                       (Spark types of :func:`_image_ddl`); ``a<i>_<j>`` the ``after`` image
+                       (the Spark type of :func:`_cast`, else the JSON text; base64 decimals
+                       as binary); ``a<i>_<j>`` the ``after`` image
 =====================  ==============================================================
 
-Strictness: the images are parsed with ``from_json`` in ``FAILFAST`` mode, so a value that
+Each value is parsed once (``from_json`` of a struct that holds both the envelope and the bare
+event's fields; the envelope's schema, most of a value's bytes, is skipped), each image as a
+map of its columns' JSON text, cast to the column types. Strictness: ``FAILFAST`` mode and
+Spark's ANSI casts, so a value that
 does not fit its column's type fails the read (Spark's ``MALFORMED_RECORD_IN_PARSING``), as
 malformed JSON does. The reader then reads the range again as raw values and names the first
 bad record with the driver's parser (:meth:`~.kafka.KafkaReader.diagnose`): topic, partition,
@@ -50,27 +54,31 @@ from .kafka_snapshot import ATTEMPT_FIELDS
 from .landing import TableSchema, arrow_type
 
 SOURCE_FIELDS = ("schema", "table", "snapshot", "ts_ms") + ATTEMPT_FIELDS
-_EVENT_DDL = ("op string, before string, after string, source struct<"
-              + ", ".join(f"`{f}`: string" for f in SOURCE_FIELDS)
-              + ">, transaction struct<id: string, total_order: string>")
-_TX_DDL = "status string, id string, ts_ms string, data_collections string"
+_SOURCE_DDL = "struct<" + ", ".join(f"`{f}`: string" for f in SOURCE_FIELDS) + ">"
+_TX_FIELDS = "status string, id string, ts_ms string, data_collections string"
 _FAILFAST = {"mode": "FAILFAST"}
 _SPARK = {"int16": "smallint", "int32": "int", "int64": "bigint", "float32": "float", "float64": "double",
           "bool": "boolean", "string": "string"}
 
 
-def _image_ddl(ts: TableSchema) -> str:
-    """The Spark schema ``from_json`` reads an image of ``ts`` with: numbers, booleans and
-    decimals as themselves; what Connect encodes (base64 decimals, dates, timestamps,
-    variable-scale decimals) as the JSON text, converted on the driver by :func:`images`."""
-    fields = []
-    for c in ts.columns:
-        if c.type.startswith("decimal(") and c.source_type != DECIMAL:
-            t = c.type
-        else:
-            t = _SPARK.get(c.type, "string")
-        fields.append(f"`{c.name}`: {t}")
-    return "struct<" + ", ".join(fields) + ">"
+def _cast(c) -> str | None:
+    """The Spark type an image's column is cast to from its JSON text: numbers, booleans and
+    decimals as themselves; None for what Connect encodes (base64 decimals, dates,
+    timestamps, variable-scale decimals), converted on the driver by :func:`images`."""
+    if c.type.startswith("decimal("):
+        return None if c.source_type == DECIMAL else c.type
+    return _SPARK.get(c.type)
+
+
+_EVENT_FIELDS = ("op string, before map<string, string>, after map<string, string>, source " + _SOURCE_DDL
+                 + ", transaction struct<id: string, total_order: string>")
+
+
+def _value_ddl(fields: str) -> str:
+    """A value with or without Kafka Connect's envelope, in one parse: the envelope's
+    ``schema`` (only whether it is there: its subtree is skipped) and ``payload``, and the
+    same fields at the top level."""
+    return f"schema struct<type: string>, payload struct<{fields}>, {fields}"
 
 
 def projection(data: list[tuple[str, TableSchema | None]], tx_topic: str | None):
@@ -78,30 +86,37 @@ def projection(data: list[tuple[str, TableSchema | None]], tx_topic: str | None)
     ``offset``, ``value`` binary, ``timestamp``, ...) into the columns of the module
     docstring. ``data``: the data topics in order (``i`` of ``b<i>_<j>``) and their tables'
     schemas (None while unknown: no image columns); ``tx_topic``: the transaction topic, or
-    None."""
+    None. Each value is parsed once; an image is a map of its columns' JSON text, so its
+    keys are checked against the table's and each column is cast to its type."""
     from pyspark.sql import functions as F
 
     def project(df):
-        text = F.col("value").cast("string")
-        df = df.select("topic", "partition", "offset", "timestamp", text.alias("text"),
-                       F.json_tuple(text, "schema", "payload").alias("env_schema", "env_payload"))
-        enveloped = F.col("env_schema").isNotNull()
-        payload = F.when(enveloped, F.col("env_payload")).otherwise(F.col("text"))
-        kind = (F.when(F.col("text").isNull() | (enveloped & F.col("env_payload").isNull()), F.lit("tombstone"))
-                .when(~F.ltrim(payload).startswith("{"), F.lit("other")).otherwise(F.lit("event")))
-        df = df.select("topic", "partition", "offset", "timestamp", kind.alias("kind"), payload.alias("payload"))
-        is_tx = F.col("topic") == F.lit(tx_topic) if tx_topic else F.lit(False)
-        event = F.col("kind") == "event"
-        ev = F.when(event & ~is_tx, F.from_json("payload", _EVENT_DDL, _FAILFAST))
-        tx = F.when(event & is_tx, F.from_json("payload", _TX_DDL, _FAILFAST))
-        df = df.select("topic", "partition", "offset", "timestamp", "kind", ev.alias("ev"), tx.alias("tx"))
-        cols = [F.col(c) for c in ("topic", "partition", "offset", "timestamp", "kind")]
-        cols.append(F.col("ev.op").alias("op"))
-        cols += [F.col("ev.source").getField(f).alias(f"s_{f}") for f in SOURCE_FIELDS]
-        cols += [F.col("ev.transaction.id").alias("tx_id"), F.col("ev.transaction.total_order").alias("total_order"),
-                 F.col("ev.before").isNotNull().alias("has_before"), F.col("ev.after").isNotNull().alias("has_after")]
-        cols += [F.col(f"tx.{f}").alias(f"t_{f}") for f in ("status", "id", "ts_ms")]
-        cols.append(F.col("tx.data_collections").alias("t_collections"))
+        df = df.select("topic", "partition", "offset", "timestamp", F.col("value").cast("string").alias("text"))
+        is_tx = (F.col("topic") == F.lit(tx_topic)) if tx_topic else F.lit(False)
+        df = df.select("topic", "partition", "offset", "timestamp", "text",
+                       F.when(~is_tx, F.from_json("text", _value_ddl(_EVENT_FIELDS), _FAILFAST)).alias("v"),
+                       (F.when(is_tx, F.from_json("text", _value_ddl(_TX_FIELDS), _FAILFAST)) if tx_topic
+                        else F.lit(None).cast(f"struct<{_value_ddl(_TX_FIELDS)}>")).alias("vt"))
+
+        def either(v: str, field: str):
+            """``field`` of the envelope's payload, else of the value itself."""
+            return F.when(F.col(f"{v}.schema").isNotNull(), F.col(f"{v}.payload.{field}")).otherwise(
+                F.col(f"{v}.{field}"))
+
+        enveloped = F.when(is_tx, F.col("vt.schema").isNotNull()).otherwise(F.col("v.schema").isNotNull())
+        payload_null = F.when(is_tx, F.col("vt.payload").isNull()).otherwise(F.col("v.payload").isNull())
+        kind = (F.when(F.col("text").isNull() | (enveloped & payload_null), F.lit("tombstone"))
+                .when(~F.ltrim(F.col("text")).startswith("{"), F.lit("other")).otherwise(F.lit("event")))
+        cols = [F.col(c) for c in ("topic", "partition", "offset", "timestamp")]
+        cols += [kind.alias("kind"), either("v", "op").alias("op")]
+        cols += [either("v", "source").getField(f).alias(f"s_{f}") for f in SOURCE_FIELDS]
+        cols += [either("v", "transaction").getField("id").alias("tx_id"),
+                 either("v", "transaction").getField("total_order").alias("total_order")]
+        cols += [F.coalesce(either("v", side).isNotNull(), F.lit(False)).alias(f"has_{side}")
+                 for side in ("before", "after")]
+        cols += [either("vt", f).alias(name) for f, name in (("status", "t_status"), ("id", "t_id"),
+                                                              ("ts_ms", "t_ts_ms"),
+                                                              ("data_collections", "t_collections"))]
         shape_ok = F.lit(True)
         for i, (topic, ts) in enumerate(data):
             if ts is None:
@@ -109,14 +124,16 @@ def projection(data: list[tuple[str, TableSchema | None]], tx_topic: str | None)
             mine = F.col("topic") == F.lit(topic)
             names = F.array(*[F.lit(n) for n in sorted(ts.column_names)])
             for side, prefix in (("before", "b"), ("after", "a")):
-                raw = F.col(f"ev.{side}")
-                img = F.when(mine, F.from_json(raw, _image_ddl(ts), _FAILFAST))
-                shape_ok = shape_ok & (~mine | raw.isNull() | (F.array_sort(F.json_object_keys(raw)) == names))
+                image = F.when(mine, either("v", side))
+                shape_ok = shape_ok & F.coalesce(F.array_sort(F.map_keys(image)) == names, F.lit(True))
                 for j, c in enumerate(ts.columns):
-                    v = img.getField(c.name)
-                    if c.source_type == DECIMAL:
-                        v = F.unbase64(v)
-                    cols.append(v.alias(f"{prefix}{i}_{j}"))
+                    x = image.getItem(c.name)
+                    cast = _cast(c)
+                    if cast is not None:
+                        x = x.cast(cast)
+                    elif c.source_type == DECIMAL:
+                        x = F.unbase64(x)
+                    cols.append(x.alias(f"{prefix}{i}_{j}"))
         cols.append(shape_ok.alias("shape_ok"))
         return df.select(*cols)
     return project

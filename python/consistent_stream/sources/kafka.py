@@ -112,6 +112,8 @@ from .spec import INITIAL
 log = logging.getLogger(__name__)
 
 SNAPSHOT_POSITION = 0
+LEARN_FROM = 64
+"""Records at the start of each partition read raw to learn a topic's schema from its envelope."""
 
 
 _PG_TX_ID = re.compile(r"^(\d+):(\d+)$")
@@ -177,6 +179,11 @@ def _where(topic: str, partition: int, offset: int) -> str:
 
 _EVENT_COLUMNS = ("topic", "partition", "offset", "kind", "op", "tx_id", "total_order", "has_before", "has_after",
                   "t_status", "t_id", "t_ts_ms", "t_collections") + tuple(f"s_{f}" for f in SOURCE_FIELDS)
+
+
+_PARSE_ERRORS = ("MALFORMED_RECORD", "CAST_INVALID_INPUT", "NUMERIC_VALUE_OUT_OF_RANGE", "CAST_OVERFLOW",
+                 "INVALID_BASE64", "Malformed")
+"""What Spark's errors say when the executors could not parse a value (:meth:`KafkaReader.diagnose`)."""
 
 
 def _source(col: dict, i: int) -> dict:
@@ -432,6 +439,7 @@ class KafkaReader(TransactionLog):
                 ranges[(p.topic, p.partition)] = (start, p.high)
         if not ranges:
             return 0, set()
+        self._learn_schemas(ranges)
         parts = _split(ranges, MAX_RECORDS)
         n = 0
         # a backlog's reads are pipelined: Spark reads the next part (on the JVM's threads)
@@ -480,30 +488,49 @@ class KafkaReader(TransactionLog):
             return self.log.read(part, project=projection(data, tx)), typed
         except SourceError:
             raise
-        except Exception as e:   # Spark's MALFORMED_RECORD_IN_PARSING and the like
-            if "MALFORMED_RECORD" not in str(e) and "malformed" not in str(e).lower():
+        except Exception as e:   # Spark's MALFORMED_RECORD_IN_PARSING, CAST_INVALID_INPUT and the like
+            if not any(m in str(e) for m in _PARSE_ERRORS):
                 raise
             self.diagnose(part, str(e))
 
+    def _learn_schemas(self, ranges: dict, first: int = LEARN_FROM) -> None:
+        """Learn the schema of every data topic in ``ranges`` whose columns are not known yet
+        from its first change event's envelope (:meth:`_learn_schema`), reading the first
+        ``first`` records of each of its partitions as raw values (one small read), so that
+        the first read of a backlog parses its images typed."""
+        unknown = {t.topic: t for t in self._topics.values() if t.schema is None}
+        heads = {tp: (a, min(b, a + first)) for tp, (a, b) in ranges.items() if tp[0] in unknown}
+        if not heads:
+            return
+        raw = self.log.read(heads)
+        for topic, p, offset, value in zip(*(raw.column(c).to_pylist() for c in ("topic", "partition", "offset",
+                                                                                  "value"))):
+            t = unknown[topic]
+            if t.schema is not None:
+                continue
+            obj = self._parse(value, _where(topic, p, offset))
+            if type(obj) is dict and isinstance(obj.get("schema"), dict) and type(obj.get("payload")) is dict \
+                    and obj["payload"].get("op") is not None:
+                self._learn_schema(t, obj, _where(topic, p, offset))
+
     def _with_schemas(self, part: dict, records: pa.Table, typed: dict) -> tuple[pa.Table, dict]:
         """``records`` again with every data topic's images typed: a topic whose schema was
-        not known when they were read (values in the schema envelope: the first change event
-        gives it, :meth:`_learn_schema`) makes the part read once more."""
+        not known when they were read (its first change event came after the records
+        :meth:`_learn_schemas` looked at) makes the part read once more."""
         events = pc.and_(pc.equal(records.column("kind"), "event"), pc.is_valid(records.column("op")))
         missing = [t for t in self._topics.values() if t.topic not in typed and pc.any(pc.and_(
             events, pc.equal(records.column("topic"), t.topic))).as_py()]
         for t in missing:
             if t.schema is None:
-                self._learn_schema(t, records.filter(pc.and_(events, pc.equal(records.column("topic"), t.topic))))
+                mine = records.filter(pc.and_(events, pc.equal(records.column("topic"), t.topic)))
+                p, offset = mine.column("partition")[0].as_py(), mine.column("offset")[0].as_py()
+                where = _where(t.topic, p, offset)
+                raw = self.log.read({(t.topic, p): (offset, offset + 1)})
+                self._learn_schema(t, self._parse(raw.column("value")[0].as_py(), where), where)
         return self._read_part(part) if missing else (records, typed)
 
-    def _learn_schema(self, t: _Topic, events: pa.Table) -> None:
-        """``t``'s table schema from the envelope of its first change event in ``events``
-        (this read's, in offset order), read again as the raw value."""
-        part, offset = events.column("partition")[0].as_py(), events.column("offset")[0].as_py()
-        where = _where(t.topic, part, offset)
-        raw = self.log.read({(t.topic, part): (offset, offset + 1)})
-        obj = self._parse(raw.column("value")[0].as_py(), where)
+    def _learn_schema(self, t: _Topic, obj, where: str) -> None:
+        """``t``'s table schema from the envelope of the change event ``obj`` (parsed JSON)."""
         if not (type(obj) is dict and isinstance(obj.get("schema"), dict) and "payload" in obj):
             raise SourceError(f"{where}: the value has no schema envelope (value.converter.schemas.enable="
                               f"false), so the columns of {t.table} are unknown: declare them in "
@@ -537,7 +564,7 @@ class KafkaReader(TransactionLog):
                 continue
             images = [(0, 1, self._converted(t, obj[side]), where) for side in ("before", "after")
                       if type(obj.get(side)) is dict]
-            rows_to_arrow(t.schema, images, self.location)
+            rows_to_arrow(t.schema, images, where)
         raise SourceError(f"{self.location}: Kafka records in offsets {_ranges_text(part)} could not be parsed, and "
                           f"no record among them was found wrong when read one by one: {cause[:2000]}")
 
