@@ -17,9 +17,11 @@ unless said otherwise; null where the record does not have it):
 ``kind``               ``tombstone`` (a null value, or an envelope whose payload is
                        null), ``other`` (not a JSON object: the reader names it), ``event``
 ``op``                 the change event's ``op``
-``s_<field>``          its ``source`` block's ``schema``, ``table``, ``snapshot``,
-                       ``ts_ms`` and the snapshot attempt's fields
-                       (:data:`.kafka_snapshot.ATTEMPT_FIELDS`), as JSON text
+``other_table``        the event's table (``source.schema`` + ``.`` + ``source.table``) where
+                       it is not its topic's table (null where it is; empty without one)
+``s_<field>``          on snapshot reads (and every event without transaction metadata):
+                       its ``source`` block's ``snapshot``, ``ts_ms`` and the snapshot
+                       attempt's fields (:data:`.kafka_snapshot.ATTEMPT_FIELDS`), as JSON text
 ``tx_id``              ``transaction.id``; ``total_order``: ``transaction.total_order``
 ``has_before``         bool: a ``before`` image is there; ``has_after`` likewise
 ``shape_ok``           bool: each image has exactly the table's columns (schema changes of
@@ -81,12 +83,13 @@ def _value_ddl(fields: str) -> str:
     return f"schema struct<type: string>, payload struct<{fields}>, {fields}"
 
 
-def projection(data: list[tuple[str, TableSchema | None]], tx_topic: str | None):
+def projection(data: list[tuple[str, str, TableSchema | None]], tx_topic: str | None):
     """The function that turns Spark's Kafka source DataFrame (``topic``, ``partition``,
     ``offset``, ``value`` binary, ``timestamp``, ...) into the columns of the module
-    docstring. ``data``: the data topics in order (``i`` of ``b<i>_<j>``) and their tables'
-    schemas (None while unknown: no image columns); ``tx_topic``: the transaction topic, or
-    None. Each value is parsed once; an image is a map of its columns' JSON text, so its
+    docstring. ``data``: the data topics in order (``i`` of ``b<i>_<j>``), each with its
+    table (``<schema>.<table>``) and schema (None while unknown: no image columns);
+    ``tx_topic``: the transaction topic, or None (per-topic positions: every event's ``source``
+    fields are kept). Each value is parsed once; an image is a map of its columns' JSON text, so its
     keys are checked against the table's and each column is cast to its type."""
     from pyspark.sql import functions as F
 
@@ -108,17 +111,27 @@ def projection(data: list[tuple[str, TableSchema | None]], tx_topic: str | None)
         kind = (F.when(F.col("text").isNull() | (enveloped & payload_null), F.lit("tombstone"))
                 .when(~F.ltrim(F.col("text")).startswith("{"), F.lit("other")).otherwise(F.lit("event")))
         cols = [F.col(c) for c in ("topic", "partition", "offset", "timestamp")]
+        source, txb = either("v", "source"), either("v", "transaction")
         cols += [kind.alias("kind"), either("v", "op").alias("op")]
-        cols += [either("v", "source").getField(f).alias(f"s_{f}") for f in SOURCE_FIELDS]
-        cols += [either("v", "transaction").getField("id").alias("tx_id"),
-                 either("v", "transaction").getField("total_order").alias("total_order")]
+        # the event's table, only where it is not its topic's
+        table = F.when(source.getField("schema").isNotNull(),
+                       F.concat_ws(".", source.getField("schema"), source.getField("table"))).otherwise(
+            source.getField("table"))
+        expected = F.lit(None).cast("string")
+        for topic, name, _ in data:
+            expected = F.when(F.col("topic") == F.lit(topic), F.lit(name)).otherwise(expected)
+        cols.append(F.when(~table.eqNullSafe(expected), F.coalesce(table, F.lit(""))).alias("other_table"))
+        # the snapshot's fields, only on snapshot reads (every event's without transaction metadata)
+        snapshot_read = (either("v", "op") == F.lit("r")) & txb.isNull() if tx_topic else F.lit(True)
+        cols += [F.when(snapshot_read, source.getField(f)).alias(f"s_{f}") for f in SOURCE_FIELDS[2:]]
+        cols += [txb.getField("id").alias("tx_id"), txb.getField("total_order").alias("total_order")]
         cols += [F.coalesce(either("v", side).isNotNull(), F.lit(False)).alias(f"has_{side}")
                  for side in ("before", "after")]
         cols += [either("vt", f).alias(name) for f, name in (("status", "t_status"), ("id", "t_id"),
                                                               ("ts_ms", "t_ts_ms"),
                                                               ("data_collections", "t_collections"))]
         shape_ok = F.lit(True)
-        for i, (topic, ts) in enumerate(data):
+        for i, (topic, _, ts) in enumerate(data):
             if ts is None:
                 continue
             mine = F.col("topic") == F.lit(topic)

@@ -177,8 +177,8 @@ def _where(topic: str, partition: int, offset: int) -> str:
     return f"Kafka topic {topic} partition {partition} offset {offset}"
 
 
-_EVENT_COLUMNS = ("topic", "partition", "offset", "kind", "op", "tx_id", "total_order", "has_before", "has_after",
-                  "t_status", "t_id", "t_ts_ms", "t_collections") + tuple(f"s_{f}" for f in SOURCE_FIELDS)
+_EVENT_COLUMNS = ("topic", "partition", "offset", "kind", "op", "other_table", "tx_id", "total_order", "has_before",
+                  "has_after", "t_status", "t_id", "t_ts_ms", "t_collections") + tuple(f"s_{f}" for f in SOURCE_FIELDS[2:])
 
 
 _PARSE_ERRORS = ("MALFORMED_RECORD", "CAST_INVALID_INPUT", "NUMERIC_VALUE_OUT_OF_RANGE", "CAST_OVERFLOW",
@@ -481,8 +481,8 @@ class KafkaReader(TransactionLog):
         """The records of ``part`` parsed on the executors (:mod:`.debezium_columns`), and the
         data topics whose images they hold typed (topic -> (index, schema)). A value that
         fails the parse makes :meth:`diagnose` name it."""
-        data = [(t.topic, t.schema) for t in self._topics.values()]
-        typed = {topic: (i, ts) for i, (topic, ts) in enumerate(data) if ts is not None}
+        data = [(t.topic, t.table, t.schema) for t in self._topics.values()]
+        typed = {topic: (i, ts) for i, (topic, _, ts) in enumerate(data) if ts is not None}
         tx = self.tx_topic if self.consistency == "transaction" else None
         try:
             return self.log.read(part, project=projection(data, tx)), typed
@@ -620,10 +620,9 @@ class KafkaReader(TransactionLog):
         where = _where(t.topic, part, offset)
         if op not in ("c", "u", "d", "r"):
             raise SourceError(f"{where}: unknown op {op!r}; expected c, u, d or r")
-        schema, table = col["s_schema"][i], col["s_table"][i]
-        table = f"{schema}.{table}" if schema else (None if table is None else table)
-        if table != t.table:
-            raise SourceError(f"{where}: event of table {table!r} in the topic of {t.table} "
+        table = col["other_table"][i]
+        if table is not None:
+            raise SourceError(f"{where}: event of table {table or None!r} in the topic of {t.table} "
                               f"(meta.consistent_stream.table); an event of an unknown table, or the wrong topic")
         if self.consistency == "per_topic":
             self._per_topic_event(t, op, col, i, images, where, out)
