@@ -17,7 +17,8 @@ the topics' start:
   ``seconds`` from the call to its return (the Kafka reads through Spark, the transaction
   assembly, the first batch and its Delta commit);
   ``driver_peak_rss_mib`` (this Python process) and ``jvm_peak_rss_mib`` (Spark's JVM) are
-  the peaks of resident memory during the call (the high-water marks reset at its start);
+  the peaks of resident memory during the call (the high-water marks reset at its start),
+  ``driver_cpu_s`` and ``jvm_cpu_s`` the CPU seconds each spent in it (where the parsing runs);
 * Flink: ``flink_sql.py`` under ``.venv-flink`` (``benchmarks/flink_setup.sh``), bounded at the
   end offsets, ``seconds`` from job submission (which starts its local MiniCluster) to the end.
 
@@ -70,14 +71,31 @@ def run_ours(spark, bootstrap: str, prefix: str, work: str) -> dict:
                                    "trigger": "available_now"},
                            warehouse_dir=os.path.join(work, "wh"))
     from refresh_vs_full import PeakRSS
+    jvm = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    cpu0, jvm0 = _cpu_s(), _proc_cpu_s(jvm)
     t0 = time.perf_counter()
     with PeakRSS(spark) as rss:
         run_job(spark, job, full_refresh=True)
     seconds = time.perf_counter() - t0
+    cpu, jvm_cpu = _cpu_s() - cpu0, _proc_cpu_s(jvm) - jvm0
     rows = sorted([int(r["bid"]), int(r["n"]), int(r["delta_sum"])]
                   for r in DeltaTable(job.target_path).to_pyarrow_table().to_pylist())
     return {"engine": "consistent_stream", "seconds": round(seconds, 2), "rows": rows,
-            "driver_peak_rss_mib": rss.peak["python"], "jvm_peak_rss_mib": rss.peak["jvm"]}
+            "driver_peak_rss_mib": rss.peak["python"], "jvm_peak_rss_mib": rss.peak["jvm"],
+            "driver_cpu_s": round(cpu, 2), "jvm_cpu_s": round(jvm_cpu, 2)}
+
+
+def _cpu_s() -> float:
+    """CPU seconds (user + system) of this Python process so far."""
+    t = os.times()
+    return t.user + t.system
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str]) -> int:
