@@ -35,10 +35,9 @@ unless said otherwise; null where the record does not have it):
 
 Each value is parsed once (``from_json`` of a struct that holds both the envelope and the bare
 event's fields; the envelope's schema, most of a value's bytes, is skipped), each image as a
-map of its columns' JSON text, cast to the column types. Strictness: ``FAILFAST`` mode and
-Spark's ANSI casts, so a value that
-does not fit its column's type fails the read (Spark's ``MALFORMED_RECORD_IN_PARSING``), as
-malformed JSON does. The reader then reads the range again as raw values and names the first
+map of its columns' JSON text, cast to the column types. Strictness: malformed JSON fails the
+read (``FAILFAST``: Spark's ``MALFORMED_RECORD_IN_PARSING``), and so does a value that does not
+fit its column's type (Spark's ANSI casts: ``CAST_INVALID_INPUT``, ...). The reader then reads the range again as raw values and names the first
 bad record with the driver's parser (:meth:`~.kafka.KafkaReader.diagnose`): topic, partition,
 offset and what is wrong, as before any of this ran on executors.
 """
@@ -114,7 +113,7 @@ def projection(data: list[tuple[str, str, TableSchema | None]], tx_topic: str | 
         source, txb = either("v", "source"), either("v", "transaction")
         cols += [kind.alias("kind"), either("v", "op").alias("op")]
         # the event's table, only where it is not its topic's
-        table = F.when(source.getField("schema").isNotNull(),
+        table = F.when(source.getField("schema").isNotNull() & (source.getField("schema") != F.lit("")),
                        F.concat_ws(".", source.getField("schema"), source.getField("table"))).otherwise(
             source.getField("table"))
         expected = F.lit(None).cast("string")
