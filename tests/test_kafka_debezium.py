@@ -286,7 +286,7 @@ def test_a_value_that_does_not_fit_its_column_and_a_changed_schema_are_named_and
         spark, stack, tmp_path):
     """Values are parsed on the executors (FAILFAST); the record the executors refuse is named
     by reading it again on the driver. Extra columns, which a typed parse would drop, are
-    are caught from each image's keys, with the envelope or without it (declared columns)."""
+    caught from each image's keys, with the envelope or without it (declared columns)."""
     import json
     e = Events("bad5")
     _snapshot(stack, e)
