@@ -284,22 +284,31 @@ def test_malformed_json_names_topic_partition_and_offset_and_commits_nothing(spa
 
 def test_a_value_that_does_not_fit_its_column_and_a_changed_schema_are_named_and_nothing_is_committed(
         spark, stack, tmp_path):
-    """Values are parsed on the executors (FAILFAST); the record the executors refuse is named
-    by reading it again on the driver. Extra columns, which a typed parse would drop, are
+    """Values are parsed on the executors (FAILFAST, try_cast: with ANSI mode on or off); the
+    record the executors refuse is named by reading it again on the driver. Extra columns, which a typed parse would drop, are
     caught from each image's keys, with the envelope or without it (declared columns)."""
     import json
-    e = Events("bad5")
-    _snapshot(stack, e)
-    job = _job(tmp_path, stack, e)
-    run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
-    before = _totals(job.target_path)
-    _tx(stack, e, [("a", None, {"id": 2, "v": 5})])
-    _tx(stack, e, [("a", None, {"id": "three", "v": 5})])
-    with pytest.raises(SourceError, match=r"Kafka topic bad5.public.a partition 0 offset 2: column 'id' has a "
-                                          r"value that is not a int32"):
-        run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}))
-    assert _totals(job.target_path) == before
-    forget_readers()
+    ansi = spark.conf.get("spark.sql.ansi.enabled", None)
+    try:
+        for mode in ("false", "true"):   # a cast that fails quietly, or raises
+            spark.conf.set("spark.sql.ansi.enabled", mode)
+            e = Events(f"bad5{mode}")
+            _snapshot(stack, e)
+            job = _job(tmp_path, stack, e, name=f"m5{mode}")
+            run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
+            before = _totals(job.target_path)
+            _tx(stack, e, [("a", None, {"id": 2, "v": 5})])
+            _tx(stack, e, [("a", None, {"id": "three", "v": 5})])
+            with pytest.raises(SourceError, match=rf"Kafka topic bad5{mode}.public.a partition 0 offset 2: column "
+                                                  rf"'id' has a value that is not a int32"):
+                run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}))
+            assert _totals(job.target_path) == before
+            forget_readers()
+    finally:
+        if ansi is None:
+            spark.conf.unset("spark.sql.ansi.enabled")
+        else:
+            spark.conf.set("spark.sql.ansi.enabled", ansi)
 
     e = Events("bad6")
     _snapshot(stack, e)

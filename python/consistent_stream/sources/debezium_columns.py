@@ -24,8 +24,8 @@ unless said otherwise; null where the record does not have it):
                        attempt's fields (:data:`.kafka_snapshot.ATTEMPT_FIELDS`), as JSON text
 ``tx_id``              ``transaction.id``; ``total_order``: ``transaction.total_order``
 ``has_before``         bool: a ``before`` image is there; ``has_after`` likewise
-``shape_ok``           bool: each image has exactly the table's columns (schema changes of
-                       captured tables are not read)
+``images_ok``          bool: each image has exactly the table's columns (schema changes of
+                       captured tables are not read) and every value fits its column's type
 ``t_status``           transaction metadata (the transaction topic): ``status``, ``id``,
                        ``ts_ms``; ``t_collections`` its ``data_collections`` as JSON text
 ``b<i>_<j>``           data topic ``i``'s ``before`` image, column ``j`` of its table
@@ -36,8 +36,9 @@ unless said otherwise; null where the record does not have it):
 Each value is parsed once (``from_json`` of a struct that holds both the envelope and the bare
 event's fields; the envelope's schema, most of a value's bytes, is skipped), each image as a
 map of its columns' JSON text, cast to the column types. Strictness: malformed JSON fails the
-read (``FAILFAST``: Spark's ``MALFORMED_RECORD_IN_PARSING``), and so does a value that does not
-fit its column's type (Spark's ANSI casts: ``CAST_INVALID_INPUT``, ...). The reader then reads the range again as raw values and names the first
+read (``FAILFAST``: Spark's ``MALFORMED_RECORD_IN_PARSING``); a value that does not fit its
+column's type (``try_cast`` gives null where the text was not) or an image with other columns
+clears ``images_ok``, whatever ``spark.sql.ansi.enabled`` is. The reader then reads the range again as raw values and names the first
 bad record with the driver's parser (:meth:`~.kafka.KafkaReader.diagnose`): topic, partition,
 offset and what is wrong, as before any of this ran on executors.
 """
@@ -129,7 +130,7 @@ def projection(data: list[tuple[str, str, TableSchema | None]], tx_topic: str | 
         cols += [either("vt", f).alias(name) for f, name in (("status", "t_status"), ("id", "t_id"),
                                                               ("ts_ms", "t_ts_ms"),
                                                               ("data_collections", "t_collections"))]
-        shape_ok = F.lit(True)
+        images_ok = F.lit(True)
         for i, (topic, _, ts) in enumerate(data):
             if ts is None:
                 continue
@@ -137,16 +138,19 @@ def projection(data: list[tuple[str, str, TableSchema | None]], tx_topic: str | 
             names = F.array(*[F.lit(n) for n in sorted(ts.column_names)])
             for side, prefix in (("before", "b"), ("after", "a")):
                 image = F.when(mine, either("v", side))
-                shape_ok = shape_ok & F.coalesce(F.array_sort(F.map_keys(image)) == names, F.lit(True))
+                images_ok = images_ok & F.coalesce(F.array_sort(F.map_keys(image)) == names, F.lit(True))
                 for j, c in enumerate(ts.columns):
-                    x = image.getItem(c.name)
-                    cast = _cast(c)
+                    text = image.getItem(c.name)
+                    x, cast = text, _cast(c)
                     if cast is not None:
-                        x = x.cast(cast)
+                        # try_cast, whatever spark.sql.ansi.enabled says: a value that does not
+                        # fit is null here, and flagged
+                        x = text.try_cast(cast)
+                        images_ok = images_ok & (text.isNull() | x.isNotNull())
                     elif c.source_type == DECIMAL:
-                        x = F.unbase64(x)
+                        x = F.unbase64(text)
                     cols.append(x.alias(f"{prefix}{i}_{j}"))
-        cols.append(shape_ok.alias("shape_ok"))
+        cols.append(images_ok.alias("images_ok"))
         return df.select(*cols)
     return project
 

@@ -580,7 +580,7 @@ class KafkaReader(TransactionLog):
         col = {c: records.column(c).to_pylist() for c in _EVENT_COLUMNS}
         ts = records.column("timestamp").cast(pa.int64()).to_pylist()   # microseconds
         tx_rows, out = [], {}
-        shapes = images = None
+        fits = images = None
         for i, (topic, part, offset, kind) in enumerate(zip(col["topic"], col["partition"], col["offset"],
                                                              col["kind"])):
             if kind != "event":
@@ -595,10 +595,11 @@ class KafkaReader(TransactionLog):
                 self.skipped["other"] += 1     # a heartbeat or schema change event
                 continue
             if images is None:
-                shapes = records.column("shape_ok").to_pylist()
+                fits = records.column("images_ok").to_pylist()
                 images = _Images(self, records, typed)
-            if not shapes[i]:
-                self.diagnose({(topic, part): (offset, offset + 1)}, "columns differ from the table's")
+            if not fits[i]:
+                self.diagnose({(topic, part): (offset, offset + 1)}, "an image's columns or values do not fit "
+                                                                      "the table's")
             self._data_event(self._topics[topic], col, i, images, out, (ts[i] or 0) // 1000)
         for i in tx_rows:
             self._tx_event(col, i, (ts[i] or 0) // 1000)
