@@ -502,16 +502,22 @@ class KafkaReader(TransactionLog):
         heads = {tp: (a, min(b, a + first)) for tp, (a, b) in ranges.items() if tp[0] in unknown}
         if not heads:
             return
-        raw = self.log.read(heads)
-        for topic, p, offset, value in zip(*(raw.column(c).to_pylist() for c in ("topic", "partition", "offset",
-                                                                                  "value"))):
+        for topic, obj, where in self._raw_records(heads):
             t = unknown[topic]
             if t.schema is not None:
                 continue
-            obj = self._parse(value, _where(topic, p, offset))
             if type(obj) is dict and isinstance(obj.get("schema"), dict) and type(obj.get("payload")) is dict \
                     and obj["payload"].get("op") is not None:
-                self._learn_schema(t, obj, _where(topic, p, offset))
+                self._learn_schema(t, obj, where)
+
+    def _raw_records(self, part: dict):
+        """The records of ``part`` read raw and parsed on the driver (:meth:`_parse`, which
+        names a malformed one): ``(topic, value as JSON, where)`` in offset order."""
+        raw = self.log.read(part)
+        for topic, p, offset, value in zip(*(raw.column(c).to_pylist() for c in ("topic", "partition", "offset",
+                                                                                  "value"))):
+            where = _where(topic, p, offset)
+            yield topic, self._parse(value, where), where
 
     def _with_schemas(self, part: dict, records: pa.Table, typed: dict) -> tuple[pa.Table, dict]:
         """``records`` again with every data topic's images typed: a topic whose schema was
@@ -524,9 +530,8 @@ class KafkaReader(TransactionLog):
             if t.schema is None:
                 mine = records.filter(pc.and_(events, pc.equal(records.column("topic"), t.topic)))
                 p, offset = mine.column("partition")[0].as_py(), mine.column("offset")[0].as_py()
-                where = _where(t.topic, p, offset)
-                raw = self.log.read({(t.topic, p): (offset, offset + 1)})
-                self._learn_schema(t, self._parse(raw.column("value")[0].as_py(), where), where)
+                (_, obj, where), = self._raw_records({(t.topic, p): (offset, offset + 1)})
+                self._learn_schema(t, obj, where)
         return self._read_part(part) if missing else (records, typed)
 
     def _learn_schema(self, t: _Topic, obj, where: str) -> None:
@@ -544,11 +549,7 @@ class KafkaReader(TransactionLog):
         checked by the driver's parser: malformed JSON, not an event, a value that does not
         fit its column's type, columns that differ from the table's), as a SourceError naming
         topic, partition and offset; ``cause`` (the executors' error) when none is found."""
-        raw = self.log.read(part)
-        for topic, p, offset, value in zip(*(raw.column(c).to_pylist() for c in ("topic", "partition", "offset",
-                                                                                  "value"))):
-            where = _where(topic, p, offset)
-            obj = self._parse(value, where)
+        for topic, obj, where in self._raw_records(part):
             if type(obj) is dict and "payload" in obj and "schema" in obj:
                 obj = obj["payload"]
             if obj is None:
