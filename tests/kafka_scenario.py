@@ -50,6 +50,7 @@ class Outcome:
     run_killed: bool = False
     final_matches_database: bool = False
     cut_positions: list = field(default_factory=list)
+    snapshot_rows: dict = field(default_factory=dict)   # table -> rows of the connector's snapshot
     seconds: float = 0.0
     prefix: str = ""
 
@@ -69,14 +70,52 @@ def kafka_sources(bootstrap: str, prefix: str, sql: str, consistency: str = "tra
             for t in TABLES if f"pg.{t}" in sql]
 
 
-def start_pgbench_connector(stack, db: Database, prefix: str, scale: int = 1, partitions: int = 1) -> None:
-    """pgbench's tables (``-i``) in ``db`` with REPLICA IDENTITY FULL, captured by a Debezium
-    connector named ``prefix`` into topics ``<prefix>.public.<table>`` of ``partitions``
-    partitions each."""
+# TPC-B as pgbench's built-in script runs it, over BRANCHES branches of 10 tellers each (the
+# built-in script takes its scale from pgbench_branches' row count, which would also scale the
+# accounts' range); accounts are pgbench's 100,000 of scale 1
+BRANCHES = 500
+TPCB_SCRIPT = """\\set aid random(1, 100000)
+\\set bid random(1, :branches)
+\\set tid random(1, 10 * :branches)
+\\set delta random(-5000, 5000)
+BEGIN;
+UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
+SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
+UPDATE pgbench_tellers SET tbalance = tbalance + :delta WHERE tid = :tid;
+UPDATE pgbench_branches SET bbalance = bbalance + :delta WHERE bid = :bid;
+INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (:tid, :bid, :aid, :delta, CURRENT_TIMESTAMP);
+END;
+"""
+
+
+def pgbench(db: Database, script: str, *args: str, clients: int = 4) -> subprocess.Popen:
+    """pgbench running :data:`TPCB_SCRIPT` (written to ``script``) against ``db`` from
+    ``clients`` connections; ``args`` say how long and how fast (``-T 25 -R 100``, ``-t 150``
+    transactions per client)."""
+    with open(script, "w") as f:
+        f.write(TPCB_SCRIPT)
     srv = db.server
-    init = subprocess.run([srv.bin("pgbench"), "-i", "-s", str(scale), "-q", "-h", "127.0.0.1", "-p", str(srv.port),
+    return subprocess.Popen([srv.bin("pgbench"), "-n", "-f", script, "-D", f"branches={BRANCHES}", "-c", str(clients),
+                             "-j", "2", *args, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres", db.name],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def start_pgbench_connector(stack, db: Database, prefix: str, script: str, partitions: int = 1) -> None:
+    """pgbench's tables in ``db``, full before the connector starts: ``pgbench -i`` (100,000
+    accounts), :data:`BRANCHES` branches and ten times as many tellers, and 600 TPC-B
+    transactions (600 history rows); REPLICA IDENTITY FULL; then a Debezium connector named
+    ``prefix`` captures them (its snapshot, then their changes) into topics
+    ``<prefix>.public.<table>`` of ``partitions`` partitions each."""
+    srv = db.server
+    init = subprocess.run([srv.bin("pgbench"), "-i", "-s", "1", "-q", "-h", "127.0.0.1", "-p", str(srv.port),
                            "-U", "postgres", db.name], capture_output=True, text=True)
     assert init.returncode == 0, init.stderr
+    db.execute(f"INSERT INTO pgbench_branches (bid, bbalance) SELECT g, 0 FROM generate_series(2, {BRANCHES}) g; "
+               f"INSERT INTO pgbench_tellers (tid, bid, tbalance) SELECT g, (g - 1) / 10 + 1, 0 "
+               f"FROM generate_series(11, {10 * BRANCHES}) g")
+    warm = pgbench(db, script, "-t", "150")
+    out, _ = warm.communicate(timeout=120)
+    assert warm.returncode == 0, out
     for t in TABLES:
         db.execute(f"ALTER TABLE {t} REPLICA IDENTITY FULL")
     stack.register_postgres(prefix, db.dsn, [f"public.{t}" for t in TABLES], prefix, slot=f"s_{prefix}",
@@ -114,15 +153,16 @@ def run(spark, stack, tmp_path, *, seconds: float, clients: int = 4, rate: int =
         model: str = "branch_balances", kill_connect_after_s: float | None = None,
         kill_run_after_s: float | None = None, foil_skew_ms: int = 20, spark_checks: int = 3,
         trigger_s: float = 1.0, partitions: int = 1) -> Outcome:
-    """The module docstring's run: pgbench's tables filled (``pgbench -i``) before the connector
-    starts, its data topics of ``partitions`` partitions (the foil, whose per-topic cuts are
+    """The module docstring's run: pgbench's tables full before the connector starts
+    (:func:`start_pgbench_connector`), its data topics of ``partitions`` partitions (the foil, whose per-topic cuts are
     offsets of one partition, runs only with one)."""
     t0 = time.time()
     o = Outcome()
     db = Database()
     prefix = o.prefix = f"pgb{db.name}"
     m = MODELS[model]
-    start_pgbench_connector(stack, db, prefix, partitions=partitions)
+    script = str(tmp_path / "tpcb.sql")
+    start_pgbench_connector(stack, db, prefix, script, partitions=partitions)
     try:
         sources = kafka_sources(stack.bootstrap, prefix, m.sql)
         job = JobSpec.from_dbt(project_root=str(tmp_path), schema="bench", identifier=m.name, model_name=m.name,
@@ -134,10 +174,7 @@ def run(spark, stack, tmp_path, *, seconds: float, clients: int = 4, rate: int =
         wait_for(lambda: first.latest_position() >= 0, timeout=120, what="Debezium's snapshot on Kafka")
         available_now = JobSpec(**{**job.__dict__, "trigger": "available_now"})
         run_job(spark, available_now, full_refresh=True)
-        srv = db.server
-        bench = subprocess.Popen([srv.bin("pgbench"), "-c", str(clients), "-j", "2", "-T", str(int(seconds)), "-n",
-                                  "-R", str(rate), "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres", db.name],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        bench = pgbench(db, script, "-T", str(int(seconds)), "-R", str(rate), clients=clients)
         if kill_connect_after_s is not None:
             def bounce():
                 time.sleep(kill_connect_after_s)
@@ -175,6 +212,7 @@ def run(spark, stack, tmp_path, *, seconds: float, clients: int = 4, rate: int =
         reader = hist.reader()
         o.duplicates_dropped = reader.skipped["duplicates"]
         o.transactions = len([t for t in reader.transactions() if not t.snapshot])
+        o.snapshot_rows = next((dict(t.counts) for t in reader.transactions() if t.snapshot), {})
         _check_versions(o, spark, m, job, target, spark_checks)
         if partitions == 1:
             _foil(o, m, job, reader, stack.bootstrap, prefix, foil_skew_ms)

@@ -2,7 +2,9 @@
 Connect worker running Debezium's PostgreSQL connector, and PostgreSQL 15: one stack for the
 file (``kafka_stack.start``, the script `make demo-kafka` uses too).
 
-* pgbench TPC-B through the whole chain into a continuous model: every committed version keeps
+* pgbench TPC-B through the whole chain into a continuous model, its four tables full before the
+  connector starts (500 branches, 5,000 tellers, 100,000 accounts, 600 history rows: the
+  connector's snapshot), on data topics of 1 and of 3 partitions: every committed version keeps
   ``sum(abalance) = sum(tbalance) = sum(bbalance)`` and each branch's balance = the sum of its
   history, equals batch evaluation at its cut, and the last equals PostgreSQL's answer; per-topic
   reads of the same topics (the foil) break the invariant. The Connect worker is SIGKILLed
@@ -46,6 +48,7 @@ def test_pgbench_through_debezium_on_kafka_is_consistent_at_every_version_throug
     o = kafka_scenario.run(spark, stack, tmp_path, seconds=45, rate=100, kill_connect_after_s=10,
                            kill_run_after_s=20)
     print(o)
+    assert len(o.snapshot_rows) == 4 and min(o.snapshot_rows.values()) >= 500, o
     assert o.connect_killed and o.run_killed, o
     assert o.transactions > 2000, o
     # how many versions a 45-s continuous run commits depends on the machine's load (7 to 11 seen
@@ -63,9 +66,9 @@ def test_pgbench_through_debezium_on_kafka_is_consistent_at_every_version_throug
 def test_pgbench_through_debezium_on_three_partition_topics_is_consistent_through_a_connect_crash(
         spark, stack, tmp_path):
     """The same chain with every data topic in 3 partitions (the transaction topic in one):
-    pgbench's tables are full before the connector starts (its snapshot spreads them over the
-    partitions), the Connect worker is SIGKILLed mid-run; every version keeps the invariant and
-    equals batch evaluation, the last equals PostgreSQL."""
+    pgbench's four tables are full before the connector starts (500+ rows each; its snapshot
+    spreads them over the partitions), the Connect worker is SIGKILLed mid-run; every version
+    keeps the invariant and equals batch evaluation, the last equals PostgreSQL."""
     o = kafka_scenario.run(spark, stack, tmp_path, seconds=25, rate=100, kill_connect_after_s=8, partitions=3,
                            spark_checks=1)
     print(o)
@@ -74,6 +77,7 @@ def test_pgbench_through_debezium_on_three_partition_topics_is_consistent_throug
     assert o.final_matches_database, o
     assert o.cut_positions == sorted(o.cut_positions) and len(set(o.cut_positions)) == o.versions, o
     assert stack.partitions(f"{o.prefix}.public.pgbench_accounts") == 3, o
+    assert len(o.snapshot_rows) == 4 and min(o.snapshot_rows.values()) >= 500, o
 
 
 def test_a_snapshot_on_topics_of_several_partitions_builds_and_equals_postgres(spark, stack, tmp_path):

@@ -102,8 +102,14 @@ def _parse_json(raw: bytes, where, exact: bool = False):
             obj = json.loads(raw, parse_float=decimal.Decimal)
         except ValueError as e:
             raise _err(where, f"malformed JSON line: {e}") from None
-    if isinstance(obj, dict) and "payload" in obj and "schema" in obj:
-        obj = obj["payload"]
+    return unwrap(obj)
+
+
+def unwrap(obj):
+    """A parsed JSON value without Kafka Connect's ``{"schema", "payload"}`` envelope (its
+    payload), or the value itself when it has none."""
+    if type(obj) is dict and "payload" in obj and "schema" in obj:
+        return obj["payload"]
     return obj
 
 
@@ -221,9 +227,7 @@ class EventParser:
             if not raw or raw.isspace():
                 continue
             try:
-                obj = loads(raw)
-                if type(obj) is dict and "payload" in obj and "schema" in obj:
-                    obj = obj["payload"]
+                obj = unwrap(loads(raw))
             except decode_error:
                 obj = _parse_json(raw, where, exact=True)
             if decimals and self._inexact(obj):

@@ -101,7 +101,7 @@ import pyarrow.compute as pc
 from ..errors import ConfigError, SourceError
 from .debezium import DebeziumSource, TransactionLog
 from .debezium_columns import SOURCE_FIELDS, as_number, images, loads_collections, projection
-from .debezium_events import POS, WEIGHT, rows_to_arrow
+from .debezium_events import POS, WEIGHT, rows_to_arrow, unwrap
 from .kafka_log import MAX_RECORDS, KafkaLog, lost_offset
 from .kafka_schema import column_type, converters, schema_from_envelope
 from .kafka_snapshot import ATTEMPT_FIELDS, SnapshotAssembly
@@ -550,8 +550,7 @@ class KafkaReader(TransactionLog):
         fit its column's type, columns that differ from the table's), as a SourceError naming
         topic, partition and offset; ``cause`` (the executors' error) when none is found."""
         for topic, obj, where in self._raw_records(part):
-            if type(obj) is dict and "payload" in obj and "schema" in obj:
-                obj = obj["payload"]
+            obj = unwrap(obj)
             if obj is None:
                 continue
             if topic == self.tx_topic and self.consistency == "transaction":
