@@ -11,7 +11,6 @@ The event format, the snapshot rule and the errors are in :mod:`.debezium_events
 """
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 import threading
@@ -27,7 +26,7 @@ from ..errors import SourceError
 from . import landing_index
 from .debezium_events import INITIAL, POS, WEIGHT, EventParser, build_index
 from .landing import TableSchema, list_event_files, load_schemas
-from .landing_index import TxInfo
+from .landing_index import TxInfo, TxLog
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +54,8 @@ class TransactionLog:
 
     Subclasses fill ``_schemas`` (table -> TableSchema), ``_chunks`` (rows of complete
     transactions, per table an Arrow table of its columns + __pos + __weight) and ``_txs``
-    (TxInfo in position order) and give :meth:`latest_position`; ``location`` names what is
-    read in errors. Positions grow strictly with commit order. Thread-safe (``_lock``).
+    (a :class:`~.landing_index.TxLog`: transactions in position order) and give
+    :meth:`latest_position`; ``location`` names what is read in errors. Positions grow strictly with commit order. Thread-safe (``_lock``).
     """
 
     def __init__(self, location: str):
@@ -64,7 +63,7 @@ class TransactionLog:
         self._lock = threading.RLock()
         self._schemas: dict[str, TableSchema] = {}
         self._chunks: list[_Chunk] = []
-        self._txs: list[TxInfo] = []
+        self._txs = TxLog()
 
     def latest_position(self) -> int:
         """Position of the last complete transaction (or the snapshot); -1 when none."""
@@ -95,15 +94,15 @@ class TransactionLog:
         only those with ``after < position <= upto`` when given (a binary search: positions
         grow)."""
         with self._lock:
-            lo = 0 if after is None else bisect.bisect_right(self._txs, after, key=lambda t: t.position)
-            hi = len(self._txs) if upto is None else bisect.bisect_right(self._txs, upto, key=lambda t: t.position)
+            lo = 0 if after is None else self._txs.bisect(after)
+            hi = len(self._txs) if upto is None else self._txs.bisect(upto)
             return self._txs[lo:hi]
 
     def commit_ms(self, position: int) -> int:
         """Commit time (ms since epoch) of the newest transaction at or before ``position``;
         0 when there is none."""
         with self._lock:
-            i = bisect.bisect_right(self._txs, position, key=lambda t: t.position)
+            i = self._txs.bisect(position)
             return self._txs[i - 1].ts_ms if i else 0
 
     def _check_upto(self, upto: int) -> None:

@@ -89,6 +89,7 @@ import logging
 import re
 import threading
 import time
+from array import array
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -106,7 +107,7 @@ from .kafka_log import MAX_RECORDS, KafkaLog, lost_offset
 from .kafka_schema import column_type, converters, schema_from_envelope
 from .kafka_snapshot import ATTEMPT_FIELDS, SnapshotAssembly
 from .landing import ColumnSchema, TableSchema
-from .landing_index import TxInfo
+from .landing_index import TxInfo, TxLog
 from .spec import INITIAL
 
 log = logging.getLogger(__name__)
@@ -283,6 +284,52 @@ class _PendingTx:
         self.last[tp] = max(offset, self.last.get(tp, offset))
 
 
+class _Extents:
+    """The published transactions a resume point may still need (:meth:`KafkaReader.resume_point`),
+    as columns: position, id, the END's commit LSN (-1: not a PostgreSQL id), and per
+    partition ``(topic, partition)`` the first and last offsets of the transaction's records
+    there (-1: none). A catch-up publishes hundreds of thousands of transactions before its
+    first cut is asked for: a few int64s each, not two dicts of boxed offsets."""
+
+    def __init__(self):
+        self.position, self.lsn = array("q"), array("q")
+        self.ids: list[str] = []
+        self.first: dict[tuple, array] = {}
+        self.last: dict[tuple, array] = {}
+
+    def __len__(self) -> int:
+        return len(self.position)
+
+    def append(self, position: int, tx_id: str, lsn: int | None, first: dict, last: dict) -> None:
+        n = len(self.position)
+        for tp in first.keys() - self.first.keys():
+            self.first[tp], self.last[tp] = array("q", [-1]) * n, array("q", [-1]) * n
+        self.position.append(position)
+        self.lsn.append(-1 if lsn is None else lsn)
+        self.ids.append(tx_id)
+        for tp, a in self.first.items():
+            a.append(first.get(tp, -1))
+        for tp, a in self.last.items():
+            a.append(last.get(tp, -1))
+
+    def columns(self) -> tuple[np.ndarray, dict, dict]:
+        """Copies as NumPy arrays: positions, and first/last offsets per partition."""
+        return (np.array(self.position, dtype=np.int64),
+                {tp: np.array(a, dtype=np.int64) for tp, a in self.first.items()},
+                {tp: np.array(a, dtype=np.int64) for tp, a in self.last.items()})
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Keep only the transactions where ``mask`` (bool, one per transaction) is true."""
+        def kept(a: array) -> array:
+            out = array("q")
+            out.frombytes(np.array(a, dtype=np.int64)[mask].tobytes())
+            return out
+        self.position, self.lsn = kept(self.position), kept(self.lsn)
+        self.ids = [self.ids[i] for i in np.flatnonzero(mask)]
+        self.first = {tp: kept(a) for tp, a in self.first.items()}
+        self.last = {tp: kept(a) for tp, a in self.last.items()}
+
+
 class KafkaReader(TransactionLog):
     """The Debezium change events of the data topics of one clock, assembled into complete
     transactions (module docstring). ``key``: (bootstrap servers, transaction topic or the
@@ -301,7 +348,7 @@ class KafkaReader(TransactionLog):
         self._reset()
 
     def _reset(self) -> None:
-        self._chunks, self._txs = [], []
+        self._chunks, self._txs = [], TxLog()
         self._schemas = {}
         self._topics = {t: _Topic(t, table, pk) for t, (table, pk, _) in self._declared.items()}
         for t, (table, pk, cols) in self._declared.items():
@@ -319,7 +366,7 @@ class KafkaReader(TransactionLog):
         self._chunk_seq = 0
         self.skipped = {"duplicates": 0, "tombstones": 0, "other": 0}
         self.read_events = 0
-        self._recent: deque = deque()              # published transactions not yet behind a cut asked for
+        self._recent = _Extents()                  # published transactions not yet behind a cut asked for
         self._base_lsn: int | None = None
         self._row_totals: dict[str, int] = {}    # table -> rows at the newest position
         base = self._base
@@ -349,7 +396,7 @@ class KafkaReader(TransactionLog):
         self._base_lsn = base.get("end_lsn")
         self._last = p
         self._snapshot.take()   # the resume point is past the snapshot
-        self._txs = [TxInfo(p, "resume point", int(base.get("ts_ms", 0)), {}, self.tx_topic, -1, p == 0)]
+        self._txs = TxLog([TxInfo(p, "resume point", int(base.get("ts_ms", 0)), {}, self.tx_topic, -1, p == 0)])
 
     # -- tables ---------------------------------------------------------------------------------
     def add_table(self, topic: str, table: str, primary_key: tuple, columns: dict) -> None:
@@ -802,8 +849,8 @@ class KafkaReader(TransactionLog):
             position = max(tx.end_offset + 1, self._last + 1)
             for table, rows in tx.rows.items():
                 out.setdefault(table, []).extend((position, w, image, i) for _, w, image, i in rows)
-            self._txs.append(TxInfo(position, tx.id, tx.end_ts_ms, dict(tx.counts), self.tx_topic, tx.end_offset))
-            self._recent.append((position, tx.id, tx.end_lsn, tx.first, tx.last))
+            self._txs.append(TxInfo(position, tx.id, tx.end_ts_ms, tx.counts, self.tx_topic, tx.end_offset))
+            self._recent.append(position, tx.id, tx.end_lsn, tx.first, tx.last)
             self._last = position
 
     def _add_rows(self, out: dict) -> None:
@@ -849,23 +896,35 @@ class KafkaReader(TransactionLog):
         with self._lock:
             if self.consistency != "transaction" or position < self.base or position > self._last:
                 return None
-            after = [r for r in self._recent if r[0] > position] + [
-                (None, tx.id, None, tx.first, tx.last) for tx in self._pending.values()]
-            upto = [r for r in self._recent if r[0] <= position]
+            pos, first, last = self._recent.columns()
+            after = pos > position
             offsets = {}
             for tp, o in self._next.items():
-                firsts = [r[3][tp] for r in after if tp in r[3]]
+                firsts = [tx.first[tp] for tx in self._pending.values() if tp in tx.first]
+                if tp in first:
+                    f = first[tp][after]
+                    f = f[f >= 0]
+                    if f.size:
+                        firsts.append(int(f.min()))
                 offsets[tp] = min(firsts + [o])
-            included = sorted({r[1] for r in upto if any(r[4].get(tp, -1) >= offsets[tp] for tp in offsets)}
+            # a transaction up to ``position`` with records at or after the offsets is read again
+            again = np.zeros(len(pos), dtype=bool)
+            for tp, o in offsets.items():
+                if tp in last:
+                    again |= last[tp] >= o
+            included = sorted({self._recent.ids[i] for i in np.flatnonzero(again & ~after)}
                               | (self._published & set((self._base or {}).get("included", ()))))
-            at = [r for r in upto if r[0] == position]
-            lsn = at[-1][2] if at else (self._base_lsn if position == self.base else None)
+            at = np.flatnonzero(pos == position)
+            if at.size:
+                lsn = self._recent.lsn[at[-1]]
+                lsn = None if lsn == -1 else lsn
+            else:
+                lsn = self._base_lsn if position == self.base else None
             if lsn is None and position > SNAPSHOT_POSITION:
                 return None   # not a PostgreSQL connector's ids: no order to recognize re-sent transactions by
             # offsets only grow with the position asked for and with what is read: a transaction
             # wholly before them is never "included" again
-            self._recent = deque(r for r in self._recent
-                                 if r[0] > position or any(r[4].get(tp, -1) >= o for tp, o in offsets.items()))
+            self._recent.keep(after | again)
             tables = {t.topic: {"schema": json.loads(t.schema.to_json()) if t.schema else None,
                                 "rows": self.row_count(t.table, position) if t.schema else 0}
                       for t in self._topics.values()}
