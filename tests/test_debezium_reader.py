@@ -340,3 +340,22 @@ def test_a_backlog_is_indexed_by_worker_processes(tmp_path, monkeypatch):
     r = LandingReader(d).refresh()
     assert r.index_stats == {"parsed": 0, "loaded": 9, "workers": 2}
     assert _everything(r) == want and r.latest_position() == 250
+
+
+def test_the_transaction_log_gives_back_what_was_appended_and_finds_positions():
+    """TxLog holds transactions as columns: each comes back as the TxInfo appended (counts
+    equal, not the caller's dict), slices and negative indexes as a list's, bisect as
+    bisect_right over the positions, past its shared-counts bound too."""
+    txs = [landing_index.TxInfo(p, f"tx{p}", 1000 + p, {"a": p % 3, "b": 1} if p else {}, f"f{p % 2}", p * 2,
+                                p == 0) for p in range(0, 60, 3)]
+    log = landing_index.TxLog(txs[:1])
+    log.extend(txs[1:])
+    assert len(log) == len(txs) and list(log) == txs and log[-1] == txs[-1] and log[2:5] == txs[2:5]
+    assert log[3].counts is not txs[3].counts
+    assert [log.bisect(x) for x in (-1, 0, 1, 3, 56, 57, 99)] == [0, 1, 1, 2, 19, 20, 20]
+    with pytest.raises(IndexError):
+        log[len(txs)]
+    many = landing_index.TxLog()
+    many._MAX_SHARED = 2
+    many.extend(landing_index.TxInfo(p, "x", 0, {"t": p}, "f", 0) for p in range(5))
+    assert [t.counts for t in many] == [{"t": p} for p in range(5)]
