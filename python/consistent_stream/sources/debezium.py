@@ -55,7 +55,8 @@ class TransactionLog:
     Subclasses fill ``_schemas`` (table -> TableSchema), ``_chunks`` (rows of complete
     transactions, per table an Arrow table of its columns + __pos + __weight) and ``_txs``
     (a :class:`~.landing_index.TxLog`: transactions in position order) and give
-    :meth:`latest_position`; ``location`` names what is read in errors. Positions grow strictly with commit order. Thread-safe (``_lock``).
+    :meth:`latest_position`; ``location`` names what is read in errors. Positions grow
+    strictly with commit order. Thread-safe (``_lock``).
     """
 
     def __init__(self, location: str):
