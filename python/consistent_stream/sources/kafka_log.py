@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from typing import NamedTuple
 
 import pyarrow as pa
@@ -49,6 +50,13 @@ class KafkaLog:
         self.bootstrap = bootstrap
         self.timeout_s = timeout_s
         self._consumer = None
+        # Spark's Kafka source caches its consumers and the records they fetched ahead by
+        # group id and partition (and next offset); by default each read is a query with a
+        # group id of its own, so nothing is ever reused and a backlog's reads pile both up
+        # in the driver's JVM heap until an idle timeout. One group id per log: each read
+        # goes on with the consumer and the fetched records the read before it left. It is
+        # only a cache key here: the partitions are assigned and no offset is committed.
+        self.group_id = f"consistent-stream-{uuid.uuid4().hex}"
 
     def _client(self):
         if self._consumer is None:
@@ -128,6 +136,7 @@ class KafkaLog:
             starts.setdefault(topic, {})[str(p)] = int(start)
             ends.setdefault(topic, {})[str(p)] = int(end)
         df = (spark.read.format("kafka").option("kafka.bootstrap.servers", self.bootstrap)
+              .option("kafka.group.id", self.group_id)
               .option("assign", json.dumps(assign)).option("startingOffsets", json.dumps(starts))
               .option("endingOffsets", json.dumps(ends)).option("failOnDataLoss", "true").load())
         df = project(df) if project is not None else df.select(*RECORD_COLUMNS)
