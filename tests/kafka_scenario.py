@@ -89,11 +89,9 @@ END;
 
 
 def pgbench(db: Database, script: str, *args: str, clients: int = 4) -> subprocess.Popen:
-    """pgbench running :data:`TPCB_SCRIPT` (written to ``script``) against ``db`` from
-    ``clients`` connections; ``args`` say how long and how fast (``-T 25 -R 100``, ``-t 150``
-    transactions per client)."""
-    with open(script, "w") as f:
-        f.write(TPCB_SCRIPT)
+    """pgbench running :data:`TPCB_SCRIPT` (the file ``script``, written by
+    :func:`start_pgbench_connector`) against ``db`` from ``clients`` connections; ``args`` say
+    how long and how fast (``-T 25 -R 100``, ``-t 150`` transactions per client)."""
     srv = db.server
     return subprocess.Popen([srv.bin("pgbench"), "-n", "-f", script, "-D", f"branches={BRANCHES}", "-c", str(clients),
                              "-j", "2", *args, "-h", "127.0.0.1", "-p", str(srv.port), "-U", "postgres", db.name],
@@ -105,7 +103,10 @@ def start_pgbench_connector(stack, db: Database, prefix: str, script: str, parti
     accounts), :data:`BRANCHES` branches and ten times as many tellers, and 600 TPC-B
     transactions (600 history rows); REPLICA IDENTITY FULL; then a Debezium connector named
     ``prefix`` captures them (its snapshot, then their changes) into topics
-    ``<prefix>.public.<table>`` of ``partitions`` partitions each."""
+    ``<prefix>.public.<table>`` of ``partitions`` partitions each. Writes :data:`TPCB_SCRIPT`
+    to the file ``script`` for :func:`pgbench`."""
+    with open(script, "w") as f:
+        f.write(TPCB_SCRIPT)
     srv = db.server
     init = subprocess.run([srv.bin("pgbench"), "-i", "-s", "1", "-q", "-h", "127.0.0.1", "-p", str(srv.port),
                            "-U", "postgres", db.name], capture_output=True, text=True)
@@ -154,8 +155,8 @@ def run(spark, stack, tmp_path, *, seconds: float, clients: int = 4, rate: int =
         kill_run_after_s: float | None = None, foil_skew_ms: int = 20, spark_checks: int = 3,
         trigger_s: float = 1.0, partitions: int = 1) -> Outcome:
     """The module docstring's run: pgbench's tables full before the connector starts
-    (:func:`start_pgbench_connector`), its data topics of ``partitions`` partitions (the foil, whose per-topic cuts are
-    offsets of one partition, runs only with one)."""
+    (:func:`start_pgbench_connector`), its data topics of ``partitions`` partitions (the foil,
+    whose per-topic cuts are offsets of one partition, runs only with one)."""
     t0 = time.time()
     o = Outcome()
     db = Database()

@@ -297,9 +297,6 @@ class _Extents:
         self.first: dict[tuple, array] = {}
         self.last: dict[tuple, array] = {}
 
-    def __len__(self) -> int:
-        return len(self.position)
-
     def append(self, position: int, tx_id: str, lsn: int | None, first: dict, last: dict) -> None:
         n = len(self.position)
         for tp in first.keys() - self.first.keys():
