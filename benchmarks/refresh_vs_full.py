@@ -75,13 +75,51 @@ class PeakRSS:
     """Peak resident memory (MB) of this process and of the Spark JVM during a block
     (``peak``), and their resident memory when it began (``start``): the high-water mark is
     reset to the current RSS on entry, so ``peak - start`` is what the block added, while
-    ``peak`` also counts what earlier work left (Arrow's allocator keeps freed memory)."""
+    ``peak`` also counts what earlier work left (Arrow's allocator keeps freed memory).
+    ``workers``: also ``peak["workers"]``, the peak of the summed RSS of the JVM's child
+    processes (pyspark's Python workers), sampled every 0.25 s."""
 
-    def __init__(self, spark):
+    def __init__(self, spark, workers: bool = False):
         self.pids = {"python": os.getpid(),
                      "jvm": int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())}
         self.peak = {}
         self.start = {}
+        self._workers = workers
+        self._stop = None
+        self._workers_peak = 0.0
+
+    @staticmethod
+    def _descendants(root: int) -> list[int]:
+        """The processes below ``root`` (``/proc``): pyspark's Python daemon and workers."""
+        parent = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/stat") as f:
+                        parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                except OSError:
+                    pass
+        out, frontier = [], [root]
+        while frontier:
+            kids = [p for p, pp in parent.items() if pp in frontier]
+            out += kids
+            frontier = kids
+        return out
+
+    def _sample_workers(self) -> None:
+        import threading
+        self._stop = threading.Event()
+
+        def run():
+            while not self._stop.wait(0.25):
+                total = 0.0
+                for pid in self._descendants(self.pids["jvm"]):
+                    try:
+                        total += self._status(pid, "VmRSS")
+                    except OSError:
+                        pass
+                self._workers_peak = max(self._workers_peak, total)
+        threading.Thread(target=run, daemon=True).start()
 
     @staticmethod
     def _status(pid: int, field: str) -> float:
@@ -99,10 +137,15 @@ class PeakRSS:
             except OSError:
                 pass
             self.start[k] = round(self._status(pid, "VmRSS"), 1)
+        if self._workers:
+            self._sample_workers()
         return self
 
     def __exit__(self, *exc):
         self.peak = {k: round(self._status(pid, "VmHWM"), 1) for k, pid in self.pids.items()}
+        if self._stop is not None:
+            self._stop.set()
+            self.peak["workers"] = round(self._workers_peak, 1)
         return False
 
 

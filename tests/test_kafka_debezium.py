@@ -236,6 +236,84 @@ def test_a_snapshot_spread_over_partitions_in_any_order_and_a_repeated_one_are_a
     forget_readers()
 
 
+def _tx_spread(stack, e: Events, changes: list[tuple[str, dict | None, dict | None]], *, again: bool = False,
+               twice: int | None = None) -> None:
+    """A transaction whose events go to partition ``id % 3`` of their topics; ``again``: the
+    whole transaction is sent a second time (a restarted connector); ``twice``: the change at
+    that index is sent twice in a row."""
+    tx, begin = e.begin()
+    sent = [(e.tx_topic, None, begin)]
+    counts = {}
+    for i, (table, before, after) in enumerate(changes):
+        op = "c" if before is None else "d" if after is None else "u"
+        row = after or before
+        value = e.change(table, op, before, after, tx)
+        sent += [(e.topic(table), row["id"] % 3, value)] * (2 if i == twice else 1)
+        counts[table] = counts.get(table, 0) + 1
+    sent.append((e.tx_topic, None, e.end(tx, counts)))
+    for topic, part, value in sent * (2 if again else 1):
+        stack.produce(topic, [value], key=None if part is None else str(part), partition=part)
+
+
+def test_changes_dropped_from_memory_are_read_again_by_spark_from_the_topics(spark, stack, tmp_path, monkeypatch):
+    """A reader keeps at most ``image_budget`` bytes of assembled changes; what needs older ones
+    is computed by Spark from the topics (:mod:`consistent_stream.sources.kafka_table`). On
+    topics of 3 partitions, with a snapshot that stopped and was taken again, updates, deletes,
+    a key changed twice in one transaction, a transaction sent twice and an event sent twice:
+    a reader that keeps nothing gives the same table at every position and the same changes
+    as one that keeps everything, and a first build that keeps nothing (the rebuild on the
+    driver and on the executors) gives the model's answer."""
+    from consistent_stream.sources import kafka
+    e = Events("dropped")
+    for t in ("a", "b"):
+        stack.create_topic(e.topic(t), 3)
+    _spread(stack, e, "a", [(1, 0, "first"), (2, 1, "true"), (3, 2, "true")])          # stopped here
+    e.repeat_snapshot()
+    _spread(stack, e, "a", [(i, i % 3, "first" if i == 1 else "true") for i in range(1, 30)]
+            + [(30, 0, "last_in_data_collection")])
+    _spread(stack, e, "b", [(1, 1, "true"), (2, 2, "last")])
+    _tx_spread(stack, e, [("a", {"id": 1, "v": 10}, {"id": 1, "v": 11}), ("b", None, {"id": 3, "v": 1})])
+    _tx_spread(stack, e, [("a", {"id": 2, "v": 20}, None), ("a", None, {"id": 31, "v": 310})], again=True)
+    _tx_spread(stack, e, [("a", {"id": 5, "v": 50}, {"id": 5, "v": 55}), ("a", {"id": 5, "v": 55}, {"id": 5, "v": 56}),
+                          ("b", {"id": 1, "v": 10}, None)], twice=1)
+    _tx_spread(stack, e, [("a", {"id": 31, "v": 310}, {"id": 31, "v": 1}), ("b", {"id": 3, "v": 1}, {"id": 3, "v": 2})])
+
+    def reader(budget: int):
+        r = kafka.KafkaReader(stack.bootstrap, e.tx_topic, "transaction")
+        r.image_budget = budget
+        for t in ("a", "b"):
+            r.add_table(e.topic(t), f"public.{t}", ("id",), {})
+        return r.refresh()
+
+    kept, dropped = reader(1 << 30), reader(0)
+    positions = [tx.position for tx in kept.transactions()]
+    assert len(positions) == 5 and positions[0] == 0 and dropped.latest_position() == positions[-1]
+    assert kept.floor == -1 and dropped.floor == positions[-1] and dropped.recomputable
+    assert kept.skipped == dropped.skipped and kept.skipped["duplicates"] >= 3
+
+    def rows(t):
+        return sorted(t.to_pylist(), key=lambda r: sorted(r.items()))
+    for table in ("public.a", "public.b"):
+        for p in (0, positions[2], positions[-1]):
+            assert rows(dropped.table_at(table, p)) == rows(kept.table_at(table, p)), (table, p)
+            assert dropped.row_count(table, p) == kept.row_count(table, p)
+        for after, upto in ((-1, positions[-1]), (0, positions[2]), (positions[1], positions[3])):
+            assert rows(dropped.changes(table, after, upto)) == rows(kept.changes(table, after, upto))
+    assert sum(r["v"] for r in kept.table_at("public.a", positions[-1]).to_pylist()) == 10 * sum(range(1, 31)) \
+        - 10 + 11 - 20 - 50 + 56 + 1
+    assert rows(dropped.table_at("public.b", positions[-1])) == [{"id": 2, "v": 20}, {"id": 3, "v": 2}]
+
+    expected = {"a": sum(r["v"] for r in kept.table_at("public.a", positions[-1]).to_pylist()), "b": 22}
+    monkeypatch.setattr(kafka, "IMAGE_BUDGET", 0)
+    for name, config in (("on_driver", {}), ("executors", {"driver_rebuild_rows": 0})):
+        forget_readers()
+        job = _job(tmp_path, stack, e, name=name)
+        job = JobSpec(**{**job.__dict__, "trigger": "available_now", **config})
+        run_job(spark, job, full_refresh=True)
+        assert _totals(job.target_path) == expected, name
+    forget_readers()
+
+
 # -- bad inputs on hand-written topics ------------------------------------------------------------
 
 def _job(tmp_path, stack, e: Events, tables=("a", "b"), sql=None, name="m", columns=None):

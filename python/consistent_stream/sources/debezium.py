@@ -34,12 +34,22 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Chunk:
     """The rows of one event file: of the complete transactions whose END is in it, and the
-    snapshot reads in it; per table an Arrow table of the table's columns + __pos + __weight."""
+    snapshot reads in it; per table an Arrow table of the table's columns + __pos + __weight
+    (``images``), or once dropped (:meth:`TransactionLog._drop_images`) only __pos + __weight,
+    summed per position (zero sums left out)."""
     seq: int
     name: str
     min_pos: int
     max_pos: int
     tables: dict
+    images: bool = True
+
+
+def _net_by_position(t: pa.Table) -> pa.Table:
+    """__pos + __weight of ``t``, the weights summed per position, zero sums left out."""
+    g = t.select([POS, WEIGHT]).group_by(POS, use_threads=False).aggregate([(WEIGHT, "sum")])
+    g = pa.table({POS: g.column(POS), WEIGHT: g.column(f"{WEIGHT}_sum")})
+    return g.filter(pc.not_equal(g.column(WEIGHT), 0))
 
 
 def _min_max(a) -> tuple[int, int]:
@@ -56,7 +66,9 @@ class TransactionLog:
     transactions, per table an Arrow table of its columns + __pos + __weight) and ``_txs``
     (a :class:`~.landing_index.TxLog`: transactions in position order) and give
     :meth:`latest_position`; ``location`` names what is read in errors. Positions grow
-    strictly with commit order. Thread-safe (``_lock``).
+    strictly with commit order. A subclass may drop the oldest chunks' rows past a budget
+    (:meth:`_drop_images`): :attr:`floor` is then the newest position whose changes are no
+    longer here. Thread-safe (``_lock``).
     """
 
     def __init__(self, location: str):
@@ -65,6 +77,8 @@ class TransactionLog:
         self._schemas: dict[str, TableSchema] = {}
         self._chunks: list[_Chunk] = []
         self._txs = TxLog()
+        self._image_bytes = 0
+        self.floor = INITIAL
 
     def latest_position(self) -> int:
         """Position of the last complete transaction (or the snapshot); -1 when none."""
@@ -77,6 +91,22 @@ class TransactionLog:
         if tables:
             lo, hi = zip(*(_min_max(t.column(POS)) for t in tables.values()))
             self._chunks.append(_Chunk(seq, name, min(lo), max(hi), tables))
+            self._image_bytes += sum(t.nbytes for t in tables.values())
+
+    def _drop_images(self, budget: int) -> None:
+        """Keep the rows of the newest chunks within ``budget`` bytes: older chunks keep only
+        each position's summed weight per table (what :meth:`row_count` reads), and
+        :attr:`floor` becomes the newest position dropped. What needs the dropped rows is the
+        subclass's to serve (:class:`~.kafka.KafkaReader`: from the topics, with Spark)."""
+        for ch in self._chunks:
+            if self._image_bytes <= budget:
+                return
+            if not ch.images:
+                continue
+            self._image_bytes -= sum(t.nbytes for t in ch.tables.values())
+            ch.tables = {table: _net_by_position(t) for table, t in ch.tables.items()}
+            ch.images = False
+            self.floor = max(self.floor, ch.max_pos)
 
     def tables(self) -> list[str]:
         with self._lock:
@@ -124,6 +154,9 @@ class TransactionLog:
             unknown = [c for c in cols if c not in ts.column_names]
             if unknown:
                 raise SourceError(f"{self.location}: table {table} has no columns {unknown} (has {ts.column_names})")
+            if after < self.floor:
+                raise SourceError(f"{self.location}: the changes after position {after} are no longer held in "
+                                  f"memory (kept from position {self.floor} on)")
             parts = []
             for ch in self._chunks:
                 if ch.max_pos <= after or ch.min_pos > upto or table not in ch.tables:

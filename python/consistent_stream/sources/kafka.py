@@ -62,7 +62,13 @@ Reading: each refresh reads every partition from where the last one stopped to i
 watermark (:mod:`.kafka_log`, through Spark's Kafka source). The executors parse the values
 (:mod:`.debezium_columns`: the bookkeeping fields as columns, each table's row images typed by
 its schema); the driver walks those columns to assemble transactions, takes the images by
-index, and keeps the complete transactions as Arrow chunks (:class:`~.debezium.TransactionLog`).
+index, and keeps the complete transactions as Arrow chunks (:class:`~.debezium.TransactionLog`),
+at most :data:`IMAGE_BUDGET` bytes of them: past it the oldest chunks keep only each
+transaction's net row count per table, and what needs their changes (the table as of a
+position, changes across them) is computed by Spark from the topics (:mod:`.kafka_table`), so
+that the driver's memory does not grow with the topics' history (the transaction bookkeeping
+aside: a few int64s per transaction). A rebuild on the executors always computes its tables
+there.
 A value the executors cannot parse is read again raw and named by the driver's parser
 (:meth:`KafkaReader.diagnose`). A reader starts at the topics' start, or at
 a *resume point* (:meth:`KafkaReader.resume_point`, recorded in every target commit as
@@ -113,6 +119,9 @@ from .spec import INITIAL
 log = logging.getLogger(__name__)
 
 SNAPSHOT_POSITION = 0
+IMAGE_BUDGET = 256 << 20
+"""Bytes of assembled changes (Arrow) a reader keeps on the driver; past it the oldest are
+dropped and read again by Spark from the topics where needed (:mod:`.kafka_table`)."""
 LEARN_FROM = 64
 """Records at the start of each partition read raw to learn a topic's schema from its envelope."""
 
@@ -342,10 +351,12 @@ class KafkaReader(TransactionLog):
         self._topics: dict[str, _Topic] = {}
         self._declared: dict[str, tuple] = {}     # topic -> (table, primary key, declared columns)
         self._base: dict | None = None            # the resume point this reader starts at (resume_at)
+        self.image_budget = IMAGE_BUDGET
         self._reset()
 
     def _reset(self) -> None:
         self._chunks, self._txs = [], TxLog()
+        self._image_bytes, self.floor = 0, INITIAL
         self._schemas = {}
         self._topics = {t: _Topic(t, table, pk) for t, (table, pk, _) in self._declared.items()}
         for t, (table, pk, cols) in self._declared.items():
@@ -858,6 +869,12 @@ class KafkaReader(TransactionLog):
                 self._row_totals[table] = self._row_totals.get(table, 0) + sum(r[1] for r in rows)
         self._chunk_seq += 1
         self._add_chunk(self._chunk_seq, f"refresh {self._chunk_seq}", tables)
+        if self._image_bytes > self.image_budget and (self._base is not None or self.recomputable):
+            before = self.floor
+            self._drop_images(self.image_budget)
+            if self.floor != before:
+                log.info("%s: changes up to position %d dropped from memory (image_budget %d bytes); what needs "
+                         "them is read again from the topics", self.location, self.floor, self.image_budget)
 
     # -- what waits -----------------------------------------------------------------------------
     def stalled(self, now_ms: int | None = None) -> list[dict]:
@@ -964,11 +981,75 @@ class KafkaReader(TransactionLog):
                     total -= pc.sum(past).as_py() or 0
             return int(total)
 
+    @property
+    def recomputable(self) -> bool:
+        """Whether Spark can compute a table's changes from the topics (:mod:`.kafka_table`):
+        a reader of the topics' start in transaction consistency whose published snapshot
+        attempt can be told apart from others."""
+        return self._base is None and self.consistency == "transaction" and self._snapshot.told_apart
+
+    def topic_cut(self, table: str, after: int, upto: int):
+        """The :class:`.kafka_table.TopicCut` of ``table``'s changes in ``(after, upto]``."""
+        from .kafka_table import TopicCut
+        with self._lock:
+            ts = self.schema(table)
+            self._check_upto(upto)
+            topic = next(t for t in self._topics.values() if t.table == table)
+            newest = upto == self._last
+            ranges = {tp: (0, end) for tp, end in self._next.items()
+                      if tp[0] == topic.topic or (tp[0] == self.tx_topic and not (newest and after < 1))}
+
+            def key_at(position: int) -> str | None:
+                i = self._txs.bisect(position)
+                tx = self._txs[i - 1] if i else None
+                return None if tx is None or tx.snapshot else tx.id
+            return TopicCut(self.log, table, topic.topic, ts, self.tx_topic, ranges,
+                            after < SNAPSHOT_POSITION <= upto, self._snapshot.attempt, key_at(after), key_at(upto),
+                            tuple(sorted(self._pending)) if newest else None)
+
+    def _from_topics(self, what: str) -> None:
+        if not self.recomputable:
+            raise SourceError(f"{self.location}: {what} needs the changes up to position {self.floor}, which this "
+                              f"reader no longer holds, and cannot read them again from the topics (a reader of a "
+                              f"resume point: use full_reader_for)")
+        log.info("%s: %s is computed by Spark from the topics", self.location, what)
+
+    def changes(self, table: str, after: int, upto: int, columns: list[str] | None = None) -> pa.Table:
+        """:meth:`TransactionLog.changes`; across the changes dropped from memory (before
+        :attr:`floor`), computed by Spark from the topics (:mod:`.kafka_table`; then not in
+        commit order)."""
+        with self._lock:
+            if after >= self.floor:
+                return super().changes(table, after, upto, columns)
+            self._from_topics(f"the changes of {table} in ({after}, {upto}]")
+            from .kafka_table import changes_frame
+            ts = self.schema(table)
+            cols = list(columns) if columns is not None else ts.column_names
+            schema = pa.schema([ts.arrow_schema().field(c) for c in cols] + [pa.field(WEIGHT, pa.int64())])
+            return changes_frame(self.topic_cut(table, after, upto), cols).toArrow().cast(schema)
+
     def table_at(self, table: str, position: int, columns: list[str] | None = None) -> pa.Table:
+        """:meth:`TransactionLog.table_at`; computed by Spark from the topics once changes
+        were dropped from memory (:meth:`table_frame`)."""
         if self._base is not None:
             raise SourceError(f"{self.location}: this reader starts at position {self.base} (a resume point): the "
                               f"table as of a position needs a reader of the topics' start (full_reader_for)")
-        return super().table_at(table, position, columns)
+        with self._lock:
+            if self.floor == INITIAL:
+                return super().table_at(table, position, columns)
+            ts = self.schema(table)
+            cols = list(columns) if columns is not None else ts.column_names
+            return self.table_frame(table, position, cols).toArrow().cast(
+                pa.schema([ts.arrow_schema().field(c) for c in cols]))
+
+    def table_frame(self, table: str, position: int, columns: list[str] | None = None):
+        """The table as of ``position`` as a Spark DataFrame computed from the topics where
+        Spark runs, materialized on the executors (:func:`.kafka_table.table_frame`). Raises
+        SourceError when this reader cannot (:attr:`recomputable`)."""
+        with self._lock:
+            self._from_topics(f"the table {table} at position {position}")
+            from .kafka_table import table_frame
+            return table_frame(self.topic_cut(table, INITIAL, position), position, columns)
 
 
 _READERS: dict[tuple, KafkaReader] = {}
@@ -1074,15 +1155,29 @@ class KafkaSource(DebeziumSource):
         return r
 
     def snapshot(self, views, position: int, columns, *, on_driver: bool = False):
-        rel = self._full(position).table_at(self.spec.table, position, columns)
-        z = rel.append_column("__weight", pa.array([1] * rel.num_rows, pa.int64()))
+        """The table at ``position``, every row +1: computed by Spark from the topics where
+        the rebuild runs on the executors (``on_driver`` false) or the reader no longer holds
+        the changes, else from the reader's changes on the driver."""
+        r = self._full(position)
+        if not on_driver and r.recomputable:
+            from ..changelog import Changelog, with_weight
+            return Changelog.of_frame(views, with_weight(r.table_frame(self.spec.table, position, columns)))
+        rel = r.table_at(self.spec.table, position, columns)
+        z = rel.append_column(WEIGHT, pa.array([1] * rel.num_rows, pa.int64()))
         return self._changelog(views, z, change=False)
+
+    def snapshot_dataframe(self, spark, position: int):
+        r = self._full(position)
+        if r.recomputable:
+            return r.table_frame(self.spec.table, position)
+        return super().snapshot_dataframe(spark, position)
 
     def snapshot_arrow(self, position: int) -> pa.Table:
         return self._full(position).table_at(self.spec.table, position)
 
     def changes(self, views, start: int, end: int, columns):
-        if start >= self.reader(upto=end).base:
+        r = self.reader(upto=end)
+        if start >= max(r.base, r.floor):
             return super().changes(views, start, end, columns)
         from .delta_cdf import SourceChanges
         r = self._full(end)

@@ -121,24 +121,7 @@ class KafkaLog:
             return pa.table({c: pa.array([], t) for c, t in (("topic", pa.string()), ("partition", pa.int32()),
                                                            ("offset", pa.int64()), ("value", pa.binary()),
                                                            ("timestamp", pa.timestamp("us", tz="UTC")))})
-        from pyspark.sql import SparkSession
-        spark = SparkSession.getActiveSession()
-        if spark is None:   # a command of its own (``consistent-stream status``): a local session
-            from ..session import with_delta
-            builder = (with_delta(SparkSession.builder, master="local[1]")
-                       .config("spark.ui.enabled", "false"))
-            spark = builder.getOrCreate()
-        assign: dict[str, list[int]] = {}
-        starts: dict[str, dict[str, int]] = {}
-        ends: dict[str, dict[str, int]] = {}
-        for (topic, p), (start, end) in sorted(ranges.items()):
-            assign.setdefault(topic, []).append(p)
-            starts.setdefault(topic, {})[str(p)] = int(start)
-            ends.setdefault(topic, {})[str(p)] = int(end)
-        df = (spark.read.format("kafka").option("kafka.bootstrap.servers", self.bootstrap)
-              .option("kafka.group.id", self.group_id)
-              .option("assign", json.dumps(assign)).option("startingOffsets", json.dumps(starts))
-              .option("endingOffsets", json.dumps(ends)).option("failOnDataLoss", "true").load())
+        df = self.frame(ranges)
         df = project(df) if project is not None else df.select(*RECORD_COLUMNS)
         try:
             t = df.toArrow()
@@ -152,6 +135,34 @@ class KafkaLog:
         order = pc.sort_indices(t, [("topic", "ascending"), ("partition", "ascending"),
                                             ("offset", "ascending")])
         return t.take(order)
+
+    def frame(self, ranges: dict[tuple[str, int], tuple[int, int]]):
+        """The records of ``ranges`` ((topic, partition) -> [start, end) offsets, at least one
+        not empty) as a lazy Spark DataFrame of Spark's Kafka source (``topic``,
+        ``partition``, ``offset``, ``value``, ``timestamp``, ...), read where Spark runs when
+        a query uses it: what :meth:`read` brings to the driver, and what a computation over
+        a whole topic (:mod:`.kafka_table`) reads on the executors. The active session, else a
+        local one (a command of its own: ``consistent-stream status``)."""
+        from pyspark.sql import SparkSession
+        spark = SparkSession.getActiveSession()
+        if spark is None:
+            from ..session import with_delta
+            builder = (with_delta(SparkSession.builder, master="local[1]")
+                       .config("spark.ui.enabled", "false"))
+            spark = builder.getOrCreate()
+        assign: dict[str, list[int]] = {}
+        starts: dict[str, dict[str, int]] = {}
+        ends: dict[str, dict[str, int]] = {}
+        for (topic, p), (start, end) in sorted(ranges.items()):
+            if end <= start:
+                continue
+            assign.setdefault(topic, []).append(p)
+            starts.setdefault(topic, {})[str(p)] = int(start)
+            ends.setdefault(topic, {})[str(p)] = int(end)
+        return (spark.read.format("kafka").option("kafka.bootstrap.servers", self.bootstrap)
+                .option("kafka.group.id", self.group_id)
+                .option("assign", json.dumps(assign)).option("startingOffsets", json.dumps(starts))
+                .option("endingOffsets", json.dumps(ends)).option("failOnDataLoss", "true").load())
 
     def check_retained(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> SourceError | None:
         """The SourceError for the first range whose start offset retention (or DeleteRecords)

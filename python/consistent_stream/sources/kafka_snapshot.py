@@ -83,7 +83,7 @@ class SnapshotAssembly:
     (module docstring). Not thread-safe: the reader holds its lock.
 
     ``superseded``: rows of older attempts dropped; ``published``: whether :meth:`take` gave
-    the rows out."""
+    the rows out; ``attempt``: then, the published attempt's key (:func:`attempt_of`)."""
 
     def __init__(self):
         self._current: _Attempt | None = None
@@ -93,6 +93,7 @@ class SnapshotAssembly:
         self._streamed: dict[str, set] = {}       # topic -> partitions where a change of its table was read
         self.superseded = 0
         self.published = False
+        self.attempt: tuple | None = None
 
     def streamed(self, topic: str, partition: int) -> None:
         """A change event (not a snapshot read) of ``topic``'s table was read in ``partition``."""
@@ -218,7 +219,14 @@ class SnapshotAssembly:
         the snapshot is published."""
         cur, self._current = self._current, None
         self.published = True
+        self.attempt = cur.key if cur is not None else None
         self._tables_in, self._seen_in = {}, {}
         if cur is None:
             return {}, {}
         return cur.rows, {t: len(r) for t, r in cur.rows.items() if r}
+
+    @property
+    def told_apart(self) -> bool:
+        """Whether the published attempt's rows can be found again among the topics' snapshot
+        reads by its key alone (:mod:`.kafka_table`): it has a key, or no attempt was dropped."""
+        return self.attempt is not None or not self.superseded

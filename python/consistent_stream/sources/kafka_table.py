@@ -1,0 +1,170 @@
+"""A table's changes between two positions, and the table as of a position, computed by Spark
+from the Kafka topics: what a :class:`~.kafka.KafkaReader` no longer holds on the driver.
+
+A reader keeps the changes it assembled (Arrow on the driver) up to a budget of bytes
+(:attr:`~.kafka.KafkaReader.image_budget`) and drops the oldest past it, keeping per
+transaction only its net row count; a first build, a rebuild on the executors and ``verify``
+need the table as of a position, i.e. every change since the connector's snapshot. Those are
+read again here, where Spark runs, from the records the reader already read and checked
+(so no record here can be malformed), with the reader's bookkeeping as the only input from the
+driver (:class:`TopicCut`): which snapshot attempt was published, and which transactions
+are in the range.
+
+**Which transactions.** The reader publishes transactions in the order of their first record
+on the transaction topic (one partition: its order is the commit order, :mod:`.kafka`), each
+once (a copy sent again is a duplicate), and positions grow in that order. So the
+transactions with ``after < position <= upto`` are those whose first transaction-topic offset
+``f`` is above ``f`` of the last transaction at or before ``after`` and at most ``f`` of the
+last one at or before ``upto``: two transaction keys from the driver, the rest computed over
+the transaction topic. A range from the start to the newest published position (a first
+build) needs no transaction topic: every change event read belongs to a published
+transaction or to one still incomplete, whose keys the driver gives. This holds for a reader
+of the topics' start (no resume point, which drops transactions by their commit LSN) in
+transaction consistency.
+
+**Which events.** The table's topic, every partition, up to where the reader read: the
+snapshot reads (``op: r`` without a transaction) of the published attempt
+(:data:`.kafka_snapshot.ATTEMPT_FIELDS` equal to its key) when the range holds the snapshot
+(position 0), and the change events of the range's transactions, each distinct event
+(transaction, ``total_order``) once. Each becomes weighted rows as the reader makes them
+(``c``/``r`` +after, ``d`` -before, ``u`` -before +after), the images typed by the same
+function the reader uses (:func:`.debezium_columns.images`, run on the executors through
+``mapInArrow``). The table as of a position is those rows over ``(INITIAL, position]``
+consolidated (summed weights per distinct row), each row repeated by its weight, materialized
+once (``localCheckpoint`` on the executors' disks) so that the queries reading it do not read
+the topics again.
+
+Errors: SourceError when a row's consolidated weight is negative (the snapshot and the
+change events disagree), naming the table and position.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..changelog import q
+from ..errors import SourceError
+from .debezium_columns import images, projection
+from .debezium_events import WEIGHT
+from .kafka_log import KafkaLog
+from .kafka_snapshot import ATTEMPT_FIELDS
+from .landing import TableSchema
+
+
+@dataclass(frozen=True)
+class TopicCut:
+    """What a reader's bookkeeping says about one table's changes in ``(after, upto]``:
+    ``log`` (its brokers and consumer group), the ``table`` and its ``topic`` and ``schema``,
+    the ``tx_topic``, ``ranges`` ((topic, partition) -> [start, end) offsets the reader read
+    of the table's topic and the transaction topic), ``snapshot`` (the range holds the
+    connector's snapshot), ``attempt`` (the published snapshot attempt's key; None: every
+    snapshot read), ``after_tx`` and ``upto_tx`` (the keys of the last transactions at or
+    before ``after`` and ``upto``; None: none, only the snapshot or nothing)."""
+    log: KafkaLog
+    table: str
+    topic: str
+    schema: TableSchema
+    tx_topic: str
+    ranges: dict
+    snapshot: bool
+    attempt: tuple | None
+    after_tx: str | None
+    upto_tx: str | None
+    incomplete: tuple | None = None
+
+
+def tx_key(column):
+    """:func:`.kafka.transaction_key` as a Spark column expression over a ``transaction.id``
+    column: the xid of a PostgreSQL id ``"<xid>:<LSN>"``, else the id."""
+    from pyspark.sql import functions as F
+    return F.when(column.rlike(r"^[0-9]+:[0-9]+$"), F.regexp_extract(column, r"^([0-9]+):", 1)).otherwise(column)
+
+
+def _weigh(schema: TableSchema):
+    """The ``mapInArrow`` function turning batches of (``op``, ``b0_<j>``, ``a0_<j>``) into
+    the table's typed columns + ``__weight`` (module docstring)."""
+    out_schema = pa.schema(list(schema.arrow_schema()) + [pa.field(WEIGHT, pa.int64())])
+
+    def weigh(batches):
+        for batch in batches:
+            t = pa.Table.from_batches([batch])
+            op = t.column("op")
+            for prefix, mask, w in (("b", pc.is_in(op, pa.array(["u", "d"])), -1),
+                                    ("a", pc.not_equal(op, "d"), 1)):
+                rows = t.filter(mask)
+                if rows.num_rows:
+                    typed = images(rows, 0, schema, prefix)
+                    typed = typed.append_column(WEIGHT, pa.array(np.full(rows.num_rows, w, dtype=np.int64)))
+                    yield from typed.cast(out_schema).to_batches()
+    return weigh
+
+
+def changes_frame(cut: TopicCut, columns: list[str] | None = None):
+    """The weighted rows of ``cut`` (module docstring) as a lazy Spark DataFrame: ``columns``
+    (default all) of the table, typed as its schema says, + ``__weight`` bigint; not
+    consolidated, in no particular order."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+    records = projection([(cut.topic, cut.table, cut.schema)], cut.tx_topic)(cut.log.frame(cut.ranges))
+    events = records.filter((F.col("topic") == F.lit(cut.topic)) & (F.col("kind") == F.lit("event"))
+                            & F.col("op").isNotNull())
+    image_cols = [f"{p}0_{j}" for p in ("b", "a") for j in range(len(cut.schema.columns))]
+    parts = []
+    if cut.snapshot:
+        snap = F.col("tx_id").isNull() & (F.col("op") == F.lit("r"))
+        key = dict(cut.attempt or ())
+        if cut.attempt is not None:
+            for f in ATTEMPT_FIELDS:
+                snap = snap & (F.col(f"s_{f}") == F.lit(str(key[f])) if f in key else F.col(f"s_{f}").isNull())
+        parts.append(events.filter(snap).select("op", *image_cols))
+    if cut.upto_tx is not None and cut.after_tx is None and cut.incomplete is not None:
+        changes = events.filter(F.col("tx_id").isNotNull()).withColumn("k", tx_key(F.col("tx_id")))
+        if cut.incomplete:
+            changes = changes.filter(~F.col("k").isin(*cut.incomplete))
+        parts.append(changes.dropDuplicates(["k", "total_order"]).select("op", *image_cols))
+    elif cut.upto_tx is not None:
+        txs = (records.filter((F.col("topic") == F.lit(cut.tx_topic)) & F.col("t_status").isNotNull())
+               .select(tx_key(F.col("t_id")).alias("k"), "offset")
+               .groupBy("k").agg(F.min("offset").alias("f")))
+        lo = F.max(F.when(F.col("k") == F.lit(cut.after_tx), F.col("f"))) if cut.after_tx is not None \
+            else F.lit(-1).cast("bigint")
+        bounds = txs.agg(lo.alias("lo"), F.max(F.when(F.col("k") == F.lit(cut.upto_tx), F.col("f"))).alias("hi"))
+        inside = (txs.crossJoin(bounds).filter((F.col("f") > F.col("lo")) & (F.col("f") <= F.col("hi")))
+                  .select("k"))
+        changes = (events.filter(F.col("tx_id").isNotNull()).withColumn("k", tx_key(F.col("tx_id")))
+                   .join(inside, "k", "left_semi").dropDuplicates(["k", "total_order"]))
+        parts.append(changes.select("op", *image_cols))
+    out = from_arrow_schema(pa.schema(list(cut.schema.arrow_schema()) + [pa.field(WEIGHT, pa.int64())]))
+    if not parts:
+        spark = records.sparkSession
+        df = spark.createDataFrame([], out)
+    else:
+        rows = parts[0]
+        for p in parts[1:]:
+            rows = rows.unionByName(p)
+        df = rows.mapInArrow(_weigh(cut.schema), out)
+    cols = list(columns) if columns is not None else cut.schema.column_names
+    return df.select(*[F.col(q(c)) for c in cols], WEIGHT)
+
+
+def table_frame(cut: TopicCut, position: int, columns: list[str] | None = None):
+    """The table as of ``position`` (``cut`` from the topics' start through ``position``):
+    ``columns`` (default all), each row repeated by its consolidated weight, no weight
+    column; materialized on the executors' disks (``localCheckpoint``). Raises SourceError
+    when a row's weight is negative."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+    z = changes_frame(cut, columns)
+    cols = [c for c in z.columns if c != WEIGHT]
+    g = (z.groupBy(*[F.col(q(c)) for c in cols]).agg(F.sum(WEIGHT).alias(WEIGHT))
+         .filter(F.col(WEIGHT) != 0).localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY))
+    bad = g.filter(F.col(WEIGHT) < 0).limit(1).collect()
+    if bad:
+        raise SourceError(f"Kafka topic {cut.topic}: table {cut.table} at position {position}: a row is retracted "
+                          f"more often than it was inserted (weight {bad[0][WEIGHT]}): {bad[0].asDict()}; the "
+                          f"snapshot and the change events disagree")
+    repeat = F.explode(F.array_repeat(F.lit(True), F.col(WEIGHT).cast("int"))).alias("__copy")
+    return g.select(*[F.col(q(c)) for c in cols], repeat).drop("__copy")
