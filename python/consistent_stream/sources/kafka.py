@@ -119,7 +119,7 @@ from .spec import INITIAL
 log = logging.getLogger(__name__)
 
 SNAPSHOT_POSITION = 0
-IMAGE_BUDGET = 256 << 20
+IMAGE_BUDGET = 128 << 20
 """Bytes of assembled changes (Arrow) a reader keeps on the driver; past it the oldest are
 dropped and read again by Spark from the topics where needed (:mod:`.kafka_table`)."""
 LEARN_FROM = 64
@@ -181,6 +181,31 @@ def _no_cyclic_gc():
     finally:
         if was:
             gc.enable()
+
+
+def _release_freed() -> None:
+    """Give back to the OS what a read freed: Arrow's allocator (mimalloc) and glibc's malloc
+    keep freed memory for later allocations (glibc's heap cannot shrink below a live block,
+    and its mmap threshold rises to the size of the large blocks a read frees), and the read
+    ahead allocates anew, so without this the driver's RSS grows read by read with memory it
+    does not use (the distributed scheduler of Dask trims for the same reason)."""
+    pa.default_memory_pool().release_unused()
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _glibc():
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim  # noqa: B018 (glibc only)
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _glibc()
 
 
 def _where(topic: str, partition: int, offset: int) -> str:
@@ -508,6 +533,8 @@ class KafkaReader(TransactionLog):
                 records, typed = self._with_schemas(part, records, typed)
                 self._apply(records, typed)
                 n += records.num_rows
+                del records, typed
+                _release_freed()
                 for tp, (_, end) in part.items():
                     self._next[tp] = end
         return n, set(ranges)
@@ -1012,7 +1039,7 @@ class KafkaReader(TransactionLog):
             raise SourceError(f"{self.location}: {what} needs the changes up to position {self.floor}, which this "
                               f"reader no longer holds, and cannot read them again from the topics (a reader of a "
                               f"resume point: use full_reader_for)")
-        log.info("%s: %s is computed by Spark from the topics", self.location, what)
+        log.info("%s: %s is read from the topics by Spark", self.location, what)
 
     def changes(self, table: str, after: int, upto: int, columns: list[str] | None = None) -> pa.Table:
         """:meth:`TransactionLog.changes`; across the changes dropped from memory (before
@@ -1042,14 +1069,15 @@ class KafkaReader(TransactionLog):
             return self.table_frame(table, position, cols).toArrow().cast(
                 pa.schema([ts.arrow_schema().field(c) for c in cols]))
 
-    def table_frame(self, table: str, position: int, columns: list[str] | None = None):
+    def table_frame(self, table: str, position: int, columns: list[str] | None = None, *,
+                    materialize: bool = True):
         """The table as of ``position`` as a Spark DataFrame computed from the topics where
-        Spark runs, materialized on the executors (:func:`.kafka_table.table_frame`). Raises
-        SourceError when this reader cannot (:attr:`recomputable`)."""
+        Spark runs, materialized on the executors or lazy (:func:`.kafka_table.table_frame`).
+        Raises SourceError when this reader cannot (:attr:`recomputable`)."""
         with self._lock:
             self._from_topics(f"the table {table} at position {position}")
             from .kafka_table import table_frame
-            return table_frame(self.topic_cut(table, INITIAL, position), position, columns)
+            return table_frame(self.topic_cut(table, INITIAL, position), position, columns, materialize=materialize)
 
 
 _READERS: dict[tuple, KafkaReader] = {}
@@ -1167,9 +1195,11 @@ class KafkaSource(DebeziumSource):
         return self._changelog(views, z, change=False)
 
     def snapshot_dataframe(self, spark, position: int):
+        """The table at ``position`` as the lazy Spark query that computes it from the topics
+        (what the model's SQL is analyzed over, and ``verify`` reads once)."""
         r = self._full(position)
         if r.recomputable:
-            return r.table_frame(self.spec.table, position)
+            return r.table_frame(self.spec.table, position, materialize=False)
         return super().snapshot_dataframe(spark, position)
 
     def snapshot_arrow(self, position: int) -> pa.Table:

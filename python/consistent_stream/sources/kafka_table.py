@@ -150,18 +150,24 @@ def changes_frame(cut: TopicCut, columns: list[str] | None = None):
     return df.select(*[F.col(q(c)) for c in cols], WEIGHT)
 
 
-def table_frame(cut: TopicCut, position: int, columns: list[str] | None = None):
+def table_frame(cut: TopicCut, position: int, columns: list[str] | None = None, *, materialize: bool = True):
     """The table as of ``position`` (``cut`` from the topics' start through ``position``):
     ``columns`` (default all), each row repeated by its consolidated weight, no weight
-    column; materialized on the executors' disks (``localCheckpoint``). Raises SourceError
-    when a row's weight is negative."""
+    column; materialized on the executors' disks (``localCheckpoint``), or (``materialize``
+    false: what is analyzed, or read once) lazy, the Spark query that computes it. Raises
+    SourceError when a row's weight is negative (materialized: at once; lazy: when run)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
     z = changes_frame(cut, columns)
     cols = [c for c in z.columns if c != WEIGHT]
-    g = (z.groupBy(*[F.col(q(c)) for c in cols]).agg(F.sum(WEIGHT).alias(WEIGHT))
-         .filter(F.col(WEIGHT) != 0).localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY))
-    bad = g.filter(F.col(WEIGHT) < 0).limit(1).collect()
+    g = z.groupBy(*[F.col(q(c)) for c in cols]).agg(F.sum(WEIGHT).alias(WEIGHT)).filter(F.col(WEIGHT) != 0)
+    if not materialize:
+        what = F.lit(f"Kafka topic {cut.topic}: table {cut.table} at position {position}: a row is retracted more "
+                     f"often than it was inserted; the snapshot and the change events disagree")
+        g = g.withColumn(WEIGHT, F.when(F.col(WEIGHT) > 0, F.col(WEIGHT)).otherwise(F.raise_error(what)))
+    else:
+        g = g.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
+    bad = g.filter(F.col(WEIGHT) < 0).limit(1).collect() if materialize else None
     if bad:
         raise SourceError(f"Kafka topic {cut.topic}: table {cut.table} at position {position}: a row is retracted "
                           f"more often than it was inserted (weight {bad[0][WEIGHT]}): {bad[0].asDict()}; the "
