@@ -142,18 +142,24 @@ class TransactionLog:
             raise SourceError(f"{self.location}: position {upto} is past the last complete transaction "
                               f"{last} (data missing or deleted since the cut was taken?)")
 
+    def _columns(self, table: str, columns: list[str] | None) -> tuple[list[str], pa.Schema]:
+        """``columns`` of ``table`` (default all) and the Arrow schema of its changes: those
+        columns + ``__weight`` int64. SourceError when the table or a column is unknown."""
+        ts = self.schema(table)
+        cols = list(columns) if columns is not None else ts.column_names
+        unknown = [c for c in cols if c not in ts.column_names]
+        if unknown:
+            raise SourceError(f"{self.location}: table {table} has no columns {unknown} (has {ts.column_names})")
+        return cols, pa.schema([ts.arrow_schema().field(c) for c in cols] + [pa.field(WEIGHT, pa.int64())])
+
     def changes(self, table: str, after: int, upto: int, columns: list[str] | None = None) -> pa.Table:
         """The changes of ``table`` from the transactions with ``after < position <= upto``
         (the snapshot is at P0), in commit order: ``columns`` (default all) + ``__weight``
         int64, not consolidated. Raises SourceError when ``upto`` is past the last complete
         transaction or ``table`` is unknown."""
         with self._lock:
-            ts = self.schema(table)
+            cols, schema = self._columns(table, columns)
             self._check_upto(upto)
-            cols = list(columns) if columns is not None else ts.column_names
-            unknown = [c for c in cols if c not in ts.column_names]
-            if unknown:
-                raise SourceError(f"{self.location}: table {table} has no columns {unknown} (has {ts.column_names})")
             if after < self.floor:
                 raise SourceError(f"{self.location}: the changes after position {after} are no longer held in "
                                   f"memory (kept from position {self.floor} on)")
@@ -166,7 +172,6 @@ class TransactionLog:
                     pos = t.column(POS)
                     t = t.filter(pc.and_(pc.greater(pos, after), pc.less_equal(pos, upto)))
                 parts.append(t.select(cols + [WEIGHT]))
-            schema = pa.schema([ts.arrow_schema().field(c) for c in cols] + [pa.field(WEIGHT, pa.int64())])
             if not parts:
                 return schema.empty_table()
             return pa.concat_tables(parts).cast(schema)

@@ -1022,17 +1022,19 @@ class KafkaReader(TransactionLog):
             ts = self.schema(table)
             self._check_upto(upto)
             topic = next(t for t in self._topics.values() if t.table == table)
-            newest = upto == self._last
-            ranges = {tp: (0, end) for tp, end in self._next.items()
-                      if tp[0] == topic.topic or (tp[0] == self.tx_topic and not (newest and after < 1))}
 
             def key_at(position: int) -> str | None:
                 i = self._txs.bisect(position)
                 tx = self._txs[i - 1] if i else None
                 return None if tx is None or tx.snapshot else tx.id
+            after_tx = key_at(after)
+            # from the start to the newest position: no transaction topic (kafka_table)
+            incomplete = tuple(sorted(self._pending)) if upto == self._last and after_tx is None else None
+            ranges = {tp: (0, end) for tp, end in self._next.items()
+                      if tp[0] == topic.topic or (tp[0] == self.tx_topic and incomplete is None)}
             return TopicCut(self.log, table, topic.topic, ts, self.tx_topic, ranges,
-                            after < SNAPSHOT_POSITION <= upto, self._snapshot.attempt, key_at(after), key_at(upto),
-                            tuple(sorted(self._pending)) if newest else None)
+                            after < SNAPSHOT_POSITION <= upto, self._snapshot.attempt, after_tx, key_at(upto),
+                            incomplete)
 
     def _from_topics(self, what: str) -> None:
         if not self.recomputable:
@@ -1050,9 +1052,7 @@ class KafkaReader(TransactionLog):
                 return super().changes(table, after, upto, columns)
             self._from_topics(f"the changes of {table} in ({after}, {upto}]")
             from .kafka_table import changes_frame
-            ts = self.schema(table)
-            cols = list(columns) if columns is not None else ts.column_names
-            schema = pa.schema([ts.arrow_schema().field(c) for c in cols] + [pa.field(WEIGHT, pa.int64())])
+            cols, schema = self._columns(table, columns)
             return changes_frame(self.topic_cut(table, after, upto), cols).toArrow().cast(schema)
 
     def table_at(self, table: str, position: int, columns: list[str] | None = None) -> pa.Table:
@@ -1064,10 +1064,8 @@ class KafkaReader(TransactionLog):
         with self._lock:
             if self.floor == INITIAL:
                 return super().table_at(table, position, columns)
-            ts = self.schema(table)
-            cols = list(columns) if columns is not None else ts.column_names
-            return self.table_frame(table, position, cols).toArrow().cast(
-                pa.schema([ts.arrow_schema().field(c) for c in cols]))
+            cols, schema = self._columns(table, columns)
+            return self.table_frame(table, position, cols).toArrow().cast(schema.remove(len(cols)))
 
     def table_frame(self, table: str, position: int, columns: list[str] | None = None, *,
                     materialize: bool = True):

@@ -62,7 +62,10 @@ class TopicCut:
     of the table's topic and the transaction topic), ``snapshot`` (the range holds the
     connector's snapshot), ``attempt`` (the published snapshot attempt's key; None: every
     snapshot read), ``after_tx`` and ``upto_tx`` (the keys of the last transactions at or
-    before ``after`` and ``upto``; None: none, only the snapshot or nothing)."""
+    before ``after`` and ``upto``; None: none, only the snapshot or nothing); ``incomplete``:
+    for a range from the start (no transaction at or before ``after``) to the newest
+    published position, the keys of the transactions read in part (then the transaction
+    topic is not read, nor in ``ranges``), else None."""
     log: KafkaLog
     table: str
     topic: str
@@ -120,7 +123,7 @@ def changes_frame(cut: TopicCut, columns: list[str] | None = None):
             for f in ATTEMPT_FIELDS:
                 snap = snap & (F.col(f"s_{f}") == F.lit(str(key[f])) if f in key else F.col(f"s_{f}").isNull())
         parts.append(events.filter(snap).select("op", *image_cols))
-    if cut.upto_tx is not None and cut.after_tx is None and cut.incomplete is not None:
+    if cut.upto_tx is not None and cut.incomplete is not None:
         changes = events.filter(F.col("tx_id").isNotNull()).withColumn("k", tx_key(F.col("tx_id")))
         if cut.incomplete:
             changes = changes.filter(~F.col("k").isin(*cut.incomplete))
@@ -161,16 +164,16 @@ def table_frame(cut: TopicCut, position: int, columns: list[str] | None = None, 
     z = changes_frame(cut, columns)
     cols = [c for c in z.columns if c != WEIGHT]
     g = z.groupBy(*[F.col(q(c)) for c in cols]).agg(F.sum(WEIGHT).alias(WEIGHT)).filter(F.col(WEIGHT) != 0)
+    what = (f"Kafka topic {cut.topic}: table {cut.table} at position {position}: a row is retracted more often "
+            f"than it was inserted")
+    disagree = "the snapshot and the change events disagree"
     if not materialize:
-        what = F.lit(f"Kafka topic {cut.topic}: table {cut.table} at position {position}: a row is retracted more "
-                     f"often than it was inserted; the snapshot and the change events disagree")
-        g = g.withColumn(WEIGHT, F.when(F.col(WEIGHT) > 0, F.col(WEIGHT)).otherwise(F.raise_error(what)))
+        g = g.withColumn(WEIGHT, F.when(F.col(WEIGHT) > 0, F.col(WEIGHT)).otherwise(
+            F.raise_error(F.lit(f"{what}; {disagree}"))))
     else:
         g = g.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
-    bad = g.filter(F.col(WEIGHT) < 0).limit(1).collect() if materialize else None
-    if bad:
-        raise SourceError(f"Kafka topic {cut.topic}: table {cut.table} at position {position}: a row is retracted "
-                          f"more often than it was inserted (weight {bad[0][WEIGHT]}): {bad[0].asDict()}; the "
-                          f"snapshot and the change events disagree")
+        bad = g.filter(F.col(WEIGHT) < 0).limit(1).collect()
+        if bad:
+            raise SourceError(f"{what} (weight {bad[0][WEIGHT]}): {bad[0].asDict()}; {disagree}")
     repeat = F.explode(F.array_repeat(F.lit(True), F.col(WEIGHT).cast("int"))).alias("__copy")
     return g.select(*[F.col(q(c)) for c in cols], repeat).drop("__copy")
