@@ -350,6 +350,58 @@ def _totals(path: str) -> dict:
     return {r.t: r.total for r in delta_pandas(path, t.latest_version()).itertuples(index=False)}
 
 
+def test_a_payload_is_parsed_alone_where_the_value_has_its_topics_envelope_and_whole_elsewhere(
+        spark, stack, tmp_path):
+    """The reader learns the text each topic's values start with up to the payload from its
+    first event (spacing as written); values that have it are parsed from the payload alone,
+    any other (another spacing, an envelope whose schema differs, no envelope: the transaction
+    topic here, a null payload: a tombstone) whole. The
+    reader's columns equal those of parsing every value whole, and the model's answer holds
+    every event."""
+    import orjson
+    from consistent_stream.sources import kafka
+    from consistent_stream.sources.debezium_columns import projection
+    e = Events("env")
+
+    def compact(v: bytes) -> bytes:
+        return orjson.dumps(orjson.loads(v))
+    for t in ("a", "b"):
+        stack.produce(e.topic(t), [compact(e.change(t, "r", None, {"id": 1, "v": 10}, None,
+                                                    "last_in_data_collection"))])
+    tx, begin = e.begin()
+    other = orjson.loads(e.change("a", "u", {"id": 1, "v": 10}, {"id": 1, "v": 11}, tx))
+    other["schema"]["version"] = 3
+    tombstone = orjson.loads(compact(e.change("a", "c", None, {"id": 9, "v": 90}, None)))
+    tombstone["payload"] = None
+    values_a = [compact(e.change("a", "c", None, {"id": 3, "v": 30}, tx)),
+                e.change("a", "c", None, {"id": 2, "v": 20}, tx),       # json.dumps: spaced
+                orjson.dumps(other), orjson.dumps(tombstone)]
+    stack.produce(e.tx_topic, [begin])
+    stack.produce(e.topic("a"), values_a)
+    stack.produce(e.topic("b"), [compact(e.change("b", "d", {"id": 1, "v": 10}, None, tx))])
+    stack.produce(e.tx_topic, [e.end(tx, {"a": 3, "b": 1})])
+
+    r = kafka.KafkaReader(stack.bootstrap, e.tx_topic, "transaction")
+    for t in ("a", "b"):
+        r.add_table(e.topic(t), f"public.{t}", ("id",), {})
+    r.refresh()
+    prefix = r.envelopes[e.topic("a")]
+    assert set(r.envelopes) == {e.topic("a"), e.topic("b")} and prefix.endswith('},"payload":')
+    assert [v.startswith(prefix.encode() + b"{") for v in values_a] == [True, False, False, False]
+    assert r.skipped["tombstones"] == 1
+    data = [(t.topic, t.table, t.schema) for t in r._topics.values()]
+    ranges = {tp: (0, end) for tp, end in r._next.items()}
+    alone = r.log.read(ranges, project=projection(data, r.tx_topic, r.envelopes))
+    whole = r.log.read(ranges, project=projection(data, r.tx_topic, {}))
+    assert alone.num_rows == 9 and alone.equals(whole)
+
+    job = _job(tmp_path, stack, e, name="env", sql=" union all ".join(
+        f"select '{t}' as t, count(*) as n, coalesce(sum(v), 0) as total from k.{t}" for t in ("a", "b")))
+    run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
+    assert _totals(job.target_path) == {"a": 61, "b": 0}
+    forget_readers()
+
+
 def test_malformed_json_names_topic_partition_and_offset_and_commits_nothing(spark, stack, tmp_path):
     e = Events("bad1")
     _snapshot(stack, e)

@@ -33,16 +33,27 @@ unless said otherwise; null where the record does not have it):
                        as binary); ``a<i>_<j>`` the ``after`` image
 =====================  ==============================================================
 
-Each value is parsed once (``from_json`` of a struct that holds both the envelope and the bare
-event's fields; the envelope's schema, most of a value's bytes, is skipped), each image as a
-map of its columns' JSON text, cast to the column types. Strictness: malformed JSON fails the
-read (``FAILFAST``: Spark's ``MALFORMED_RECORD_IN_PARSING``); a value that does not fit its
-column's type (``try_cast`` gives null where the text was not) or an image with other columns
-clears ``images_ok``, whatever ``spark.sql.ansi.enabled`` is. The reader then reads the range again as raw values and names the first
-bad record with the driver's parser (:meth:`~.kafka.KafkaReader.diagnose`): topic, partition,
-offset and what is wrong, as before any of this ran on executors.
+Each value is parsed once, each image as a map of its columns' JSON text, cast to the column
+types. The envelope's ``schema`` is most of a value's bytes and the same in every value of a
+topic until the table's schema changes: where a value starts with the exact envelope text
+learnt from the topic's first event (:func:`envelope_prefix`) followed by a payload object,
+and ends with the envelope's ``}``, only the payload is parsed (``from_json`` of the event's
+fields over a byte substring); any other value (another envelope, none, a null payload) is
+parsed whole (``from_json`` of a struct that holds both the envelope and the bare event's
+fields, the schema's subtree skipped by the parser). Both give the same columns: the prefix
+is a complete JSON object, so what follows it is the top-level payload.
+
+Strictness: malformed JSON fails the read (``FAILFAST``: Spark's
+``MALFORMED_RECORD_IN_PARSING``); a value that does not fit its column's type (``try_cast``
+gives null where the text was not) or an image with other columns clears ``images_ok``,
+whatever ``spark.sql.ansi.enabled`` is. The reader then reads the range again as raw values
+and names the first bad record with the driver's parser
+(:meth:`~.kafka.KafkaReader.diagnose`): topic, partition, offset and what is wrong, as before
+any of this ran on executors.
 """
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import orjson
@@ -57,7 +68,6 @@ from .landing import TableSchema, arrow_type
 
 SOURCE_FIELDS = ("schema", "table", "snapshot", "ts_ms") + ATTEMPT_FIELDS
 _SOURCE_DDL = "struct<" + ", ".join(f"`{f}`: string" for f in SOURCE_FIELDS) + ">"
-_TX_FIELDS = "status string, id string, ts_ms string, data_collections string"
 _FAILFAST = {"mode": "FAILFAST"}
 _SPARK = {"int16": "smallint", "int32": "int", "int64": "bigint", "float32": "float", "float64": "double",
           "bool": "boolean", "string": "string"}
@@ -72,47 +82,104 @@ def _cast(c) -> str | None:
     return _SPARK.get(c.type)
 
 
-_EVENT_FIELDS = ("op string, before map<string, string>, after map<string, string>, source " + _SOURCE_DDL
-                 + ", transaction struct<id: string, total_order: string>")
+_EVENT_FIELDS = (("op", "string"), ("before", "map<string, string>"), ("after", "map<string, string>"),
+                 ("source", _SOURCE_DDL), ("transaction", "struct<id: string, total_order: string>"))
+_TX_FIELDS = (("status", "string"), ("id", "string"), ("ts_ms", "string"), ("data_collections", "string"))
 
 
-def _value_ddl(fields: str) -> str:
+def _ddl(fields: tuple) -> str:
+    return ", ".join(f"{name} {type_}" for name, type_ in fields)
+
+
+def _value_ddl(fields: tuple) -> str:
     """A value with or without Kafka Connect's envelope, in one parse: the envelope's
     ``schema`` (only whether it is there: its subtree is skipped) and ``payload``, and the
     same fields at the top level."""
-    return f"schema struct<type: string>, payload struct<{fields}>, {fields}"
+    return f"schema struct<type: string>, payload struct<{_ddl(fields)}>, {_ddl(fields)}"
 
 
-def projection(data: list[tuple[str, str, TableSchema | None]], tx_topic: str | None):
+_HEAD = re.compile(rb'\{\s*"schema"\s*:')
+_PAYLOAD = re.compile(rb',\s*"payload"\s*:\s*')
+
+
+def envelope_prefix(value: bytes, obj) -> str | None:
+    """The text a Kafka Connect ``JsonConverter`` value starts with up to its payload,
+    ``{"schema":<schema>,"payload":``, exactly as ``value`` (the raw bytes) has it, spacing
+    included up to the payload's first character, or None when ``value`` has no envelope or
+    another key first. ``obj``: ``value`` parsed. The prefix ends where the bytes after
+    ``"schema":`` parse to exactly the envelope's schema, so it is a complete JSON object
+    whatever the schema holds (a ``"payload":`` inside it is not taken for the payload's key)."""
+    if not (type(obj) is dict and isinstance(obj.get("schema"), dict) and "payload" in obj):
+        return None
+    head = _HEAD.match(value)
+    if head is None:
+        return None
+    for m in _PAYLOAD.finditer(value, head.end()):
+        try:
+            if orjson.loads(value[head.end():m.start()]) == obj["schema"]:
+                return value[:m.end()].decode("utf-8")
+        except (orjson.JSONDecodeError, UnicodeDecodeError):
+            continue
+    return None
+
+
+def projection(data: list[tuple[str, str, TableSchema | None]], tx_topic: str | None,
+               envelopes: dict[str, str] | None = None):
     """The function that turns Spark's Kafka source DataFrame (``topic``, ``partition``,
     ``offset``, ``value`` binary, ``timestamp``, ...) into the columns of the module
     docstring. ``data``: the data topics in order (``i`` of ``b<i>_<j>``), each with its
     table (``<schema>.<table>``) and schema (None while unknown: no image columns);
     ``tx_topic``: the transaction topic, or None (per-topic positions: every event's ``source``
-    fields are kept). Each value is parsed once; an image is a map of its columns' JSON text, so its
-    keys are checked against the table's and each column is cast to its type."""
+    fields are kept); ``envelopes``: topic -> :func:`envelope_prefix` of its values, whose
+    payload alone is parsed where a value has it. Each value is parsed once; an image is a
+    map of its columns' JSON text, so its keys are checked against the table's and each column
+    is cast to its type."""
     from pyspark.sql import functions as F
 
     def project(df):
-        df = df.select("topic", "partition", "offset", "timestamp", F.col("value").cast("string").alias("text"))
+        text = F.col("value").cast("string")
+        # the 1-based byte offset of the payload, where the value has its topic's envelope and
+        # the payload is an object (a null one is a tombstone: the whole value is parsed)
+        at = F.lit(None).cast("int")
+        for topic, prefix in sorted((envelopes or {}).items()):
+            at = F.when((F.col("topic") == F.lit(topic)) & text.startswith(prefix + "{") & text.endswith("}"),
+                        F.lit(len(prefix.encode("utf-8")) + 1)).otherwise(at)
+        df = df.select("topic", "partition", "offset", "timestamp", "value", text.alias("text"), at.alias("at"))
+        payload = F.expr("cast(substring(value, at, octet_length(value) - at) as string)")
         is_tx = (F.col("topic") == F.lit(tx_topic)) if tx_topic else F.lit(False)
-        df = df.select("topic", "partition", "offset", "timestamp", "text",
-                       F.when(~is_tx, F.from_json("text", _value_ddl(_EVENT_FIELDS), _FAILFAST)).alias("v"),
-                       (F.when(is_tx, F.from_json("text", _value_ddl(_TX_FIELDS), _FAILFAST)) if tx_topic
-                        else F.lit(None).cast(f"struct<{_value_ddl(_TX_FIELDS)}>")).alias("vt"))
+        fast = F.col("at").isNotNull()
 
-        def either(v: str, field: str):
-            """``field`` of the envelope's payload, else of the value itself."""
-            return F.when(F.col(f"{v}.schema").isNotNull(), F.col(f"{v}.payload.{field}")).otherwise(
-                F.col(f"{v}.{field}"))
+        def parsed(fields: tuple, mine):
+            """The payload alone where the envelope is known, else the whole value."""
+            return (F.when(mine & fast, F.from_json(payload, _ddl(fields), _FAILFAST)),
+                    F.when(mine & ~fast, F.from_json("text", _value_ddl(fields), _FAILFAST)))
 
-        enveloped = F.when(is_tx, F.col("vt.schema").isNotNull()).otherwise(F.col("v.schema").isNotNull())
-        payload_null = F.when(is_tx, F.col("vt.payload").isNull()).otherwise(F.col("v.payload").isNull())
-        kind = (F.when(F.col("text").isNull() | (enveloped & payload_null), F.lit("tombstone"))
+        def event(fields: tuple, alone: str, whole: str):
+            """The event's ``fields`` as one struct: the payload parsed alone, else the
+            envelope's payload, else the value's top level."""
+            bare = F.struct(*[F.col(f"{whole}.{name}").alias(name) for name, _ in fields])
+            return (F.when(fast, F.col(alone)).when(F.col(f"{whole}.schema").isNotNull(), F.col(f"{whole}.payload"))
+                    .otherwise(bare))
+        v_alone, v_whole = parsed(_EVENT_FIELDS, ~is_tx)
+        t_alone, t_whole = (parsed(_TX_FIELDS, is_tx) if tx_topic else
+                            (F.lit(None).cast(f"struct<{_ddl(_TX_FIELDS)}>"),
+                             F.lit(None).cast(f"struct<{_value_ddl(_TX_FIELDS)}>")))
+        df = df.select("topic", "partition", "offset", "timestamp", "text", "at", v_alone.alias("v_alone"),
+                       v_whole.alias("v_whole"), t_alone.alias("t_alone"), t_whole.alias("t_whole"))
+        enveloped = fast | F.when(is_tx, F.col("t_whole.schema").isNotNull()).otherwise(
+            F.col("v_whole.schema").isNotNull())
+        # e: the change event's fields, t: the transaction record's (null structs or fields elsewhere)
+        df = df.select("topic", "partition", "offset", "timestamp", "text", enveloped.alias("enveloped"),
+                       event(_EVENT_FIELDS, "v_alone", "v_whole").alias("e"),
+                       event(_TX_FIELDS, "t_alone", "t_whole").alias("t"))
+
+        # an envelope whose payload is null
+        payload_null = F.col("enveloped") & F.when(is_tx, F.col("t").isNull()).otherwise(F.col("e").isNull())
+        kind = (F.when(F.col("text").isNull() | payload_null, F.lit("tombstone"))
                 .when(~F.ltrim(F.col("text")).startswith("{"), F.lit("other")).otherwise(F.lit("event")))
         cols = [F.col(c) for c in ("topic", "partition", "offset", "timestamp")]
-        source, txb = either("v", "source"), either("v", "transaction")
-        cols += [kind.alias("kind"), either("v", "op").alias("op")]
+        source, txb = F.col("e.source"), F.col("e.transaction")
+        cols += [kind.alias("kind"), F.col("e.op").alias("op")]
         # the event's table, only where it is not its topic's
         table = F.when(source.getField("schema").isNotNull() & (source.getField("schema") != F.lit("")),
                        F.concat_ws(".", source.getField("schema"), source.getField("table"))).otherwise(
@@ -122,12 +189,12 @@ def projection(data: list[tuple[str, str, TableSchema | None]], tx_topic: str | 
             expected = F.when(F.col("topic") == F.lit(topic), F.lit(name)).otherwise(expected)
         cols.append(F.when(~table.eqNullSafe(expected), F.coalesce(table, F.lit(""))).alias("other_table"))
         # the snapshot's fields, only on snapshot reads (every event's without transaction metadata)
-        snapshot_read = (either("v", "op") == F.lit("r")) & txb.isNull() if tx_topic else F.lit(True)
+        snapshot_read = (F.col("e.op") == F.lit("r")) & txb.isNull() if tx_topic else F.lit(True)
         cols += [F.when(snapshot_read, source.getField(f)).alias(f"s_{f}") for f in SOURCE_FIELDS[2:]]
         cols += [txb.getField("id").alias("tx_id"), txb.getField("total_order").alias("total_order")]
-        cols += [F.coalesce(either("v", side).isNotNull(), F.lit(False)).alias(f"has_{side}")
+        cols += [F.coalesce(F.col(f"e.{side}").isNotNull(), F.lit(False)).alias(f"has_{side}")
                  for side in ("before", "after")]
-        cols += [either("vt", f).alias(name) for f, name in (("status", "t_status"), ("id", "t_id"),
+        cols += [F.col(f"t.{f}").alias(name) for f, name in (("status", "t_status"), ("id", "t_id"),
                                                               ("ts_ms", "t_ts_ms"),
                                                               ("data_collections", "t_collections"))]
         images_ok = F.lit(True)
@@ -137,7 +204,7 @@ def projection(data: list[tuple[str, str, TableSchema | None]], tx_topic: str | 
             mine = F.col("topic") == F.lit(topic)
             names = F.array(*[F.lit(n) for n in sorted(ts.column_names)])
             for side, prefix in (("before", "b"), ("after", "a")):
-                image = F.when(mine, either("v", side))
+                image = F.when(mine, F.col(f"e.{side}"))
                 images_ok = images_ok & F.coalesce(F.array_sort(F.map_keys(image)) == names, F.lit(True))
                 for j, c in enumerate(ts.columns):
                     text = image.getItem(c.name)

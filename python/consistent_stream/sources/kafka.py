@@ -107,7 +107,7 @@ import pyarrow.compute as pc
 
 from ..errors import ConfigError, SourceError
 from .debezium import DebeziumSource, TransactionLog
-from .debezium_columns import SOURCE_FIELDS, as_number, images, loads_collections, projection
+from .debezium_columns import SOURCE_FIELDS, as_number, envelope_prefix, images, loads_collections, projection
 from .debezium_events import POS, WEIGHT, rows_to_arrow, unwrap
 from .kafka_log import MAX_RECORDS, KafkaLog, lost_offset
 from .kafka_schema import column_type, converters, schema_from_envelope
@@ -383,6 +383,7 @@ class KafkaReader(TransactionLog):
         self._chunks, self._txs = [], TxLog()
         self._image_bytes, self.floor = 0, INITIAL
         self._schemas = {}
+        self._envelopes: dict[str, str | None] = {}   # topic -> its values' envelope text (debezium_columns)
         self._topics = {t: _Topic(t, table, pk) for t, (table, pk, _) in self._declared.items()}
         for t, (table, pk, cols) in self._declared.items():
             if cols:
@@ -567,7 +568,7 @@ class KafkaReader(TransactionLog):
         typed = {topic: (i, ts) for i, (topic, _, ts) in enumerate(data) if ts is not None}
         tx = self.tx_topic if self.consistency == "transaction" else None
         try:
-            return self.log.read(part, project=projection(data, tx)), typed
+            return self.log.read(part, project=projection(data, tx, self.envelopes)), typed
         except SourceError:
             raise
         except Exception as e:   # Spark's MALFORMED_RECORD_IN_PARSING, CAST_INVALID_INPUT and the like
@@ -575,18 +576,29 @@ class KafkaReader(TransactionLog):
                 raise
             self.diagnose(part, str(e))
 
+    @property
+    def envelopes(self) -> dict[str, str]:
+        """Topic -> the envelope text its values start with (:func:`.debezium_columns.envelope_prefix`),
+        for the topics that have one."""
+        return {topic: e for topic, e in self._envelopes.items() if e is not None}
+
     def _learn_schemas(self, ranges: dict, first: int = LEARN_FROM) -> None:
         """Learn the schema of every data topic in ``ranges`` whose columns are not known yet
-        from its first change event's envelope (:meth:`_learn_schema`), reading the first
-        ``first`` records of each of its partitions as raw values (one small read), so that
-        the first read of a backlog parses its images typed."""
+        from its first change event's envelope (:meth:`_learn_schema`), and the envelope text
+        of every topic's values (:attr:`envelopes`), reading the first ``first`` records of
+        each of its partitions as raw values (one small read), so that the first read of a
+        backlog parses its images typed and only its payloads."""
         unknown = {t.topic: t for t in self._topics.values() if t.schema is None}
-        heads = {tp: (a, min(b, a + first)) for tp, (a, b) in ranges.items() if tp[0] in unknown}
+        heads = {tp: (a, min(b, a + first)) for tp, (a, b) in ranges.items()
+                 if tp[0] in unknown or tp[0] not in self._envelopes}
         if not heads:
             return
-        for topic, obj, where in self._raw_records(heads):
-            t = unknown[topic]
-            if t.schema is not None:
+        for topic, value, obj, where in self._raw_records(heads):
+            if topic not in self._envelopes and type(obj) is dict and (type(obj.get("payload")) is dict
+                                                                       or "schema" not in obj):
+                self._envelopes[topic] = envelope_prefix(value, obj)   # None: values without one
+            t = unknown.get(topic)
+            if t is None or t.schema is not None:
                 continue
             if type(obj) is dict and isinstance(obj.get("schema"), dict) and type(obj.get("payload")) is dict \
                     and obj["payload"].get("op") is not None:
@@ -594,12 +606,12 @@ class KafkaReader(TransactionLog):
 
     def _raw_records(self, part: dict):
         """The records of ``part`` read raw and parsed on the driver (:meth:`_parse`, which
-        names a malformed one): ``(topic, value as JSON, where)`` in offset order."""
+        names a malformed one): ``(topic, value bytes, value as JSON, where)`` in offset order."""
         raw = self.log.read(part)
         for topic, p, offset, value in zip(*(raw.column(c).to_pylist() for c in ("topic", "partition", "offset",
                                                                                   "value"))):
             where = _where(topic, p, offset)
-            yield topic, self._parse(value, where), where
+            yield topic, value, self._parse(value, where), where
 
     def _with_schemas(self, part: dict, records: pa.Table, typed: dict) -> tuple[pa.Table, dict]:
         """``records`` again with every data topic's images typed: a topic whose schema was
@@ -612,7 +624,7 @@ class KafkaReader(TransactionLog):
             if t.schema is None:
                 mine = records.filter(pc.and_(events, pc.equal(records.column("topic"), t.topic)))
                 p, offset = mine.column("partition")[0].as_py(), mine.column("offset")[0].as_py()
-                (_, obj, where), = self._raw_records({(t.topic, p): (offset, offset + 1)})
+                (_, _, obj, where), = self._raw_records({(t.topic, p): (offset, offset + 1)})
                 self._learn_schema(t, obj, where)
         return self._read_part(part) if missing else (records, typed)
 
@@ -631,7 +643,7 @@ class KafkaReader(TransactionLog):
         checked by the driver's parser: malformed JSON, not an event, a value that does not
         fit its column's type, columns that differ from the table's), as a SourceError naming
         topic, partition and offset; ``cause`` (the executors' error) when none is found."""
-        for topic, obj, where in self._raw_records(part):
+        for topic, _, obj, where in self._raw_records(part):
             obj = unwrap(obj)
             if obj is None:
                 continue
@@ -1034,7 +1046,7 @@ class KafkaReader(TransactionLog):
                       if tp[0] == topic.topic or (tp[0] == self.tx_topic and incomplete is None)}
             return TopicCut(self.log, table, topic.topic, ts, self.tx_topic, ranges,
                             after < SNAPSHOT_POSITION <= upto, self._snapshot.attempt, after_tx, key_at(upto),
-                            incomplete)
+                            incomplete, tuple(sorted(self.envelopes.items())))
 
     def _from_topics(self, what: str) -> None:
         if not self.recomputable:

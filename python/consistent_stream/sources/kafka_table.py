@@ -65,7 +65,8 @@ class TopicCut:
     before ``after`` and ``upto``; None: none, only the snapshot or nothing); ``incomplete``:
     for a range from the start (no transaction at or before ``after``) to the newest
     published position, the keys of the transactions read in part (then the transaction
-    topic is not read, nor in ``ranges``), else None."""
+    topic is not read, nor in ``ranges``), else None; ``envelopes``: (topic, envelope text)
+    pairs of :attr:`.kafka.KafkaReader.envelopes`."""
     log: KafkaLog
     table: str
     topic: str
@@ -77,6 +78,7 @@ class TopicCut:
     after_tx: str | None
     upto_tx: str | None
     incomplete: tuple | None = None
+    envelopes: tuple = ()
 
 
 def tx_key(column):
@@ -111,7 +113,7 @@ def changes_frame(cut: TopicCut, columns: list[str] | None = None):
     consolidated, in no particular order."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
-    records = projection([(cut.topic, cut.table, cut.schema)], cut.tx_topic)(cut.log.frame(cut.ranges))
+    records = projection([(cut.topic, cut.table, cut.schema)], cut.tx_topic, dict(cut.envelopes))(cut.log.frame(cut.ranges))
     events = records.filter((F.col("topic") == F.lit(cut.topic)) & (F.col("kind") == F.lit("event"))
                             & F.col("op").isNotNull())
     image_cols = [f"{p}0_{j}" for p in ("b", "a") for j in range(len(cut.schema.columns))]
