@@ -26,7 +26,8 @@ transaction consistency.
 snapshot reads (``op: r`` without a transaction) of the published attempt
 (:data:`.kafka_snapshot.ATTEMPT_FIELDS` equal to its key) when the range holds the snapshot
 (position 0), and the change events of the range's transactions, each distinct event
-(transaction, ``total_order``) once. Each becomes weighted rows as the reader makes them
+(transaction, ``total_order``) once: one scan of the topic, each record parsed once
+(:func:`.debezium_columns.projection`). Each becomes weighted rows as the reader makes them
 (``c``/``r`` +after, ``d`` -before, ``u`` -before +after), the images typed by the same
 function the reader uses (:func:`.debezium_columns.images`, run on the executors through
 ``mapInArrow``). The table as of a position is those rows over ``(INITIAL, position]``
@@ -113,25 +114,36 @@ def changes_frame(cut: TopicCut, columns: list[str] | None = None):
     consolidated, in no particular order."""
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
-    records = projection([(cut.topic, cut.table, cut.schema)], cut.tx_topic, dict(cut.envelopes))(cut.log.frame(cut.ranges))
-    events = records.filter((F.col("topic") == F.lit(cut.topic)) & (F.col("kind") == F.lit("event"))
-                            & F.col("op").isNotNull())
+    project = projection([(cut.topic, cut.table, cut.schema)], cut.tx_topic, dict(cut.envelopes))
+    # One scan feeds both the snapshot's rows and the changes, each record parsed once: the
+    # filter below reads the partition id, a nondeterministic column, so Spark's optimizer does
+    # not push it into the parse (it would inline from_json into the predicate and parse every
+    # record twice).
+    records = project(cut.log.frame(cut.ranges)).withColumn("__part", F.spark_partition_id())
+
+    def where(condition):
+        return records.filter(condition & (F.col("__part") >= 0))
+
+    event = (F.col("topic") == F.lit(cut.topic)) & (F.col("kind") == F.lit("event")) & F.col("op").isNotNull()
     image_cols = [f"{p}0_{j}" for p in ("b", "a") for j in range(len(cut.schema.columns))]
-    parts = []
+    snap = F.lit(False)
     if cut.snapshot:
         snap = F.col("tx_id").isNull() & (F.col("op") == F.lit("r"))
         key = dict(cut.attempt or ())
         if cut.attempt is not None:
             for f in ATTEMPT_FIELDS:
                 snap = snap & (F.col(f"s_{f}") == F.lit(str(key[f])) if f in key else F.col(f"s_{f}").isNull())
-        parts.append(events.filter(snap).select("op", *image_cols))
-    if cut.upto_tx is not None and cut.incomplete is not None:
-        changes = events.filter(F.col("tx_id").isNotNull()).withColumn("k", tx_key(F.col("tx_id")))
+    change = F.lit(False)
+    if cut.upto_tx is not None:
+        change = F.col("tx_id").isNotNull()
         if cut.incomplete:
-            changes = changes.filter(~F.col("k").isin(*cut.incomplete))
-        parts.append(changes.dropDuplicates(["k", "total_order"]).select("op", *image_cols))
-    elif cut.upto_tx is not None:
-        txs = (records.filter((F.col("topic") == F.lit(cut.tx_topic)) & F.col("t_status").isNotNull())
+            change = change & ~tx_key(F.col("tx_id")).isin(*cut.incomplete)
+    # a change event once per (transaction, total_order); a snapshot row is its own key
+    rows = (where(event & (snap | change))
+            .withColumn("k", F.when(F.col("tx_id").isNotNull(), tx_key(F.col("tx_id"))).otherwise(
+                F.format_string("%s/%d/%d", F.col("topic"), F.col("partition"), F.col("offset")))))
+    if cut.upto_tx is not None and cut.incomplete is None:
+        txs = (where((F.col("topic") == F.lit(cut.tx_topic)) & F.col("t_status").isNotNull())
                .select(tx_key(F.col("t_id")).alias("k"), "offset")
                .groupBy("k").agg(F.min("offset").alias("f")))
         lo = F.max(F.when(F.col("k") == F.lit(cut.after_tx), F.col("f"))) if cut.after_tx is not None \
@@ -139,18 +151,13 @@ def changes_frame(cut: TopicCut, columns: list[str] | None = None):
         bounds = txs.agg(lo.alias("lo"), F.max(F.when(F.col("k") == F.lit(cut.upto_tx), F.col("f"))).alias("hi"))
         inside = (txs.crossJoin(bounds).filter((F.col("f") > F.col("lo")) & (F.col("f") <= F.col("hi")))
                   .select("k"))
-        changes = (events.filter(F.col("tx_id").isNotNull()).withColumn("k", tx_key(F.col("tx_id")))
-                   .join(inside, "k", "left_semi").dropDuplicates(["k", "total_order"]))
-        parts.append(changes.select("op", *image_cols))
+        rows = rows.join(inside.withColumn("__in", F.lit(True)), "k", "left").filter(
+            F.col("tx_id").isNull() | F.col("__in").isNotNull())
     out = from_arrow_schema(pa.schema(list(cut.schema.arrow_schema()) + [pa.field(WEIGHT, pa.int64())]))
-    if not parts:
-        spark = records.sparkSession
-        df = spark.createDataFrame([], out)
+    if not cut.snapshot and cut.upto_tx is None:
+        df = records.sparkSession.createDataFrame([], out)
     else:
-        rows = parts[0]
-        for p in parts[1:]:
-            rows = rows.unionByName(p)
-        df = rows.mapInArrow(_weigh(cut.schema), out)
+        df = rows.dropDuplicates(["k", "total_order"]).select("op", *image_cols).mapInArrow(_weigh(cut.schema), out)
     cols = list(columns) if columns is not None else cut.schema.column_names
     return df.select(*[F.col(q(c)) for c in cols], WEIGHT)
 
