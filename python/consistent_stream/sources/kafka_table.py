@@ -113,15 +113,20 @@ def changes_frame(cut: TopicCut, columns: list[str] | None = None):
     (default all) of the table, typed as its schema says, + ``__weight`` bigint; not
     consolidated, in no particular order."""
     from pyspark.sql import functions as F
+    from pyspark.sql import SparkSession
     from pyspark.sql.pandas.types import from_arrow_schema
     project = projection([(cut.topic, cut.table, cut.schema)], cut.tx_topic, dict(cut.envelopes))
-    # One scan feeds both the snapshot's rows and the changes, each record parsed once: the
-    # filter below reads the partition id, a nondeterministic column, so Spark's optimizer does
-    # not push it into the parse (it would inline from_json into the predicate and parse every
-    # record twice).
-    records = project(cut.log.frame(cut.ranges)).withColumn("__part", F.spark_partition_id())
 
-    def where(condition):
+    def where(topic: str, condition):
+        """The records of ``topic`` in ``cut.ranges``, parsed, where ``condition`` holds; None
+        when it has none. Each topic is scanned once and each record parsed once: the filter
+        reads the partition id, a nondeterministic column, so Spark's optimizer does not push
+        it into the parse (it would inline from_json into the predicate: every record parsed
+        twice)."""
+        ranges = {tp: r for tp, r in cut.ranges.items() if tp[0] == topic and r[1] > r[0]}
+        if not ranges:
+            return None
+        records = project(cut.log.frame(ranges)).withColumn("__part", F.spark_partition_id())
         return records.filter(condition & (F.col("__part") >= 0))
 
     event = (F.col("topic") == F.lit(cut.topic)) & (F.col("kind") == F.lit("event")) & F.col("op").isNotNull()
@@ -138,27 +143,28 @@ def changes_frame(cut: TopicCut, columns: list[str] | None = None):
         change = F.col("tx_id").isNotNull()
         if cut.incomplete:
             change = change & ~tx_key(F.col("tx_id")).isin(*cut.incomplete)
-    # a change event once per (transaction, total_order); a snapshot row is its own key
-    rows = (where(event & (snap | change))
-            .withColumn("k", F.when(F.col("tx_id").isNotNull(), tx_key(F.col("tx_id"))).otherwise(
-                F.format_string("%s/%d/%d", F.col("topic"), F.col("partition"), F.col("offset")))))
-    if cut.upto_tx is not None and cut.incomplete is None:
-        txs = (where((F.col("topic") == F.lit(cut.tx_topic)) & F.col("t_status").isNotNull())
-               .select(tx_key(F.col("t_id")).alias("k"), "offset")
-               .groupBy("k").agg(F.min("offset").alias("f")))
-        lo = F.max(F.when(F.col("k") == F.lit(cut.after_tx), F.col("f"))) if cut.after_tx is not None \
-            else F.lit(-1).cast("bigint")
-        bounds = txs.agg(lo.alias("lo"), F.max(F.when(F.col("k") == F.lit(cut.upto_tx), F.col("f"))).alias("hi"))
-        inside = (txs.crossJoin(bounds).filter((F.col("f") > F.col("lo")) & (F.col("f") <= F.col("hi")))
-                  .select("k"))
-        rows = rows.join(inside.withColumn("__in", F.lit(True)), "k", "left").filter(
-            F.col("tx_id").isNull() | F.col("__in").isNotNull())
-    out = from_arrow_schema(pa.schema(list(cut.schema.arrow_schema()) + [pa.field(WEIGHT, pa.int64())]))
-    if not cut.snapshot and cut.upto_tx is None:
-        df = records.sparkSession.createDataFrame([], out)
-    else:
-        df = rows.dropDuplicates(["k", "total_order"]).select("op", *image_cols).mapInArrow(_weigh(cut.schema), out)
     cols = list(columns) if columns is not None else cut.schema.column_names
+    out = from_arrow_schema(pa.schema(list(cut.schema.arrow_schema()) + [pa.field(WEIGHT, pa.int64())]))
+    rows = where(cut.topic, event & (snap | change)) if cut.snapshot or cut.upto_tx is not None else None
+    if rows is None:
+        return SparkSession.getActiveSession().createDataFrame([], out).select(*[F.col(q(c)) for c in cols], WEIGHT)
+    # a change event once per (transaction, total_order); a snapshot row is its own key
+    rows = rows.withColumn("k", F.when(F.col("tx_id").isNotNull(), tx_key(F.col("tx_id"))).otherwise(
+        F.format_string("%s/%d/%d", F.col("topic"), F.col("partition"), F.col("offset"))))
+    if cut.upto_tx is not None and cut.incomplete is None:
+        # the range's transactions, from the transaction topic (none read: no change is in it)
+        txs = where(cut.tx_topic, F.col("t_status").isNotNull())
+        inside = F.lit(False)
+        if txs is not None:
+            txs = txs.select(tx_key(F.col("t_id")).alias("k"), "offset").groupBy("k").agg(F.min("offset").alias("f"))
+            lo = F.max(F.when(F.col("k") == F.lit(cut.after_tx), F.col("f"))) if cut.after_tx is not None \
+                else F.lit(-1).cast("bigint")
+            bounds = txs.agg(lo.alias("lo"), F.max(F.when(F.col("k") == F.lit(cut.upto_tx), F.col("f"))).alias("hi"))
+            ks = txs.crossJoin(bounds).filter((F.col("f") > F.col("lo")) & (F.col("f") <= F.col("hi"))).select("k")
+            rows = rows.join(ks.withColumn("__in", F.lit(True)), "k", "left")
+            inside = F.col("__in").isNotNull()
+        rows = rows.filter(F.col("tx_id").isNull() | inside)
+    df = rows.dropDuplicates(["k", "total_order"]).select("op", *image_cols).mapInArrow(_weigh(cut.schema), out)
     return df.select(*[F.col(q(c)) for c in cols], WEIGHT)
 
 
