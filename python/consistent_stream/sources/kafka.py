@@ -114,6 +114,7 @@ from .kafka_schema import column_type, converters, schema_from_envelope
 from .kafka_snapshot import ATTEMPT_FIELDS, SnapshotAssembly
 from .landing import ColumnSchema, TableSchema
 from .landing_index import TxInfo, TxLog
+from .tx_ids import TxIdSet, TxIds
 from .spec import INITIAL
 
 log = logging.getLogger(__name__)
@@ -320,45 +321,62 @@ class _PendingTx:
 
 class _Extents:
     """The published transactions a resume point may still need (:meth:`KafkaReader.resume_point`),
-    as columns: position, id, the END's commit LSN (-1: not a PostgreSQL id), and per
-    partition ``(topic, partition)`` the first and last offsets of the transaction's records
-    there (-1: none). A catch-up publishes hundreds of thousands of transactions before its
-    first cut is asked for: a few int64s each, not two dicts of boxed offsets."""
+    as columns: position, id (:class:`.tx_ids.TxIds`), the END's commit LSN (-1: not a
+    PostgreSQL id), and the first and last offsets of the transaction's records in each
+    partition it has records in, as sparse rows (a transaction's entries one after another:
+    partition index into ``partitions``, first offset, last offset; ``count`` entries per
+    transaction). A catch-up publishes millions of transactions before its first cut is asked
+    for, each with records in a few of the partitions read: a few int64s each, not two dicts
+    of boxed offsets nor a column per partition."""
 
     def __init__(self):
         self.position, self.lsn = array("q"), array("q")
-        self.ids: list[str] = []
-        self.first: dict[tuple, array] = {}
-        self.last: dict[tuple, array] = {}
+        self.ids = TxIds()
+        self.partitions: list[tuple] = []
+        self._index: dict[tuple, int] = {}
+        self.count = array("I")
+        self.part, self.first, self.last = array("I"), array("q"), array("q")
 
     def append(self, position: int, tx_id: str, lsn: int | None, first: dict, last: dict) -> None:
-        n = len(self.position)
-        for tp in first.keys() - self.first.keys():
-            self.first[tp], self.last[tp] = array("q", [-1]) * n, array("q", [-1]) * n
         self.position.append(position)
         self.lsn.append(-1 if lsn is None else lsn)
         self.ids.append(tx_id)
-        for tp, a in self.first.items():
-            a.append(first.get(tp, -1))
-        for tp, a in self.last.items():
-            a.append(last.get(tp, -1))
+        self.count.append(len(first))
+        for tp, f in first.items():
+            i = self._index.get(tp)
+            if i is None:
+                i = self._index[tp] = len(self.partitions)
+                self.partitions.append(tp)
+            self.part.append(i)
+            self.first.append(f)
+            self.last.append(last[tp])
 
     def columns(self) -> tuple[np.ndarray, dict, dict]:
-        """Copies as NumPy arrays: positions, and first/last offsets per partition."""
-        return (np.array(self.position, dtype=np.int64),
-                {tp: np.array(a, dtype=np.int64) for tp, a in self.first.items()},
-                {tp: np.array(a, dtype=np.int64) for tp, a in self.last.items()})
+        """As NumPy arrays: positions, and per partition ``(topic, partition)`` the first and
+        last offsets of each transaction there (-1: none)."""
+        pos = np.array(self.position, dtype=np.int64)
+        tx = np.repeat(np.arange(len(pos)), np.array(self.count, dtype=np.int64))
+        part = np.array(self.part, dtype=np.int64)
+        first, last = np.array(self.first, dtype=np.int64), np.array(self.last, dtype=np.int64)
+        firsts, lasts = {}, {}
+        for i, tp in enumerate(self.partitions):
+            mine = part == i
+            firsts[tp], lasts[tp] = np.full(len(pos), -1, np.int64), np.full(len(pos), -1, np.int64)
+            firsts[tp][tx[mine]], lasts[tp][tx[mine]] = first[mine], last[mine]
+        return pos, firsts, lasts
 
     def keep(self, mask: np.ndarray) -> None:
         """Keep only the transactions where ``mask`` (bool, one per transaction) is true."""
-        def kept(a: array) -> array:
-            out = array("q")
-            out.frombytes(np.array(a, dtype=np.int64)[mask].tobytes())
+        def kept(a: array, m: np.ndarray) -> array:
+            out = array(a.typecode)
+            out.frombytes(np.array(a)[m].tobytes())   # NumPy takes the array's item type
             return out
-        self.position, self.lsn = kept(self.position), kept(self.lsn)
-        self.ids = [self.ids[i] for i in np.flatnonzero(mask)]
-        self.first = {tp: kept(a) for tp, a in self.first.items()}
-        self.last = {tp: kept(a) for tp, a in self.last.items()}
+        entries = np.repeat(mask, np.array(self.count, dtype=np.int64))
+        self.position, self.lsn = kept(self.position, mask), kept(self.lsn, mask)
+        self.ids = self.ids.take(np.flatnonzero(mask))
+        self.count = kept(self.count, mask)
+        self.part = kept(self.part, entries)
+        self.first, self.last = kept(self.first, entries), kept(self.last, entries)
 
 
 class KafkaReader(TransactionLog):
@@ -392,7 +410,7 @@ class KafkaReader(TransactionLog):
         self._next: dict[tuple[str, int], int] = {}
         self._pending: dict[str, _PendingTx] = {}
         self._order: deque[str] = deque()          # transaction topic order, not yet published
-        self._published: set[str] = set()
+        self._published = TxIdSet()
         self._seen_lsn: dict[str, set] = {}        # per_topic: changes applied, by topic
         self._last = INITIAL
         self._snapshot = SnapshotAssembly()
@@ -426,7 +444,7 @@ class KafkaReader(TransactionLog):
                 t.schema, t.convert = ts, converters(ts)
                 self._schemas[t.table] = ts
             self._row_totals[t.table] = int(d.get("rows", 0))
-        self._published = set(base.get("included", ()))
+        self._published = TxIdSet(base.get("included", ()))
         self._base_lsn = base.get("end_lsn")
         self._last = p
         self._snapshot.take()   # the resume point is past the snapshot
@@ -826,12 +844,13 @@ class KafkaReader(TransactionLog):
 
     def _pending_tx(self, tx_id: str, record_ms: int) -> _PendingTx | None:
         """The transaction ``tx_id`` seen in part (made at its first record), or None when it
-        is already published (a record sent again: counted as a duplicate)."""
-        if tx_id in self._published:
-            self.skipped["duplicates"] += 1
-            return None
+        is already published (a record sent again: counted as a duplicate). A transaction is
+        pending or published, never both: the published set is asked once per transaction."""
         tx = self._pending.get(tx_id)
         if tx is None:
+            if tx_id in self._published:
+                self.skipped["duplicates"] += 1
+                return None
             tx = self._pending[tx_id] = _PendingTx(tx_id, record_ms)
         return tx
 
@@ -966,7 +985,7 @@ class KafkaReader(TransactionLog):
                 if tp in last:
                     again |= last[tp] >= o
             included = sorted({self._recent.ids[i] for i in np.flatnonzero(again & ~after)}
-                              | (self._published & set((self._base or {}).get("included", ()))))
+                              | self._published.intersection((self._base or {}).get("included", ())))
             at = np.flatnonzero(pos == position)
             if at.size:
                 lsn = self._recent.lsn[at[-1]]

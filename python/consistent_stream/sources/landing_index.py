@@ -59,6 +59,7 @@ import pyarrow as pa
 
 from .. import storage
 from ..location import is_remote
+from .tx_ids import TxIds
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,8 @@ class TxInfo(NamedTuple):
 
 class TxLog:
     """Complete transactions in position order (:class:`TxInfo`), held as columns: positions,
-    commit times and END places as int64 arrays, ids as a list, each distinct ``counts`` dict
+    commit times and END places as int64 arrays, ids as :class:`~.tx_ids.TxIds` (decimal ids
+    as int64), each distinct ``counts`` dict
     and ``file`` once. A catch-up holds hundreds of thousands of transactions: a few int64s
     each, not a tuple of boxed ints and a dict per transaction (the README's Kafka catch-up
     section measures what that saves).
@@ -99,7 +101,7 @@ class TxLog:
     def __init__(self, txs=()):
         self._pos, self._ts, self._line = array("q"), array("q"), array("q")
         self._snapshot = bytearray()
-        self._ids: list[str] = []
+        self._ids = TxIds()
         self._counts: list[dict] = []
         self._files: list[str] = []
         self._shared_counts: dict[tuple, dict] = {}
