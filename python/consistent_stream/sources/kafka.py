@@ -114,8 +114,8 @@ from .kafka_schema import column_type, converters, schema_from_envelope
 from .kafka_snapshot import ATTEMPT_FIELDS, SnapshotAssembly
 from .landing import ColumnSchema, TableSchema
 from .landing_index import TxInfo, TxLog
-from .tx_ids import TxIdSet, TxIds
 from .spec import INITIAL
+from .tx_ids import TxIdSet, TxIds
 
 log = logging.getLogger(__name__)
 

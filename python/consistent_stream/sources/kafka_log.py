@@ -33,6 +33,23 @@ MAX_RECORDS = 100_000
 """Records one read brings to the driver at most (a backlog is read in several)."""
 
 
+_QUIET_JVMS: set[int] = set()
+
+
+def _quiet_group_id_warning(spark) -> None:
+    """Spark's Kafka source logs a warning of seven lines at every query that sets
+    ``kafka.group.id`` (queries that share a consumer group interfere): here the id only keys
+    its consumer cache (:class:`KafkaLog`: the partitions are assigned, no offset is
+    committed), and a catch-up makes dozens of reads, so that logger is set to ERROR, once per
+    JVM. A session with no JVM beside Python (Spark Connect) is left as it is."""
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is None or id(jvm) in _QUIET_JVMS:
+        return
+    log4j = jvm.org.apache.logging.log4j
+    log4j.core.config.Configurator.setLevel("org.apache.spark.sql.kafka010.KafkaSourceProvider", log4j.Level.ERROR)
+    _QUIET_JVMS.add(id(jvm))
+
+
 class Partition(NamedTuple):
     """One topic-partition and its watermarks: ``low`` the first readable offset, ``high`` the
     next offset to be written."""
@@ -150,6 +167,7 @@ class KafkaLog:
             builder = (with_delta(SparkSession.builder, master="local[1]")
                        .config("spark.ui.enabled", "false"))
             spark = builder.getOrCreate()
+        _quiet_group_id_warning(spark)
         assign: dict[str, list[int]] = {}
         starts: dict[str, dict[str, int]] = {}
         ends: dict[str, dict[str, int]] = {}

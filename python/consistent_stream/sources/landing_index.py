@@ -88,10 +88,9 @@ class TxInfo(NamedTuple):
 class TxLog:
     """Complete transactions in position order (:class:`TxInfo`), held as columns: positions,
     commit times and END places as int64 arrays, ids as :class:`~.tx_ids.TxIds` (decimal ids
-    as int64), each distinct ``counts`` dict
-    and ``file`` once. A catch-up holds hundreds of thousands of transactions: a few int64s
-    each, not a tuple of boxed ints and a dict per transaction (the README's Kafka catch-up
-    section measures what that saves).
+    as int64), each distinct ``counts`` dict and ``file`` once. A catch-up holds hundreds of
+    thousands of transactions: a few int64s each, not a tuple of boxed ints and a dict per
+    transaction (the README's Kafka catch-up section measures what that saves).
 
     Indexing gives TxInfo (a slice: a list of them); :meth:`bisect` finds a position. The
     ``counts`` of the TxInfo given out are shared between transactions: read-only."""

@@ -23,7 +23,8 @@ def decimal_id(tx_id: str) -> int | None:
     """``tx_id`` as a non-negative int when it is the canonical decimal text of one (no sign,
     no leading zero, at most 18 digits: it fits int64 and reads back as the same text), else
     None."""
-    if type(tx_id) is str and 0 < len(tx_id) <= 18 and tx_id.isdigit() and tx_id.isascii() and (tx_id[0] != "0" or len(tx_id) == 1):
+    if type(tx_id) is str and 0 < len(tx_id) <= 18 and tx_id.isdigit() and tx_id.isascii() \
+            and (tx_id[0] != "0" or len(tx_id) == 1):
         return int(tx_id)
     return None
 
