@@ -578,3 +578,32 @@ def test_without_transaction_metadata_the_model_refuses_unless_per_topic_cuts_ar
     cut = DeltaTableRef(job.target_path).latest_commit().metadata["cut"]
     assert '"k.a": 2' in str(cut).replace("'", '"') and '"k.b": 1' in str(cut).replace("'", '"')   # own offsets
     forget_readers()
+
+
+def test_an_empty_range_of_a_table_from_the_topics_is_an_empty_frame_in_a_thread_without_an_active_session(
+        spark, stack):
+    """dbt runs models in threads of its own, where no Spark session is active: the lazy
+    table from the topics of a range with no change (what compiling a model analyzes before
+    anything was published) is an empty frame of the table's columns there too."""
+    import threading
+    from consistent_stream.sources import kafka
+    from consistent_stream.sources.kafka_table import table_frame
+    from consistent_stream.sources.spec import INITIAL
+    e = Events("nosession")
+    r = kafka.KafkaReader(stack.bootstrap, e.tx_topic, "transaction")
+    r.add_table(e.topic("a"), "public.a", ("id",), {"id": "int32", "v": "int64"})
+    r.refresh()
+    out = {}
+
+    def analyze():
+        try:
+            df = table_frame(r.topic_cut("public.a", INITIAL, INITIAL), INITIAL, materialize=False)
+            out["columns"], out["rows"] = df.columns, df.count()
+        except Exception as ex:   # noqa: BLE001 - handed to the test's thread
+            out["error"] = ex
+    t = threading.Thread(target=analyze)
+    t.start()
+    t.join()
+    assert "error" not in out, out.get("error")
+    assert out == {"columns": ["id", "v"], "rows": 0}
+    forget_readers()

@@ -153,13 +153,11 @@ class KafkaLog:
                                             ("offset", "ascending")])
         return t.take(order)
 
-    def frame(self, ranges: dict[tuple[str, int], tuple[int, int]]):
-        """The records of ``ranges`` ((topic, partition) -> [start, end) offsets, at least one
-        not empty) as a lazy Spark DataFrame of Spark's Kafka source (``topic``,
-        ``partition``, ``offset``, ``value``, ``timestamp``, ...), read where Spark runs when
-        a query uses it: what :meth:`read` brings to the driver, and what a computation over
-        a whole topic (:mod:`.kafka_table`) reads on the executors. The active session, else a
-        local one (a command of its own: ``consistent-stream status``)."""
+    @staticmethod
+    def session():
+        """The Spark session the reads run in: the thread's active one, else the process's
+        (dbt runs models in threads of its own, where no session is active), else a local one
+        (a command of its own: ``consistent-stream status``)."""
         from pyspark.sql import SparkSession
         spark = SparkSession.getActiveSession()
         if spark is None:
@@ -168,6 +166,15 @@ class KafkaLog:
                        .config("spark.ui.enabled", "false"))
             spark = builder.getOrCreate()
         _quiet_group_id_warning(spark)
+        return spark
+
+    def frame(self, ranges: dict[tuple[str, int], tuple[int, int]]):
+        """The records of ``ranges`` ((topic, partition) -> [start, end) offsets, at least one
+        not empty) as a lazy Spark DataFrame of Spark's Kafka source (``topic``,
+        ``partition``, ``offset``, ``value``, ``timestamp``, ...), read where Spark runs when
+        a query uses it: what :meth:`read` brings to the driver, and what a computation over
+        a whole topic (:mod:`.kafka_table`) reads on the executors, in :meth:`session`."""
+        spark = self.session()
         assign: dict[str, list[int]] = {}
         starts: dict[str, dict[str, int]] = {}
         ends: dict[str, dict[str, int]] = {}

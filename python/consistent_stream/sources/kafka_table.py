@@ -113,7 +113,6 @@ def changes_frame(cut: TopicCut, columns: list[str] | None = None):
     (default all) of the table, typed as its schema says, + ``__weight`` bigint; not
     consolidated, in no particular order."""
     from pyspark.sql import functions as F
-    from pyspark.sql import SparkSession
     from pyspark.sql.pandas.types import from_arrow_schema
     project = projection([(cut.topic, cut.table, cut.schema)], cut.tx_topic, dict(cut.envelopes))
 
@@ -147,7 +146,7 @@ def changes_frame(cut: TopicCut, columns: list[str] | None = None):
     out = from_arrow_schema(pa.schema(list(cut.schema.arrow_schema()) + [pa.field(WEIGHT, pa.int64())]))
     rows = where(cut.topic, event & (snap | change)) if cut.snapshot or cut.upto_tx is not None else None
     if rows is None:
-        return SparkSession.getActiveSession().createDataFrame([], out).select(*[F.col(q(c)) for c in cols], WEIGHT)
+        return cut.log.session().createDataFrame([], out).select(*[F.col(q(c)) for c in cols], WEIGHT)
     # a change event once per (transaction, total_order); a snapshot row is its own key
     rows = rows.withColumn("k", F.when(F.col("tx_id").isNotNull(), tx_key(F.col("tx_id"))).otherwise(
         F.format_string("%s/%d/%d", F.col("topic"), F.col("partition"), F.col("offset"))))
