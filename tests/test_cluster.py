@@ -75,46 +75,6 @@ def test_joins_and_aggregates_on_the_cluster_match_batch_evaluation_at_every_ver
     assert busy == {"worker-1", "worker-2"}, tasks
 
 
-_CONNECT_CLIENT = r"""
-import json, sys
-sys.path.insert(0, sys.argv[3])
-import consistent_stream
-from pyspark.sql import SparkSession
-from consistent_stream.errors import ConfigError
-from consistent_stream.job import run_job
-from helpers import EXAMPLE_MODELS, job_for, render_model, tpch_sources
-spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
-out = {"session": type(spark).__module__, "range_count": spark.range(3).count()}
-sql, config, used, _ = render_model(EXAMPLE_MODELS / "customer_order_totals.sql")
-root = __import__("pathlib").Path(sys.argv[2])
-job = job_for("customer_order_totals", sql, tpch_sources(str(root / "tpch"), used), config["unique_key"], root)
-try:
-    run_job(spark, job, full_refresh=True)
-    out["error"] = None
-except ConfigError as e:
-    out["error"] = str(e)
-print(json.dumps(out))
-"""
-
-
-def test_a_spark_connect_session_is_refused_before_anything_is_read_or_written(tmp_path):
-    # a real Spark Connect server on its own one-worker cluster: Connect itself works (a
-    # query runs), the engine refuses the session with what to use instead, and writes nothing
-    c = cluster.start(workers=1, port=_free_port(), webui_port=_free_port(), connect_port=_free_port(),
-                      directory=tmp_path / "cluster")
-    try:
-        proc = subprocess.run([sys.executable, "-c", _CONNECT_CLIENT, c.connect_url, str(tmp_path / "model"),
-                               str(REPO / "tests")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              timeout=300)
-    finally:
-        cluster.stop(tmp_path / "cluster")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["session"].startswith("pyspark.sql.connect") and out["range_count"] == 3
-    assert "Spark Connect session" in out["error"] and "spark.master" in out["error"], out
-    assert not (tmp_path / "model").exists() or not any((tmp_path / "model").rglob("*.parquet"))
-
-
 def test_a_web_ui_that_answers_json_with_html_is_not_taken_for_the_masters_state(tmp_path):
     """While the master's web UI starts, ``/json/`` may be served by the HTML page at ``/``
     (it happened once in the suite): that is "not answering yet", a ClusterError that

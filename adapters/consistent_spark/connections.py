@@ -1,15 +1,25 @@
-"""Credentials and connection manager: dbt-spark's, under the type ``consistent_spark``.
+"""Credentials and connection manager: dbt-spark's, under the type ``consistent_spark``, plus
+``method: connect``.
 
 Every dbt-spark profile field works unchanged; with ``method: session`` the SparkSession is
 built in this process by ``SparkSession.builder.enableHiveSupport()`` with the profile's
 ``server_side_parameters`` as builder configs. :meth:`ConsistentSparkConnectionManager.open`
 builds it that way when the connection opens, adding delta-spark's jars, SQL extension and
 catalog (``consistent_stream.session.delta_confs``) where the profile does not set them.
+
+With ``method: connect`` the session is a Spark Connect client of the server at ``host``
+(``sc://<host>:<port>``, Spark Connect's connection string; ``SPARK_REMOTE`` when ``host`` is
+not set; the profile's ``token`` and ``use_ssl`` are added to it as the string's ``token`` and
+``use_ssl`` parameters). One session per process, shared by dbt's threads as the classic one
+is; dbt's own statements and the consistent_stream models run over it, and this process starts
+no JVM. ``server_side_parameters`` are set on it when they are runtime confs; a static one
+(the server's own: jars, catalog, master) is an error that names it.
 """
 
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any, Tuple
 
 from dbt.adapters.contracts.connection import Connection
 from dbt.adapters.spark.connections import (
@@ -17,13 +27,67 @@ from dbt.adapters.spark.connections import (
     SparkConnectionMethod,
     SparkCredentials,
 )
+from dbt_common.dataclass_schema import StrEnum
+from dbt_common.exceptions import DbtRuntimeError
+
+
+class ConsistentSparkConnectionMethod(StrEnum):
+    """dbt-spark's connection methods and ``connect`` (Spark Connect)."""
+    THRIFT = "thrift"
+    HTTP = "http"
+    ODBC = "odbc"
+    SESSION = "session"
+    CONNECT = "connect"
 
 
 @dataclass
 class ConsistentSparkCredentials(SparkCredentials):
+    method: ConsistentSparkConnectionMethod = None  # type: ignore
+
+    @classmethod
+    def __pre_deserialize__(cls, data: Any) -> Any:
+        data = super().__pre_deserialize__(data)
+        if data.get("method") == ConsistentSparkConnectionMethod.CONNECT and not data.get("host"):
+            data["host"] = os.environ.get("SPARK_REMOTE")
+        return data
+
+    def __post_init__(self) -> None:
+        if self.method == ConsistentSparkConnectionMethod.CONNECT:
+            if not self.host:
+                raise DbtRuntimeError("method: connect needs `host: sc://<host>:<port>` in the profile "
+                                      "(or SPARK_REMOTE in the environment)")
+            if not str(self.host).startswith("sc://"):
+                raise DbtRuntimeError(f"method: connect: host {self.host!r} is not a Spark Connect address; "
+                                      f"write it as sc://<host>:<port> (e.g. sc://127.0.0.1:15002)")
+        super().__post_init__()
+
     @property
     def type(self) -> str:
         return "consistent_spark"
+
+    @property
+    def unique_field(self) -> str:
+        return without_parameters(str(self.host))
+
+    def _connection_keys(self) -> Tuple[str, ...]:
+        return ("method", *super()._connection_keys())
+
+    def connect_url(self) -> str:
+        """The Spark Connect connection string: ``host`` with the profile's ``token`` and
+        ``use_ssl`` added as its parameters (where ``host`` does not set them)."""
+        url = str(self.host)
+        params = url.split("/;", 1)[1].split(";") if "/;" in url else []
+        keys = {p.split("=", 1)[0] for p in params}
+        if self.token and "token" not in keys:
+            params.append(f"token={self.token}")
+        if self.use_ssl and "use_ssl" not in keys:
+            params.append("use_ssl=true")
+        return without_parameters(url).rstrip("/") + ("/;" + ";".join(params) if params else "")
+
+
+def without_parameters(url: str) -> str:
+    """A connection string without its ``;key=value`` parameters (a token among them)."""
+    return url.split("/;", 1)[0]
 
 
 class ConsistentSparkConnectionManager(SparkConnectionManager):
@@ -31,6 +95,10 @@ class ConsistentSparkConnectionManager(SparkConnectionManager):
 
     @classmethod
     def open(cls, connection: Connection) -> Connection:
+        if connection.credentials.method == ConsistentSparkConnectionMethod.CONNECT:
+            from dbt.adapters.consistent_spark.connect import open_connect
+
+            return open_connect(connection)
         if connection.credentials.method == SparkConnectionMethod.SESSION:
             # Spark's Python workers (the engine's data sources, UDFs) unpickle consistent_stream
             # code: they must run this interpreter, where it is installed. pyspark's default is
@@ -67,3 +135,4 @@ def _start_session(parameters: dict) -> None:
     # last: delta-spark's confs are the profile's values with Delta's added (its extensions,
     # class path and Java options appended to the profile's own)
     with_delta(builder, parameters).getOrCreate()
+

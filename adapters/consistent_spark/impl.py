@@ -24,7 +24,10 @@ from dbt.adapters.spark.connections import SparkConnectionMethod
 from dbt.adapters.spark.impl import SparkAdapter, SparkConfig
 from dbt_common.exceptions import DbtRuntimeError
 
-from dbt.adapters.consistent_spark.connections import ConsistentSparkConnectionManager
+from dbt.adapters.consistent_spark.connections import (
+    ConsistentSparkConnectionManager,
+    ConsistentSparkConnectionMethod,
+)
 
 logger = AdapterLogger("ConsistentSpark")
 
@@ -91,13 +94,17 @@ class ConsistentSparkAdapter(SparkAdapter):
         )
 
     def _spark_session(self) -> Any:
-        """The SparkSession of this thread's dbt connection, built as dbt-spark builds it."""
+        """The SparkSession of this thread's dbt connection: built as dbt-spark builds it
+        (``method: session``), or the process's Spark Connect session (``method: connect``)."""
         connection = self.connections.get_thread_connection()
         credentials = connection.credentials
+        if credentials.method == ConsistentSparkConnectionMethod.CONNECT:
+            return self.connections.open(connection).handle.handle.session
         if credentials.method != SparkConnectionMethod.SESSION:
             raise DbtRuntimeError(
-                f"consistent_stream models run in the dbt process: set `method: session` in the "
-                f"profile (it is `{credentials.method}`)"
+                f"consistent_stream models run in the dbt process, on a Spark session: set `method: session` "
+                f"(a classic session) or `method: connect` (Spark Connect) in the profile (it is "
+                f"`{credentials.method}`)"
             )
         connection = self.connections.open(connection)
         server_side_parameters = connection.handle.handle.server_side_parameters

@@ -146,7 +146,8 @@ class Autoscaler:
 def session_parallelism(spark) -> int:
     """The parallelism a session offers: its default parallelism (the cores of ``local[n]``,
     the executors' cores on a cluster)."""
-    return max(1, int(spark.sparkContext.defaultParallelism))
+    from .connect import default_parallelism
+    return default_parallelism(spark)
 
 
 def apply_to_cluster(spark, parallelism: int) -> dict:
@@ -156,7 +157,11 @@ def apply_to_cluster(spark, parallelism: int) -> dict:
     where workers have free cores). Down: ``killExecutors`` of the surplus, which also lowers
     the target (called at a batch boundary, when no task of the model runs). Elsewhere
     nothing: the batch's own threads and shuffle partitions carry the parallelism. Returns
-    what was asked, for the run log."""
+    what was asked, for the run log. Over Spark Connect nothing either: the client has no
+    SparkContext to ask (the server's own dynamic allocation may scale it)."""
+    from .connect import is_connect
+    if is_connect(spark):
+        return {}
     sc = spark.sparkContext
     if not sc.master.startswith("spark://"):
         return {}

@@ -27,6 +27,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from .connect import is_connect, sql_over
+
 WEIGHT = "__weight"
 
 BROADCAST_BYTES = 64 << 20
@@ -150,7 +152,9 @@ class Views:
     A driver-side change is registered with Spark only when a Spark query first reads it
     (:meth:`sql`): a change the local engine consumes never costs a ``createDataFrame`` (an
     Arrow transfer to the JVM and a plan, each time). Run every Spark query over these views
-    through :meth:`sql`."""
+    through :meth:`sql`. Over Spark Connect no view is created: each query carries the
+    DataFrames it reads (:func:`consistent_stream.connect.sql_over`), so what it returns stays
+    valid after :meth:`drop`."""
     _ids = itertools.count()
     _PREFIX = re.compile(r"\b__cs\d+_(?=\d+\b)")
 
@@ -170,6 +174,8 @@ class Views:
         """The views whose rows are on the driver: name -> the same rows as Arrow, with the
         view's Spark types (what :mod:`consistent_stream.exec.local` may read)."""
         self._pending: dict[str, Callable[[], DataFrame]] = {}
+        self._frames: dict[str, DataFrame] | None = {} if is_connect(spark) else None
+        """Over Connect: the views' DataFrames by name (nothing registered in the session)."""
 
     def _name(self) -> str:
         name = f"{self.prefix}{len(self.names)}"
@@ -179,7 +185,10 @@ class Views:
     def add(self, df: DataFrame, arrow: pa.Table | None = None) -> str:
         """Register ``df`` as a new view; ``arrow``: the same rows on the driver, if they are."""
         name = self._name()
-        df.createOrReplaceTempView(name)
+        if self._frames is not None:
+            self._frames[name] = df
+        else:
+            df.createOrReplaceTempView(name)
         if arrow is not None:
             self.arrow[name] = arrow
         return name
@@ -196,14 +205,22 @@ class Views:
     def sql(self, text: str) -> DataFrame:
         """``spark.sql(text)``, after registering the lazy views ``text`` names."""
         for name in [n for n in self._pending if re.search(rf"\b{n}\b", text)]:
-            self._pending.pop(name)().createOrReplaceTempView(name)
-        return self.spark.sql(text)
+            df = self._pending.pop(name)()
+            if self._frames is not None:
+                self._frames[name] = df
+            else:
+                df.createOrReplaceTempView(name)
+        if self._frames is None:
+            return self.spark.sql(text)
+        return sql_over(self.spark, text, {n: df for n, df in self._frames.items() if re.search(rf"\b{n}\b", text)})
 
     def drop(self) -> None:
         for n in self.names:
-            if n not in self._pending:
+            if n not in self._pending and self._frames is None:
                 self.spark.catalog.dropTempView(n)
         self.names.clear()
+        if self._frames is not None:
+            self._frames.clear()
         self.arrow.clear()
         self._pending.clear()
 

@@ -32,7 +32,13 @@ def local_spark():
     each batch's shuffles itself), with delta-spark (:mod:`consistent_stream.session`):
     ``local[2]``, or ``$CONSISTENT_STREAM_MASTER`` (e.g. a standalone cluster's
     ``spark://127.0.0.1:7077``; the driver then binds ``$SPARK_LOCAL_IP``, default
-    127.0.0.1, :func:`consistent_stream.cluster.driver_conf`)."""
+    127.0.0.1, :func:`consistent_stream.cluster.driver_conf`). With ``$SPARK_REMOTE``
+    (``sc://<host>:<port>``, pyspark's own variable) a Spark Connect session to that server
+    instead, and no JVM in this process."""
+    remote = os.environ.get("SPARK_REMOTE", "")
+    if remote.startswith("sc://"):
+        from pyspark.sql import SparkSession
+        return SparkSession.builder.remote(remote).getOrCreate()
     import consistent_stream  # noqa: F401  (sets PYSPARK_PYTHON before the session starts)
     from pyspark.sql import SparkSession
     from .session import with_delta

@@ -221,13 +221,16 @@ def _check_placement(host: str, worker_hosts: list[str], launcher: str | None, u
 def start(*, workers: int = 2, cores_per_worker: int = 1, memory_per_worker: str = "2g", port: int = 7077,
           webui_port: int = 8080, connect_port: int | None = None, directory: str | Path | None = None,
           timeout_s: float = 60.0, host: str = HOST, worker_hosts: list[str] | None = None,
-          launcher: str | None = None, user: str | None = None) -> Cluster:
+          launcher: str | None = None, user: str | None = None,
+          connect_conf: dict[str, str] | None = None) -> Cluster:
     """Start a master and ``workers`` workers (each offering ``cores_per_worker`` cores and
     ``memory_per_worker`` for executors), and wait until every worker has registered with the
     master. With ``connect_port``, also a Spark Connect server
     (``org.apache.spark.sql.connect.service.SparkConnectServer`` from pyspark's
     ``spark-connect`` jar, through ``spark-submit``) whose driver runs on the cluster, listening
-    on ``sc://127.0.0.1:<connect_port>``. Returns the :class:`Cluster` (``master_url`` is what
+    on ``sc://127.0.0.1:<connect_port>``, with the project's jars, Delta's catalog and a Hive
+    metastore (:func:`connect_server_conf`; ``connect_conf``: Spark confs of its own, e.g. the
+    store's S3A settings). Returns the :class:`Cluster` (``master_url`` is what
     ``spark.master`` takes, ``connect_url`` what ``SparkSession.builder.remote`` takes).
 
     Where the daemons run: the master binds ``host`` (default 127.0.0.1), worker ``i`` binds
@@ -282,7 +285,7 @@ def start(*, workers: int = 2, cores_per_worker: int = 1, memory_per_worker: str
         _wait(c, lambda s: sum(w.get("state") == "ALIVE" for w in s.get("workers", [])) >= workers,
               timeout_s, f"{workers} workers to register")
         if connect_port is not None:
-            c.pids["connect"] = _spawn_connect(c, connect_port, _env(d))
+            c.pids["connect"] = _spawn_connect(c, connect_port, _env(d), connect_conf)
             c.connect_url = f"sc://{HOST}:{connect_port}"
             c.save()
             _wait_for_port(c, connect_port, timeout_s, "the Spark Connect server to listen")
@@ -292,14 +295,31 @@ def start(*, workers: int = 2, cores_per_worker: int = 1, memory_per_worker: str
     return c
 
 
-def _spawn_connect(c: Cluster, port: int, env: dict[str, str]) -> int:
+def connect_server_conf(c: Cluster, port: int, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The Spark confs of the cluster's Spark Connect server (a driver of ``c`` on this
+    machine, :func:`driver_conf`): bound to 127.0.0.1:``port``; delta-spark's, S3A's and Kafka's
+    jars (``spark.jars``, which the executors fetch from it), Delta's SQL extension and catalog
+    (:func:`consistent_stream.session.delta_confs`); a Hive metastore (Derby) and warehouse
+    under the cluster's directory, as dbt-spark's session method has them; UTC. ``extra``
+    (``--connect-conf``, e.g. the store's ``spark.hadoop.fs.s3a.*`` settings) comes first, so
+    what it sets wins."""
+    from .session import delta_confs
+    d = Path(c.dir)
+    conf = {**driver_conf(c.master_url), "spark.connect.grpc.binding.address": HOST,
+            "spark.connect.grpc.binding.port": str(port), "spark.sql.session.timeZone": "UTC",
+            "spark.sql.catalogImplementation": "hive", "spark.sql.warehouse.dir": str(d / "warehouse"),
+            "spark.driver.extraJavaOptions": f"-Dderby.system.home={d / 'metastore'}"}
+    conf.update(extra or {})
+    conf.update(delta_confs(conf, c.master_url))
+    return conf
+
+
+def _spawn_connect(c: Cluster, port: int, env: dict[str, str], extra: dict[str, str] | None = None) -> int:
     d = Path(c.dir)
     log = open(d / "connect.log", "ab")
-    conf = {**driver_conf(c.master_url), "spark.connect.grpc.binding.address": HOST,
-            "spark.connect.grpc.binding.port": str(port), "spark.sql.session.timeZone": "UTC"}
     args = [str(spark_home() / "bin" / "spark-submit"), "--class",
             "org.apache.spark.sql.connect.service.SparkConnectServer", "--name", "Spark Connect server"]
-    for k, v in conf.items():
+    for k, v in connect_server_conf(c, port, extra).items():
         args += ["--conf", f"{k}={v}"]
     try:
         p = subprocess.Popen([*args, "spark-internal"], stdout=log, stderr=subprocess.STDOUT,
@@ -407,6 +427,16 @@ def executor_tasks(directory: str | Path | None = None) -> list[dict]:
 
 
 # ---- the command line ---------------------------------------------------------------------------
+def _confs(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for p in pairs:
+        k, sep, v = p.partition("=")
+        if not sep or not k.strip():
+            raise ClusterError(f"--connect-conf {p!r}: expected KEY=VALUE, e.g. spark.hadoop.fs.s3a.endpoint=http://...")
+        out[k.strip()] = v
+    return out
+
+
 def _cmd(args) -> int:
     import sys
     try:
@@ -415,7 +445,7 @@ def _cmd(args) -> int:
                       memory_per_worker=args.memory_per_worker, port=args.port, webui_port=args.webui_port,
                       connect_port=args.connect_port, directory=args.dir, host=args.host,
                       worker_hosts=[h for h in (args.worker_hosts or "").split(",") if h] or None,
-                      launcher=args.launcher, user=args.user)
+                      launcher=args.launcher, user=args.user, connect_conf=_confs(args.connect_conf))
             print(json.dumps({"command": "cluster start", "master_url": c.master_url, "webui_url": c.webui_url,
                               "connect_url": c.connect_url,
                               "dir": c.dir, "workers": c.workers, "pids": c.pids}))
@@ -466,4 +496,6 @@ def add_cluster_command(subparsers) -> None:
                    help="tasks: exit 1 unless executors on at least this many workers finished tasks")
     c.add_argument("--connect-port", type=int, default=None,
                    help="also start a Spark Connect server on the cluster, on sc://127.0.0.1:<port> (e.g. 15002)")
+    c.add_argument("--connect-conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark conf of the Connect server (repeatable), e.g. spark.hadoop.fs.s3a.endpoint=...")
     c.set_defaults(func=_cmd)

@@ -131,26 +131,6 @@ def _start_checkpoint(job: JobSpec, fp: str, full_refresh: bool) -> checkpoint.Q
     return (None if full_refresh else query_record(job)) or checkpoint.start(job.query_path)
 
 
-def require_classic_session(spark, model: str) -> None:
-    """Raise ConfigError when ``spark`` is a Spark Connect session (``sc://``, ``spark.remote``).
-
-    The engine runs each micro-batch on the driver, in ``foreachBatch``, with its Delta
-    handles, state store and cut log, and reads its Spark jobs from the SparkContext. Over
-    Spark Connect the ``foreachBatch`` function is pickled and run in a Python process on the
-    server, without access to anything defined outside it (pyspark:
-    ``STREAMING_CONNECT_SERIALIZATION_ERROR``, "cannot pickle 'deltalake._internal.RawDeltaTable'"),
-    there is no SparkContext, and DataFrames are analyzed lazily on the server, after the
-    engine has dropped the temporary views they read (``TABLE_OR_VIEW_NOT_FOUND`` while
-    compiling). README, "On a Spark cluster"."""
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
-        raise ConfigError(
-            f"model {model}: the dbt session is a Spark Connect session (spark.remote / sc://), which "
-            f"consistent_stream does not support: its micro-batches run on the driver (foreachBatch with the "
-            f"engine's Delta handles and state), which Spark Connect cannot ship to its server. Use a classic "
-            f"session (method: session) with spark.master set to the cluster, e.g. spark://host:7077 (README, "
-            f"\"On a Spark cluster\"). Nothing was read or written")
-
-
 def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
             timeout_s: float | None = None) -> dict:
     """Run ``job`` to the cut taken now (trigger available-now) and stop; or, with a
@@ -162,9 +142,10 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
 
     The run holds the model's writer lock throughout (:mod:`consistent_stream.sink.lock`):
     a second run of the model raises ConcurrentWriterError before reading or writing
-    anything. Raises ConfigError on a Spark Connect session (:func:`require_classic_session`)."""
+    anything. ``spark`` may be a classic session or a Spark Connect client
+    (:mod:`consistent_stream.connect`): the batch loop, the commits and the local engine run in
+    this process either way."""
     from .sink.lock import WriterLock
-    require_classic_session(spark, job.model)
     before = location.REQUESTS.snapshot()
     reach_storage(spark, job)
     try:

@@ -331,8 +331,14 @@ def apply_to_spark(spark, paths) -> None:
 
     (The session's Hadoop configuration itself is not read: Spark copies ``AWS_*``
     environment variables into it and Hadoop's defaults fill the rest, so it cannot tell
-    what the user set.)"""
+    what the user set.) Over Spark Connect nothing is set or read: see the comment below."""
     if not any(is_remote(p) for p in paths if p):
+        return
+    from .connect import is_connect
+    if is_connect(spark):
+        # Spark Connect: the server's Hadoop configuration is the server's own (cluster start
+        # --connect-conf), and its secrets are not the client's to read (the server redacts
+        # them); the client's own clients take the store's settings from its environment
         return
     sc = spark.sparkContext
     # (the keys one by one: SparkContext.getConf() copies every setting, a tenth of a second)

@@ -12,11 +12,14 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
+from .connect import is_connect
+
 
 @dataclass
 class BatchMetrics:
     """One batch's costs. ``phases``: seconds per phase (read, evaluate, commit_state,
-    commit_target); ``spark_jobs``: Spark jobs the batch ran (from the status tracker);
+    commit_target); ``spark_jobs``: Spark jobs the batch ran (from the status tracker; None
+    over Spark Connect, whose client cannot see the server's jobs);
     ``state_rows_read``/``state_files_read``: rows and files of state the keyed reads opened;
     ``state_rows_compacted``: rows rewritten by state compaction; ``target_rows_rewritten``:
     target rows the commit copied into new files plus the rows it changed;
@@ -27,7 +30,7 @@ class BatchMetrics:
     object-store requests the batch made, counted by the clients
     (:meth:`consistent_stream.location.RequestCounter.since`: total, by method, by what)."""
     phases: dict = field(default_factory=dict)
-    spark_jobs: int = 0
+    spark_jobs: int | None = 0
     state_rows_read: int = 0
     state_files_read: int = 0
     state_rows_compacted: int = 0
@@ -119,7 +122,13 @@ def counted_jobs(spark, label: str):
     """Run the block in its own Spark job group; yields a callable returning the number of
     Spark jobs started in the block so far (the status tracker's jobs of the group). A block
     that runs long reports its progress (:func:`progress_line`) on the
-    ``consistent_stream.progress`` logger."""
+    ``consistent_stream.progress`` logger. Over Spark Connect (no SparkContext, no job ids on
+    the client) the callable returns None and the progress comes from Connect's progress
+    handler (:class:`_ConnectProgress`)."""
+    if is_connect(spark):
+        with _ConnectProgress(spark, label):
+            yield lambda: None
+        return
     sc = spark.sparkContext
     group = f"consistent_stream:{label}:{uuid.uuid4().hex[:8]}"
     sc.setJobGroup(group, label, interruptOnCancel=False)
@@ -131,3 +140,37 @@ def counted_jobs(spark, label: str):
         reporter.stopped.set()
         sc.setLocalProperty("spark.jobGroup.id", None)
         sc.setLocalProperty("spark.job.description", None)
+
+
+class _ConnectProgress:
+    """The progress of a block over Spark Connect: Connect's client calls its progress
+    handlers from the thread that runs an operation, with the operation's stages; the
+    operations of this block's thread are logged as :func:`progress_line` logs a classic
+    session's, after :data:`PROGRESS_AFTER_S`, every :data:`PROGRESS_EVERY_S`."""
+
+    def __init__(self, spark, label: str):
+        self.spark, self.label, self.thread = spark, label, threading.get_ident()
+        self.t0 = self.last = time.time()
+        self.operations: set[str] = set()
+
+    def __call__(self, stages, inflight_tasks: int, operation_id, done: bool) -> None:
+        if threading.get_ident() != self.thread:
+            return
+        if operation_id:
+            self.operations.add(operation_id)
+        now = time.time()
+        if done or now - self.t0 < PROGRESS_AFTER_S or now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        running = [f"stage {st.stage_id} {bar(st.num_completed_tasks, st.num_tasks)} "
+                   f"{st.num_completed_tasks}/{st.num_tasks} tasks" for st in (stages or []) if not st.done]
+        progress_log.info("%s: running for %.0f s, %d Spark Connect operation%s; %s", self.label, now - self.t0,
+                          len(self.operations), "s" if len(self.operations) != 1 else "",
+                          "; ".join(running) if running else f"{inflight_tasks} tasks running")
+
+    def __enter__(self):
+        self.spark.registerProgressHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.spark.removeProgressHandler(self)

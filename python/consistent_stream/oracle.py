@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import sqlglot
 from sqlglot import exp
 
+from .connect import sql_over
 from .plan.inexact import inexact_columns
 from .sources import Cut, SourceSpec
 from .sources.formats import snapshot_arrow, snapshot_dataframe
@@ -81,34 +82,25 @@ def batch_evaluation(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, ch
     """:func:`batch_dataframe` with the columns computed from floating point
     (:class:`BatchEvaluation`).
 
-    The snapshots are temporary views only while Spark analyzes the query (the analyzed plan
-    keeps them), so nothing is left in the caller's session."""
-    created: list[str] = []
-    try:
-        return _spark_sql(spark, sql, sources, cut, chain, created)
-    finally:
-        for name in created:
-            spark.catalog.dropTempView(name)
-
-
-def _spark_sql(spark, sql: str, sources: list[SourceSpec], cut: Cut, chain: bool, created: list[str]):
-    mapping, types, upstream_inexact = {}, {}, {}
+    The snapshots reach the query through :func:`consistent_stream.connect.sql_over`, so
+    nothing is left in the caller's session (classic or Connect)."""
+    mapping, types, upstream_inexact, frames = {}, {}, {}, {}
     for s in sources:
         relation = ".".join(s.relation_parts)
         if chain and s.format == MODEL_FORMAT:
             up = _upstream(s)
-            evaluated = _spark_sql(spark, up.sql, up.sources, cut, True, created)
+            evaluated = batch_evaluation(spark, up.sql, up.sources, cut, chain=True)
             df, name = evaluated.frame, f"__cs_chain_{s.name}"
             upstream_inexact[relation] = set(evaluated.inexact)
         else:
             v = _position(s, cut)
             df, name = snapshot_dataframe(spark, s, v), view_name(s, v)
-        name = f"{name}_{len(created)}"
-        df.createOrReplaceTempView(name)
-        created.append(name)
+        name = f"{name}_{len(frames)}"
+        frames[name] = df
         mapping[s.relation_parts] = name
         types[relation] = {f.name: f.dataType.simpleString() for f in df.schema.fields}
-    return BatchEvaluation(spark.sql(rewrite_relations(sql, mapping)), inexact_columns(sql, types, upstream_inexact))
+    return BatchEvaluation(sql_over(spark, rewrite_relations(sql, mapping), frames),
+                           inexact_columns(sql, types, upstream_inexact))
 
 
 def duckdb_result(sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False, arrow: bool = False):

@@ -162,12 +162,19 @@ _STORAGE = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota e
 _SESSION_LOST = ("Answer from Java side is empty", "Error while sending or receiving",
                  "An error occurred while trying to connect to the Java server", "SparkContext was shut down",
                  "Cannot call methods on a stopped SparkContext", "Connection refused")
+_CONNECT_LOST = ("StatusCode.UNAVAILABLE", "failed to connect to all addresses", "Connection refused",
+                 "RETRIES_EXCEEDED", "Socket closed")
+"""What a Spark Connect client's error says when its server went away (gRPC's UNAVAILABLE)."""
 
 
 def _session_alive() -> bool:
     """Whether the active Spark session's JVM still answers (py4j reports a call on a lost
-    connection only as "An error occurred while calling o26.setJobGroup")."""
-    from pyspark import SparkContext
+    connection only as "An error occurred while calling o26.setJobGroup"). False where there is
+    no JVM beside Python (pyspark-client: Spark Connect only)."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return False
     sc = SparkContext._active_spark_context
     if sc is None:
         return False
@@ -176,6 +183,21 @@ def _session_alive() -> bool:
         return True
     except Exception:
         return False
+
+
+def _session_lost(e: BaseException, text: str) -> bool:
+    """Whether ``e`` says the session itself is gone: py4j's lost JVM (classic), gRPC's
+    unavailable server (Spark Connect)."""
+    if isinstance(e, ConnectionRefusedError):
+        return True
+    if type(e).__module__.startswith(("pyspark.errors.exceptions.connect", "grpc")) and any(s in text for s in _CONNECT_LOST):
+        return True
+    try:
+        from py4j.protocol import Py4JError
+    except ImportError:   # pyspark-client: no py4j, no JVM to lose
+        return False
+    return isinstance(e, (Py4JError, ConnectionError)) and (any(s in text for s in _SESSION_LOST)
+                                                           or not _session_alive())
 
 
 def explain_failure(job: JobSpec, e: BaseException) -> BaseException | None:
@@ -206,13 +228,11 @@ def explain_failure(job: JobSpec, e: BaseException) -> BaseException | None:
             f"made visible (a batch commits whole or not at all). Make the target's location (config "
             f"location_root) and checkpoint_location writable, with free space, then run again: an "
             f"unfinished batch is replayed")
-    from py4j.protocol import Py4JError
-    if isinstance(e, ConnectionRefusedError) or (
-            isinstance(e, (Py4JError, ConnectionError)) and (any(s in text for s in _SESSION_LOST)
-                                                             or not _session_alive())):
+    if _session_lost(e, text):
         return SessionLostError(
             f"model {job.model}: the Spark session was lost while the run was under way (its JVM stopped or "
-            f"died: {text.strip().splitlines()[0] if text.strip() else type(e).__name__}). Nothing after the "
+            f"died, or its Spark Connect server went away: "
+            f"{text.strip().splitlines()[0] if text.strip() else type(e).__name__}). Nothing after the "
             f"target's last commit was made visible (a batch commits whole or not at all); start a new "
             f"session and run again: an unfinished batch is replayed")
     return None

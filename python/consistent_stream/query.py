@@ -292,7 +292,8 @@ def fold(acc: dict, r: BatchResult) -> dict:
     acc["rows_written"] += r.rows_written
     acc["strategies"].add(r.metrics.strategy)
     for k in _METRICS:
-        acc["totals"][k] += getattr(r.metrics, k)
+        v, total = getattr(r.metrics, k), acc["totals"][k]
+        acc["totals"][k] = None if v is None or total is None else total + v   # None: not countable (Connect)
     for p, s in r.metrics.phases.items():
         acc["totals"]["phases"][p] = round(acc["totals"]["phases"].get(p, 0.0) + s, 3)
     return acc

@@ -256,16 +256,17 @@ class QueryRuntime:
         requests = location.REQUESTS.snapshot()
         with counted_jobs(self.spark, f"{self.job.model} batch {batch_id}") as jobs:
             result = self._process(app_id, batch_id, start, end, t0, requests)
-            result.metrics.spark_jobs += jobs()
+            n = jobs()
+            result.metrics.spark_jobs = None if n is None else result.metrics.spark_jobs + n
         m = result.metrics
         m.object_store_requests = location.REQUESTS.since(requests)
         if not result.skipped:
             log.info("%s: batch %d committed target version %s (%s%s): %d changes read, %d rows written, "
-                     "%.2fs, %d Spark jobs, %d delta queries local / %d on Spark, %d state rows read, "
+                     "%.2fs, %s Spark jobs, %d delta queries local / %d on Spark, %d state rows read, "
                      "%d target rows rewritten, %d object-store requests, %sphases %s",
                      self.job.model, batch_id, result.target_version, m.strategy,
                      f": {m.reason}" if m.reason else "", result.changes_read, result.rows_written,
-                     result.seconds, m.spark_jobs, m.local_queries, m.spark_queries, m.state_rows_read,
+                     result.seconds, "?" if m.spark_jobs is None else m.spark_jobs, m.local_queries, m.spark_queries, m.state_rows_read,
                      m.target_rows_rewritten, m.object_store_requests["total"],
                      f"{m.changes_on_executors} changes too large for the driver written by the executors, "
                      if m.changes_on_executors else "", m.phases)

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pyspark.sql import SparkSession
 
 from .changelog import SINGLE_PARTITION_ROWS
+from .connect import default_parallelism
 
 MAX_DRIVER_ROWS = 1_000_000
 """Rows a result held on the driver may have: the state rows an incremental operator may read
@@ -39,7 +40,7 @@ def shuffle_partitions(spark: SparkSession, rows: int, parallelism: int | None =
     """Shuffle partitions for a query processing ``rows`` rows: one per ``ROWS_PER_TASK``,
     at least 1, at most twice the cores, or at most ``parallelism`` when the autoscaler
     (:mod:`consistent_stream.autoscale`) set one."""
-    cap = parallelism or 2 * max(1, int(spark.sparkContext.defaultParallelism))
+    cap = parallelism or 2 * default_parallelism(spark)
     return max(1, min(cap, math.ceil(rows / ROWS_PER_TASK)))
 
 

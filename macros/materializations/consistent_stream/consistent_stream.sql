@@ -77,7 +77,8 @@
   {% for batch in summary.get('metrics', []) %}
     {% do log('consistent_stream ' ~ model['name'] ~ ' batch ' ~ batch.get('batch_id') ~ ' ('
                ~ batch.get('strategy') ~ (': ' ~ batch.get('reason') if batch.get('reason') else '') ~ '): '
-               ~ batch.get('seconds') ~ ' s, ' ~ batch.get('spark_jobs') ~ ' Spark jobs, '
+               ~ batch.get('seconds') ~ ' s, '
+               ~ (batch.get('spark_jobs') ~ ' Spark jobs, ' if batch.get('spark_jobs') is not none else '')
                ~ batch.get('changes_read') ~ ' changes read, ' ~ batch.get('state_rows_read') ~ ' state rows read, '
                ~ batch.get('target_rows_rewritten') ~ ' target rows rewritten, '
                ~ (batch.get('changes_on_executors') ~ ' changes too large for the driver written by the executors, '

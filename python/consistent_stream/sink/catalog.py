@@ -74,16 +74,6 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
     return True
 
 
-def _session_catalog(spark: SparkSession, schema: str, identifier: str):
-    """Spark's session catalog and the ``TableIdentifier`` of ``schema.identifier``: the
-    metastore entry itself, which (unlike ``spark.catalog.tableExists`` or ``DROP TABLE``)
-    does not open a Delta table's log, so an entry whose location is gone (a target directory
-    deleted by hand, an old run's) can still be found and dropped."""
-    jvm = spark._jvm
-    ident = jvm.org.apache.spark.sql.catalyst.TableIdentifier(identifier, jvm.scala.Option.apply(schema))
-    return spark._jsparkSession.sessionState().catalog(), ident
-
-
 @dataclass(frozen=True)
 class CatalogEntry:
     """What the metastore holds for a name, read without opening the table: ``kind``
@@ -112,30 +102,37 @@ class CatalogEntry:
 
 
 def catalog_entry(spark: SparkSession, schema: str, identifier: str) -> CatalogEntry | None:
-    """The metastore entry ``schema.identifier``, or None when there is none. Unlike
-    ``spark.catalog.tableExists``, ``DESCRIBE`` or ``DROP TABLE``, this never opens a Delta
-    table's log, so it answers for an entry whose location is gone."""
-    catalog, ident = _session_catalog(spark, schema, identifier)
-    if not catalog.tableExists(ident):
-        return None
-    meta = catalog.getTableMetadata(ident)
-    provider = meta.provider()
-    location = meta.storage().locationUri()
-    return CatalogEntry(kind=str(meta.tableType().name()).upper(),
-                        provider=str(provider.get()).lower() if provider.isDefined() else None,
-                        location=str(location.get()) if location.isDefined() else None)
+    """The metastore entry ``schema.identifier``, or None when there is none (nor its schema).
+    Read with ``SHOW TABLE EXTENDED``, which prints the entry's type, provider and location
+    from the metastore: unlike ``spark.catalog.tableExists``, ``DESCRIBE`` or delta-spark's
+    catalog, it never opens a Delta table's log, so it answers for an entry whose location is
+    gone, over a classic session and over Spark Connect alike."""
+    try:
+        rows = spark.sql(f"SHOW TABLE EXTENDED IN `{schema}` LIKE '{_escaped(identifier)}'").collect()
+    except Exception as e:  # AnalysisException (classic or Connect): a schema that does not exist
+        if "SCHEMA_NOT_FOUND" in str(e) or "NoSuchNamespace" in str(e) or "NoSuchDatabase" in str(e):
+            return None
+        raise
+    for r in rows:
+        if r["tableName"].lower() == identifier.lower() and not r["isTemporary"]:
+            info = dict(line.split(": ", 1) for line in r["information"].splitlines() if ": " in line)
+            return CatalogEntry(kind=info.get("Type", "").upper(),
+                                provider=info["Provider"].lower() if info.get("Provider") else None,
+                                location=info.get("Location"))
+    return None
 
 
 def _entry_exists(spark: SparkSession, schema: str, identifier: str) -> bool:
-    catalog, ident = _session_catalog(spark, schema, identifier)
-    return bool(catalog.tableExists(ident))
+    return catalog_entry(spark, schema, identifier) is not None
 
 
 def drop_entry(spark: SparkSession, schema: str, identifier: str) -> None:
-    """Drop the metastore entry ``schema.identifier`` without opening its table (an external
-    table's files stay; a managed table's are deleted where they still exist)."""
-    catalog, ident = _session_catalog(spark, schema, identifier)
-    catalog.dropTable(ident, True, False)
+    """Drop the metastore entry ``schema.identifier`` (an external table's files stay; a
+    managed table's are deleted where they still exist). ``DROP TABLE`` (``DROP VIEW`` for a
+    view) drops an entry whose location is gone without opening its table."""
+    entry = catalog_entry(spark, schema, identifier)
+    if entry is not None:
+        spark.sql(f"DROP {'VIEW' if entry.kind == 'VIEW' else 'TABLE'} IF EXISTS `{schema}`.`{identifier}`")
 
 
 def _escaped(text: str) -> str:

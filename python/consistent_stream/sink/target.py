@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 
 from .. import settings
 from ..changelog import WEIGHT
+from ..connect import default_parallelism
 from ..delta import DeltaTableRef, Docs, Txn
 from ..errors import CommitError, UniqueKeyViolation
 from ..settings import spark_confs
@@ -285,7 +286,7 @@ def _write_rebuilt_spark(target: DeltaTableRef, output: DataFrame, unique_key: l
         .select(*[F.col(f"`{c}`") for c in data_cols])
     if unique_key:
         key = [F.col(f"`{k}`") for k in unique_key]
-        n = max(1, int(rows.sparkSession.sparkContext.defaultParallelism))
+        n = default_parallelism(rows.sparkSession)
         rows = rows.repartitionByRange(n, *key).sortWithinPartitions(*key)
     spark = rows.sparkSession
     with spark_confs(spark, {"spark.sql.files.maxRecordsPerFile": str(file_rows)}):

@@ -156,10 +156,15 @@ class KafkaLog:
     @staticmethod
     def session():
         """The Spark session the reads run in: the thread's active one, else the process's
-        (dbt runs models in threads of its own, where no session is active), else a local one
-        (a command of its own: ``consistent-stream status``)."""
+        (``SparkSession.active()``: dbt runs models in threads of its own, where no session is
+        active; over Spark Connect, the client's default session), else a local one (a command
+        of its own: ``consistent-stream status``)."""
+        from pyspark.errors import PySparkRuntimeError
         from pyspark.sql import SparkSession
-        spark = SparkSession.getActiveSession()
+        try:
+            spark = SparkSession.active()
+        except PySparkRuntimeError:   # NO_ACTIVE_OR_DEFAULT_SESSION
+            spark = None
         if spark is None:
             from ..session import with_delta
             builder = (with_delta(SparkSession.builder, master="local[1]")

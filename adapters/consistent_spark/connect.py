@@ -1,0 +1,84 @@
+"""Spark Connect for dbt (``method: connect``, :mod:`dbt.adapters.consistent_spark.connections`):
+this process's one Connect session, and dbt-spark's session cursor over it. Imported only when
+a profile uses ``method: connect``: nothing here starts a JVM."""
+
+import threading
+from typing import Any, Dict, Optional
+
+from dbt.adapters.contracts.connection import Connection, ConnectionState
+from dbt.adapters.exceptions.connection import FailedToConnectError
+from dbt.adapters.spark.session import Cursor, SessionConnectionWrapper
+from dbt_common.exceptions import DbtRuntimeError
+from pyspark.sql.utils import AnalysisException
+
+from dbt.adapters.consistent_spark.connections import ConsistentSparkCredentials, without_parameters
+
+_lock = threading.Lock()
+
+
+def connect_session(credentials: ConsistentSparkCredentials) -> Any:
+    """This process's Spark Connect session to ``credentials.connect_url()`` (made at the first
+    call, shared by every thread after it), with the profile's runtime ``server_side_parameters``
+    set. Raises DbtRuntimeError naming a static parameter whose value the server does not have."""
+    from pyspark.sql import SparkSession
+
+    with _lock:
+        spark = SparkSession.builder.remote(credentials.connect_url()).getOrCreate()
+        for key, value in credentials.server_side_parameters.items():
+            if spark.conf.get(key, None) == value:
+                continue
+            if not spark.conf.isModifiable(key):
+                raise DbtRuntimeError(
+                    f"profile server_side_parameters: {key} is a static conf of the Spark Connect server "
+                    f"({credentials.unique_field}), which a client cannot set; set it where the server starts "
+                    f"(consistent-stream cluster start --connect-conf {key}=...) and remove it from the profile")
+            spark.conf.set(key, value)
+        return spark
+
+
+class ConnectCursor(Cursor):
+    """dbt-spark's session cursor over a Spark Connect session instead of the classic one
+    its ``execute`` builds."""
+
+    def __init__(self, session: Any) -> None:
+        super().__init__()
+        self.session = session
+
+    def execute(self, sql: str, *parameters: Any) -> None:
+        if len(parameters) > 0:
+            sql = sql % parameters
+        try:
+            self._df = self.session.sql(sql)
+        except AnalysisException as exc:
+            raise DbtRuntimeError(str(exc)) from exc
+
+
+class ConnectHandle:
+    """What dbt-spark's ``SessionConnectionWrapper`` wraps: cursors over one Connect session."""
+
+    def __init__(self, session: Any, server_side_parameters: Optional[Dict[str, str]] = None) -> None:
+        self.session = session
+        self.server_side_parameters = server_side_parameters or {}
+
+    def cursor(self) -> ConnectCursor:
+        return ConnectCursor(self.session)
+
+
+def open_connect(connection: Connection) -> Connection:
+    """Open ``connection`` (``method: connect``) on this process's Connect session; raises
+    FailedToConnectError naming the address (without its token) when the server does not answer."""
+    if connection.state == ConnectionState.OPEN:
+        return connection
+    creds = connection.credentials
+    try:
+        session = connect_session(creds)
+        session.sql("SELECT 1").collect()   # reach the server now: a wrong address fails here, named
+    except DbtRuntimeError:
+        raise
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise FailedToConnectError(f"failed to connect to Spark Connect at {creds.unique_field}: "
+                                   f"{type(e).__name__}: {first}") from e
+    connection.handle = SessionConnectionWrapper(ConnectHandle(session, creds.server_side_parameters))
+    connection.state = ConnectionState.OPEN  # type: ignore
+    return connection

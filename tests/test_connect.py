@@ -1,0 +1,163 @@
+"""consistent_stream models with dbt as a Spark Connect client (``method: connect``): the
+example project (TPC-H SF 0.01: a view, a model on a model, aggregates and joins over Delta
+sources) against a real Spark Connect server on a one-worker standalone cluster on loopback
+(``consistent-stream cluster start --connect-port``). dbt runs as a process of its own, as a
+user's would; nothing in it may start a JVM (its descendants are watched while it runs). A
+refresh round's run is SIGKILLed between the state and the target commit of a batch, and the
+next run must lose nothing and apply nothing twice: every committed version of every model is
+verified against batch evaluation at its cut, in this process's own classic session."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from consistent_stream import cluster
+from consistent_stream.delta import DeltaTableRef
+from consistent_stream.storage import load_json
+from consistent_stream.tpch.generate import generate
+from consistent_stream.verify import index_path, verify_target
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "models" / "example"
+BIN = Path(sys.executable).parent
+MODELS = ("q3_revenue_per_order", "q1_pricing_summary", "customer_order_totals", "order_revenue", "nation_revenue")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("connect_cluster")
+    c = cluster.start(workers=1, cores_per_worker=1, memory_per_worker="1g", port=_free_port(),
+                      webui_port=_free_port(), connect_port=_free_port(), directory=d)
+    yield c
+    cluster.stop(d)
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """pid -> command name of every live descendant of ``root`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        names[int(entry)] = comm
+        children.setdefault(int(rest[1]), []).append(int(entry))
+    out, todo = {}, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out[pid] = names.get(pid, "?")
+        todo += children.get(pid, [])
+    return out
+
+
+def _dbt(project: Path, env: dict, *args: str) -> tuple[int, str, set[str]]:
+    """Run ``dbt <args> --target connect`` in ``project`` as a process of its own (its own
+    session: a fault point's SIGKILL of its process group stops only it). Returns its exit
+    code, its output and the command names of every process it started."""
+    proc = subprocess.Popen([str(BIN / "dbt"), *args, "--target", "connect"], cwd=project, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.update(_descendants(proc.pid).values())
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        done.set()
+        watcher.join()
+    return proc.returncode, out, seen
+
+
+def _refresh(data: Path, round_: int) -> None:
+    subprocess.run([str(BIN / "consistent-stream"), "tpch-refresh", "--dir", str(data), "--round", str(round_)],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
+def test_the_example_project_over_spark_connect_with_no_jvm_in_dbt_and_a_killed_run(connect_server, spark, tmp_path):
+    project = tmp_path / "example"
+    project.mkdir()
+    for name in ("dbt_project.yml", "models", "tests", "profiles.yml"):
+        src = EXAMPLE / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, project / name)
+    schema = f"connect_{uuid.uuid4().hex[:8]}"
+    profile = (project / "profiles.yml").read_text()
+    assert "schema: tpch_example" in profile and "method: connect" in profile
+    (project / "profiles.yml").write_text(profile.replace("schema: tpch_example", f"schema: {schema}"))
+    data = project / "data" / "tpch"
+    generate(0.01, data)
+    env = {**os.environ, "SPARK_REMOTE": connect_server.connect_url, "DBT_PROJECT_DIR": str(project),
+           "DBT_PROFILES_DIR": str(project), "TPCH_DIR": str(data), "DBT_SEND_ANONYMOUS_USAGE_STATS": "false"}
+    for k in ("CONSISTENT_STREAM_FAULT", "PYSPARK_SUBMIT_ARGS", "SPARK_CONNECT_MODE_ENABLED"):
+        env.pop(k, None)
+
+    # the initial build: every model, view and data test (dbt's own statements) over Connect
+    rc, out, started = _dbt(project, env, "build", "--full-refresh")
+    assert rc == 0, out[-6000:]
+    assert "PASS=27" in out, out[-3000:]
+    assert "java" not in started, started
+
+    # a refresh round whose run is killed after a batch's state commit, before its target
+    # commit (the second batch committed in the run), then run again
+    _refresh(data, 1)
+    rc, out, started = _dbt(project, {**env, "CONSISTENT_STREAM_FAULT": "state_committed@2"}, "run")
+    assert rc == -signal.SIGKILL, (rc, out[-4000:])
+    assert "java" not in started, started
+    rc, out, started = _dbt(project, env, "run")
+    assert rc == 0, out[-6000:]
+    assert "java" not in started, started
+    _refresh(data, 2)
+    rc, out, started = _dbt(project, env, "run")
+    assert rc == 0, out[-6000:]
+
+    # every committed version equals batch evaluation at its cut; the last is at the sources' newest
+    newest = {t: DeltaTableRef(str(data / t)).latest_version() for t in ("orders", "lineitem", "customer")}
+    for model in MODELS:
+        target = DeltaTableRef(load_json(index_path(str(project), model))["target_path"])
+        last = target.latest_version()
+        assert last >= 2, (model, last)   # the build and both rounds committed (the killed run's batch once)
+        for v in range(last + 1):
+            res = verify_target(spark, target.path, version=v, model=model)
+            assert res.ok, (model, v, res.to_json())
+        cut = verify_target(spark, target.path, model=model).base_cut
+        for t, version in newest.items():
+            if f"tpch.{t}" in cut:
+                assert cut[f"tpch.{t}"] == version, (model, cut, newest)
+
+
+def test_the_watch_of_a_process_tree_sees_grandchildren():
+    # what the check above relies on: a process started by a child of the watched one
+    proc = subprocess.Popen(["bash", "-c", "sleep 2 & wait"])
+    try:
+        deadline = time.time() + 5
+        while "sleep" not in _descendants(proc.pid).values() and time.time() < deadline:
+            time.sleep(0.05)
+        assert "sleep" in _descendants(proc.pid).values()
+    finally:
+        proc.wait()
