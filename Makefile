@@ -16,7 +16,7 @@ STAMP := .venv/installed.stamp
 
 $(STAMP): setup.py
 	test -x $(PYTHON) || python3 -m venv .venv
-	$(PYTHON) -m pip install -e '.[test]'
+	$(PYTHON) -m pip install -e '.[session,test]'
 	$(PYTHON) -m consistent_stream.session resolve
 	$(PYTHON) -m consistent_stream.s3server install
 	$(PYTHON) -m consistent_stream.kafka_stack install

@@ -15,6 +15,7 @@ Three things are installed from this repository:
 from setuptools import find_packages, setup
 
 ENGINE_PACKAGES = find_packages("python")
+SESSION = ["pyspark==4.2.0", "delta-spark==4.4.0", "dbt-spark[session]>=1.11,<1.12"]
 
 setup(
     name="dbt-consistent-stream",
@@ -34,14 +35,13 @@ setup(
         "dbt.include.consistent_spark": ["dbt_project.yml", "macros/*.sql", "macros/**/*.sql"],
     },
     include_package_data=False,
+    # The Spark client is an extra, as dbt-spark's is: `[session]` (pyspark with its jars, a
+    # classic session with a JVM in dbt's process) or `[connect]` (pyspark-client, pure Python:
+    # dbt as a Spark Connect client, no JVM). One of them is needed; they are not installed
+    # together (both are the `pyspark` package).
     install_requires=[
-        # delta-spark 4.4 supports pyspark up to 4.2.0; its jars (io.delta:delta-spark_4.2_2.13:4.4.0,
-        # the newest Maven Central serves for Spark 4.2) are fetched at install by
-        # `python -m consistent_stream.session resolve` (make .venv)
-        "pyspark==4.2.0",
-        "delta-spark==4.4.0",
         "dbt-core>=1.10,<1.12",
-        "dbt-spark[session]>=1.11,<1.12",
+        "dbt-spark>=1.11,<1.12",
         "deltalake>=1,<2",
         # object stores (consistent_stream.location): files that are not Delta tables and the
         # writer lock's conditional puts (obstore: the object_store crate delta-rs commits
@@ -62,10 +62,15 @@ setup(
         "rich>=13",
     ],
     extras_require={
-        # the Spark Connect client (grpcio, ...): only to reach a Connect server; the engine
-        # itself needs a classic session (README, "On a Spark cluster")
-        "connect": ["pyspark[connect]==4.2.0"],
-        "test": ["pytest", "pytest-xdist", "hypothesis", "dbt-tests-adapter==1.20.0", "pyspark[connect]==4.2.0"],
+        # delta-spark 4.4 supports pyspark up to 4.2.0; its jars (io.delta:delta-spark_4.2_2.13:4.4.0,
+        # the newest Maven Central serves for Spark 4.2) are fetched at install by
+        # `python -m consistent_stream.session resolve` (make .venv)
+        "session": SESSION,
+        # the pure-Python Spark Connect client (grpcio, ...; no jars, no py4j)
+        "connect": ["pyspark-client==4.2.0"],
+        # the tests run classic sessions and Connect clients (pyspark's own connect extra)
+        "test": [*SESSION, "pyspark[connect]==4.2.0", "pytest", "pytest-xdist", "hypothesis",
+                 "dbt-tests-adapter==1.20.0"],
     },
     entry_points={"console_scripts": ["consistent-stream = consistent_stream.cli:main"]},
     zip_safe=False,

@@ -5,7 +5,10 @@ sources) against a real Spark Connect server on a one-worker standalone cluster 
 user's would; nothing in it may start a JVM (its descendants are watched while it runs). A
 refresh round's run is SIGKILLed between the state and the target commit of a batch, and the
 next run must lose nothing and apply nothing twice: every committed version of every model is
-verified against batch evaluation at its cut, in this process's own classic session."""
+verified against batch evaluation at its cut, in this process's own classic session. Spark's
+share goes over Connect as it would at scale: the initial build on the executors
+(``driver_rebuild_rows: 0``), the last round's delta queries as Spark queries (``local_engine:
+spark``), the others in the client's DuckDB."""
 from __future__ import annotations
 
 import os
@@ -95,6 +98,15 @@ def _dbt(project: Path, env: dict, *args: str) -> tuple[int, str, set[str]]:
     return proc.returncode, out, seen
 
 
+def _configure(project: Path, **configs) -> None:
+    """Set model configs for every model of ``project`` (its dbt_project.yml)."""
+    import yaml
+    path = project / "dbt_project.yml"
+    d = yaml.safe_load(path.read_text())
+    d["models"][d["name"]].update({f"+{k}": v for k, v in configs.items()})
+    path.write_text(yaml.safe_dump(d, sort_keys=False))
+
+
 def _refresh(data: Path, round_: int) -> None:
     subprocess.run([str(BIN / "consistent-stream"), "tpch-refresh", "--dir", str(data), "--round", str(round_)],
                    check=True, stdout=subprocess.DEVNULL)
@@ -112,6 +124,7 @@ def test_the_example_project_over_spark_connect_with_no_jvm_in_dbt_and_a_killed_
     (project / "profiles.yml").write_text(profile.replace("schema: tpch_example", f"schema: {schema}"))
     data = project / "data" / "tpch"
     generate(0.01, data)
+    _configure(project, driver_rebuild_rows=0)
     env = {**os.environ, "SPARK_REMOTE": connect_server.connect_url, "DBT_PROJECT_DIR": str(project),
            "DBT_PROFILES_DIR": str(project), "TPCH_DIR": str(data), "DBT_SEND_ANONYMOUS_USAGE_STATS": "false"}
     for k in ("CONSISTENT_STREAM_FAULT", "PYSPARK_SUBMIT_ARGS", "SPARK_CONNECT_MODE_ENABLED"):
@@ -133,8 +146,10 @@ def test_the_example_project_over_spark_connect_with_no_jvm_in_dbt_and_a_killed_
     assert rc == 0, out[-6000:]
     assert "java" not in started, started
     _refresh(data, 2)
+    _configure(project, local_engine="spark")
     rc, out, started = _dbt(project, env, "run")
     assert rc == 0, out[-6000:]
+    assert "incremental" in out and "java" not in started, (out[-3000:], started)
 
     # every committed version equals batch evaluation at its cut; the last is at the sources' newest
     newest = {t: DeltaTableRef(str(data / t)).latest_version() for t in ("orders", "lineitem", "customer")}

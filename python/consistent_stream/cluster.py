@@ -204,9 +204,8 @@ def _work_dir(d: Path, name: str, user: str | None) -> Path:
     return w
 
 
-def _check_placement(host: str, worker_hosts: list[str], launcher: str | None, user: str | None,
-                     connect_port: int | None) -> None:
-    """Raise ClusterError for options that cannot work together (see :func:`start`)."""
+def _check_placement(user: str | None) -> None:
+    """Raise ClusterError for a ``user`` that cannot be used (see :func:`start`)."""
     if user is not None:
         if os.geteuid() != 0:
             raise ClusterError(f"--user {user}: only root can start the daemons as another account")
@@ -214,8 +213,6 @@ def _check_placement(host: str, worker_hosts: list[str], launcher: str | None, u
             pwd.getpwnam(user)
         except KeyError:
             raise ClusterError(f"--user {user}: no such account (create it, e.g. useradd --system {user})") from None
-    if connect_port is not None and (launcher or host != HOST or any(h != HOST for h in worker_hosts)):
-        raise ClusterError("--connect-port needs the loopback cluster (no --launcher, --host or --worker-hosts)")
 
 
 def start(*, workers: int = 2, cores_per_worker: int = 1, memory_per_worker: str = "2g", port: int = 7077,
@@ -228,7 +225,8 @@ def start(*, workers: int = 2, cores_per_worker: int = 1, memory_per_worker: str
     master. With ``connect_port``, also a Spark Connect server
     (``org.apache.spark.sql.connect.service.SparkConnectServer`` from pyspark's
     ``spark-connect`` jar, through ``spark-submit``) whose driver runs on the cluster, listening
-    on ``sc://127.0.0.1:<connect_port>``, with the project's jars, Delta's catalog and a Hive
+    on ``sc://<host>:<connect_port>`` (placed as the master is: ``launcher`` with ``{daemon}``
+    = ``master``, as ``user``), with the project's jars, Delta's catalog and a Hive
     metastore (:func:`connect_server_conf`; ``connect_conf``: Spark confs of its own, e.g. the
     store's S3A settings). Returns the :class:`Cluster` (``master_url`` is what
     ``spark.master`` takes, ``connect_url`` what ``SparkSession.builder.remote`` takes).
@@ -243,8 +241,7 @@ def start(*, workers: int = 2, cores_per_worker: int = 1, memory_per_worker: str
 
     Raises ClusterError when a cluster from ``directory`` is still running (stop it first), a
     port is in use, ``worker_hosts`` does not name one address per worker, ``user`` is not an
-    account (or this process is not root), ``connect_port`` is combined with a placement, or a
-    daemon exits or the workers do not register within ``timeout_s`` seconds; daemons
+    account (or this process is not root), or a daemon exits or the workers do not register within ``timeout_s`` seconds; daemons
     already started are stopped again."""
     d = Path(directory) if directory else default_dir()
     d.mkdir(parents=True, exist_ok=True)
@@ -258,7 +255,7 @@ def start(*, workers: int = 2, cores_per_worker: int = 1, memory_per_worker: str
     worker_hosts = list(worker_hosts) if worker_hosts else [host] * workers
     if len(worker_hosts) != workers:
         raise ClusterError(f"--worker-hosts names {len(worker_hosts)} address(es) for {workers} workers")
-    _check_placement(host, worker_hosts, launcher, user, connect_port)
+    _check_placement(user)
     if launcher is None:
         for p, what in ((port, "--port"), (webui_port, "--webui-port"), (connect_port, "--connect-port")):
             if p is not None and not _port_free(p, host):
@@ -285,53 +282,63 @@ def start(*, workers: int = 2, cores_per_worker: int = 1, memory_per_worker: str
         _wait(c, lambda s: sum(w.get("state") == "ALIVE" for w in s.get("workers", [])) >= workers,
               timeout_s, f"{workers} workers to register")
         if connect_port is not None:
-            c.pids["connect"] = _spawn_connect(c, connect_port, _env(d), connect_conf)
-            c.connect_url = f"sc://{HOST}:{connect_port}"
+            c.pids["connect"] = _spawn_connect(c, host, connect_port, _env(d, host, user), connect_conf,
+                                               _prefix("master", launcher, user), user)
+            c.connect_url = f"sc://{host}:{connect_port}"
             c.save()
-            _wait_for_port(c, connect_port, timeout_s, "the Spark Connect server to listen")
+            _wait_for_port(c, host, connect_port, timeout_s, "the Spark Connect server to listen")
     except BaseException:
         stop(d)
         raise
     return c
 
 
-def connect_server_conf(c: Cluster, port: int, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The Spark confs of the cluster's Spark Connect server (a driver of ``c`` on this
-    machine, :func:`driver_conf`): bound to 127.0.0.1:``port``; delta-spark's, S3A's and Kafka's
-    jars (``spark.jars``, which the executors fetch from it), Delta's SQL extension and catalog
+def connect_server_conf(c: Cluster, host: str, port: int, home: Path,
+                        extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The Spark confs of the cluster's Spark Connect server, a driver of ``c`` at ``host``:
+    listening on ``host:port``; delta-spark's, S3A's and Kafka's jars (``spark.jars``, which
+    the executors fetch from it), Delta's SQL extension and catalog
     (:func:`consistent_stream.session.delta_confs`); a Hive metastore (Derby) and warehouse
-    under the cluster's directory, as dbt-spark's session method has them; UTC. ``extra``
-    (``--connect-conf``, e.g. the store's ``spark.hadoop.fs.s3a.*`` settings) comes first, so
-    what it sets wins."""
+    under ``home`` (its work directory), as dbt-spark's session method has them; UTC.
+    ``extra`` (``--connect-conf``: the warehouse on S3, the store's ``spark.hadoop.fs.s3a.*``
+    settings) comes first, so what it sets wins."""
     from .session import delta_confs
-    d = Path(c.dir)
-    conf = {**driver_conf(c.master_url), "spark.connect.grpc.binding.address": HOST,
+    conf = {"spark.master": c.master_url, "spark.driver.host": host, "spark.driver.bindAddress": host,
+            "spark.ui.enabled": "false", "spark.connect.grpc.binding.address": host,
             "spark.connect.grpc.binding.port": str(port), "spark.sql.session.timeZone": "UTC",
-            "spark.sql.catalogImplementation": "hive", "spark.sql.warehouse.dir": str(d / "warehouse"),
-            "spark.driver.extraJavaOptions": f"-Dderby.system.home={d / 'metastore'}"}
+            "spark.sql.catalogImplementation": "hive", "spark.sql.warehouse.dir": str(home / "warehouse"),
+            "spark.driver.extraJavaOptions": f"-Dderby.system.home={home / 'metastore'}"}
     conf.update(extra or {})
     conf.update(delta_confs(conf, c.master_url))
     return conf
 
 
-def _spawn_connect(c: Cluster, port: int, env: dict[str, str], extra: dict[str, str] | None = None) -> int:
+def _spawn_connect(c: Cluster, host: str, port: int, env: dict[str, str], extra: dict[str, str] | None,
+                   prefix: list[str], user: str | None) -> int:
     d = Path(c.dir)
+    home = _work_dir(d, "connect", user)
     log = open(d / "connect.log", "ab")
     args = [str(spark_home() / "bin" / "spark-submit"), "--class",
             "org.apache.spark.sql.connect.service.SparkConnectServer", "--name", "Spark Connect server"]
-    for k, v in connect_server_conf(c, port, extra).items():
+    for k, v in connect_server_conf(c, host, port, home, extra).items():
         args += ["--conf", f"{k}={v}"]
     try:
-        p = subprocess.Popen([*args, "spark-internal"], stdout=log, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, env=env, cwd=d, start_new_session=True)
+        p = subprocess.Popen([*prefix, *args, "spark-internal"], stdout=log, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, env=env, cwd=home, start_new_session=True)
     finally:
         log.close()
     return p.pid
 
 
-def _wait_for_port(c: Cluster, port: int, timeout_s: float, what: str) -> None:
+def _wait_for_port(c: Cluster, host: str, port: int, timeout_s: float, what: str) -> None:
+    """Wait until ``host:port`` accepts a connection from here."""
     deadline = time.monotonic() + timeout_s
-    while _port_free(port):
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            pass
         dead = [n for n, pid in c.pids.items() if not _alive(pid)]
         if dead:
             raise ClusterError(f"{', '.join(dead)} exited while waiting for {what}; see "
@@ -495,7 +502,7 @@ def add_cluster_command(subparsers) -> None:
     c.add_argument("--require-workers", type=int, default=0,
                    help="tasks: exit 1 unless executors on at least this many workers finished tasks")
     c.add_argument("--connect-port", type=int, default=None,
-                   help="also start a Spark Connect server on the cluster, on sc://127.0.0.1:<port> (e.g. 15002)")
+                   help="also start a Spark Connect server on the cluster (placed as the master), on sc://<host>:<port> (e.g. 15002)")
     c.add_argument("--connect-conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark conf of the Connect server (repeatable), e.g. spark.hadoop.fs.s3a.endpoint=...")
     c.set_defaults(func=_cmd)

@@ -77,8 +77,8 @@ def default_parallelism(spark) -> int:
         if conf:
             got = int(conf)
         else:
-            got = int(spark.sql("SELECT count(DISTINCT spark_partition_id()) AS n FROM range(0, 100000)")
-                      .collect()[0]["n"])
+            got = int(spark.sql("SELECT count(DISTINCT p) AS n FROM (SELECT spark_partition_id() AS p "
+                                "FROM range(0, 100000))").collect()[0]["n"])
         with _lock:
             _parallelism[spark] = got
     return max(1, got)

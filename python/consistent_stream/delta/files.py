@@ -162,7 +162,7 @@ def write_spark(df: DataFrame, table_path: str, rel_dir: str, *, partition_by: l
     old = spark.conf.get("spark.sql.parquet.outputTimestampType", None)
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     try:
-        w = df.write.mode("errorifexists").option("compression", "snappy")
+        w = df.write.mode("error").option("compression", "snappy")
         if partition_by:
             w = w.partitionBy(*partition_by)
         w.parquet(out)

@@ -54,6 +54,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, consolidate_arrow, q
+from ..connect import default_parallelism
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta.files import may_hold, new_dir, stats_bounds, wanted_values, write_arrow, write_spark
 from ..duck import UNSUPPORTED, KeyedScan
@@ -415,7 +416,7 @@ class StateStore:
         df = df.select(*cols)
         key = [F.col(f"`{c}`") for c in arrangement.key]
         if key:
-            df = df.repartitionByRange(max(1, int(self.spark.sparkContext.defaultParallelism)), *key)
+            df = df.repartitionByRange(default_parallelism(self.spark), *key)
         else:
             df = df.coalesce(1)
         if merge:
