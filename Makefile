@@ -10,7 +10,7 @@
 PYTHON := .venv/bin/python
 STAMP := .venv/installed.stamp
 
-.PHONY: .venv test demo demo-cluster demo-cluster-s3 demo-kafka
+.PHONY: .venv .venv-connect test demo demo-cluster demo-cluster-s3 demo-kafka demo-connect
 
 .venv: $(STAMP)
 
@@ -21,6 +21,18 @@ $(STAMP): setup.py
 	$(PYTHON) -m consistent_stream.s3server install
 	$(PYTHON) -m consistent_stream.kafka_stack install
 	$(PYTHON) -m consistent_stream.session archive
+	touch $@
+
+# A second virtualenv for dbt as a Spark Connect client: the package with pyspark-client only
+# (no jars, no JVM), for make demo-connect.
+CONNECT_PYTHON := .venv-connect/bin/python
+CONNECT_STAMP := .venv-connect/installed.stamp
+
+.venv-connect: $(CONNECT_STAMP)
+
+$(CONNECT_STAMP): setup.py
+	test -x $(CONNECT_PYTHON) || python3 -m venv .venv-connect
+	$(CONNECT_PYTHON) -m pip install -e '.[connect]'
 	touch $@
 
 # Two pytest workers (pytest-xdist), each test file on one of them: each worker has its own
@@ -50,3 +62,9 @@ demo-cluster-s3: .venv
 # verify and PostgreSQL's own answers.
 demo-kafka: .venv
 	scripts/demo_kafka.sh
+
+# The same demo with dbt as a Spark Connect client (.venv-connect: pyspark-client, no JVM) of a
+# cluster whose nodes (master and Connect server, two workers) each have a network namespace
+# and share nothing but an S3 server with the client. Root only.
+demo-connect: .venv .venv-connect
+	scripts/demo_connect.sh

@@ -8,7 +8,8 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-bin=$repo/.venv/bin
+# CS_BIN: the virtualenv whose dbt and consistent-stream run (demo_connect.sh's pyspark-client one)
+bin=${CS_BIN:-$repo/.venv/bin}
 models=(q3_revenue_per_order q1_pricing_summary customer_order_totals order_revenue nation_revenue)
 rounds=3
 
