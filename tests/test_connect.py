@@ -176,3 +176,49 @@ def test_the_watch_of_a_process_tree_sees_grandchildren():
         assert "sleep" in _descendants(proc.pid).values()
     finally:
         proc.wait()
+
+
+_CLIENT = r"""
+import json, logging, sys
+from pyspark.sql.connect.session import SparkSession
+from consistent_stream import metrics
+from consistent_stream.changelog import Views
+from consistent_stream.connect import default_parallelism, is_connect, sql_over
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+out = {"connect": is_connect(spark)}
+# a view's DataFrame outlives the views: Connect analyzes it at the action, after drop()
+views = Views(spark)
+name = views.add(spark.range(5).selectExpr("id AS k", "id * 10 AS v"))
+df = views.sql(f"SELECT k, v, '{{x}} }}' AS text FROM {name} WHERE k < 3")
+views.drop()
+out["rows"] = sorted(tuple(r) for r in df.collect())
+out["views_left"] = [t.name for t in spark.catalog.listTables() if t.isTemporary]
+out["parallelism"] = default_parallelism(spark)
+# progress from Connect's handler, no job count
+metrics.PROGRESS_AFTER_S = metrics.PROGRESS_EVERY_S = 0.0
+lines = []
+handler = logging.Handler()
+handler.emit = lambda record: lines.append(record.getMessage())
+metrics.progress_log.addHandler(handler)
+metrics.progress_log.setLevel(logging.INFO)
+with metrics.counted_jobs(spark, "m batch 0") as jobs:
+    spark.range(0, 3_000_000, 1, 4).selectExpr("id % 97 AS k").groupBy("k").count().collect()
+    out["jobs"] = jobs()
+out["progress"] = lines[:3]
+print(json.dumps(out))
+"""
+
+
+def test_queries_over_connect_carry_their_frames_and_report_progress_without_a_spark_context(connect_server):
+    proc = subprocess.run([sys.executable, "-c", _CLIENT, connect_server.connect_url], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+    assert out["connect"] is True
+    # the rows, with the braces of a string literal kept as written
+    assert [r[:2] for r in out["rows"]] == [[0, 0], [1, 10], [2, 20]]
+    assert all(r[2] == "{x} }" for r in out["rows"]), out["rows"]
+    assert out["views_left"] == [], out
+    assert out["parallelism"] == 2   # the SparkContext's default on a cluster: max(its cores (1), 2)
+    assert out["jobs"] is None
+    assert out["progress"] and all(line.startswith("m batch 0: running for") for line in out["progress"]), out
