@@ -241,8 +241,8 @@ def start(*, workers: int = 2, cores_per_worker: int = 1, memory_per_worker: str
 
     Raises ClusterError when a cluster from ``directory`` is still running (stop it first), a
     port is in use, ``worker_hosts`` does not name one address per worker, ``user`` is not an
-    account (or this process is not root), or a daemon exits or the workers do not register within ``timeout_s`` seconds; daemons
-    already started are stopped again."""
+    account (or this process is not root), or a daemon exits or the workers do not register
+    within ``timeout_s`` seconds; daemons already started are stopped again."""
     d = Path(directory) if directory else default_dir()
     d.mkdir(parents=True, exist_ok=True)
     old = Cluster.load(d)
