@@ -11,7 +11,7 @@ from dbt.adapters.spark.session import Cursor, SessionConnectionWrapper
 from dbt_common.exceptions import DbtRuntimeError
 from pyspark.sql.utils import AnalysisException
 
-from dbt.adapters.consistent_spark.connections import ConsistentSparkCredentials, without_parameters
+from dbt.adapters.consistent_spark.connections import ConsistentSparkCredentials
 
 _lock = threading.Lock()
 

@@ -135,4 +135,3 @@ def _start_session(parameters: dict) -> None:
     # last: delta-spark's confs are the profile's values with Delta's added (its extensions,
     # class path and Java options appended to the profile's own)
     with_delta(builder, parameters).getOrCreate()
-

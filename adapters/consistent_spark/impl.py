@@ -203,7 +203,7 @@ class ConsistentSparkAdapter(SparkAdapter):
         if entry.kind == "VIEW" or entry.location_exists():
             self.drop_relation(self.Relation.create(schema=schema, identifier=identifier, type=relation_type))
         else:
-            drop_entry(spark, schema, identifier)   # DROP TABLE would open the missing table
+            drop_entry(spark, schema, identifier)   # the entry alone: its location is gone
 
     @available
     def consistent_stream_publish_sources(self, sources: List[Dict[str, Any]]) -> List[int]:
