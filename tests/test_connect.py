@@ -222,3 +222,25 @@ def test_queries_over_connect_carry_their_frames_and_report_progress_without_a_s
     assert out["parallelism"] == 2   # the SparkContext's default on a cluster: max(its cores (1), 2)
     assert out["jobs"] is None
     assert out["progress"] and all(line.startswith("m batch 0: running for") for line in out["progress"]), out
+
+
+def test_a_connect_profile_keeps_its_token_out_of_host_and_an_unreachable_server_fails_fast(monkeypatch):
+    from dbt.adapters.consistent_spark.connect import reach
+    from dbt.adapters.consistent_spark.connections import ConsistentSparkCredentials
+    from dbt.adapters.exceptions.connection import FailedToConnectError
+    from dbt_common.exceptions import DbtRuntimeError
+
+    monkeypatch.setenv("SPARK_REMOTE", "sc://127.0.0.1:1/;token=s3cret;user_id=me")
+    creds = ConsistentSparkCredentials.from_dict({"method": "connect", "schema": "s"})
+    # host (what `dbt debug` prints) holds no token; the connection string has it all
+    assert creds.host == creds.unique_field == "sc://127.0.0.1:1" and creds.token == "s3cret"
+    assert creds.connect_url() == "sc://127.0.0.1:1/;user_id=me;token=s3cret"
+    creds = ConsistentSparkCredentials.from_dict({"method": "connect", "schema": "s", "host": "sc://h:2",
+                                                  "token": "t", "use_ssl": True})
+    assert creds.connect_url() == "sc://h:2/;token=t;use_ssl=true"
+    t0 = time.time()
+    with pytest.raises(FailedToConnectError, match="127.0.0.1:1.*cluster start --connect-port 1") as e:
+        reach("sc://127.0.0.1:1")
+    assert time.time() - t0 < 5 and "s3cret" not in str(e.value)
+    with pytest.raises(DbtRuntimeError, match="not a Spark Connect address"):
+        ConsistentSparkCredentials.from_dict({"method": "connect", "schema": "s", "host": "http://h:2"})

@@ -2,8 +2,10 @@
 this process's one Connect session, and dbt-spark's session cursor over it. Imported only when
 a profile uses ``method: connect``: nothing here starts a JVM."""
 
+import socket
 import threading
 from typing import Any, Dict, Optional
+from urllib.parse import urlparse
 
 from dbt.adapters.contracts.connection import Connection, ConnectionState
 from dbt.adapters.exceptions.connection import FailedToConnectError
@@ -14,6 +16,27 @@ from pyspark.sql.utils import AnalysisException
 from dbt.adapters.consistent_spark.connections import ConsistentSparkCredentials
 
 _lock = threading.Lock()
+
+DEFAULT_PORT = 15002
+"""Spark Connect's port when the connection string names none."""
+REACH_TIMEOUT_S = 10.0
+"""How long opening a connection waits for the server's address to accept a TCP connection."""
+
+
+def reach(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Check that the server of connection string ``address`` (``sc://host[:port]``, without its
+    parameters) accepts a TCP connection within ``timeout_s`` seconds; raises
+    FailedToConnectError naming it. (Connect's client would retry an unreachable address with
+    backoff for minutes before it fails.)"""
+    u = urlparse(address.replace("sc://", "http://", 1))
+    host, port = u.hostname or "", u.port or DEFAULT_PORT
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        raise FailedToConnectError(
+            f"failed to connect to Spark Connect at {address}: nothing accepted a connection at {host}:{port} within "
+            f"{timeout_s:.0f} s ({e.strerror or e}). Is the server running (consistent-stream cluster start "
+            f"--connect-port {port}), and is the profile's host (or SPARK_REMOTE) its address?") from None
 
 
 def connect_session(credentials: ConsistentSparkCredentials) -> Any:
@@ -70,6 +93,7 @@ def open_connect(connection: Connection) -> Connection:
     if connection.state == ConnectionState.OPEN:
         return connection
     creds = connection.credentials
+    reach(creds.unique_field)
     try:
         session = connect_session(creds)
         session.sql("SELECT 1").collect()   # reach the server now: a wrong address fails here, named

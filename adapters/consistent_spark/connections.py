@@ -19,7 +19,7 @@ no JVM. ``server_side_parameters`` are set on it when they are runtime confs; a 
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 from dbt.adapters.contracts.connection import Connection
 from dbt.adapters.spark.connections import (
@@ -43,6 +43,10 @@ class ConsistentSparkConnectionMethod(StrEnum):
 @dataclass
 class ConsistentSparkCredentials(SparkCredentials):
     method: ConsistentSparkConnectionMethod = None  # type: ignore
+    connect_parameters: Optional[str] = None
+    """``method: connect``: the connection string's parameters other than ``token`` and
+    ``use_ssl`` (``user_id=..;session_id=..``), taken out of ``host`` so that ``host`` (which
+    ``dbt debug`` prints) never holds a token."""
 
     @classmethod
     def __pre_deserialize__(cls, data: Any) -> Any:
@@ -57,8 +61,22 @@ class ConsistentSparkCredentials(SparkCredentials):
                 raise DbtRuntimeError("method: connect needs `host: sc://<host>:<port>` in the profile "
                                       "(or SPARK_REMOTE in the environment)")
             if not str(self.host).startswith("sc://"):
-                raise DbtRuntimeError(f"method: connect: host {self.host!r} is not a Spark Connect address; "
-                                      f"write it as sc://<host>:<port> (e.g. sc://127.0.0.1:15002)")
+                raise DbtRuntimeError(f"method: connect: host {without_parameters(str(self.host))!r} is not a "
+                                      f"Spark Connect address; write it as sc://<host>:<port> (e.g. "
+                                      f"sc://127.0.0.1:15002)")
+            url = str(self.host)
+            params = [p for p in (url.split("/;", 1)[1].split(";") if "/;" in url else []) if p]
+            rest = []
+            for p in params:
+                key, _, value = p.partition("=")
+                if key == "token":
+                    self.token = self.token or value
+                elif key == "use_ssl":
+                    self.use_ssl = self.use_ssl or value.lower() == "true"
+                else:
+                    rest.append(p)
+            self.host = without_parameters(url).rstrip("/")
+            self.connect_parameters = ";".join(filter(None, [self.connect_parameters or "", *rest])) or None
         super().__post_init__()
 
     @property
@@ -73,16 +91,14 @@ class ConsistentSparkCredentials(SparkCredentials):
         return ("method", *super()._connection_keys())
 
     def connect_url(self) -> str:
-        """The Spark Connect connection string: ``host`` with the profile's ``token`` and
-        ``use_ssl`` added as its parameters (where ``host`` does not set them)."""
-        url = str(self.host)
-        params = url.split("/;", 1)[1].split(";") if "/;" in url else []
-        keys = {p.split("=", 1)[0] for p in params}
-        if self.token and "token" not in keys:
+        """The Spark Connect connection string: ``host`` with ``connect_parameters``, the
+        profile's ``token`` and ``use_ssl`` as its parameters."""
+        params = [p for p in (self.connect_parameters or "").split(";") if p]
+        if self.token:
             params.append(f"token={self.token}")
-        if self.use_ssl and "use_ssl" not in keys:
+        if self.use_ssl:
             params.append("use_ssl=true")
-        return without_parameters(url).rstrip("/") + ("/;" + ";".join(params) if params else "")
+        return str(self.host) + ("/;" + ";".join(params) if params else "")
 
 
 def without_parameters(url: str) -> str:
