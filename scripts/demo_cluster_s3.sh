@@ -42,13 +42,14 @@ as_node() {  # as_node NODE CMD...: CMD on node NODE (its namespace, its /tmp), 
 }
 
 [ "$(id -u)" = 0 ] || fail "needs root (network namespaces, a second account)"
+case "$repo/" in /tmp/*) fail "the repository is under /tmp ($repo), which no node sees: each node has a /tmp of its own (scripts/netns_cluster.sh); clone it elsewhere" ;; esac
 
-cleanup() {
+cleanup() (  # a subshell: its `set +e` must not leave the rest of the script without errexit
     set +e
     [ -d "$base/cluster" ] && "$bin/consistent-stream" cluster stop --dir "$base/cluster" >/dev/null
     [ -d "$base/s3" ] && "$bin/python" -m consistent_stream.s3server stop --dir "$base/s3"
     "$netns" down
-}
+)
 
 step "clean: what an interrupted run left (daemons, namespaces, $base)"
 cleanup

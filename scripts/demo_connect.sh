@@ -36,14 +36,15 @@ port=15002
 fail() { printf '\ndemo-connect: FAILED: %s\n' "$*" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || fail "needs root (network namespaces, a second account)"
+case "$repo/" in /tmp/*) fail "the repository is under /tmp ($repo), which no node sees: each node has a /tmp of its own (scripts/netns_cluster.sh); clone it elsewhere" ;; esac
 
-cleanup() {
+cleanup() (  # a subshell: its `set +e` must not leave the rest of the script without errexit
     set +e
     [ -f "$base/watch.stop" ] || touch "$base/watch.stop" 2>/dev/null
     [ -d "$base/cluster" ] && "$bin/consistent-stream" cluster stop --dir "$base/cluster" >/dev/null
     [ -d "$base/s3" ] && "$bin/python" -m consistent_stream.s3server stop --dir "$base/s3"
     "$netns" down
-}
+)
 
 step "clean: what an interrupted run left (daemons, namespaces, $base)"
 cleanup
@@ -100,10 +101,13 @@ step "watch: no Java process may start on the client's side"
 "$bin/python" - "$$" "$base/watch.stop" "$base/java_seen" <<'EOF' &
 import os, sys, time
 root, stop, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-seen = set()
+seen, scans = set(), 0
 while not os.path.exists(stop):
+    scans += 1
     tree = {}
     for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
         try:
             s = open(f"/proc/{e}/stat").read()
         except (OSError, ValueError):
@@ -114,9 +118,12 @@ while not os.path.exists(stop):
         while p > 1 and p != root:
             p = tree.get(p, (0, ""))[0]
         if p == root and comm == "java":
-            seen.add(f"{pid} {open(f'/proc/{pid}/cmdline').read().replace(chr(0), ' ')[:200]}")
+            try:
+                seen.add(f"{pid} {open(f'/proc/{pid}/cmdline').read().replace(chr(0), ' ')[:200]}")
+            except OSError:
+                seen.add(f"{pid} (gone)")
     time.sleep(0.1)
-open(out, "w").write("\n".join(sorted(seen)))
+open(out, "w").write("\n".join([f"scans {scans}", *sorted(seen)]))
 EOF
 watcher=$!
 
@@ -140,8 +147,10 @@ CS_BIN=$client CS_PROJECT_DIR=$project "$repo/scripts/demo.sh"
 
 touch "$base/watch.stop"
 wait "$watcher"
-[ ! -s "$base/java_seen" ] || fail "Java processes started on the client's side:"$'\n'"$(cat "$base/java_seen")"
-echo "no Java process started on the client's side"
+scans=$(head -1 "$base/java_seen" | awk '$1 == "scans" {print $2}')
+[ "${scans:-0}" -gt 0 ] || fail "the watch of the client's processes did not run"
+[ "$(wc -l < "$base/java_seen")" = 0 ] || fail "Java processes started on the client's side:"$'\n'"$(tail -n +2 "$base/java_seen")"
+echo "no Java process started on the client's side ($scans looks at every process, one each 0.1 s)"
 
 step "tasks run by the workers' executors"
 "$bin/consistent-stream" cluster tasks --dir "$base/cluster" --require-workers 2
