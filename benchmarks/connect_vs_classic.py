@@ -32,10 +32,8 @@ import os
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,22 +44,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _dbt(dbt: str, project: Path, env: dict) -> tuple[float, float, list[dict]]:
-    t0 = time.time()
-    p = subprocess.run([dbt, "run", "--log-format", "json"], env=env, cwd=str(project), capture_output=True,
-                       text=True)
-    t1 = time.time()
-    if p.returncode != 0:
-        raise SystemExit(f"{dbt} run in {project} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-    events = []
-    for line in p.stdout.splitlines():
-        try:
-            events.append(json.loads(line))
-        except ValueError:
-            pass
-    return t0, t1, events
 
 
 def _cores_max(profiles: Path) -> None:
@@ -80,7 +62,7 @@ def main() -> int:
     args = ap.parse_args()
     from consistent_stream import cluster
     from consistent_stream.tpch.refresh import refresh_round
-    from dbt_run_start import split
+    from dbt_run_start import dbt_run, split
     from noop_run import example_project
 
     client = REPO / ".venv-connect" / "bin" / "dbt"
@@ -102,12 +84,12 @@ def main() -> int:
             envs["classic"].update({"DBT_TARGET": "cluster", "CONSISTENT_STREAM_MASTER": c.master_url})
             envs["connect"].update({"DBT_TARGET": "connect", "SPARK_REMOTE": c.connect_url})
             for name in projects:
-                _dbt(dbt[name], projects[name], envs[name])   # the initial build
+                dbt_run(projects[name], envs[name], dbt=dbt[name])   # the initial build
             for i in range(args.runs):
                 for p in projects.values():
                     refresh_round(p / "data" / "tpch", i + 1, size=14)
                 for name in (("classic", "connect") if i % 2 == 0 else ("connect", "classic")):
-                    t0, t1, events = _dbt(dbt[name], projects[name], envs[name])
+                    t0, t1, events = dbt_run(projects[name], envs[name], dbt=dbt[name])
                     row = {"run": i + 1, "variant": name, "sf": args.sf, "dbt": dbt[name], **split(events, t0, t1)}
                     rows[name].append(row)
                     print(json.dumps(row), flush=True)

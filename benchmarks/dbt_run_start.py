@@ -78,11 +78,12 @@ def split(events: list[dict], t_start: float, t_end: float) -> dict:
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
 
 
-def dbt_run(project: Path, env: dict, command: str = "run") -> tuple[float, float, list[dict]]:
-    """`dbt <command>` (default ``run``) of ``project`` in a fresh process: its start and exit
-    (epoch seconds) and its JSON log events. Exits when dbt fails."""
+def dbt_run(project: Path, env: dict, command: str = "run", dbt: str = DBT) -> tuple[float, float, list[dict]]:
+    """`dbt <command>` (default ``run``) of ``project`` in a fresh process (``dbt``: the
+    executable, default this virtualenv's): its start and exit (epoch seconds) and its JSON log
+    events. Exits when dbt fails."""
     t0 = time.time()
-    p = subprocess.run([DBT, command, "--log-format", "json", "--project-dir", str(project),
+    p = subprocess.run([dbt, command, "--log-format", "json", "--project-dir", str(project),
                         "--profiles-dir", str(project)], env=env, cwd=str(project), capture_output=True, text=True)
     t1 = time.time()
     events = []
@@ -92,7 +93,7 @@ def dbt_run(project: Path, env: dict, command: str = "run") -> tuple[float, floa
         except ValueError:
             pass
     if p.returncode != 0:
-        raise SystemExit(f"dbt {command} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        raise SystemExit(f"{dbt} {command} in {project} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return t0, t1, events
 
 
