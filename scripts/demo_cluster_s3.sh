@@ -115,18 +115,7 @@ step "start the cluster: master in cs-master, 2 workers in cs-worker-1/2, as $us
 # on the executors, which then write the targets' and the state's files to S3 themselves (at SF
 # 0.1 the default keeps rebuilds on the driver); incremental batches stay change-sized.
 project=$base/driver/project
-mkdir "$project"
-cp -r "$repo/models/example/"{dbt_project.yml,profiles.yml,models,tests} "$project/"
-"$bin/python" - "$project/dbt_project.yml" <<'EOF'
-import sys
-import yaml
-path = sys.argv[1]
-with open(path) as f:
-    project = yaml.safe_load(f)
-project["models"][project["name"]]["+driver_rebuild_rows"] = 0
-with open(path, "w") as f:
-    yaml.safe_dump(project, f, sort_keys=False)
-EOF
+example_copy "$project" "$bin/python"
 export TPCH_DIR=s3://$bucket/tpch CONSISTENT_STREAM_WAREHOUSE=s3://$bucket/warehouse DBT_TARGET=cluster_s3
 export SPARK_LOCAL_IP=$driver_ip CONSISTENT_STREAM_DRIVER_HOST=$driver_ip CONSISTENT_STREAM_MASTER=spark://$master_ip:7077
 CS_PROJECT_DIR=$project "$repo/scripts/demo.sh"

@@ -130,18 +130,7 @@ watcher=$!
 # The client: a copy of the example project in its own directory (dbt's artifacts and the
 # models' index stay there); every rebuild on the executors (driver_rebuild_rows 0).
 project=$base/client/project
-mkdir "$project"
-cp -r "$repo/models/example/"{dbt_project.yml,profiles.yml,models,tests} "$project/"
-"$client/python" - "$project/dbt_project.yml" <<'EOF'
-import sys
-import yaml
-path = sys.argv[1]
-with open(path) as f:
-    project = yaml.safe_load(f)
-project["models"][project["name"]]["+driver_rebuild_rows"] = 0
-with open(path, "w") as f:
-    yaml.safe_dump(project, f, sort_keys=False)
-EOF
+example_copy "$project" "$client/python"
 export TPCH_DIR=s3://$bucket/tpch DBT_TARGET=connect SPARK_REMOTE=sc://$master_ip:$port
 CS_BIN=$client CS_PROJECT_DIR=$project "$repo/scripts/demo.sh"
 
