@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -38,12 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(REPO / "tests"))
 
 
 def _cores_max(profiles: Path) -> None:
@@ -63,6 +57,7 @@ def main() -> int:
     from consistent_stream import cluster
     from consistent_stream.tpch.refresh import refresh_round
     from dbt_run_start import dbt_run, split
+    from helpers import free_port
     from noop_run import example_project
 
     client = REPO / ".venv-connect" / "bin" / "dbt"
@@ -70,8 +65,8 @@ def main() -> int:
            "connect": str(client) if client.exists() else str(Path(sys.executable).parent / "dbt")}
     rows: dict[str, list[dict]] = {"classic": [], "connect": []}
     with tempfile.TemporaryDirectory(prefix="cs-connect-vs-classic-") as tmp:
-        c = cluster.start(workers=args.workers, cores_per_worker=1, memory_per_worker="1g", port=_free_port(),
-                          webui_port=_free_port(), connect_port=_free_port(), directory=Path(tmp) / "cluster",
+        c = cluster.start(workers=args.workers, cores_per_worker=1, memory_per_worker="1g", port=free_port(),
+                          webui_port=free_port(), connect_port=free_port(), directory=Path(tmp) / "cluster",
                           connect_conf={"spark.cores.max": "1"})
         try:
             classic, variables = example_project(Path(tmp) / "classic", args.sf)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import jinja2
@@ -50,6 +51,13 @@ def expand_macro(path: Path, call: str) -> str:
     with plain Jinja as dbt would (no adapter context)."""
     env = jinja2.Environment(extensions=["jinja2.ext.do"])
     return env.from_string(path.read_text() + "{{ " + call + " }}").render().strip()
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on at 127.0.0.1 now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def tpch_sources(tpch_dir: str, used) -> list[dict]:

@@ -12,21 +12,16 @@ from pathlib import Path
 import pytest
 
 from consistent_stream import cluster
+from helpers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory):
     d = tmp_path_factory.mktemp("cluster")
-    c = cluster.start(workers=2, cores_per_worker=1, memory_per_worker="1g", port=_free_port(),
-                      webui_port=_free_port(), directory=d)
+    c = cluster.start(workers=2, cores_per_worker=1, memory_per_worker="1g", port=free_port(),
+                      webui_port=free_port(), directory=d)
     yield c
     cluster.stop(d)
 
@@ -40,7 +35,7 @@ def test_the_cluster_has_two_alive_workers_on_the_loopback_address(standalone):
 
 def test_a_second_start_from_the_same_directory_is_refused(standalone):
     with pytest.raises(cluster.ClusterError, match="is running"):
-        cluster.start(workers=1, directory=standalone.dir, port=_free_port(), webui_port=_free_port())
+        cluster.start(workers=1, directory=standalone.dir, port=free_port(), webui_port=free_port())
 
 
 def test_a_port_in_use_is_named(tmp_path):
@@ -48,7 +43,7 @@ def test_a_port_in_use_is_named(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         with pytest.raises(cluster.ClusterError, match=f"port {s.getsockname()[1]} .* in use"):
-            cluster.start(workers=1, port=s.getsockname()[1], webui_port=_free_port(), directory=tmp_path)
+            cluster.start(workers=1, port=s.getsockname()[1], webui_port=free_port(), directory=tmp_path)
 
 
 def test_joins_and_aggregates_on_the_cluster_match_batch_evaluation_at_every_version(standalone, tmp_path):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from consistent_stream.delta import DeltaTableRef
 from consistent_stream.storage import load_json
 from consistent_stream.tpch.generate import generate
 from consistent_stream.verify import index_path, verify_target
+from helpers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "models" / "example"
@@ -36,17 +36,11 @@ BIN = Path(sys.executable).parent
 MODELS = ("q3_revenue_per_order", "q1_pricing_summary", "customer_order_totals", "order_revenue", "nation_revenue")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory):
     d = tmp_path_factory.mktemp("connect_cluster")
-    c = cluster.start(workers=1, cores_per_worker=1, memory_per_worker="1g", port=_free_port(),
-                      webui_port=_free_port(), connect_port=_free_port(), directory=d)
+    c = cluster.start(workers=1, cores_per_worker=1, memory_per_worker="1g", port=free_port(),
+                      webui_port=free_port(), connect_port=free_port(), directory=d)
     yield c
     cluster.stop(d)
 
