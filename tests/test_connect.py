@@ -196,7 +196,9 @@ handler.emit = lambda record: lines.append(record.getMessage())
 metrics.progress_log.addHandler(handler)
 metrics.progress_log.setLevel(logging.INFO)
 with metrics.counted_jobs(spark, "m batch 0") as jobs:
-    spark.range(0, 3_000_000, 1, 4).selectExpr("id % 97 AS k").groupBy("k").count().collect()
+    # tasks that take seconds whatever the machine (Connect reports progress every 2 s, and a
+    # quick query's only report is its last, done one): 4 tasks of 2.5 s on the worker's core
+    spark.range(0, 4, 1, 4).selectExpr("reflect('java.lang.Thread', 'sleep', CAST(2500 AS BIGINT))").collect()
     out["jobs"] = jobs()
 out["progress"] = lines[:3]
 print(json.dumps(out))
