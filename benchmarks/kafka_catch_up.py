@@ -14,8 +14,10 @@ the topics' start:
 
 * consistent_stream: ``run_job`` of the model with ``trigger: available_now`` and a full
   refresh, in this process, whose Spark session (``local[*]``, no tuning) is already up:
-  ``seconds`` from the call to its return (the Kafka reads through Spark, the transaction
-  assembly, the first batch and its Delta commit);
+  ``seconds`` from the call to its return (the Kafka reads, on the driver or through Spark
+  by the sources' ``driver_read_records``, the transaction assembly, the first batch and its
+  Delta commit); with ``--spark-reads`` once more with every read through Spark's Kafka source
+  (``driver_read_records: 0``, the summary's ``spark_reads_*``);
   ``driver_peak_rss_mib`` (this Python process) and ``jvm_peak_rss_mib`` (Spark's JVM) are
   the peaks of resident memory during the call (the high-water marks reset at its start),
   ``python_workers_peak_rss_mib`` the peak of pyspark's Python workers' summed RSS (where the
@@ -28,7 +30,7 @@ the topics' start:
 also reads the transaction topic, counted apart). Prints one JSON line per engine and run and a
 summary with the ratio; appends them to ``benchmarks/results/kafka_catch_up.jsonl``.
 
-    .venv/bin/python benchmarks/kafka_catch_up.py [--scale 1] [--seconds 30] [--runs 2] [--partitions 1]
+    .venv/bin/python benchmarks/kafka_catch_up.py [--scale 1] [--seconds 30] [--runs 2] [--partitions 1] [--spark-reads]
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ HISTORY_COLUMNS = {"tid": "int", "bid": "int", "aid": "int", "delta": "int", "mt
                    "filler": "string"}
 
 
-def run_ours(spark, bootstrap: str, prefix: str, work: str) -> dict:
+def run_ours(spark, bootstrap: str, prefix: str, work: str, driver_read_records: int | None = None) -> dict:
     from consistent_stream.job import run_job
     from consistent_stream.sources.kafka import forget_readers
     from consistent_stream.spec import JobSpec
@@ -65,7 +67,8 @@ def run_ours(spark, bootstrap: str, prefix: str, work: str) -> dict:
     forget_readers()   # every run reads the topics from their start, as a new process does
     sources = [{"source_name": "pg", "name": t, "relation": f"pg.{t}",
                 "meta": {"format": "kafka", "bootstrap_servers": bootstrap, "topic": f"{prefix}.public.{t}",
-                         **({"columns": HISTORY_COLUMNS} if t == "pgbench_history" else {})}}
+                         **({"columns": HISTORY_COLUMNS} if t == "pgbench_history" else {}),
+                         **({} if driver_read_records is None else {"driver_read_records": driver_read_records})}}
                for t in ("pgbench_accounts", "pgbench_history")]
     job = JobSpec.from_dbt(project_root=work, schema="bench", identifier="history_by_branch",
                            model_name="history_by_branch", sql=MODEL_SQL, sources=sources,
@@ -83,6 +86,7 @@ def run_ours(spark, bootstrap: str, prefix: str, work: str) -> dict:
     rows = sorted([int(r["bid"]), int(r["n"]), int(r["delta_sum"])]
                   for r in DeltaTable(job.target_path).to_pyarrow_table().to_pylist())
     return {"engine": "consistent_stream", "seconds": round(seconds, 2), "rows": rows,
+            "driver_read_records": "default" if driver_read_records is None else driver_read_records,
             "driver_peak_rss_mib": rss.peak["python"], "jvm_peak_rss_mib": rss.peak["jvm"],
             "python_workers_peak_rss_mib": rss.peak["workers"],
             "driver_cpu_s": round(cpu, 2), "jvm_cpu_s": round(jvm_cpu, 2)}
@@ -109,6 +113,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--partitions", type=int, default=1, help="partitions of the data topics")
+    ap.add_argument("--spark-reads", action="store_true",
+                    help="also run consistent_stream with every read on Spark's executors (driver_read_records: 0)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(HERE.parent / "python"))
     from consistent_stream.session import with_delta
@@ -128,9 +134,11 @@ def main(argv: list[str]) -> int:
         work = tempfile.mkdtemp(prefix="cs-kafka-catch-up-")
         try:
             for run in range(a.runs):
-                ours = run_ours(spark, stack.bootstrap, prefix, os.path.join(work, f"ours{run}"))
+                ours = [run_ours(spark, stack.bootstrap, prefix, os.path.join(work, f"ours{run}"))]
+                if a.spark_reads:
+                    ours.append(run_ours(spark, stack.bootstrap, prefix, os.path.join(work, f"spark{run}"), 0))
                 flink = flink_sql.run_flink_script(stack.bootstrap, prefix)
-                for r in (ours, flink):
+                for r in ours + [flink]:
                     rows = r.pop("rows")
                     r.update(common, run=run, rows_match=rows == expected, result_rows=len(rows),
                              events_per_s=round(events / r["seconds"]))
@@ -138,13 +146,18 @@ def main(argv: list[str]) -> int:
                     out.append(r)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    ours_s = statistics.median(r["seconds"] for r in out if r["engine"] == "consistent_stream")
+    ours_s = statistics.median(r["seconds"] for r in out if r["engine"] == "consistent_stream"
+                               and r["driver_read_records"] == "default")
     flink_s = statistics.median(r["seconds"] for r in out if r["engine"] == "flink")
     summary = {"summary": True, **common, "consistent_stream_median_s": ours_s, "flink_median_s": flink_s,
                "consistent_stream_events_per_s": round(events / ours_s),
                "flink_events_per_s": round(events / flink_s),
                "flink_s_over_consistent_stream_s": round(flink_s / ours_s, 2),
                "all_rows_match_postgres": all(r["rows_match"] for r in out)}
+    if a.spark_reads:
+        spark_s = statistics.median(r["seconds"] for r in out if r.get("driver_read_records") == 0)
+        summary.update(spark_reads_median_s=spark_s, spark_reads_s_over_default_s=round(spark_s / ours_s, 2),
+                       flink_s_over_spark_reads_s=round(flink_s / spark_s, 2))
     print(json.dumps(summary))
     out.append(summary)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -61,11 +61,14 @@ HISTORY_COLUMNS = {"tid": "int", "bid": "int", "aid": "int", "delta": "int", "mt
                    "filler": "string"}
 
 
-def kafka_sources(bootstrap: str, prefix: str, sql: str, consistency: str = "transaction") -> list[dict]:
-    """The dbt sources of the pgbench tables the model's SQL reads, as Debezium topics."""
+def kafka_sources(bootstrap: str, prefix: str, sql: str, consistency: str = "transaction",
+                  driver_read_records: int | None = None) -> list[dict]:
+    """The dbt sources of the pgbench tables the model's SQL reads, as Debezium topics
+    (``driver_read_records``: the sources' setting, default when None)."""
+    limit = {} if driver_read_records is None else {"driver_read_records": driver_read_records}
     return [{"source_name": "pg", "name": t, "relation": f"pg.{t}",
              "meta": {"format": "kafka", "bootstrap_servers": bootstrap, "topic": f"{prefix}.public.{t}",
-                      "consistency": consistency,
+                      "consistency": consistency, **limit,
                       **({"columns": HISTORY_COLUMNS} if t == "pgbench_history" else {})}}
             for t in TABLES if f"pg.{t}" in sql]
 
@@ -153,10 +156,11 @@ def _run_in_subprocess(job: JobSpec, path: str, seconds: float) -> subprocess.Po
 def run(spark, stack, tmp_path, *, seconds: float, clients: int = 4, rate: int = 100,
         model: str = "branch_balances", kill_connect_after_s: float | None = None,
         kill_run_after_s: float | None = None, foil_skew_ms: int = 20, spark_checks: int = 3,
-        trigger_s: float = 1.0, partitions: int = 1) -> Outcome:
+        trigger_s: float = 1.0, partitions: int = 1, driver_read_records: int | None = None) -> Outcome:
     """The module docstring's run: pgbench's tables full before the connector starts
     (:func:`start_pgbench_connector`), its data topics of ``partitions`` partitions (the foil,
-    whose per-topic cuts are offsets of one partition, runs only with one)."""
+    whose per-topic cuts are offsets of one partition, runs only with one); the model's
+    sources read with ``driver_read_records`` (0: every read through Spark's Kafka source)."""
     t0 = time.time()
     o = Outcome()
     db = Database()
@@ -165,7 +169,7 @@ def run(spark, stack, tmp_path, *, seconds: float, clients: int = 4, rate: int =
     script = str(tmp_path / "tpcb.sql")
     start_pgbench_connector(stack, db, prefix, script, partitions=partitions)
     try:
-        sources = kafka_sources(stack.bootstrap, prefix, m.sql)
+        sources = kafka_sources(stack.bootstrap, prefix, m.sql, driver_read_records=driver_read_records)
         job = JobSpec.from_dbt(project_root=str(tmp_path), schema="bench", identifier=m.name, model_name=m.name,
                                sql=m.sql, sources=sources,
                                config={"unique_key": m.unique_key, "location_root": str(tmp_path / "targets"),

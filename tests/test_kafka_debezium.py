@@ -68,9 +68,11 @@ def test_pgbench_through_debezium_on_three_partition_topics_is_consistent_throug
     """The same chain with every data topic in 3 partitions (the transaction topic in one):
     pgbench's four tables are full before the connector starts (500+ rows each; its snapshot
     spreads them over the partitions), the Connect worker is SIGKILLed mid-run; every version
-    keeps the invariant and equals batch evaluation, the last equals PostgreSQL."""
+    keeps the invariant and equals batch evaluation, the last equals PostgreSQL. Every read
+    goes through Spark's Kafka source, parsed on the executors (``driver_read_records: 0``;
+    the test above reads on the driver)."""
     o = kafka_scenario.run(spark, stack, tmp_path, seconds=25, rate=100, kill_connect_after_s=8, partitions=3,
-                           spark_checks=1)
+                           spark_checks=1, driver_read_records=0)
     print(o)
     assert o.connect_killed and o.transactions > 1000 and o.versions >= 3, o
     assert o.invariant_violations == 0 and o.oracle_mismatches == 0 and o.spark_checked >= 1, o
@@ -360,7 +362,7 @@ def test_a_payload_is_parsed_alone_where_the_value_has_its_topics_envelope_and_w
     every event."""
     import orjson
     from consistent_stream.sources import kafka
-    from consistent_stream.sources.debezium_columns import projection
+    from consistent_stream.sources.debezium_columns import local_projection, projection
     e = Events("env")
 
     def compact(v: bytes) -> bytes:
@@ -394,6 +396,14 @@ def test_a_payload_is_parsed_alone_where_the_value_has_its_topics_envelope_and_w
     alone = r.log.read(ranges, project=projection(data, r.tx_topic, r.envelopes))
     whole = r.log.read(ranges, project=projection(data, r.tx_topic, {}))
     assert alone.num_rows == 9 and alone.equals(whole)
+    # the driver's read and parse (librdkafka, DuckDB) gives the executors' columns, the
+    # values cut to their payloads where they have their topic's envelope or not
+    for prefixes in ({t: p.encode() for t, p in r.envelopes.items()}, {}):
+        fetched = r.log.fetch(ranges, prefixes)
+        assert fetched.column("cut").to_pylist().count(True) == (4 if prefixes else 0)
+        local = local_projection(data, r.tx_topic)(fetched)
+        assert local.column_names == whole.column_names
+        assert local.cast(whole.schema).equals(whole), (local.to_pylist(), whole.to_pylist())
     # the reads set a consumer group id (a cache key only): Spark's seven-line warning about
     # group ids is not logged at every one of them
     provider = spark._jvm.org.apache.logging.log4j.LogManager.getLogger(
@@ -607,3 +617,37 @@ def test_an_empty_range_of_a_table_from_the_topics_is_an_empty_frame_in_a_thread
     assert "error" not in out, out.get("error")
     assert out == {"columns": ["id", "v"], "rows": 0}
     forget_readers()
+
+
+def test_reads_on_the_driver_and_on_the_executors_give_the_same_tables_and_a_bad_setting_is_named(
+        spark, stack, tmp_path):
+    """``driver_read_records`` decides where a refresh reads and parses: the driver's Kafka
+    client and DuckDB (the default, for a small refresh) or Spark's Kafka source and its
+    executors (``0``); both readers publish the same positions and tables. The setting comes
+    from the sources (the smallest of a clock's), and a value that is not a count is named."""
+    from consistent_stream.errors import ConfigError
+    from consistent_stream.sources import kafka
+    e = Events("where")
+    _snapshot(stack, e)
+    _tx(stack, e, [("a", None, {"id": 2, "v": 20}), ("b", {"id": 1, "v": 10}, {"id": 1, "v": 11})])
+    _tx(stack, e, [("a", {"id": 1, "v": 10}, None)])
+    stack.produce(e.topic("a"), [None])   # the delete's tombstone
+    seen = {}
+    for limit in (kafka.DRIVER_READ_RECORDS, 0):
+        spec = SourceSpec.from_dbt({"source_name": "k", "name": "a", "relation": "k.a", "meta": {
+            "format": "kafka", "bootstrap_servers": stack.bootstrap, "topic": e.topic("a"), "primary_key": "id",
+            **({} if limit else {"driver_read_records": 0})}}, str(tmp_path))
+        r = kafka.declare(spec, {})
+        assert r.driver_read_records == limit
+        r.add_table(e.topic("b"), "public.b", ("id",), {})
+        r.refresh()
+        assert r._on_driver is (limit > 0) and r.skipped["tombstones"] == 1
+        seen[limit] = (r.latest_position(), [r.table_at(f"public.{t}", r.latest_position()).sort_by("id").to_pylist()
+                                             for t in ("a", "b")])
+        r.log.close()
+    assert seen[0] == seen[kafka.DRIVER_READ_RECORDS]
+    assert [[(row["id"], row["v"]) for row in t] for t in seen[0][1]] == [[(2, 20)], [(1, 11)]]
+    with pytest.raises(ConfigError, match=r"source\('k', 'a'\): meta.consistent_stream.driver_read_records is -1"):
+        SourceSpec.from_dbt({"source_name": "k", "name": "a", "relation": "k.a", "meta": {
+            "format": "kafka", "bootstrap_servers": stack.bootstrap, "topic": e.topic("a"),
+            "driver_read_records": -1}}, str(tmp_path))

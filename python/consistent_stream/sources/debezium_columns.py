@@ -1,9 +1,10 @@
-"""Debezium change events on Kafka parsed into columns where Spark runs.
+"""Debezium change events on Kafka parsed into columns, where Spark runs or on the driver.
 
 :class:`~.kafka.KafkaReader` reads Kafka records through a Spark query (:mod:`.kafka_log`);
 :func:`projection` is the part of that query that parses each value, on the executors, into
 the columns the reader's bookkeeping needs and each data topic's row images into typed
-columns of its table. The driver receives Arrow and never parses JSON per event: it walks
+columns of its table. A small read is fetched by the driver's Kafka client instead and
+:func:`local_projection` makes the same columns of it with DuckDB. The driver receives Arrow and never parses JSON per event: it walks
 scalar columns (op, table, transaction id, ...) to assemble transactions and takes the rows'
 images by index (:func:`images`), converting Kafka Connect's encodings vectorized.
 
@@ -219,6 +220,126 @@ def projection(data: list[tuple[str, str, TableSchema | None]], tx_topic: str | 
                     cols.append(x.alias(f"{prefix}{i}_{j}"))
         cols.append(images_ok.alias("images_ok"))
         return df.select(*cols)
+    return project
+
+
+_DUCK = {"int16": "SMALLINT", "int32": "INTEGER", "int64": "BIGINT", "float32": "FLOAT", "float64": "DOUBLE",
+         "bool": "BOOLEAN", "string": "VARCHAR"}
+_INTEGER = re.compile(r"^(SMALLINT|INTEGER|BIGINT)$")
+
+
+def _duck_struct(fields: tuple) -> str:
+    """``fields`` ((name, Spark type)) as the structure DuckDB's ``from_json`` takes (JSON
+    text): strings as VARCHAR (any JSON value as its text), images as MAP(VARCHAR, VARCHAR)."""
+    def one(type_: str):
+        if type_.startswith("struct<"):
+            inner = re.findall(r"`?(\w+)`?: string", type_)
+            return {name: "VARCHAR" for name in inner}
+        return {"string": "VARCHAR", "map<string, string>": "MAP(VARCHAR, VARCHAR)"}[type_]
+    return orjson.dumps({name: one(type_) for name, type_ in fields}).decode()
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def local_projection(data: list[tuple[str, str, TableSchema | None]], tx_topic: str | None):
+    """:func:`projection` on the driver: the function that turns what
+    :meth:`.kafka_log.KafkaLog.fetch` read (``topic``, ``partition``, ``offset``, ``value``
+    binary, ``timestamp``, ``cut``: the value is its payload alone) into the same columns, with
+    DuckDB's JSON reader (vectorized, on the driver's cores) in place of Spark's ``from_json``.
+    ``data`` and ``tx_topic`` as for :func:`projection`. The same strictness: malformed JSON
+    fails the parse (DuckDB's ``Malformed JSON``), a value that does not fit its column (an
+    integer column's text must be an integer: DuckDB's cast would round ``1.5``) or an image
+    with other columns clears ``images_ok``, a base64 decimal that is not base64 too. Raises
+    ``pyarrow.ArrowInvalid`` for a value that is not UTF-8; the reader then names the record
+    (:meth:`~.kafka.KafkaReader.diagnose`)."""
+    import duckdb
+
+    event, tx = _duck_struct(_EVENT_FIELDS), _duck_struct(_TX_FIELDS)
+    whole_event = _duck_struct((("schema", "struct<type: string>"), ("payload", "string")) + _EVENT_FIELDS)
+    whole_tx = _duck_struct((("schema", "struct<type: string>"), ("payload", "string")) + _TX_FIELDS)
+    is_tx = f"(topic = {_sql_text(tx_topic)})" if tx_topic else "FALSE"
+
+    def payload(whole: str, fields: str) -> str:
+        # the envelope's payload: parsed again alone (an envelope the fetch did not cut)
+        return f"from_json({whole}.payload, {_sql_text(fields)})"
+
+    parse = f"""
+        SELECT __i, topic, text, cut,
+          CASE WHEN NOT {is_tx} AND cut THEN from_json(text, {_sql_text(event)}) END AS v_alone,
+          CASE WHEN NOT {is_tx} AND NOT cut AND ltrim(text) LIKE '{{%'
+               THEN from_json(text, {_sql_text(whole_event)}) END AS v_whole,
+          CASE WHEN {is_tx} AND cut THEN from_json(text, {_sql_text(tx)}) END AS t_alone,
+          CASE WHEN {is_tx} AND NOT cut AND ltrim(text) LIKE '{{%'
+               THEN from_json(text, {_sql_text(whole_tx)}) END AS t_whole
+        FROM records"""
+    bare_e = "struct_pack(" + ", ".join(f"{n} := v_whole.{n}" for n, _ in _EVENT_FIELDS) + ")"
+    bare_t = "struct_pack(" + ", ".join(f"{n} := t_whole.{n}" for n, _ in _TX_FIELDS) + ")"
+    structs = f"""
+        SELECT __i, topic, text,
+          cut OR CASE WHEN {is_tx} THEN t_whole.schema IS NOT NULL ELSE v_whole.schema IS NOT NULL END AS enveloped,
+          CASE WHEN cut THEN v_alone WHEN v_whole.schema IS NOT NULL THEN {payload("v_whole", event)}
+               ELSE {bare_e} END AS e,
+          CASE WHEN cut THEN t_alone WHEN t_whole.schema IS NOT NULL THEN {payload("t_whole", tx)}
+               ELSE {bare_t} END AS t
+        FROM parsed"""
+    expected = "CAST(NULL AS VARCHAR)"
+    for topic, name, _ in data:
+        expected = f"CASE WHEN topic = {_sql_text(topic)} THEN {_sql_text(name)} ELSE {expected} END"
+    table = ("CASE WHEN e.source.schema IS NOT NULL AND e.source.schema <> '' "
+             "THEN concat_ws('.', e.source.schema, e.source.table) ELSE e.source.table END")
+    snapshot_read = "(e.op = 'r' AND e.transaction IS NULL)" if tx_topic else "TRUE"
+    payload_null = f"(enveloped AND CASE WHEN {is_tx} THEN t IS NULL ELSE e IS NULL END)"
+    cols = [f"CASE WHEN text IS NULL OR {payload_null} THEN 'tombstone' WHEN NOT ltrim(text) LIKE '{{%' "
+            f"THEN 'other' ELSE 'event' END AS kind", "e.op AS op",
+            f"CASE WHEN NOT (({table}) IS NOT DISTINCT FROM ({expected})) THEN coalesce({table}, '') END "
+            f"AS other_table"]
+    cols += [f"CASE WHEN {snapshot_read} THEN e.source.{f} END AS s_{f}" for f in SOURCE_FIELDS[2:]]
+    cols += ["e.transaction.id AS tx_id", "e.transaction.total_order AS total_order",
+             "coalesce(e.before IS NOT NULL, FALSE) AS has_before", "coalesce(e.after IS NOT NULL, FALSE) AS has_after",
+             "t.status AS t_status", "t.id AS t_id", "t.ts_ms AS t_ts_ms", "t.data_collections AS t_collections"]
+    checks = []
+    for i, (topic, _, ts) in enumerate(data):
+        if ts is None:
+            continue
+        names = "[" + ", ".join(_sql_text(n) for n in sorted(ts.column_names)) + "]"
+        for side, prefix in (("before", "b"), ("after", "a")):
+            image = f"(CASE WHEN topic = {_sql_text(topic)} THEN e.{side} END)"
+            checks.append(f"coalesce(list_sort(map_keys({image})) = {names}, TRUE)")
+            for j, c in enumerate(ts.columns):
+                text = f"{image}[{_sql_text(c.name)}]"
+                cast = _cast(c)
+                if cast is not None:
+                    duck = cast.upper() if cast.startswith("decimal(") else _DUCK[c.type]
+                    x = f"TRY_CAST({text} AS {duck})"
+                    if _INTEGER.match(duck):
+                        x = f"CASE WHEN regexp_full_match({text}, '\\s*[+-]?[0-9]+\\s*') THEN {x} END"
+                elif c.source_type == DECIMAL:
+                    x = f"TRY(from_base64({text}))"
+                else:
+                    x = text
+                if x != text:
+                    checks.append(f"({text} IS NULL OR {x} IS NOT NULL)")
+                cols.append(f"{x} AS {prefix}{i}_{j}")
+    cols.append(("(" + " AND ".join(checks) + ")" if checks else "TRUE") + " AS images_ok")
+    query = (f"WITH parsed AS ({parse}), structs AS ({structs}) "
+             f"SELECT {', '.join(cols)} FROM structs ORDER BY __i")
+
+    def project(records: pa.Table) -> pa.Table:
+        text = pc.cast(records.column("value"), pa.string())   # ArrowInvalid: not UTF-8
+        frame = pa.table({"__i": pa.array(np.arange(records.num_rows, dtype=np.int64)),
+                          "topic": records.column("topic"), "text": text, "cut": records.column("cut")})
+        con = duckdb.connect()
+        try:
+            con.register("records", frame)
+            out = con.sql(query).to_arrow_table()
+        finally:
+            con.close()
+        head = records.select(["topic", "partition", "offset", "timestamp"])
+        for name in out.column_names:
+            head = head.append_column(name, out.column(name))
+        return head
     return project
 
 

@@ -59,9 +59,11 @@ then the source has no position, and a run says what the snapshot waits for
 (:meth:`KafkaReader.snapshot_waiting`).
 
 Reading: each refresh reads every partition from where the last one stopped to its high
-watermark (:mod:`.kafka_log`, through Spark's Kafka source). The executors parse the values
-(:mod:`.debezium_columns`: the bookkeeping fields as columns, each table's row images typed by
-its schema); the driver walks those columns to assemble transactions, takes the images by
+watermark (:mod:`.kafka_log`): a refresh of at most ``driver_read_records`` records
+(:data:`DRIVER_READ_RECORDS`) with the driver's Kafka client, parsed by DuckDB on the driver, a
+larger one through Spark's Kafka source, parsed on the executors; both parse the values into
+the same columns (:mod:`.debezium_columns`: the bookkeeping fields as columns, each table's
+row images typed by its schema); the driver walks those columns to assemble transactions, takes the images by
 index, and keeps the complete transactions as Arrow chunks (:class:`~.debezium.TransactionLog`),
 at most :data:`IMAGE_BUDGET` bytes of them: past it the oldest chunks keep only each
 transaction's net row count per table, and what needs their changes (the table as of a
@@ -69,7 +71,7 @@ position, changes across them) is computed by Spark from the topics (:mod:`.kafk
 that the driver's memory does not grow with the topics' history (the transaction bookkeeping
 aside: a few int64s per transaction). A rebuild on the executors always computes its tables
 there.
-A value the executors cannot parse is read again raw and named by the driver's parser
+A value the parse refuses is read again raw and named by the driver's parser
 (:meth:`KafkaReader.diagnose`). A reader starts at the topics' start, or at
 a *resume point* (:meth:`KafkaReader.resume_point`, recorded in every target commit as
 ``cut_offsets``): a run reads on from its target's last commit (:meth:`KafkaSource.resume`),
@@ -107,7 +109,8 @@ import pyarrow.compute as pc
 
 from ..errors import ConfigError, SourceError
 from .debezium import DebeziumSource, TransactionLog
-from .debezium_columns import SOURCE_FIELDS, as_number, envelope_prefix, images, loads_collections, projection
+from .debezium_columns import (SOURCE_FIELDS, as_number, envelope_prefix, images, loads_collections,
+                               local_projection, projection)
 from .debezium_events import POS, WEIGHT, rows_to_arrow, unwrap
 from .kafka_log import MAX_RECORDS, KafkaLog, lost_offset
 from .kafka_schema import column_type, converters, schema_from_envelope
@@ -123,6 +126,14 @@ SNAPSHOT_POSITION = 0
 IMAGE_BUDGET = 128 << 20
 """Bytes of assembled changes (Arrow) a reader keeps on the driver; past it the oldest are
 dropped and read again by Spark from the topics where needed (:mod:`.kafka_table`)."""
+DRIVER_READ_RECORDS = 1_000_000
+"""Default ``driver_read_records``: a refresh that reads at most this many Kafka records
+(every partition's backlog together) reads them with the driver's Kafka client and parses
+them with DuckDB on the driver (:meth:`.kafka_log.KafkaLog.fetch`,
+:func:`.debezium_columns.local_projection`); a larger one reads and parses them where Spark
+runs, on the executors (:meth:`.kafka_log.KafkaLog.read`, :func:`.debezium_columns.projection`).
+Both give the same columns; the driver's way has no Spark job and no warm-up of Spark's
+Kafka source, the executors' scales with the cluster."""
 LEARN_FROM = 64
 """Records at the start of each partition read raw to learn a topic's schema from its envelope."""
 
@@ -395,6 +406,8 @@ class KafkaReader(TransactionLog):
         self._declared: dict[str, tuple] = {}     # topic -> (table, primary key, declared columns)
         self._base: dict | None = None            # the resume point this reader starts at (resume_at)
         self.image_budget = IMAGE_BUDGET
+        self.driver_read_records = DRIVER_READ_RECORDS
+        self._on_driver = True
         self._reset()
 
     def _reset(self) -> None:
@@ -539,10 +552,15 @@ class KafkaReader(TransactionLog):
         if not ranges:
             return 0, set()
         self._learn_schemas(ranges)
+        total = sum(b - a for a, b in ranges.values())
+        self._on_driver = total <= self.driver_read_records
+        if not self._on_driver:
+            log.info("%s: %d records to read (more than driver_read_records, %d): read and parsed where Spark runs",
+                     self.location, total, self.driver_read_records)
         parts = _split(ranges, MAX_RECORDS)
         n = 0
-        # a backlog's reads are pipelined: Spark reads the next part (on the JVM's threads)
-        # while this thread applies the one it has
+        # a backlog's reads are pipelined: the next part is read (by librdkafka's and DuckDB's
+        # threads, or Spark's) while this thread applies the one it has
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-read") as pool:
             ahead = pool.submit(self._read_part, parts[0])
             for i, part in enumerate(parts):
@@ -579,18 +597,22 @@ class KafkaReader(TransactionLog):
         return parts
 
     def _read_part(self, part: dict) -> tuple[pa.Table, dict]:
-        """The records of ``part`` parsed on the executors (:mod:`.debezium_columns`), and the
-        data topics whose images they hold typed (topic -> (index, schema)). A value that
-        fails the parse makes :meth:`diagnose` name it."""
+        """The records of ``part`` parsed into :mod:`.debezium_columns`' columns, on the driver
+        or on the executors (:data:`DRIVER_READ_RECORDS`), and the data topics whose images
+        they hold typed (topic -> (index, schema)). A value that fails the parse makes
+        :meth:`diagnose` name it."""
         data = [(t.topic, t.table, t.schema) for t in self._topics.values()]
         typed = {topic: (i, ts) for i, (topic, _, ts) in enumerate(data) if ts is not None}
         tx = self.tx_topic if self.consistency == "transaction" else None
         try:
+            if self._on_driver:
+                records = self.log.fetch(part, {t: e.encode("utf-8") for t, e in self.envelopes.items()})
+                return local_projection(data, tx)(records), typed
             return self.log.read(part, project=projection(data, tx, self.envelopes)), typed
         except SourceError:
             raise
-        except Exception as e:   # Spark's MALFORMED_RECORD_IN_PARSING, CAST_INVALID_INPUT and the like
-            if not any(m in str(e) for m in _PARSE_ERRORS):
+        except Exception as e:   # Spark's MALFORMED_RECORD_IN_PARSING, CAST_INVALID_INPUT, DuckDB's Malformed JSON
+            if not (isinstance(e, pa.ArrowInvalid) or any(m in str(e) for m in _PARSE_ERRORS)):
                 raise
             self.diagnose(part, str(e))
 
@@ -625,7 +647,7 @@ class KafkaReader(TransactionLog):
     def _raw_records(self, part: dict):
         """The records of ``part`` read raw and parsed on the driver (:meth:`_parse`, which
         names a malformed one): ``(topic, value bytes, value as JSON, where)`` in offset order."""
-        raw = self.log.read(part)
+        raw = self.log.fetch(part)
         for topic, p, offset, value in zip(*(raw.column(c).to_pylist() for c in ("topic", "partition", "offset",
                                                                                   "value"))):
             where = _where(topic, p, offset)
@@ -1150,6 +1172,9 @@ def declare(spec, registry: dict | None = None) -> KafkaReader:
         if r is None:
             r = registry[key] = KafkaReader(*key)
     r.add_table(spec.option("topic"), spec.table, spec.primary_key, _columns(spec))
+    limit = spec.option("driver_read_records")
+    if limit is not None:   # the smallest any of the clock's sources asks for
+        r.driver_read_records = min(int(limit), r.driver_read_records)
     return r
 
 

@@ -1,13 +1,16 @@
 """Kafka topics as the driver reads them: partitions and their offsets, and records in an
-offset range, through Spark's Kafka source.
+offset range, through Spark's Kafka source or a Kafka client on the driver.
 
 Offsets are Kafka's: per topic-partition, the first readable offset (``low``; what retention
 or DeleteRecords left) and the offset the next record will get (``high``, exclusive). A range
-``{(topic, partition): (start, end)}`` is read as one Spark batch query over Spark's Kafka
-source (``spark-sql-kafka-0-10``; ``assign`` + ``startingOffsets``/``endingOffsets``, resolved
-at install by :mod:`consistent_stream.session`) and returned to the driver as Arrow: the change
-a batch reads, never a whole topic twice. Partition metadata and watermarks come from a Kafka
-client on the driver (``confluent-kafka``: Spark's Kafka source does not expose them).
+``{(topic, partition): (start, end)}`` is read either as one Spark batch query over Spark's
+Kafka source (``spark-sql-kafka-0-10``; ``assign`` + ``startingOffsets``/``endingOffsets``,
+resolved at install by :mod:`consistent_stream.session`; :meth:`KafkaLog.read`), its values
+parsed where Spark runs and the result returned to the driver as Arrow, or by the driver's own
+Kafka client (``confluent-kafka``, librdkafka; :meth:`KafkaLog.fetch`), a small read's
+cheaper way: no Spark job, no warm-up of Spark's Kafka source. Either way the change a batch
+reads, never a whole topic twice. Partition metadata and watermarks come from the driver's
+client too (Spark's Kafka source does not expose them).
 
 Errors (:class:`SourceError`): a topic that does not exist (naming it and the servers), a
 broker that does not answer, a range whose start retention has already deleted (naming the
@@ -17,9 +20,11 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from typing import NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -74,6 +79,7 @@ class KafkaLog:
         # goes on with the consumer and the fetched records the read before it left. It is
         # only a cache key here: the partitions are assigned and no offset is committed.
         self.group_id = f"consistent-stream-{uuid.uuid4().hex}"
+        self._fetcher = None
 
     def _client(self):
         if self._consumer is None:
@@ -86,9 +92,11 @@ class KafkaLog:
         return self._consumer
 
     def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        for name in ("_consumer", "_fetcher"):
+            client = getattr(self, name)
+            if client is not None:
+                client.close()
+                setattr(self, name, None)
 
     def topics(self) -> set[str]:
         """The names of the topics the brokers have. SourceError when they do not answer."""
@@ -152,6 +160,116 @@ class KafkaLog:
         order = pc.sort_indices(t, [("topic", "ascending"), ("partition", "ascending"),
                                             ("offset", "ascending")])
         return t.take(order)
+
+    def fetch(self, ranges: dict[tuple[str, int], tuple[int, int]],
+              prefixes: dict[str, bytes] | None = None) -> pa.Table:
+        """The records of ``ranges`` ((topic, partition) -> [start, end) offsets) read by the
+        driver's Kafka client (librdkafka: one consumer per log, partitions assigned, nothing
+        committed), ordered by topic, partition and offset. Out: ``topic`` string,
+        ``partition`` int32, ``offset`` int64, ``value`` binary (null: a tombstone),
+        ``timestamp`` timestamp[us, UTC] (null where the record has none), ``cut`` bool.
+        ``prefixes``: topic -> bytes that most of its values start with (Kafka Connect's schema
+        envelope, :func:`.debezium_columns.envelope_prefix`): a value that starts with its
+        topic's prefix followed by ``{`` and ends with ``}`` is kept as the bytes between them
+        (``cut`` true), so the driver holds payloads, not the same schema text in every
+        record. Records at or past a range's end (fetched ahead) are left out.
+
+        Raises SourceError when a start offset is no longer in Kafka (retention), when the
+        brokers do not answer for ``timeout_s``, or on a partition's error."""
+        from confluent_kafka import Consumer, TopicPartition
+        ranges = {tp: (int(a), int(b)) for tp, (a, b) in ranges.items() if b > a}
+        got: dict[tuple[str, int], tuple[list, list, list, list]] = {tp: ([], [], [], []) for tp in ranges}
+        if ranges:
+            if self._fetcher is None:
+                # read_uncommitted, as Spark's Kafka source reads; no offset reset: a start
+                # that retention removed is an error, never a silent jump
+                self._fetcher = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group_id,
+                                          "enable.auto.commit": False, "enable.auto.offset.store": False,
+                                          "auto.offset.reset": "error", "isolation.level": "read_uncommitted",
+                                          "enable.partition.eof": True, "fetch.max.bytes": 64 << 20,
+                                          "max.partition.fetch.bytes": 8 << 20,
+                                          "logger": logging.getLogger(__name__ + ".librdkafka")})
+            consumer = self._fetcher
+            assigned = [TopicPartition(t, p, a) for (t, p), (a, _) in sorted(ranges.items())]
+            consumer.assign(assigned)
+            consumer.resume(assigned)   # a partition the last read paused at its end
+            try:
+                self._consume(consumer, ranges, got, prefixes or {})
+            finally:
+                consumer.unassign()
+        topics, parts, offsets, values, stamps, cuts = [], [], [], [], [], []
+        for (t, p), (o, v, ts, cut) in sorted(got.items()):
+            topics.append(pa.array([t] * len(o), pa.string()))
+            parts.append(pa.array(np.full(len(o), p, np.int32)))
+            offsets.append(pa.array(o, pa.int64()))
+            values.append(pa.array(v, pa.binary()))
+            stamps.append(pa.array([None if x < 0 else x * 1000 for x in ts], pa.timestamp("us", tz="UTC")))
+            cuts.append(pa.array(cut, pa.bool_()))
+        names = ("topic", "partition", "offset", "value", "timestamp", "cut")
+        types = (pa.string(), pa.int32(), pa.int64(), pa.binary(), pa.timestamp("us", tz="UTC"), pa.bool_())
+        return pa.table({n: pa.chunked_array(c, t) for n, c, t in zip(names, (topics, parts, offsets, values,
+                                                                              stamps, cuts), types)})
+
+    def _consume(self, consumer, ranges: dict, got: dict, prefixes: dict) -> None:
+        """Consume the assigned ``ranges`` into ``got`` (per partition: offsets, values,
+        timestamps in ms, cut flags) until every partition passed its end."""
+        from confluent_kafka import KafkaError, TopicPartition
+        ends = {tp: b for tp, (_, b) in ranges.items()}
+        heads = {t: (pre + b"{", len(pre)) for t, pre in prefixes.items()}
+
+        def done(tp: tuple) -> None:
+            ends.pop(tp)
+            consumer.pause([TopicPartition(*tp)])   # fetch no further ahead there
+        quiet_since = time.monotonic()
+        while ends:
+            msgs = consumer.consume(num_messages=20_000, timeout=0.5)
+            if msgs:
+                quiet_since = time.monotonic()
+            for m in msgs:
+                err = m.error()
+                topic, p, o = m.topic(), m.partition(), m.offset()
+                tp = (topic, p)
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        if tp in ends and o is not None and o >= ends[tp]:
+                            done(tp)     # what is left were control records (transactions' markers)
+                        continue
+                    if err.code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
+                        lost = self.check_retained(ranges)
+                        if lost:
+                            raise lost from None
+                    raise SourceError(f"Kafka at {self.bootstrap}: reading topic {topic} partition {p} failed: "
+                                      f"{err.str()}")
+                end = ends.get(tp)
+                if end is None:
+                    continue
+                if o >= end:          # past the end (offsets a compacted topic no longer has)
+                    done(tp)
+                    continue
+                v = m.value()
+                cut = False
+                head = heads.get(topic)
+                if head is not None and v is not None and v.startswith(head[0]) and v.endswith(b"}"):
+                    v, cut = v[head[1]:-1], True
+                os_, vs, ts, cs = got[tp]
+                os_.append(o)
+                vs.append(v)
+                ts.append(m.timestamp()[1])
+                cs.append(cut)
+                if o >= end - 1:
+                    done(tp)
+            if not msgs and ends:
+                # the last records of a partition may be control records (no message): its position says
+                for part in consumer.position([TopicPartition(t, p) for t, p in ends]):
+                    if part.offset >= 0 and part.offset >= ends[(part.topic, part.partition)]:
+                        done((part.topic, part.partition))
+                if ends and time.monotonic() - quiet_since > self.timeout_s:
+                    lost = self.check_retained(ranges)
+                    if lost:
+                        raise lost
+                    raise SourceError(f"Kafka at {self.bootstrap} sent no record for {self.timeout_s:.0f} s while "
+                                      f"{len(ends)} partitions had records to read (e.g. {sorted(ends)[0]}, up to "
+                                      f"offset {ends[sorted(ends)[0]] - 1}); check that the brokers run")
 
     @staticmethod
     def session():

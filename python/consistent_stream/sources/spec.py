@@ -8,7 +8,7 @@ from .. import location
 from ..errors import ConfigError
 
 SUPPORTED_FORMATS = ("delta", "debezium", "kafka")
-KAFKA_KEYS = ("bootstrap_servers", "topic", "transaction_topic", "consistency", "columns")
+KAFKA_KEYS = ("bootstrap_servers", "topic", "transaction_topic", "consistency", "columns", "driver_read_records")
 CONSISTENCY = ("transaction", "per_topic")
 
 
@@ -32,7 +32,8 @@ class SourceSpec:
     ``table``: (debezium, kafka) the captured table, ``schema.table`` as in Debezium's
     ``source`` block; ``primary_key``: the source table's key columns (may be empty when
     unknown); ``options``: format-specific settings as sorted (key, JSON value) pairs (kafka:
-    ``bootstrap_servers``, ``topic``, ``transaction_topic``, ``consistency``, ``columns``; see
+    ``bootstrap_servers``, ``topic``, ``transaction_topic``, ``consistency``, ``columns``,
+    ``driver_read_records``; see
     :mod:`consistent_stream.sources.kafka`).
     """
     name: str
@@ -139,6 +140,12 @@ class SourceSpec:
             raise ConfigError(f"{label}: meta.consistent_stream.primary_key must be a column name or a list of them")
         options = {"bootstrap_servers": servers, "topic": topic, "transaction_topic": tx_topic,
                    "consistency": consistency, "columns": {str(k).lower(): v for k, v in columns.items()}}
+        if meta.get("driver_read_records") is not None:
+            n = meta["driver_read_records"]
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ConfigError(f"{label}: meta.consistent_stream.driver_read_records is {n!r}; it takes a whole "
+                                  f"number of Kafka records >= 0 (0: every read through Spark's Kafka source)")
+            options["driver_read_records"] = n
         return SourceSpec(name=d["name"], relation=d["relation"], location=f"kafka://{servers}/{topic}",
                           format="kafka", primary_key=tuple(c.lower() for c in pk),
                           source_name=d.get("source_name", ""), table=table,
