@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pyarrow as pa
 import pytest
 
 import kafka_scenario
@@ -651,3 +652,34 @@ def test_reads_on_the_driver_and_on_the_executors_give_the_same_tables_and_a_bad
         SourceSpec.from_dbt({"source_name": "k", "name": "a", "relation": "k.a", "meta": {
             "format": "kafka", "bootstrap_servers": stack.bootstrap, "topic": e.topic("a"),
             "driver_read_records": -1}}, str(tmp_path))
+
+
+def test_successive_fetches_of_a_backlog_go_on_where_the_last_ended_and_equal_one_fetch(stack):
+    """The driver's fetch of a backlog in parts (:func:`.kafka._split`: every partition
+    advancing in each) keeps its assignment and what it fetched ahead from part to part; a
+    fetch of other ranges between parts (a diagnosis) and a tombstone change nothing: the parts
+    together are the records of one fetch, each once, and the values that start with the
+    prefix are cut to what follows it."""
+    from consistent_stream.sources.kafka import _split
+    from consistent_stream.sources.kafka_log import KafkaLog
+    topic = "fetch.parts"
+    stack.create_topic(topic, 3)
+    for p in range(3):
+        stack.produce(topic, [b'{"s":1,"payload":{"n":%d}}' % i if i % 50 else None for i in range(400)],
+                      partition=p)
+    log = KafkaLog(stack.bootstrap)
+    try:
+        ranges = {(topic, p.partition): (p.low, p.high) for p in log.partitions(topic)}
+        prefixes = {topic: b'{"s":1,"payload":'}
+        whole = log.fetch(ranges, prefixes)
+        assert whole.num_rows == 1200 and whole.column("cut").to_pylist().count(True) == 1200 - 24
+        assert whole.column("value")[1].as_py() == b'{"n":1}' and whole.column("value")[0].as_py() is None
+        parts = []
+        for i, part in enumerate(_split(ranges, 250)):
+            parts.append(log.fetch(part, prefixes))
+            if i == 1:
+                assert log._stream is not None and log._carry   # went on, with records fetched ahead
+                log.fetch({(topic, 2): (10, 12)})                # another range between two parts
+        assert pa.concat_tables(parts).sort_by([("partition", "ascending"), ("offset", "ascending")]).equals(whole)
+    finally:
+        log.close()

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
+from collections import deque
 from typing import NamedTuple
 
 import numpy as np
@@ -80,6 +82,12 @@ class KafkaLog:
         # only a cache key here: the partitions are assigned and no offset is committed.
         self.group_id = f"consistent-stream-{uuid.uuid4().hex}"
         self._fetcher = None
+        # the fetch consumer's assignment: partition -> offset the next fetch continues at,
+        # the records fetched past the last fetch's ends, the prefixes they were cut with
+        self._stream: dict | None = None
+        self._carry: dict[tuple[str, int], deque] = {}
+        self._stream_prefixes: dict = {}
+        self._fetching = threading.Lock()   # a read ahead and a diagnosis may fetch from two threads
 
     def _client(self):
         if self._consumer is None:
@@ -92,6 +100,7 @@ class KafkaLog:
         return self._consumer
 
     def close(self) -> None:
+        self._stream, self._carry = None, {}
         for name in ("_consumer", "_fetcher"):
             client = getattr(self, name)
             if client is not None:
@@ -172,37 +181,24 @@ class KafkaLog:
         envelope, :func:`.debezium_columns.envelope_prefix`): a value that starts with its
         topic's prefix followed by ``{`` and ends with ``}`` is kept as the bytes between them
         (``cut`` true), so the driver holds payloads, not the same schema text in every
-        record. Records at or past a range's end (fetched ahead) are left out.
+        record. Records at or past a range's end (fetched ahead) are kept for the next fetch:
+        successive fetches of a backlog (each range starting where the last ended, the same
+        ``prefixes``) go on with the consumer's assignment and what it fetched ahead, where a
+        new assignment would fetch from the broker again.
 
         Raises SourceError when a start offset is no longer in Kafka (retention), when the
         brokers do not answer for ``timeout_s``, or on a partition's error."""
-        from confluent_kafka import Consumer, TopicPartition
         ranges = {tp: (int(a), int(b)) for tp, (a, b) in ranges.items() if b > a}
         got: dict[tuple[str, int], tuple[list, list, list, list]] = {tp: ([], [], [], []) for tp in ranges}
         if ranges:
-            if self._fetcher is None:
-                # read_uncommitted, as Spark's Kafka source reads; no offset reset: a start
-                # that retention removed is an error, never a silent jump
-                self._fetcher = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group_id,
-                                          "enable.auto.commit": False, "enable.auto.offset.store": False,
-                                          "auto.offset.reset": "error", "isolation.level": "read_uncommitted",
-                                          "enable.partition.eof": True, "fetch.max.bytes": 64 << 20,
-                                          "max.partition.fetch.bytes": 8 << 20,
-                                          "logger": logging.getLogger(__name__ + ".librdkafka")})
-            consumer = self._fetcher
-            assigned = [TopicPartition(t, p, a) for (t, p), (a, _) in sorted(ranges.items())]
-            consumer.assign(assigned)
-            consumer.resume(assigned)   # a partition the last read paused at its end
-            try:
-                self._consume(consumer, ranges, got, prefixes or {})
-            finally:
-                consumer.unassign()
+            with self._fetching:
+                self._fetch(ranges, got, prefixes or {})
         topics, parts, offsets, values, stamps, cuts = [], [], [], [], [], []
         for (t, p), (o, v, ts, cut) in sorted(got.items()):
             topics.append(pa.array([t] * len(o), pa.string()))
             parts.append(pa.array(np.full(len(o), p, np.int32)))
             offsets.append(pa.array(o, pa.int64()))
-            values.append(pa.array(v, pa.binary()))
+            values.append(_binary(v))
             stamps.append(pa.array([None if x < 0 else x * 1000 for x in ts], pa.timestamp("us", tz="UTC")))
             cuts.append(pa.array(cut, pa.bool_()))
         names = ("topic", "partition", "offset", "value", "timestamp", "cut")
@@ -210,16 +206,54 @@ class KafkaLog:
         return pa.table({n: pa.chunked_array(c, t) for n, c, t in zip(names, (topics, parts, offsets, values,
                                                                               stamps, cuts), types)})
 
-    def _consume(self, consumer, ranges: dict, got: dict, prefixes: dict) -> None:
-        """Consume the assigned ``ranges`` into ``got`` (per partition: offsets, values,
-        timestamps in ms, cut flags) until every partition passed its end."""
-        from confluent_kafka import KafkaError, TopicPartition
-        ends = {tp: b for tp, (_, b) in ranges.items()}
-        heads = {t: (pre + b"{", len(pre)) for t, pre in prefixes.items()}
+    def _fetch(self, ranges: dict, got: dict, prefixes: dict) -> None:
+        """:meth:`fetch`'s reading into ``got``, on the fetch consumer's assignment."""
+        from confluent_kafka import Consumer, TopicPartition
+        if self._fetcher is None:
+            # read_uncommitted, as Spark's Kafka source reads; no offset reset: a start
+            # that retention removed is an error, never a silent jump. A full local queue
+            # (64 MB of fetched records, librdkafka's default) postpones the next fetch by
+            # fetch.queue.backoff.ms, by default 1 s
+            self._fetcher = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group_id,
+                                      "enable.auto.commit": False, "enable.auto.offset.store": False,
+                                      "auto.offset.reset": "error", "isolation.level": "read_uncommitted",
+                                      "enable.partition.eof": True, "fetch.queue.backoff.ms": 10,
+                                      "logger": logging.getLogger(__name__ + ".librdkafka")})
+        consumer = self._fetcher
+        stream = self._stream
+        if stream is None or prefixes != self._stream_prefixes or any(stream.get(tp) != a for tp, (a, _)
+                                                                       in ranges.items()):
+            if stream is not None:
+                consumer.unassign()
+            consumer.assign([TopicPartition(t, p, a) for (t, p), (a, _) in sorted(ranges.items())])
+            stream = self._stream = {tp: a for tp, (a, _) in ranges.items()}
+            self._carry, self._stream_prefixes = {}, prefixes
+        ends = {}
+        for tp, (_, b) in ranges.items():
+            carried = self._carry.get(tp)
+            while carried and carried[0][0] < b:
+                for column, x in zip(got[tp], carried.popleft()):
+                    column.append(x)
+            if not carried:   # no record at or past the end yet
+                ends[tp] = b
+        try:
+            self._consume(consumer, ranges, ends, got, prefixes)
+        except BaseException:
+            consumer.unassign()
+            self._stream = None
+            raise
+        for tp, (_, b) in ranges.items():
+            stream[tp] = b
 
-        def done(tp: tuple) -> None:
-            ends.pop(tp)
-            consumer.pause([TopicPartition(*tp)])   # fetch no further ahead there
+    def _consume(self, consumer, ranges: dict, ends: dict, got: dict, prefixes: dict) -> None:
+        """Consume the assigned partitions into ``got`` (per partition of ``ranges``: offsets,
+        values, timestamps in ms, cut flags) until every partition of ``ends`` passed its end;
+        records past a range's end, or of an assigned partition not in ``ranges``, go to the
+        carry (:meth:`fetch`)."""
+        from confluent_kafka import KafkaError, TopicPartition
+        heads = {t: (pre + b"{", len(pre)) for t, pre in prefixes.items()}
+        carry = self._carry
+        done = ends.pop
         quiet_since = time.monotonic()
         while ends:
             msgs = consumer.consume(num_messages=20_000, timeout=0.5)
@@ -240,23 +274,23 @@ class KafkaLog:
                             raise lost from None
                     raise SourceError(f"Kafka at {self.bootstrap}: reading topic {topic} partition {p} failed: "
                                       f"{err.str()}")
-                end = ends.get(tp)
-                if end is None:
-                    continue
-                if o >= end:          # past the end (offsets a compacted topic no longer has)
-                    done(tp)
-                    continue
                 v = m.value()
                 cut = False
                 head = heads.get(topic)
                 if head is not None and v is not None and v.startswith(head[0]) and v.endswith(b"}"):
                     v, cut = v[head[1]:-1], True
+                end = ranges.get(tp, (0, -1))[1]
+                if o >= end:   # fetched ahead: the next fetch's
+                    carry.setdefault(tp, deque()).append((o, v, m.timestamp()[1], cut))
+                    if tp in ends:
+                        done(tp)   # (offsets a compacted topic no longer has)
+                    continue
                 os_, vs, ts, cs = got[tp]
                 os_.append(o)
                 vs.append(v)
                 ts.append(m.timestamp()[1])
                 cs.append(cut)
-                if o >= end - 1:
+                if o >= end - 1 and tp in ends:
                     done(tp)
             if not msgs and ends:
                 # the last records of a partition may be control records (no message): its position says
@@ -320,6 +354,22 @@ class KafkaLog:
                 if part.partition == p and part.low > start:
                     return lost_offset(topic, p, start, part.low)
         return None
+
+
+def _binary(values: list) -> pa.Array:
+    """``values`` (bytes or None) as an Arrow binary array, the bytes joined once: a quarter
+    of ``pa.array``'s time on a list of Kafka values of a few KB (its builder grows its
+    buffer value by value)."""
+    n = len(values)
+    valid = np.fromiter((v is not None for v in values), bool, n)
+    present = values if valid.all() else [v if v is not None else b"" for v in values]
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, present), np.int64, n), out=offsets[1:])
+    if offsets[-1] >= 2 ** 31:   # more than binary's 32-bit offsets hold
+        return pa.array(values, pa.large_binary()).cast(pa.binary())
+    mask = None if valid.all() else pa.array(valid).buffers()[1]
+    return pa.Array.from_buffers(pa.binary(), n, [mask, pa.py_buffer(offsets.astype(np.int32)),
+                                                  pa.py_buffer(b"".join(present))])
 
 
 def lost_offset(topic: str, partition: int, offset: int, low: int) -> SourceError:
