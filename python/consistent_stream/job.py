@@ -65,7 +65,7 @@ def compile_job(spark: SparkSession, job: JobSpec, cut: Cut, sources=None):
         out_schema, types = cached
     else:
         try:
-            out_schema = batch_dataframe(spark, job.sql, job.sources, cut).schema
+            out_schema = batch_dataframe(spark, job.sql, job.sources, cut, analysis=True).schema
         except (ConsistentStreamError, DeltaError, OSError):
             raise   # a source's table or files, never the model's SQL: the error names them
         except Exception as e:  # AnalysisException: the SQL is not valid Spark SQL

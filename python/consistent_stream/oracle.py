@@ -20,7 +20,7 @@ from sqlglot import exp
 from .connect import sql_over
 from .plan.inexact import inexact_columns
 from .sources import Cut, SourceSpec
-from .sources.formats import snapshot_arrow, snapshot_dataframe
+from .sources.formats import analysis_dataframe, snapshot_arrow, snapshot_dataframe
 from .sources.model import MODEL_FORMAT
 
 
@@ -72,13 +72,17 @@ class BatchEvaluation:
     inexact: dict
 
 
-def batch_dataframe(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False):
+def batch_dataframe(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False,
+                    analysis: bool = False):
     """The model's SQL evaluated by Spark over the sources at ``cut`` (a lazy DataFrame);
-    with ``chain``, upstream models recomputed at base cut ``cut`` (module docstring)."""
-    return batch_evaluation(spark, sql, sources, cut, chain=chain).frame
+    with ``chain``, upstream models recomputed at base cut ``cut`` (module docstring); with
+    ``analysis``, over frames that only have the sources' columns and types
+    (:func:`.sources.formats.analysis_dataframe`): for its schema, never its rows."""
+    return batch_evaluation(spark, sql, sources, cut, chain=chain, analysis=analysis).frame
 
 
-def batch_evaluation(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False) -> BatchEvaluation:
+def batch_evaluation(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False,
+                     analysis: bool = False) -> BatchEvaluation:
     """:func:`batch_dataframe` with the columns computed from floating point
     (:class:`BatchEvaluation`).
 
@@ -94,7 +98,8 @@ def batch_evaluation(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, ch
             upstream_inexact[relation] = set(evaluated.inexact)
         else:
             v = _position(s, cut)
-            df, name = snapshot_dataframe(spark, s, v), view_name(s, v)
+            df = (analysis_dataframe if analysis else snapshot_dataframe)(spark, s, v)
+            name = view_name(s, v)
         name = f"{name}_{len(frames)}"
         frames[name] = df
         mapping[s.relation_parts] = name

@@ -107,6 +107,17 @@ def snapshot_dataframe(spark: SparkSession, source: SourceSpec, position: int) -
     return open_source(source).snapshot_dataframe(spark, position)
 
 
+def analysis_dataframe(spark: SparkSession, source: SourceSpec, position: int) -> DataFrame:
+    """A DataFrame with the columns and types of the source table as of ``position``, for
+    Spark's analysis of a model's SQL (its output schema) and nothing else: for a Kafka source
+    an empty one of its schema (its snapshot is a Spark query over the topics, whose analysis
+    alone took seconds on a new JVM; its columns are the same), else the snapshot's."""
+    s = open_source(source)
+    if source.format == "kafka":
+        return spark.createDataFrame([], s.schema())
+    return s.snapshot_dataframe(spark, position)
+
+
 def cut_metadata(sources: list[Source], cut: Cut) -> dict:
     """Extra commit metadata describing ``cut``, merged from every source's
     :meth:`Source.cut_metadata` (e.g. ``cut_lsn``: landing directory -> the cut's LSN in
