@@ -4,9 +4,10 @@
 :func:`projection` is the part of that query that parses each value, on the executors, into
 the columns the reader's bookkeeping needs and each data topic's row images into typed
 columns of its table. A small read is fetched by the driver's Kafka client instead and
-:func:`local_projection` makes the same columns of it with DuckDB. The driver receives Arrow and never parses JSON per event: it walks
-scalar columns (op, table, transaction id, ...) to assemble transactions and takes the rows'
-images by index (:func:`images`), converting Kafka Connect's encodings vectorized.
+:func:`local_projection` makes the same columns of it with DuckDB. The reader receives Arrow
+and never parses JSON per event in Python: it walks scalar columns (op, table, transaction id,
+...) to assemble transactions and takes the rows' images by index (:func:`images`), converting
+Kafka Connect's encodings vectorized.
 
 A value is Kafka Connect's ``JsonConverter`` output, with the ``{"schema", "payload"}``
 envelope or without it. Out of :func:`projection`, one row per record (every column a string

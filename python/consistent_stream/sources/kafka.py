@@ -63,8 +63,8 @@ watermark (:mod:`.kafka_log`): a refresh of at most ``driver_read_records`` reco
 (:data:`DRIVER_READ_RECORDS`) with the driver's Kafka client, parsed by DuckDB on the driver, a
 larger one through Spark's Kafka source, parsed on the executors; both parse the values into
 the same columns (:mod:`.debezium_columns`: the bookkeeping fields as columns, each table's
-row images typed by its schema); the driver walks those columns to assemble transactions, takes the images by
-index, and keeps the complete transactions as Arrow chunks (:class:`~.debezium.TransactionLog`),
+row images typed by its schema); the driver walks those columns to assemble transactions,
+takes the images by index, and keeps the complete transactions as Arrow chunks (:class:`~.debezium.TransactionLog`),
 at most :data:`IMAGE_BUDGET` bytes of them: past it the oldest chunks keep only each
 transaction's net row count per table, and what needs their changes (the table as of a
 position, changes across them) is computed by Spark from the topics (:mod:`.kafka_table`), so

@@ -198,7 +198,7 @@ class KafkaLog:
             topics.append(pa.array([t] * len(o), pa.string()))
             parts.append(pa.array(np.full(len(o), p, np.int32)))
             offsets.append(pa.array(o, pa.int64()))
-            values.append(_binary(v))
+            values.extend(_binary(v))
             stamps.append(pa.array([None if x < 0 else x * 1000 for x in ts], pa.timestamp("us", tz="UTC")))
             cuts.append(pa.array(cut, pa.bool_()))
         names = ("topic", "partition", "offset", "value", "timestamp", "cut")
@@ -356,20 +356,21 @@ class KafkaLog:
         return None
 
 
-def _binary(values: list) -> pa.Array:
-    """``values`` (bytes or None) as an Arrow binary array, the bytes joined once: a quarter
-    of ``pa.array``'s time on a list of Kafka values of a few KB (its builder grows its
-    buffer value by value)."""
+def _binary(values: list) -> list[pa.Array]:
+    """``values`` (bytes or None) as Arrow binary arrays (one, or several where the bytes pass
+    the 2 GiB a binary array's offsets hold), the bytes joined once: a quarter of
+    ``pa.array``'s time on a list of Kafka values of a few KB (its builder grows its buffer
+    value by value)."""
     n = len(values)
     valid = np.fromiter((v is not None for v in values), bool, n)
     present = values if valid.all() else [v if v is not None else b"" for v in values]
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(np.fromiter(map(len, present), np.int64, n), out=offsets[1:])
-    if offsets[-1] >= 2 ** 31:   # more than binary's 32-bit offsets hold
-        return pa.array(values, pa.large_binary()).cast(pa.binary())
+    if offsets[-1] >= 2 ** 31 - 1 and n > 1:
+        return _binary(values[:n // 2]) + _binary(values[n // 2:])
     mask = None if valid.all() else pa.array(valid).buffers()[1]
-    return pa.Array.from_buffers(pa.binary(), n, [mask, pa.py_buffer(offsets.astype(np.int32)),
-                                                  pa.py_buffer(b"".join(present))])
+    return [pa.Array.from_buffers(pa.binary(), n, [mask, pa.py_buffer(offsets.astype(np.int32)),
+                                                   pa.py_buffer(b"".join(present))])]
 
 
 def lost_offset(topic: str, partition: int, offset: int, low: int) -> SourceError:
