@@ -226,7 +226,7 @@ def projection(data: list[tuple[str, str, TableSchema | None]], tx_topic: str | 
 
 _DUCK = {"int16": "SMALLINT", "int32": "INTEGER", "int64": "BIGINT", "float32": "FLOAT", "float64": "DOUBLE",
          "bool": "BOOLEAN", "string": "VARCHAR"}
-_INTEGER = re.compile(r"^(SMALLINT|INTEGER|BIGINT)$")
+_INTEGER = frozenset({"SMALLINT", "INTEGER", "BIGINT"})
 
 
 def _duck_struct(fields: tuple) -> str:
@@ -314,7 +314,7 @@ def local_projection(data: list[tuple[str, str, TableSchema | None]], tx_topic: 
                 if cast is not None:
                     duck = cast.upper() if cast.startswith("decimal(") else _DUCK[c.type]
                     x = f"TRY_CAST({text} AS {duck})"
-                    if _INTEGER.match(duck):
+                    if duck in _INTEGER:
                         x = f"CASE WHEN regexp_full_match({text}, '\\s*[+-]?[0-9]+\\s*') THEN {x} END"
                 elif c.source_type == DECIMAL:
                     x = f"TRY(from_base64({text}))"

@@ -35,7 +35,6 @@ from ..errors import SourceError
 log = logging.getLogger(__name__)
 
 TIMEOUT_S = 30.0
-RECORD_COLUMNS = ("topic", "partition", "offset", "value", "timestamp")
 MAX_RECORDS = 100_000
 """Records one read brings to the driver at most (a backlog is read in several)."""
 
@@ -138,25 +137,18 @@ class KafkaLog:
             out.append(Partition(topic, p, int(low), int(high)))
         return out
 
-    def read(self, ranges: dict[tuple[str, int], tuple[int, int]], project=None) -> pa.Table:
-        """The records of ``ranges`` ((topic, partition) -> [start, end) offsets) through
-        Spark's Kafka source, on the driver, ordered by topic, partition and offset (at
-        least one range is not empty when ``project`` is given). Out:
-        ``topic`` string, ``partition`` int32, ``offset`` int64, ``value`` binary (null: a
-        tombstone), ``timestamp`` timestamp; or what ``project`` (a function of Spark's Kafka
-        source DataFrame, run on the executors: :func:`.debezium_columns.projection`) makes
-        of them, which must keep ``topic``, ``partition`` and ``offset``. Empty ranges are
-        not read.
+    def read(self, ranges: dict[tuple[str, int], tuple[int, int]], project) -> pa.Table:
+        """The records of ``ranges`` ((topic, partition) -> [start, end) offsets, at least one
+        not empty; empty ones are not read) through Spark's Kafka source, as what ``project``
+        (a function of Spark's Kafka source DataFrame, run on the executors:
+        :func:`.debezium_columns.projection`) makes of them, which must keep ``topic``,
+        ``partition`` and ``offset``; on the driver, ordered by topic, partition and offset.
+        Raw records are :meth:`fetch`'s.
 
         Raises SourceError when a start offset is no longer in Kafka (retention); what
         ``project`` raises on the executors (a malformed value) passes through."""
         ranges = {tp: r for tp, r in ranges.items() if r[1] > r[0]}
-        if not ranges:
-            return pa.table({c: pa.array([], t) for c, t in (("topic", pa.string()), ("partition", pa.int32()),
-                                                           ("offset", pa.int64()), ("value", pa.binary()),
-                                                           ("timestamp", pa.timestamp("us", tz="UTC")))})
-        df = self.frame(ranges)
-        df = project(df) if project is not None else df.select(*RECORD_COLUMNS)
+        df = project(self.frame(ranges))
         try:
             t = df.toArrow()
         except Exception as e:   # Py4J / Spark errors: a lost offset is the one users can act on
