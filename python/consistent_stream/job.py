@@ -27,6 +27,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
@@ -83,6 +84,27 @@ def compile_job(spark: SparkSession, job: JobSpec, cut: Cut, sources=None):
                           f"that are not in the model's output {out_schema.fieldNames()}")
     compiled.schema_key = schema_key
     return compiled, out_schema, types
+
+
+def _compile_ahead(spark: SparkSession, job: JobSpec, sources: dict) -> Future | None:
+    """:func:`compile_job` started on a thread before the sources are read, when every source
+    is a Kafka topic: the model's analysis then needs their columns only (learned from the
+    topics' first records, :meth:`~.sources.kafka.KafkaSource.schema`), so that Spark's
+    analysis (seconds on a new JVM) runs while the driver reads the topics' backlog. None for
+    other sources (their analysis frame is the snapshot at the cut), or when a topic's columns
+    are not known yet (the run then says what it waits for, as without this)."""
+    if not sources or any(s.spec.format != "kafka" for s in sources.values()):
+        return None
+    try:
+        for s in sources.values():
+            s.schema()   # here: the thread's compile then reads no topic
+    except SourceError:
+        return None
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compile-ahead")
+    try:
+        return pool.submit(compile_job, spark, job, Cut({}), sources)
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _load_plan(job: JobSpec, fp: str, schema_key: str):
@@ -194,7 +216,9 @@ def _decide(job: JobSpec, target, sources: dict, cut: Cut, fp: str,
 class _Run:
     """What every step of one run reads: the session, the job, when the run began (``t0``,
     seconds since epoch), the sources' handles by key, the cut taken at the start and the
-    target's handle. ``full_refresh`` becomes True when the run decides to rebuild."""
+    target's handle. ``full_refresh`` becomes True when the run decides to rebuild;
+    ``compiling``: the model's compile when it started before the sources were read
+    (:func:`_compile_ahead`)."""
     spark: SparkSession
     job: JobSpec
     full_refresh: bool
@@ -204,6 +228,7 @@ class _Run:
     target: DeltaTableRef
     state: DeltaTableRef
     state_opening: threading.Thread | None = None
+    compiling: Future | None = None
 
     @staticmethod
     def open(spark: SparkSession, job: JobSpec, full_refresh: bool) -> "_Run":
@@ -226,8 +251,25 @@ class _Run:
             opening.start()
         if not full_refresh:
             resume_sources(sources, target)
-        return _Run(spark, job, full_refresh, t0, sources, Cut(latest_cut(list(sources.values()))), target,
-                    state, opening)
+        compiling = _compile_ahead(spark, job, sources)
+        try:
+            cut = Cut(latest_cut(list(sources.values())))
+        except BaseException:
+            _settle(compiling)
+            raise
+        return _Run(spark, job, full_refresh, t0, sources, cut, target, state, opening, compiling)
+
+    def compiled(self):
+        """:func:`compile_job`'s result: of the compile started ahead, else compiled now."""
+        if self.compiling is not None:
+            ahead, self.compiling = self.compiling, None
+            return ahead.result()
+        return compile_job(self.spark, self.job, self.cut, self.sources)
+
+    def settle(self) -> None:
+        """Wait for a compile started ahead that the run did not use (its result dropped)."""
+        _settle(self.compiling)
+        self.compiling = None
 
     def state_table(self) -> DeltaTableRef:
         """The state table's handle, once the thread that opens it is done; a new one when the
@@ -238,6 +280,11 @@ class _Run:
         if self.full_refresh:
             self.state = DeltaTableRef(self.job.state_root, own_log=True)
         return self.state
+
+
+def _settle(ahead: Future | None) -> None:
+    if ahead is not None:
+        ahead.exception()   # waits; what it raised is not the run's
 
 
 def resume_sources(sources: dict, target: DeltaTableRef) -> None:
@@ -261,6 +308,15 @@ def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s
     streaming query (:mod:`.query`: plan cuts, run batches, maintain); publish and report.
     ``fence`` is called before every commit (the writer lock's :meth:`check`)."""
     run = _Run.open(spark, job, full_refresh)
+    try:
+        return _run_steps(run, timeout_s, fence)
+    finally:
+        run.settle()
+
+
+def _run_steps(run: _Run, timeout_s: float | None, fence) -> dict:
+    """:func:`_run_job` after the run is open."""
+    spark, job, full_refresh = run.spark, run.job, run.full_refresh
     action, changes, up_to_date = _decide(job, run.target, run.sources, run.cut,
                                           fingerprint(job.sql, job.sources), full_refresh)
     if up_to_date is not None:
@@ -296,7 +352,7 @@ def _prepare(run: _Run, action: str, changes: list) -> tuple[QueryRuntime, list 
         from .duck import prewarm
         prewarm()   # the batch's delta queries and keyed state reads: opened while Spark starts the query
     try:
-        compiled, out_schema, types = compile_job(run.spark, job, run.cut, run.sources)
+        compiled, out_schema, types = run.compiled()
     except (CompileError, ConfigError) as e:
         if action != "apply":
             raise

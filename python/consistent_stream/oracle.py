@@ -24,7 +24,7 @@ from .sources.formats import analysis_dataframe, snapshot_arrow, snapshot_datafr
 from .sources.model import MODEL_FORMAT
 
 
-def view_name(source: SourceSpec, version: int) -> str:
+def view_name(source: SourceSpec, version: int | str) -> str:
     return f"__cs_{source.key.replace('.', '__')}_v{version}"
 
 
@@ -96,10 +96,11 @@ def batch_evaluation(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, ch
             evaluated = batch_evaluation(spark, up.sql, up.sources, cut, chain=True)
             df, name = evaluated.frame, f"__cs_chain_{s.name}"
             upstream_inexact[relation] = set(evaluated.inexact)
+        elif analysis:
+            df, name = analysis_dataframe(spark, s, cut.versions.get(s.key)), view_name(s, "schema")
         else:
             v = _position(s, cut)
-            df = (analysis_dataframe if analysis else snapshot_dataframe)(spark, s, v)
-            name = view_name(s, v)
+            df, name = snapshot_dataframe(spark, s, v), view_name(s, v)
         name = f"{name}_{len(frames)}"
         frames[name] = df
         mapping[s.relation_parts] = name

@@ -33,6 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from ..changelog import Changelog
+from ..errors import SourceError
 from .delta_cdf import DeltaSource, SourceChanges
 from .spec import INITIAL, Cut, SourceSpec
 
@@ -107,14 +108,17 @@ def snapshot_dataframe(spark: SparkSession, source: SourceSpec, position: int) -
     return open_source(source).snapshot_dataframe(spark, position)
 
 
-def analysis_dataframe(spark: SparkSession, source: SourceSpec, position: int) -> DataFrame:
+def analysis_dataframe(spark: SparkSession, source: SourceSpec, position: int | None) -> DataFrame:
     """A DataFrame with the columns and types of the source table as of ``position``, for
     Spark's analysis of a model's SQL (its output schema) and nothing else: for a Kafka source
-    an empty one of its schema (its snapshot is a Spark query over the topics, whose analysis
-    alone took seconds on a new JVM; its columns are the same), else the snapshot's."""
+    an empty one of its schema, at any position (``None``: before the topics are read; its
+    columns come from the first records, :meth:`.kafka.KafkaSource.schema`), else the
+    snapshot's. SourceError for another source without a position."""
     s = open_source(source)
     if source.format == "kafka":
         return spark.createDataFrame([], s.schema())
+    if position is None:
+        raise SourceError(f"source {source.key}: no position to analyze the model's SQL at")
     return s.snapshot_dataframe(spark, position)
 
 

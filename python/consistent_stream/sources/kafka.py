@@ -100,6 +100,7 @@ import time
 from array import array
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from itertools import repeat
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -114,7 +115,7 @@ from .debezium_columns import (SOURCE_FIELDS, as_number, envelope_prefix, images
 from .debezium_events import POS, WEIGHT, rows_to_arrow, unwrap
 from .kafka_log import MAX_RECORDS, KafkaLog, lost_offset
 from .kafka_schema import column_type, converters, schema_from_envelope
-from .kafka_snapshot import ATTEMPT_FIELDS, SnapshotAssembly
+from .kafka_snapshot import ATTEMPT_FIELDS, FIRST, LAST_OF_TABLE, SnapshotAssembly
 from .landing import ColumnSchema, TableSchema
 from .landing_index import TxInfo, TxLog
 from .spec import INITIAL
@@ -233,12 +234,20 @@ _PARSE_ERRORS = ("MALFORMED_RECORD", "CAST_INVALID_INPUT", "NUMERIC_VALUE_OUT_OF
 """What Spark's errors say when the executors could not parse a value (:meth:`KafkaReader.diagnose`)."""
 
 
-def _source(col: dict, i: int) -> dict:
-    """Event ``i``'s ``source`` block as far as the snapshot assembly reads it (its marker and
-    the snapshot attempt's fields, numbers as numbers)."""
-    out = {f: as_number(col[f"s_{f}"][i]) for f in ATTEMPT_FIELDS}
-    out["snapshot"] = col["s_snapshot"][i]
-    return out
+def _flags(mask) -> np.ndarray:
+    """A boolean Arrow array (nulls false) as NumPy."""
+    return pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
+
+
+def _first(mask: np.ndarray) -> int | None:
+    """The index of the first true of ``mask``, None when none is."""
+    i = int(np.argmax(mask)) if mask.size else 0
+    return i if mask.size and mask[i] else None
+
+
+def _transaction_keys(ids: pa.Array) -> pa.Array:
+    """:func:`transaction_key` of each of ``ids`` (strings; nulls stay null)."""
+    return pc.replace_substring_regex(pc.cast(ids, pa.string()), pattern=_PG_TX_ID.pattern, replacement=r"\1")
 
 
 def _not_tx_metadata(where: str) -> SourceError:
@@ -278,20 +287,23 @@ class _Images:
         return got
 
 
-def _weighted_table(ts: TableSchema, rows: list) -> pa.Table:
-    """Weighted rows (position, weight, image table, row index) of one table -> an Arrow table
-    of its columns + __pos + __weight (rows taken from each image table in one call)."""
+def _weighted_table(ts: TableSchema, blocks: list) -> pa.Table:
+    """Weighted rows of one table, as blocks ``(position, [(weight, image table, row index),
+    ...])`` (a transaction's rows of the table, or the snapshot's) -> an Arrow table of its
+    columns + __pos + __weight (rows taken from each image table in one call)."""
     groups: dict[int, tuple] = {}
-    for pos, w, image, i in rows:
-        g = groups.get(id(image))
-        if g is None:
-            g = groups[id(image)] = (image, [], [], [])
-        g[1].append(i)
-        g[2].append(pos)
-        g[3].append(w)
+    for pos, rows in blocks:
+        for w, image, i in rows:
+            g = groups.get(id(image))
+            if g is None:
+                g = groups[id(image)] = (image, array("q"), array("q"), array("q"))
+            g[1].append(i)
+            g[2].append(pos)
+            g[3].append(w)
     schema = pa.schema(list(ts.arrow_schema()) + [pa.field(POS, pa.int64()), pa.field(WEIGHT, pa.int64())])
-    parts = [image.take(pa.array(idx, pa.int64())).append_column(POS, pa.array(pos, pa.int64()))
-             .append_column(WEIGHT, pa.array(w, pa.int64())).cast(schema) for image, idx, pos, w in groups.values()]
+    parts = [image.take(pa.array(np.frombuffer(idx, np.int64))).append_column(POS, pa.array(np.frombuffer(pos, np.int64)))
+             .append_column(WEIGHT, pa.array(np.frombuffer(w, np.int64))).cast(schema)
+             for image, idx, pos, w in groups.values()]
     return pa.concat_tables(parts)
 
 
@@ -309,7 +321,8 @@ class _Topic:
 
 @dataclass
 class _PendingTx:
-    """A transaction seen in part: its events per table (weight rows), the total_orders seen,
+    """A transaction seen in part: its events per table (weighted rows: (weight, image table,
+    row index)), the total_orders seen,
     and its END (offset, ts_ms, counts per data collection) once it arrived."""
     id: str
     first_seen_ms: int
@@ -469,8 +482,10 @@ class KafkaReader(TransactionLog):
         :mod:`.landing`) when the values have no schema envelope. A table added after the reader
         read anything makes it read every topic again from the start, so that no published
         transaction lacks the new table's events."""
+        spec = (table, tuple(primary_key), tuple(sorted(columns.items())) if columns else ())
+        if self._declared.get(topic) == spec:
+            return   # read already (asked without the lock, so as not to wait for a refresh)
         with self._lock:
-            spec = (table, tuple(primary_key), tuple(sorted(columns.items())) if columns else ())
             if self._declared.get(topic) == spec:
                 return
             if self.consistency == "per_topic" and self._declared:
@@ -488,6 +503,29 @@ class KafkaReader(TransactionLog):
                                   f"filler: string}}), or run the model once the connector has written the "
                                   f"table's snapshot")
             return self._schemas[table]
+
+    def head_schema(self, table: str) -> TableSchema:
+        """:meth:`schema`, learned when not known yet from the first records of the table's
+        topic that this reader has not read (:meth:`_learn_schemas`), not by reading its
+        backlog; a topic whose first records hold no change event is read whole
+        (:meth:`refresh`). A schema once known stays: it is given without waiting for a
+        refresh that runs meanwhile. Raises SourceError as :meth:`schema`."""
+        known = self._schemas.get(table)
+        if known is not None:
+            return known
+        with self._lock:
+            if table not in self._schemas:
+                topic = next(t for t, d in self._declared.items() if d[0] == table)
+                ranges = {}
+                for p in self._partitions(topic):
+                    start = max(self._next.get((p.topic, p.partition), 0), p.low)
+                    if p.high > start:
+                        ranges[(p.topic, p.partition)] = (start, p.high)
+                if ranges:
+                    self._learn_schemas(ranges)
+            if table not in self._schemas:
+                self.refresh()
+            return self.schema(table)
 
     def latest_position(self) -> int:
         with self._lock:
@@ -710,36 +748,247 @@ class KafkaReader(TransactionLog):
             self._apply_records(records, typed)
 
     def _apply_records(self, records: pa.Table, typed: dict) -> None:
+        """Assemble ``records`` in passes over their columns (every record keeps its place in
+        the order the per-record rules are defined in): the checks and counts that need no
+        state (:meth:`_checked`); the connector's snapshot reads, a run of them in one partition
+        and one attempt accepted at once (:meth:`_snapshot_reads`); each change into its
+        pending transaction (:meth:`_changes`), or into its own position (per_topic); the
+        transaction topic's BEGIN and END (:meth:`_tx_events`); then publish (:meth:`_publish`)
+        and keep the published rows as one chunk (:meth:`_add_rows`)."""
         self.read_events += records.num_rows
-        col = {c: records.column(c).to_pylist() for c in _EVENT_COLUMNS}
-        ts = records.column("timestamp").cast(pa.int64()).to_pylist()   # microseconds
-        tx_rows, out = [], {}
-        fits = images = None
-        for i, (topic, part, offset, kind) in enumerate(zip(col["topic"], col["partition"], col["offset"],
-                                                             col["kind"])):
-            if kind != "event":
-                if kind == "tombstone":
-                    self.skipped["tombstones"] += 1
-                    continue
-                self.diagnose({(topic, part): (offset, offset + 1)}, "not a JSON object")
-            if topic == self.tx_topic and self.consistency == "transaction":
-                tx_rows.append(i)
-                continue
-            if col["op"][i] is None:
-                self.skipped["other"] += 1     # a heartbeat or schema change event
-                continue
-            if images is None:
-                fits = records.column("images_ok").to_pylist()
-                images = _Images(self, records, typed)
-            if not fits[i]:
-                self.diagnose({(topic, part): (offset, offset + 1)}, "an image's columns or values do not fit "
-                                                                      "the table's")
-            self._data_event(self._topics[topic], col, i, images, out, (ts[i] or 0) // 1000)
-        for i in tx_rows:
-            self._tx_event(col, i, (ts[i] or 0) // 1000)
+        out: dict = {}
+        if records.num_rows:
+            data, tx = self._checked(records)
+            images = _Images(self, records, typed)
+            if self.consistency == "per_topic":
+                for i in data.tolist():
+                    self._per_topic_event(records, i, images, out)
+            else:
+                r_op = _flags(pc.and_(pc.equal(records.column("op"), "r"), pc.is_null(records.column("tx_id"))))
+                changes = data[~r_op[data]]
+                self._snapshot_reads(records, data[r_op[data]], changes, images)
+                self._changes(records, changes, images)
+                self._tx_events(records, tx)
         if self.consistency == "transaction":
             self._publish(out)
         self._add_rows(out)
+
+    def _checked(self, records: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        """The record indices of the data topics' change events and of the transaction topic's
+        events, after the checks every record gets whatever came before it: tombstones and
+        events without an ``op`` (heartbeats, schema changes) counted as skipped; a value that
+        is not a JSON object, an image that does not fit the table, an unknown op, an event of
+        another table, a missing before/after image, a change without a transaction block in
+        transaction mode: a SourceError naming the first such record."""
+        kind, topic, op = records.column("kind"), records.column("topic"), records.column("op")
+        event = _flags(pc.equal(kind, "event"))
+        tomb = _flags(pc.equal(kind, "tombstone"))
+        self.skipped["tombstones"] += int(tomb.sum())
+        wrong = np.flatnonzero(~event & ~tomb)
+        if wrong.size:
+            self._diagnose_record(records, int(wrong[0]), "not a JSON object")
+        on_tx = (_flags(pc.equal(topic, self.tx_topic)) if self.consistency == "transaction"
+                 else np.zeros(records.num_rows, dtype=bool))
+        has_op = _flags(pc.is_valid(op))
+        self.skipped["other"] += int((event & ~on_tx & ~has_op).sum())
+        data = event & ~on_tx & has_op
+        first = _first(data & ~_flags(records.column("images_ok")))
+        if first is not None:
+            self._diagnose_record(records, first, "an image's columns or values do not fit the table's")
+        first = _first(data & ~_flags(pc.is_in(op, value_set=pa.array(["c", "u", "d", "r"]))))
+        if first is not None:
+            raise SourceError(f"{self._where_of(records, first)}: unknown op {op[first].as_py()!r}; expected c, u, "
+                              f"d or r")
+        first = _first(data & _flags(pc.is_valid(records.column("other_table"))))
+        if first is not None:
+            table = records.column("other_table")[first].as_py()
+            raise SourceError(f"{self._where_of(records, first)}: event of table {table or None!r} in the topic of "
+                              f"{self._topics[topic[first].as_py()].table} (meta.consistent_stream.table); an event "
+                              f"of an unknown table, or the wrong topic")
+        if self.consistency == "transaction":
+            first = _first(data & _flags(pc.and_(pc.not_equal(op, "r"), pc.is_null(records.column("tx_id")))))
+            if first is not None:
+                raise SourceError(f"{self._where_of(records, first)}: change event (op {op[first].as_py()}) without "
+                                  f"a 'transaction' block: the connector must run with "
+                                  f"provide.transaction.metadata=true for consistency: transaction, or set "
+                                  f"meta.consistent_stream.consistency: per_topic (each table cut on its own)")
+        retracts = _flags(pc.is_in(op, value_set=pa.array(["u", "d"])))
+        first = _first(data & retracts & ~_flags(records.column("has_before")))
+        if first is not None:
+            table = self._topics[topic[first].as_py()].table
+            raise SourceError(f"{self._where_of(records, first)}: op {op[first].as_py()} on {table} without a "
+                              f"'before' image: retractions need the whole old row; run ALTER TABLE {table} REPLICA "
+                              f"IDENTITY FULL")
+        first = _first(data & _flags(pc.not_equal(op, "d")) & ~_flags(records.column("has_after")))
+        if first is not None:
+            raise SourceError(f"{self._where_of(records, first)}: op {op[first].as_py()} on "
+                              f"{self._topics[topic[first].as_py()].table} without an 'after' image")
+        return np.flatnonzero(data), np.flatnonzero(event & on_tx)
+
+    def _where_of(self, records: pa.Table, i: int) -> str:
+        return _where(records.column("topic")[i].as_py(), records.column("partition")[i].as_py(),
+                      records.column("offset")[i].as_py())
+
+    def _diagnose_record(self, records: pa.Table, i: int, cause: str) -> None:
+        topic, part = records.column("topic")[i].as_py(), records.column("partition")[i].as_py()
+        offset = records.column("offset")[i].as_py()
+        self.diagnose({(topic, part): (offset, offset + 1)}, cause)
+
+    def _snapshot_reads(self, records: pa.Table, snap: np.ndarray, changes: np.ndarray, images: "_Images") -> None:
+        """The connector's snapshot reads (record indices ``snap``, in record order) into the
+        snapshot assembly. A run of reads in one partition and one attempt whose markers after
+        the first have no meaning to the assembly (``true``) is one :meth:`.kafka_snapshot.
+        SnapshotAssembly.accept`; a read after a change of the same partition (``changes``,
+        earlier in record order) is the assembly's error."""
+        if not snap.size:
+            return
+        take = pa.array(snap)
+        topic = records.column("topic").take(take).to_numpy(zero_copy_only=False)
+        part = records.column("partition").take(take).to_numpy(zero_copy_only=False)
+        cols = {f: records.column(f"s_{f}").take(take).to_numpy(zero_copy_only=False)
+                for f in ATTEMPT_FIELDS + ("snapshot",)}
+        marker = np.char.lower(cols["snapshot"].astype(str))
+        new_run = np.ones(snap.size, dtype=bool)
+        same = (topic[1:] == topic[:-1]) & (part[1:] == part[:-1]) & ~np.isin(marker[1:], FIRST + LAST_OF_TABLE)
+        for f in ATTEMPT_FIELDS:
+            same &= cols[f][1:] == cols[f][:-1]
+        new_run[1:] = ~same
+        # the first change of each partition in this read, by record index (a snapshot read after it is an error)
+        changed: dict[tuple, int] = {}
+        if changes.size:
+            ct = records.column("topic").take(pa.array(changes)).to_pylist()
+            cp = records.column("partition").take(pa.array(changes)).to_pylist()
+            for tp, i in zip(zip(ct, cp), changes.tolist()):
+                changed.setdefault(tp, i)
+        starts = np.flatnonzero(new_run).tolist() + [snap.size]
+        offsets = records.column("offset")
+        for a, b in zip(starts, starts[1:]):
+            t, p = self._topics[str(topic[a])], int(part[a])
+            c = changed.get((t.topic, p))
+            if c is not None and int(snap[b - 1]) > c:
+                a = a + int(np.searchsorted(snap[a:b], c))   # the first read after the change
+                b = a + 1
+                self._snapshot.streamed(t.topic, p)
+            where = _where(t.topic, p, offsets[int(snap[a])].as_py())
+            source = {f: as_number(cols[f][a]) for f in ATTEMPT_FIELDS}
+            source["snapshot"] = cols["snapshot"][a]
+            rows = self._snapshot.accept(t.topic, t.table, p, source, where, t.partitions, count=b - a)
+            if rows is not None:
+                image, lo = images.of(t.topic, "a")
+                rows.extend(zip(repeat(1), repeat(image), (snap[a:b] - lo).tolist()))
+        if self._snapshot.superseded:
+            self.skipped["repeated_snapshot"] = self._snapshot.superseded
+
+    def _changes(self, records: pa.Table, changes: np.ndarray, images: "_Images") -> None:
+        """Each change (record indices ``changes``: the data topics' events that are not
+        snapshot reads) into its pending transaction (made at its first record): a second copy
+        of a (transaction, ``total_order``) or an event of a published transaction counted as
+        a duplicate; the rest as weighted rows (c/r +after, d -before, u -before +after)."""
+        if not changes.size:
+            return
+        take = pa.array(changes)
+        col = {c: records.column(c).take(take).to_pylist() for c in ("topic", "partition", "offset", "op",
+                                                                     "total_order")}
+        keys = _transaction_keys(records.column("tx_id").take(take)).to_pylist()
+        ms = pc.divide(pc.cast(records.column("timestamp").take(take), pa.int64()), 1000).to_pylist()
+        for tp in set(zip(col["topic"], col["partition"])):
+            self._snapshot.streamed(*tp)
+        tables = {topic: t.table for topic, t in self._topics.items()}
+        pending = self._pending
+        rows_of = zip(keys, col["topic"], col["partition"], col["offset"], col["op"], col["total_order"],
+                      changes.tolist(), ms)
+        for key, topic, p, offset, op, order, i, record_ms in rows_of:
+            tx = pending.get(key)
+            if tx is None:
+                tx = self._pending_tx(key, record_ms or 0)
+                if tx is None:
+                    continue
+            if order in tx.seen:
+                self.skipped["duplicates"] += 1
+                continue
+            tx.seen.add(order)
+            tx.saw((topic, p), offset)
+            table = tables[topic]
+            tx.counts[table] = tx.counts.get(table, 0) + 1
+            rows = tx.rows.get(table)
+            if rows is None:
+                rows = tx.rows[table] = []
+            if op == "u" or op == "d":
+                image, lo = images.of(topic, "b")
+                rows.append((-1, image, i - lo))
+            if op != "d":
+                image, lo = images.of(topic, "a")
+                rows.append((1, image, i - lo))
+
+    def _per_topic_event(self, records: pa.Table, i: int, images: "_Images", out: dict) -> None:
+        """A change of a per_topic reader (record ``i``): its own position (offset + 1); a
+        change whose ``source.lsn`` and row were applied before is a duplicate."""
+        topic, offset = records.column("topic")[i].as_py(), records.column("offset")[i].as_py()
+        t, op = self._topics[topic], records.column("op")[i].as_py()
+        position = offset + 1
+        lsn = records.column("s_lsn")[i].as_py()
+        has_after = records.column("has_after")[i].as_py()
+        if op != "r" and lsn is not None:
+            seen = self._seen_lsn.setdefault(t.topic, set())
+            table, lo = images.of(t.topic, "a" if has_after else "b")
+            key = (lsn, records.column("s_txId")[i].as_py(), str(table.slice(i - lo, 1).to_pylist()))
+            if key in seen:
+                self.skipped["duplicates"] += 1
+                return
+            seen.add(key)
+        rows = []
+        if op in ("u", "d"):
+            table, lo = images.of(t.topic, "b")
+            rows.append((-1, table, i - lo))
+        if op != "d":
+            table, lo = images.of(t.topic, "a")
+            rows.append((1, table, i - lo))
+        out.setdefault(t.table, []).append((position, rows))
+        ts_ms = int(records.column("s_ts_ms")[i].as_py() or 0)
+        self._txs.append(TxInfo(position, f"{t.topic}@{offset}", ts_ms, {t.table: 1}, t.topic, offset, op == "r"))
+        self._last = position
+
+    def _tx_events(self, records: pa.Table, tx: np.ndarray) -> None:
+        """The transaction topic's BEGIN and END events (record indices ``tx``), in order: a
+        transaction is queued at its first, its END records the counts it must have; a second
+        END, or a transaction the resume point already holds, is a duplicate."""
+        if not tx.size:
+            return
+        take = pa.array(tx)
+        col = {c: records.column(c).take(take).to_pylist() for c in ("partition", "offset", "t_status", "t_id",
+                                                                     "t_ts_ms", "t_collections")}
+        keys = _transaction_keys(records.column("t_id").take(take)).to_pylist()
+        ms = pc.divide(pc.cast(records.column("timestamp").take(take), pa.int64()), 1000).to_pylist()
+        self._tx_records += tx.size
+        rows_of = zip(keys, col["partition"], col["offset"], col["t_status"], col["t_id"], col["t_ts_ms"],
+                      col["t_collections"], ms)
+        for key, p, offset, status, tx_id, ts_ms, collections, record_ms in rows_of:
+            if status is None:
+                raise _not_tx_metadata(_where(self.tx_topic, p, offset))
+            upper = status.upper()
+            t = self._pending_tx(key, record_ms or 0)
+            if t is None:
+                continue
+            if not t.queued:
+                t.queued = True
+                self._order.append(key)
+            t.saw((self.tx_topic, p), offset)
+            if upper == "BEGIN":
+                continue
+            if upper != "END":
+                raise SourceError(f"{_where(self.tx_topic, p, offset)}: transaction metadata with status "
+                                  f"{status!r}; expected BEGIN or END")
+            if t.end_offset is not None:
+                self.skipped["duplicates"] += 1
+                continue
+            t.end_offset, t.end_ts_ms = offset, int(ts_ms or record_ms or 0)
+            t.end_counts, t.end_lsn = loads_collections(collections), end_lsn(tx_id)
+            if self._base_lsn is not None and t.end_lsn is not None and t.end_lsn <= self._base_lsn:
+                # a transaction the resume point already holds, sent again by a restarted connector
+                self.skipped["duplicates"] += 1 + sum(t.counts.values())
+                self._order.remove(key)
+                del self._pending[key]
+                self._published.add(key)
 
     def _parse(self, value: bytes | None, where: str):
         if value is None:
@@ -750,119 +999,11 @@ class KafkaReader(TransactionLog):
             raise SourceError(f"{where}: malformed JSON value ({e}); a Debezium JSON change event (Kafka "
                               f"Connect's JsonConverter) was expected") from None
 
-    def _data_event(self, t: _Topic, col: dict, i: int, images: "_Images", out: dict, record_ms: int) -> None:
-        part, offset, op = col["partition"][i], col["offset"][i], col["op"][i]
-        where = _where(t.topic, part, offset)
-        if op not in ("c", "u", "d", "r"):
-            raise SourceError(f"{where}: unknown op {op!r}; expected c, u, d or r")
-        table = col["other_table"][i]
-        if table is not None:
-            raise SourceError(f"{where}: event of table {table or None!r} in the topic of {t.table} "
-                              f"(meta.consistent_stream.table); an event of an unknown table, or the wrong topic")
-        if self.consistency == "per_topic":
-            self._per_topic_event(t, op, col, i, images, where, out)
-            return
-        tx_id = col["tx_id"][i]
-        if op == "r" and tx_id is None:
-            rows = self._snapshot.accept(t.topic, t.table, part, _source(col, i), where, t.partitions)
-            if rows is not None:
-                self._weighted(t, "r", col, i, images, where, rows, SNAPSHOT_POSITION)
-            if self._snapshot.superseded:
-                self.skipped["repeated_snapshot"] = self._snapshot.superseded
-            return
-        if tx_id is None:
-            raise SourceError(f"{where}: change event (op {op}) without a 'transaction' block: the connector must "
-                              f"run with provide.transaction.metadata=true for consistency: transaction, or set "
-                              f"meta.consistent_stream.consistency: per_topic (each table cut on its own)")
-        self._snapshot.streamed(t.topic, part)
-        tx = self._pending_tx(transaction_key(tx_id), record_ms)
-        if tx is None:
-            return
-        order = col["total_order"][i]
-        if order in tx.seen:
-            self.skipped["duplicates"] += 1
-            return
-        tx.seen.add(order)
-        tx.saw((t.topic, part), offset)
-        tx.counts[t.table] = tx.counts.get(t.table, 0) + 1
-        self._weighted(t, op, col, i, images, where, tx.rows.setdefault(t.table, []), None)
-
-    @staticmethod
-    def _weighted(t: _Topic, op: str, col: dict, i: int, images: "_Images", where: str, rows: list,
-                  position) -> None:
-        """The change as weighted rows (position, weight, image table, row index): c/r +after,
-        d -before, u -before +after."""
-        if op in ("u", "d"):
-            if not col["has_before"][i]:
-                raise SourceError(f"{where}: op {op} on {t.table} without a 'before' image: retractions need the "
-                                  f"whole old row; run ALTER TABLE {t.table} REPLICA IDENTITY FULL")
-            table, lo = images.of(t.topic, "b")
-            rows.append((position, -1, table, i - lo))
-        if op != "d":
-            if not col["has_after"][i]:
-                raise SourceError(f"{where}: op {op} on {t.table} without an 'after' image")
-            table, lo = images.of(t.topic, "a")
-            rows.append((position, 1, table, i - lo))
-
     @staticmethod
     def _converted(t: _Topic, row: dict) -> dict:
         if not t.convert:
             return row
         return {k: (t.convert[k](v) if k in t.convert else v) for k, v in row.items()}
-
-    def _per_topic_event(self, t: _Topic, op: str, col: dict, i: int, images: "_Images", where: str,
-                         out) -> None:
-        offset = col["offset"][i]
-        position = offset + 1
-        lsn = col["s_lsn"][i]
-        if op != "r" and lsn is not None:
-            seen = self._seen_lsn.setdefault(t.topic, set())
-            side = "a" if col["has_after"][i] else "b"
-            table, lo = images.of(t.topic, side)
-            key = (lsn, col["s_txId"][i], str(table.slice(i - lo, 1).to_pylist()))
-            if key in seen:
-                self.skipped["duplicates"] += 1
-                return
-            seen.add(key)
-        rows = out.setdefault(t.table, [])
-        self._weighted(t, op, col, i, images, where, rows, position)
-        self._txs.append(TxInfo(position, f"{t.topic}@{offset}", int(col["s_ts_ms"][i] or 0), {t.table: 1},
-                                t.topic, offset, op == "r"))
-        self._last = position
-
-    def _tx_event(self, col: dict, i: int, record_ms: int) -> None:
-        part, offset = col["partition"][i], col["offset"][i]
-        where = _where(self.tx_topic, part, offset)
-        self._tx_records += 1
-        status = col["t_status"][i]
-        if status is None:
-            raise _not_tx_metadata(where)
-        tx_id = transaction_key(col["t_id"][i])
-        status = status.upper()
-        tx = self._pending_tx(tx_id, record_ms)
-        if tx is None:
-            return
-        if not tx.queued:
-            tx.queued = True
-            self._order.append(tx_id)
-        tx.saw((self.tx_topic, part), offset)
-        if status == "BEGIN":
-            return
-        if status != "END":
-            raise SourceError(f"{where}: transaction metadata with status {col['t_status'][i]!r}; expected BEGIN or "
-                              f"END")
-        if tx.end_offset is not None:
-            self.skipped["duplicates"] += 1
-            return
-        counts = loads_collections(col["t_collections"][i])
-        tx.end_offset, tx.end_ts_ms, tx.end_counts = offset, int(col["t_ts_ms"][i] or record_ms), counts
-        tx.end_lsn = end_lsn(col["t_id"][i])
-        if self._base_lsn is not None and tx.end_lsn is not None and tx.end_lsn <= self._base_lsn:
-            # a transaction the resume point already holds, sent again by a restarted connector
-            self.skipped["duplicates"] += 1 + sum(tx.counts.values())
-            self._order.remove(tx_id)
-            del self._pending[tx_id]
-            self._published.add(tx_id)
 
     def _pending_tx(self, tx_id: str, record_ms: int) -> _PendingTx | None:
         """The transaction ``tx_id`` seen in part (made at its first record), or None when it
@@ -916,13 +1057,14 @@ class KafkaReader(TransactionLog):
         """Publish the snapshot once complete (``snapshot``: at the end of a refresh, every
         partition read to its high watermark, :meth:`_refresh`; else when each table's own
         partitions prove it, :meth:`_snapshot_evident`), then every complete transaction at
-        the head of the END order; their rows go to ``out`` (table -> weighted rows)."""
+        the head of the END order; their rows go to ``out`` (table -> blocks of
+        :func:`_weighted_table`)."""
         if not self._snapshot.published:
             if not (self._snapshot_complete() if snapshot else self._snapshot_evident()):
                 return
             rows, counts = self._snapshot.take()
             for table, r in rows.items():
-                out.setdefault(table, []).extend(r)
+                out.setdefault(table, []).append((SNAPSHOT_POSITION, r))
             self._txs.append(TxInfo(SNAPSHOT_POSITION, "snapshot", 0, counts, self.tx_topic, -1, True))
             self._last = SNAPSHOT_POSITION
         while self._order:
@@ -936,17 +1078,18 @@ class KafkaReader(TransactionLog):
             # transaction's END) takes the position after the previous one: positions grow
             position = max(tx.end_offset + 1, self._last + 1)
             for table, rows in tx.rows.items():
-                out.setdefault(table, []).extend((position, w, image, i) for _, w, image, i in rows)
+                out.setdefault(table, []).append((position, rows))
             self._txs.append(TxInfo(position, tx.id, tx.end_ts_ms, tx.counts, self.tx_topic, tx.end_offset))
             self._recent.append(position, tx.id, tx.end_lsn, tx.first, tx.last)
             self._last = position
 
     def _add_rows(self, out: dict) -> None:
         tables = {}
-        for table, rows in out.items():
-            if rows:
-                tables[table] = _weighted_table(self._schemas[table], rows)
-                self._row_totals[table] = self._row_totals.get(table, 0) + sum(r[1] for r in rows)
+        for table, blocks in out.items():
+            if any(rows for _, rows in blocks):
+                tables[table] = _weighted_table(self._schemas[table], blocks)
+                self._row_totals[table] = self._row_totals.get(table, 0) + sum(w for _, rows in blocks
+                                                                               for w, _, _ in rows)
         self._chunk_seq += 1
         self._add_chunk(self._chunk_seq, f"refresh {self._chunk_seq}", tables)
         if self._image_bytes > self.image_budget and (self._base is not None or self.recomputable):
@@ -1208,6 +1351,13 @@ class KafkaSource(DebeziumSource):
 
     def _open_reader(self) -> KafkaReader:
         return reader_for(self.spec)
+
+    def schema(self):
+        """The table's columns as a Spark StructType, from its topic's first records when the
+        reader has not read it yet (:meth:`KafkaReader.head_schema`): what compiling a model
+        needs, without its backlog."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+        return from_arrow_schema(declare(self.spec).head_schema(self.spec.table).arrow_schema())
 
     def waiting_for(self) -> str:
         waits = self.reader().snapshot_waiting()

@@ -99,11 +99,13 @@ class SnapshotAssembly:
         """A change event (not a snapshot read) of ``topic``'s table was read in ``partition``."""
         self._streamed.setdefault(topic, set()).add(partition)
 
-    def accept(self, topic: str, table: str, partition: int, source: dict, where: str, partitions: int) -> list | None:
+    def accept(self, topic: str, table: str, partition: int, source: dict, where: str, partitions: int,
+               count: int = 1) -> list | None:
         """A snapshot read of ``table`` in ``topic``/``partition`` (``partitions``: how many
-        the topic has), with its ``source`` block: returns the list its weighted rows go to
-        (the newest attempt's rows of the table), or None when it belongs to an older attempt
-        (dropped). Records its marker. Raises SourceError (``where`` names topic, partition
+        the topic has), with its ``source`` block, and the ``count - 1`` reads that follow it
+        there with the same attempt and no marker of meaning (``true``): returns the list their
+        weighted rows go to (the newest attempt's rows of the table), or None when they belong
+        to an older attempt (dropped). Records its marker. Raises SourceError (``where`` names topic, partition
         and offset) for a snapshot read after the snapshot was published or after a change of
         the table in the same partition, and for a repeated snapshot that cannot be told
         apart (see the module docstring)."""
@@ -130,13 +132,13 @@ class SnapshotAssembly:
                 cur = self._replace(cur, None, where)
         elif key != cur.key:
             if key in self._older:
-                self._drop(1)
+                self._drop(count)
                 return None
             if self._newer(key, cur.key, tp):
                 cur = self._replace(cur, key, where)
             else:
                 self._older.add(key)
-                self._drop(1)
+                self._drop(count)
                 return None
         self._seen_in[tp] = key
         self._tables_in.setdefault(tp, set()).add(table)
