@@ -654,6 +654,36 @@ def test_reads_on_the_driver_and_on_the_executors_give_the_same_tables_and_a_bad
             "driver_read_records": -1}}, str(tmp_path))
 
 
+def test_a_model_over_kafka_compiles_from_the_topics_first_records_while_the_backlog_is_read(
+        spark, stack, tmp_path):
+    """A Kafka source's columns come from its topic's first records, not from reading its
+    backlog (:meth:`.kafka.KafkaReader.head_schema`), so a first build compiles the model on a
+    thread while the driver reads the topics (``job._compile_ahead``): its SQL error is the
+    run's, nothing is committed and no compile thread outlives the run; a valid model builds."""
+    import threading
+    from consistent_stream.errors import CompileError
+    from consistent_stream.sources.kafka import declare
+    e = Events("ahead")
+    _snapshot(stack, e)
+    for i in range(2, 6):
+        _tx(stack, e, [("a", None, {"id": i, "v": i}), ("b", {"id": 1, "v": 10 + i - 1 if i > 2 else 10},
+                                                        {"id": 1, "v": 10 + i})])
+    job = _job(tmp_path, stack, e, sql="select 'a' as t, sum(nope) as total from k.a", name="bad")
+    source = open_source(job.sources[0])
+    assert [f.name for f in source.schema().fields] == ["id", "v"]
+    reader = declare(job.sources[0])   # the process-wide reader the source reads through
+    assert reader.read_events == 0 and reader.latest_position() == -1   # the backlog is not read for the columns
+    with pytest.raises(CompileError, match="nope"):
+        run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
+    assert not DeltaTableRef(job.target_path).exists()
+    assert not [t for t in threading.enumerate() if t.name.startswith("compile-ahead")]
+    forget_readers()
+    job = _job(tmp_path, stack, e, name="good")
+    run_job(spark, JobSpec(**{**job.__dict__, "trigger": "available_now"}), full_refresh=True)
+    assert _totals(job.target_path) == {"a": 10 + 2 + 3 + 4 + 5, "b": 15}
+    forget_readers()
+
+
 def test_successive_fetches_of_a_backlog_go_on_where_the_last_ended_and_equal_one_fetch(stack):
     """The driver's fetch of a backlog in parts (:func:`.kafka._split`: every partition
     advancing in each) keeps its assignment and what it fetched ahead from part to part; a

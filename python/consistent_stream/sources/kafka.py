@@ -338,9 +338,11 @@ class _PendingTx:
     last: dict = field(default_factory=dict)    # (topic, partition) -> last offset of its records
 
     def saw(self, tp: tuple, offset: int) -> None:
-        if tp not in self.first:
-            self.first[tp] = offset
-        self.last[tp] = max(offset, self.last.get(tp, offset))
+        first = self.first.setdefault(tp, offset)
+        if offset > self.last.get(tp, first):
+            self.last[tp] = offset
+        elif tp not in self.last:
+            self.last[tp] = first
 
 
 class _Extents:
@@ -966,7 +968,7 @@ class KafkaReader(TransactionLog):
             if status is None:
                 raise _not_tx_metadata(_where(self.tx_topic, p, offset))
             upper = status.upper()
-            t = self._pending_tx(key, record_ms or 0)
+            t = self._pending.get(key) or self._pending_tx(key, record_ms or 0)
             if t is None:
                 continue
             if not t.queued:
