@@ -86,14 +86,16 @@ def compile_job(spark: SparkSession, job: JobSpec, cut: Cut, sources=None):
     return compiled, out_schema, types
 
 
-def _compile_ahead(spark: SparkSession, job: JobSpec, sources: dict) -> Future | None:
-    """:func:`compile_job` started on a thread before the sources are read, when every source
-    is a Kafka topic: the model's analysis then needs their columns only (learned from the
-    topics' first records, :meth:`~.sources.kafka.KafkaSource.schema`), so that Spark's
-    analysis (seconds on a new JVM) runs while the driver reads the topics' backlog. None for
-    other sources (their analysis frame is the snapshot at the cut), or when a topic's columns
-    are not known yet (the run then says what it waits for, as without this)."""
-    if not sources or any(s.spec.format != "kafka" for s in sources.values()):
+def _compile_ahead(spark: SparkSession, job: JobSpec, sources: dict, target: DeltaTableRef) -> Future | None:
+    """:func:`compile_job` started on a thread before the sources are read, for a first build
+    (no ``target`` yet: no plan saved either) whose sources are all Kafka topics: the model's
+    analysis then needs their columns only (learned from the topics' first records,
+    :meth:`~.sources.kafka.KafkaSource.schema`), so that Spark's analysis (seconds on a new
+    JVM) runs while the driver reads the topics' backlog. None otherwise: a later run's plan is
+    saved (its compile reads it), other sources' analysis frame is the snapshot at the cut, and
+    a topic whose columns are not known yet makes the run say what it waits for, as without
+    this."""
+    if not sources or any(s.spec.format != "kafka" for s in sources.values()) or target.exists():
         return None
     try:
         for s in sources.values():
@@ -251,7 +253,7 @@ class _Run:
             opening.start()
         if not full_refresh:
             resume_sources(sources, target)
-        compiling = _compile_ahead(spark, job, sources)
+        compiling = _compile_ahead(spark, job, sources, target)
         try:
             cut = Cut(latest_cut(list(sources.values())))
         except BaseException:
