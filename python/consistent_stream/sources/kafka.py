@@ -100,8 +100,8 @@ import time
 from array import array
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from itertools import repeat
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import numpy as np
 import orjson
@@ -110,7 +110,7 @@ import pyarrow.compute as pc
 
 from ..errors import ConfigError, SourceError
 from .debezium import DebeziumSource, TransactionLog
-from .debezium_columns import (SOURCE_FIELDS, as_number, envelope_prefix, images, loads_collections,
+from .debezium_columns import (as_number, envelope_prefix, images, loads_collections,
                                local_projection, projection)
 from .debezium_events import POS, WEIGHT, rows_to_arrow, unwrap
 from .kafka_log import MAX_RECORDS, KafkaLog, lost_offset
@@ -225,10 +225,6 @@ def _where(topic: str, partition: int, offset: int) -> str:
     return f"Kafka topic {topic} partition {partition} offset {offset}"
 
 
-_EVENT_COLUMNS = ("topic", "partition", "offset", "kind", "op", "other_table", "tx_id", "total_order", "has_before",
-                  "has_after", "t_status", "t_id", "t_ts_ms", "t_collections") + tuple(f"s_{f}" for f in SOURCE_FIELDS[2:])
-
-
 _PARSE_ERRORS = ("MALFORMED_RECORD", "CAST_INVALID_INPUT", "NUMERIC_VALUE_OUT_OF_RANGE", "CAST_OVERFLOW",
                  "INVALID_BASE64", "Malformed")
 """What Spark's errors say when the executors could not parse a value (:meth:`KafkaReader.diagnose`)."""
@@ -301,8 +297,9 @@ def _weighted_table(ts: TableSchema, blocks: list) -> pa.Table:
             g[2].append(pos)
             g[3].append(w)
     schema = pa.schema(list(ts.arrow_schema()) + [pa.field(POS, pa.int64()), pa.field(WEIGHT, pa.int64())])
-    parts = [image.take(pa.array(np.frombuffer(idx, np.int64))).append_column(POS, pa.array(np.frombuffer(pos, np.int64)))
-             .append_column(WEIGHT, pa.array(np.frombuffer(w, np.int64))).cast(schema)
+    def column(a: array) -> pa.Array:
+        return pa.array(np.frombuffer(a, np.int64))
+    parts = [image.take(column(idx)).append_column(POS, column(pos)).append_column(WEIGHT, column(w)).cast(schema)
              for image, idx, pos, w in groups.values()]
     return pa.concat_tables(parts)
 
