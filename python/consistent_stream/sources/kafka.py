@@ -43,7 +43,7 @@ one table's side of it without the other's: what Flink and Spark's own Kafka sou
 **Delivery as it happens.** Kafka Connect is at-least-once: after a crash the connector
 re-sends what it had not recorded as sent. A data event is identified by (transaction,
 ``total_order``) and a transaction by its id: a second copy is dropped (counted as a
-duplicate), never applied twice (a transaction's id is :func:`transaction_key` of Debezium's:
+duplicate), never applied twice (a transaction's id is :func:`transaction_keys` of Debezium's:
 the PostgreSQL connector's ids carry each message's own LSN); in per_topic mode a change is
 identified by its ``source.lsn``. Tombstones (the null value after a delete) and events that are neither
 changes nor transaction metadata (heartbeats, schema changes) are skipped and counted. The
@@ -142,15 +142,13 @@ LEARN_FROM = 64
 _PG_TX_ID = re.compile(r"^(\d+):(\d+)$")
 
 
-def transaction_key(tx_id) -> str:
-    """What identifies a transaction across its BEGIN, END and change events: Debezium's
-    PostgreSQL connector writes ids ``"<xid>:<LSN>"`` whose LSN is each message's own (the
-    first change's at BEGIN, each change's, the commit's at END), so its key is the xid;
-    other connectors' ids (MySQL's GTIDs, ...) are the same on every message and are kept
-    whole."""
-    s = str(tx_id)
-    m = _PG_TX_ID.match(s)
-    return m.group(1) if m else s
+def transaction_keys(ids: pa.Array) -> pa.Array:
+    """What identifies a transaction across its BEGIN, END and change events, for each of
+    ``ids`` (strings; nulls stay null): Debezium's PostgreSQL connector writes ids
+    ``"<xid>:<LSN>"`` whose LSN is each message's own (the first change's at BEGIN, each
+    change's, the commit's at END), so its key is the xid; other connectors' ids (MySQL's
+    GTIDs, ...) are the same on every message and are kept whole."""
+    return pc.replace_substring_regex(pc.cast(ids, pa.string()), pattern=r"^([0-9]+):[0-9]+$", replacement=r"\1")
 
 
 def end_lsn(tx_id) -> int | None:
@@ -241,9 +239,27 @@ def _first(mask: np.ndarray) -> int | None:
     return i if mask.size and mask[i] else None
 
 
-def _transaction_keys(ids: pa.Array) -> pa.Array:
-    """:func:`transaction_key` of each of ``ids`` (strings; nulls stay null)."""
-    return pc.replace_substring_regex(pc.cast(ids, pa.string()), pattern=_PG_TX_ID.pattern, replacement=r"\1")
+def _record_ms(records: pa.Table, take: pa.Array) -> list:
+    """The Kafka timestamps of ``records``' rows at ``take`` in milliseconds (None where a
+    record has none)."""
+    return pc.divide(pc.cast(records.column("timestamp").take(take), pa.int64()), 1000).to_pylist()
+
+
+def _weighted(rows: list, images: "_Images", topic: str, op: str, i: int) -> list:
+    """``rows`` with the change of record ``i`` of ``topic`` as weighted rows (weight, image
+    table, row index): c/r +after, d -before, u -before +after."""
+    if op == "u" or op == "d":
+        image, lo = images.of(topic, "b")
+        rows.append((-1, image, i - lo))
+    if op != "d":
+        image, lo = images.of(topic, "a")
+        rows.append((1, image, i - lo))
+    return rows
+
+
+def _place(records: pa.Table, i: int) -> tuple[str, int, int]:
+    """Record ``i``'s topic, partition and offset."""
+    return tuple(records.column(c)[i].as_py() for c in ("topic", "partition", "offset"))
 
 
 def _not_tx_metadata(where: str) -> SourceError:
@@ -515,11 +531,7 @@ class KafkaReader(TransactionLog):
         with self._lock:
             if table not in self._schemas:
                 topic = next(t for t, d in self._declared.items() if d[0] == table)
-                ranges = {}
-                for p in self._partitions(topic):
-                    start = max(self._next.get((p.topic, p.partition), 0), p.low)
-                    if p.high > start:
-                        ranges[(p.topic, p.partition)] = (start, p.high)
+                ranges = self._unread(self._partitions(topic))
                 if ranges:
                     self._learn_schemas(ranges)
             if table not in self._schemas:
@@ -579,13 +591,7 @@ class KafkaReader(TransactionLog):
             if len(parts) != 1:
                 raise SourceError(f"Kafka topic {topics[0]} has {len(parts)} partitions; consistency: per_topic reads "
                                   f"a topic of one partition (its offsets are the positions)")
-        ranges = {}
-        for p in parts:
-            start = self._next.get((p.topic, p.partition), 0)
-            if p.low > start:
-                raise lost_offset(p.topic, p.partition, start, p.low)
-            if p.high > start:
-                ranges[(p.topic, p.partition)] = (start, p.high)
+        ranges = self._unread(parts)
         if not ranges:
             return 0, set()
         self._learn_schemas(ranges)
@@ -612,6 +618,19 @@ class KafkaReader(TransactionLog):
                 for tp, (_, end) in part.items():
                     self._next[tp] = end
         return n, set(ranges)
+
+    def _unread(self, parts: list) -> dict:
+        """What ``parts`` (partitions with their watermarks) hold that this reader has not
+        read: (topic, partition) -> [start, high watermark), for those with any. SourceError
+        naming partition and offset where retention removed records never read."""
+        ranges = {}
+        for p in parts:
+            start = self._next.get((p.topic, p.partition), 0)
+            if p.low > start:
+                raise lost_offset(p.topic, p.partition, start, p.low)
+            if p.high > start:
+                ranges[(p.topic, p.partition)] = (start, p.high)
+        return ranges
 
     def _partitions(self, topic: str) -> list:
         """The partitions of a data topic. Debezium creates a table's topic at its first
@@ -760,8 +779,7 @@ class KafkaReader(TransactionLog):
             data, tx = self._checked(records)
             images = _Images(self, records, typed)
             if self.consistency == "per_topic":
-                for i in data.tolist():
-                    self._per_topic_event(records, i, images, out)
+                self._per_topic_events(records, data, images, out)
             else:
                 r_op = _flags(pc.and_(pc.equal(records.column("op"), "r"), pc.is_null(records.column("tx_id"))))
                 changes = data[~r_op[data]]
@@ -825,12 +843,10 @@ class KafkaReader(TransactionLog):
         return np.flatnonzero(data), np.flatnonzero(event & on_tx)
 
     def _where_of(self, records: pa.Table, i: int) -> str:
-        return _where(records.column("topic")[i].as_py(), records.column("partition")[i].as_py(),
-                      records.column("offset")[i].as_py())
+        return _where(*_place(records, i))
 
     def _diagnose_record(self, records: pa.Table, i: int, cause: str) -> None:
-        topic, part = records.column("topic")[i].as_py(), records.column("partition")[i].as_py()
-        offset = records.column("offset")[i].as_py()
+        topic, part, offset = _place(records, i)
         self.diagnose({(topic, part): (offset, offset + 1)}, cause)
 
     def _snapshot_reads(self, records: pa.Table, snap: np.ndarray, changes: np.ndarray, images: "_Images") -> None:
@@ -888,8 +904,8 @@ class KafkaReader(TransactionLog):
         take = pa.array(changes)
         col = {c: records.column(c).take(take).to_pylist() for c in ("topic", "partition", "offset", "op",
                                                                      "total_order")}
-        keys = _transaction_keys(records.column("tx_id").take(take)).to_pylist()
-        ms = pc.divide(pc.cast(records.column("timestamp").take(take), pa.int64()), 1000).to_pylist()
+        keys = transaction_keys(records.column("tx_id").take(take)).to_pylist()
+        ms = _record_ms(records, take)
         for tp in set(zip(col["topic"], col["partition"])):
             self._snapshot.streamed(*tp)
         tables = {topic: t.table for topic, t in self._topics.items()}
@@ -909,43 +925,32 @@ class KafkaReader(TransactionLog):
             tx.saw((topic, p), offset)
             table = tables[topic]
             tx.counts[table] = tx.counts.get(table, 0) + 1
-            rows = tx.rows.get(table)
-            if rows is None:
-                rows = tx.rows[table] = []
-            if op == "u" or op == "d":
-                image, lo = images.of(topic, "b")
-                rows.append((-1, image, i - lo))
-            if op != "d":
-                image, lo = images.of(topic, "a")
-                rows.append((1, image, i - lo))
+            _weighted(tx.rows.setdefault(table, []), images, topic, op, i)
 
-    def _per_topic_event(self, records: pa.Table, i: int, images: "_Images", out: dict) -> None:
-        """A change of a per_topic reader (record ``i``): its own position (offset + 1); a
-        change whose ``source.lsn`` and row were applied before is a duplicate."""
-        topic, offset = records.column("topic")[i].as_py(), records.column("offset")[i].as_py()
-        t, op = self._topics[topic], records.column("op")[i].as_py()
-        position = offset + 1
-        lsn = records.column("s_lsn")[i].as_py()
-        has_after = records.column("has_after")[i].as_py()
-        if op != "r" and lsn is not None:
-            seen = self._seen_lsn.setdefault(t.topic, set())
-            table, lo = images.of(t.topic, "a" if has_after else "b")
-            key = (lsn, records.column("s_txId")[i].as_py(), str(table.slice(i - lo, 1).to_pylist()))
-            if key in seen:
-                self.skipped["duplicates"] += 1
-                return
-            seen.add(key)
-        rows = []
-        if op in ("u", "d"):
-            table, lo = images.of(t.topic, "b")
-            rows.append((-1, table, i - lo))
-        if op != "d":
-            table, lo = images.of(t.topic, "a")
-            rows.append((1, table, i - lo))
-        out.setdefault(t.table, []).append((position, rows))
-        ts_ms = int(records.column("s_ts_ms")[i].as_py() or 0)
-        self._txs.append(TxInfo(position, f"{t.topic}@{offset}", ts_ms, {t.table: 1}, t.topic, offset, op == "r"))
-        self._last = position
+    def _per_topic_events(self, records: pa.Table, data: np.ndarray, images: "_Images", out: dict) -> None:
+        """The changes of a per_topic reader (record indices ``data``), each at its own
+        position (offset + 1); a change whose ``source.lsn`` and row were applied before is a
+        duplicate."""
+        take = pa.array(data)
+        col = {c: records.column(c).take(take).to_pylist() for c in ("topic", "offset", "op", "s_lsn", "s_txId",
+                                                                     "s_ts_ms", "has_after")}
+        rows_of = zip(col["topic"], col["offset"], col["op"], col["s_lsn"], col["s_txId"], col["s_ts_ms"],
+                      col["has_after"], data.tolist())
+        for topic, offset, op, lsn, tx_id, ts_ms, has_after, i in rows_of:
+            t = self._topics[topic]
+            position = offset + 1
+            if op != "r" and lsn is not None:
+                seen = self._seen_lsn.setdefault(t.topic, set())
+                table, lo = images.of(t.topic, "a" if has_after else "b")
+                key = (lsn, tx_id, str(table.slice(i - lo, 1).to_pylist()))
+                if key in seen:
+                    self.skipped["duplicates"] += 1
+                    continue
+                seen.add(key)
+            out.setdefault(t.table, []).append((position, _weighted([], images, topic, op, i)))
+            self._txs.append(TxInfo(position, f"{t.topic}@{offset}", int(ts_ms or 0), {t.table: 1}, t.topic,
+                                    offset, op == "r"))
+            self._last = position
 
     def _tx_events(self, records: pa.Table, tx: np.ndarray) -> None:
         """The transaction topic's BEGIN and END events (record indices ``tx``), in order: a
@@ -956,8 +961,8 @@ class KafkaReader(TransactionLog):
         take = pa.array(tx)
         col = {c: records.column(c).take(take).to_pylist() for c in ("partition", "offset", "t_status", "t_id",
                                                                      "t_ts_ms", "t_collections")}
-        keys = _transaction_keys(records.column("t_id").take(take)).to_pylist()
-        ms = pc.divide(pc.cast(records.column("timestamp").take(take), pa.int64()), 1000).to_pylist()
+        keys = transaction_keys(records.column("t_id").take(take)).to_pylist()
+        ms = _record_ms(records, take)
         self._tx_records += tx.size
         rows_of = zip(keys, col["partition"], col["offset"], col["t_status"], col["t_id"], col["t_ts_ms"],
                       col["t_collections"], ms)

@@ -83,7 +83,7 @@ class TopicCut:
 
 
 def tx_key(column):
-    """:func:`.kafka.transaction_key` as a Spark column expression over a ``transaction.id``
+    """:func:`.kafka.transaction_keys` as a Spark column expression over a ``transaction.id``
     column: the xid of a PostgreSQL id ``"<xid>:<LSN>"``, else the id."""
     from pyspark.sql import functions as F
     return F.when(column.rlike(r"^[0-9]+:[0-9]+$"), F.regexp_extract(column, r"^([0-9]+):", 1)).otherwise(column)
