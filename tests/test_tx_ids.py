@@ -1,6 +1,7 @@
 """The compact per-transaction bookkeeping a reader keeps for as long as it runs
-(``sources/tx_ids.py``, the Kafka reader's resume extents): the same answers as the plain
-Python containers they replace, for ids of every shape a connector writes."""
+(``sources/packed.py``, ``sources/tx_ids.py``, the Kafka reader's resume extents): the same
+answers as the plain Python containers they replace, for ids of every shape a connector writes
+and int64 values of every range."""
 from __future__ import annotations
 
 import random
@@ -10,7 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consistent_stream.sources.kafka import _Extents
+from consistent_stream.sources.packed import PackedInts
 from consistent_stream.sources.tx_ids import TxIds, TxIdSet, decimal_id
+
+
+class _Small(PackedInts):
+    BLOCK = 8   # many sealed blocks from a few values
 
 # PostgreSQL xids, GTIDs, leading zeros (not the same id as without them), huge numbers,
 # the reader's own names for the snapshot and per-topic positions
@@ -29,13 +35,13 @@ def test_decimal_id_is_the_canonical_text_of_an_int64_only():
 
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.lists(ID, max_size=60), st.data())
-def test_tx_ids_give_back_what_was_appended_and_take_keeps_the_order(ids, data):
+def test_tx_ids_give_back_what_was_appended_and_compress_keeps_the_order(ids, data):
     kept = TxIds(ids)
     assert len(kept) == len(ids) and [kept[i] for i in range(len(ids))] == ids
     if ids:
         assert kept[-1] == ids[-1]
     mask = np.array(data.draw(st.lists(st.booleans(), min_size=len(ids), max_size=len(ids))), dtype=bool)
-    taken = kept.take(np.flatnonzero(mask))
+    taken = kept.compress(mask)
     assert [taken[i] for i in range(len(taken))] == [i for i, m in zip(ids, mask) if m]
 
 
@@ -61,35 +67,108 @@ def test_tx_id_set_beyond_its_bitmap_span_and_below_its_first_id():
     assert len(s._bits) <= 1 + 1000 // 8 + 1   # the far id went to the set, not a 16 MB bitmap
 
 
-def test_extents_keep_the_offsets_of_the_dense_columns_they_replace():
-    """Random transactions over 7 partitions, each with records in a few of them: columns()
-    equals the per-partition dense columns built from the same appends, before and after
-    keep(); ids and LSNs follow."""
+INT64 = st.integers(-2 ** 63, 2 ** 63 - 1)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.one_of(st.lists(INT64, max_size=60), st.lists(st.integers(-3, 300), max_size=60),
+                 st.lists(st.integers(2 ** 62, 2 ** 63 - 1), max_size=30)), st.data())
+def test_packed_ints_give_back_every_int64_appended_or_extended(values, data):
+    """Whatever the spans of the blocks (one byte to eight, negative minimums, int64's ends):
+    indexing, blocks, ranges and compress equal the list, appended one by one or extended
+    from NumPy, sealed or not."""
+    one, many = _Small(), _Small()
+    for v in values:
+        one.append(v)
+    many.extend(np.array(values, dtype=np.int64))
+    for col in (one, many):
+        assert len(col) == len(values)
+        assert [col[i] for i in range(len(values))] == values
+        if values:
+            assert col[-1] == values[-1]
+        lo = data.draw(st.integers(0, len(values)))
+        hi = data.draw(st.integers(lo, len(values)))
+        assert col.numpy(lo, hi).tolist() == values[lo:hi]
+        assert [x for _, a in col.blocks(lo, hi) for x in a.tolist()] == values[lo:hi]
+        mask = np.array(data.draw(st.lists(st.booleans(), min_size=len(values), max_size=len(values))), dtype=bool)
+        assert col.compress(mask).numpy().tolist() == [v for v, m in zip(values, mask) if m]
+    col.settle()
+    assert [col[i] for i in range(len(values))] == values
+    assert all(off.dtype.itemsize <= 2 for _, off in _Small(range(0, 3000, 7))._blocks)   # small steps: small
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.integers(-5, 40), max_size=50).map(sorted), st.integers(-8, 45))
+def test_packed_ints_searchsorted_counts_the_values_not_above(values, x):
+    col = _Small(values)
+    assert col.searchsorted(x) == sum(v <= x for v in values)
+
+
+def _resume_by_hand(rows, position, offsets):
+    """What the extents answer, from the appended rows themselves: the first offset per
+    partition of the transactions after ``position``, and which transactions up to it have a
+    record at or after ``offsets``."""
+    after = [r for r in rows if r[0] > position]
+    firsts = {}
+    for r in after:
+        for tp, f in r[3].items():
+            firsts[tp] = min(firsts.get(tp, f), f)
+    again = [i for i, r in enumerate(rows) if r[0] <= position
+             and any(tp in offsets and last >= offsets[tp] for tp, last in r[4].items())]
+    return firsts, again
+
+
+def test_extents_answer_a_resume_point_as_the_rows_they_hold_do():
+    """Random transactions over 7 partitions, each with records in a few of them (offsets far
+    apart, as partitions' are): split, first_offsets and read_again equal what the rows
+    themselves give, at every position asked, before and after keep(); ids and LSNs follow."""
     rnd = random.Random(5)
     parts = [("tx", 0)] + [(f"t{t}", p) for t in range(2) for p in range(3)]
     ext, rows = _Extents(), []
-    for i in range(500):
+    for i in range(3000):
         mine = [parts[0]] + rnd.sample(parts[1:], rnd.randint(0, 3))
         first = {tp: rnd.randint(0, 10 ** 12) for tp in mine}
         last = {tp: f + rnd.randint(0, 5) for tp, f in first.items()}
         tx_id = rnd.choice([str(700 + i), f"gtid-{i}"])
         lsn = rnd.choice([None, 10 * i])
-        ext.append(i + 1, tx_id, lsn, first, last)
-        rows.append((i + 1, tx_id, -1 if lsn is None else lsn, first, last))
+        ext.append(2 * i + 1, tx_id, lsn, first, last)
+        rows.append((2 * i + 1, tx_id, -1 if lsn is None else lsn, first, last))
 
     def check(rows):
-        pos, firsts, lasts = ext.columns()
-        assert pos.tolist() == [r[0] for r in rows]
+        assert ext.position.numpy().tolist() == [r[0] for r in rows]
         assert [ext.ids[i] for i in range(len(ext.ids))] == [r[1] for r in rows]
-        assert list(ext.lsn) == [r[2] for r in rows]
-        for tp in parts:
-            if any(tp in r[3] for r in rows):
-                assert firsts[tp].tolist() == [r[3].get(tp, -1) for r in rows]
-                assert lasts[tp].tolist() == [r[4].get(tp, -1) for r in rows]
+        assert ext.lsn.numpy().tolist() == [r[2] for r in rows]
+        for position in [0] + [rnd.choice(rows)[0] + rnd.choice([0, 1]) for _ in range(5)] + [10 ** 9]:
+            k, e = ext.split(position)
+            assert k == sum(r[0] <= position for r in rows)
+            assert e == sum(len(r[3]) for r in rows[:k])
+            offsets = {tp: rnd.randint(0, 10 ** 12) for tp in rnd.sample(parts, 4)}
+            firsts, again = _resume_by_hand(rows, position, offsets)
+            assert ext.first_offsets(e) == firsts
+            assert ext.read_again(k, e, offsets).tolist() == again
     check(rows)
     mask = np.array([rnd.random() < 0.4 for _ in rows])
     ext.keep(mask)
-    check([r for r, m in zip(rows, mask) if m])
+    rows = [r for r, m in zip(rows, mask) if m]
+    check(rows)
+    ext.append(10 ** 8, "42", 7, {parts[0]: 5}, {parts[0]: 9})   # appended after a keep
+    rows.append((10 ** 8, "42", 7, {parts[0]: 5}, {parts[0]: 9}))
+    check(rows)
     ext.keep(np.zeros(len(ext.position), dtype=bool))
-    pos, firsts, _ = ext.columns()
-    assert pos.size == 0 and all(a.size == 0 for a in firsts.values())
+    assert len(ext.position) == 0 and ext.split(10 ** 9) == (0, 0) and ext.first_offsets(0) == {}
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(-3, 3)), max_size=80), st.integers(-2, 45))
+def test_net_weights_sum_a_dropped_chunks_weights_up_to_and_past_a_position(rows, position):
+    """A chunk whose images were dropped keeps each position's summed weight (zero sums left
+    out): the sums up to and past any position are those of the rows it was built from."""
+    import pyarrow as pa
+    from consistent_stream.sources.debezium import NetWeights
+    t = pa.table({"__pos": pa.array([p for p, _ in rows], pa.int64()),
+                  "__weight": pa.array([w for _, w in rows], pa.int64())})
+    net = NetWeights(t)
+    assert net.upto(position) == sum(w for p, w in rows if p <= position)
+    assert net.past(position) == sum(w for p, w in rows if p > position)
+    assert 0 not in net.weight.numpy().tolist()
+    assert net.pos.numpy().tolist() == sorted({p for p, _ in rows if sum(w for q, w in rows if q == p)})

@@ -27,6 +27,7 @@ from . import landing_index
 from .debezium_events import INITIAL, POS, WEIGHT, EventParser, build_index
 from .landing import TableSchema, list_event_files, load_schemas
 from .landing_index import TxInfo, TxLog
+from .packed import PackedInts
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,7 @@ log = logging.getLogger(__name__)
 class _Chunk:
     """The rows of one event file: of the complete transactions whose END is in it, and the
     snapshot reads in it; per table an Arrow table of the table's columns + __pos + __weight
-    (``images``), or once dropped (:meth:`TransactionLog._drop_images`) only __pos + __weight,
-    summed per position (zero sums left out)."""
+    (``images``), or once dropped (:meth:`TransactionLog._drop_images`) a :class:`NetWeights`."""
     seq: int
     name: str
     min_pos: int
@@ -45,11 +45,25 @@ class _Chunk:
     images: bool = True
 
 
-def _net_by_position(t: pa.Table) -> pa.Table:
-    """__pos + __weight of ``t``, the weights summed per position, zero sums left out."""
-    g = t.select([POS, WEIGHT]).group_by(POS, use_threads=False).aggregate([(WEIGHT, "sum")])
-    g = pa.table({POS: g.column(POS), WEIGHT: g.column(f"{WEIGHT}_sum")})
-    return g.filter(pc.not_equal(g.column(WEIGHT), 0))
+class NetWeights:
+    """A dropped chunk's rows of one table (:meth:`TransactionLog._drop_images`): each
+    position's summed weight, zero sums left out, as two :class:`~.packed.PackedInts` columns
+    in position order (a few bytes a transaction, where Arrow's ``__pos`` + ``__weight`` took
+    sixteen and more). Built from an Arrow table with ``__pos`` and ``__weight`` (int64)."""
+
+    def __init__(self, t: pa.Table):
+        g = t.select([POS, WEIGHT]).group_by(POS, use_threads=False).aggregate([(WEIGHT, "sum")])
+        g = g.filter(pc.not_equal(g.column(f"{WEIGHT}_sum"), 0)).sort_by(POS)
+        self.pos = PackedInts(g.column(POS).to_numpy())
+        self.weight = PackedInts(g.column(f"{WEIGHT}_sum").to_numpy())
+
+    def upto(self, position: int) -> int:
+        """The summed weights at positions ``<= position``."""
+        return int(self.weight.numpy(0, self.pos.searchsorted(position)).sum())
+
+    def past(self, position: int) -> int:
+        """The summed weights at positions ``> position``."""
+        return int(self.weight.numpy(self.pos.searchsorted(position)).sum())
 
 
 def _min_max(a) -> tuple[int, int]:
@@ -95,7 +109,8 @@ class TransactionLog:
 
     def _drop_images(self, budget: int) -> None:
         """Keep the rows of the newest chunks within ``budget`` bytes: older chunks keep only
-        each position's summed weight per table (what :meth:`row_count` reads), and
+        each position's summed weight per table (:class:`NetWeights`: what :meth:`row_count`
+        reads), and
         :attr:`floor` becomes the newest position dropped. What needs the dropped rows is the
         subclass's to serve (:class:`~.kafka.KafkaReader`: from the topics, with Spark)."""
         for ch in self._chunks:
@@ -104,7 +119,7 @@ class TransactionLog:
             if not ch.images:
                 continue
             self._image_bytes -= sum(t.nbytes for t in ch.tables.values())
-            ch.tables = {table: _net_by_position(t) for table, t in ch.tables.items()}
+            ch.tables = {table: NetWeights(t) for table, t in ch.tables.items()}
             ch.images = False
             self.floor = max(self.floor, ch.max_pos)
 
@@ -185,6 +200,9 @@ class TransactionLog:
                 if ch.min_pos > position or table not in ch.tables:
                     continue
                 t = ch.tables[table]
+                if not ch.images:
+                    total += t.upto(position)
+                    continue
                 w = t.column(WEIGHT)
                 if ch.max_pos > position:
                     w = pc.filter(w, pc.less_equal(t.column(POS), position))

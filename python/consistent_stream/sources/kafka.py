@@ -69,7 +69,7 @@ at most :data:`IMAGE_BUDGET` bytes of them: past it the oldest chunks keep only 
 transaction's net row count per table, and what needs their changes (the table as of a
 position, changes across them) is computed by Spark from the topics (:mod:`.kafka_table`), so
 that the driver's memory does not grow with the topics' history (the transaction bookkeeping
-aside: a few int64s per transaction). A rebuild on the executors always computes its tables
+aside: a few bytes per transaction, :mod:`.packed`). A rebuild on the executors always computes its tables
 there.
 A value the parse refuses is read again raw and named by the driver's parser
 (:meth:`KafkaReader.diagnose`). A reader starts at the topics' start, or at
@@ -119,6 +119,7 @@ from .kafka_snapshot import ATTEMPT_FIELDS, FIRST, LAST_OF_TABLE, SnapshotAssemb
 from .landing import ColumnSchema, TableSchema
 from .landing_index import TxInfo, TxLog
 from .spec import INITIAL
+from .packed import PackedInts
 from .tx_ids import TxIdSet, TxIds
 
 log = logging.getLogger(__name__)
@@ -362,60 +363,84 @@ class _Extents:
     """The published transactions a resume point may still need (:meth:`KafkaReader.resume_point`),
     as columns: position, id (:class:`.tx_ids.TxIds`), the END's commit LSN (-1: not a
     PostgreSQL id), and the first and last offsets of the transaction's records in each
-    partition it has records in, as sparse rows (a transaction's entries one after another:
-    partition index into ``partitions``, first offset, last offset; ``count`` entries per
-    transaction). A catch-up publishes millions of transactions before its first cut is asked
-    for, each with records in a few of the partitions read: a few int64s each, not two dicts
-    of boxed offsets nor a column per partition."""
+    partition it has records in, as sparse entries (a transaction's entries one after another:
+    partition index into ``partitions``, first offset, last offset less first (``span``: small,
+    where the offsets of one block of entries are far apart); ``ends``: the entries up to and
+    including each transaction's). A catch-up publishes millions of transactions before its
+    first cut is asked for, each with records in a few of the partitions read: every column a
+    :class:`.packed.PackedInts` (a byte or a few a value), not two dicts of boxed offsets nor a
+    column per partition; the questions a resume point asks are answered block by block."""
 
     def __init__(self):
-        self.position, self.lsn = array("q"), array("q")
+        self.position, self.lsn, self.ends = PackedInts(), PackedInts(), PackedInts()
         self.ids = TxIds()
         self.partitions: list[tuple] = []
         self._index: dict[tuple, int] = {}
-        self.count = array("I")
-        self.part, self.first, self.last = array("I"), array("q"), array("q")
+        self.part, self.first, self.span = PackedInts(), PackedInts(), PackedInts()
+        self._n = self._entries = 0   # transactions and entries appended
 
     def append(self, position: int, tx_id: str, lsn: int | None, first: dict, last: dict) -> None:
         self.position.append(position)
         self.lsn.append(-1 if lsn is None else lsn)
         self.ids.append(tx_id)
-        self.count.append(len(first))
+        part, firsts, span = self.part.append, self.first.append, self.span.append
         for tp, f in first.items():
             i = self._index.get(tp)
             if i is None:
                 i = self._index[tp] = len(self.partitions)
                 self.partitions.append(tp)
-            self.part.append(i)
-            self.first.append(f)
-            self.last.append(last[tp])
+            part(i)
+            firsts(f)
+            span(last[tp] - f)
+        self._entries += len(first)
+        self.ends.append(self._entries)
+        self._n += 1
+        if not self._n & 1023:
+            self.settle()
 
-    def columns(self) -> tuple[np.ndarray, dict, dict]:
-        """As NumPy arrays: positions, and per partition ``(topic, partition)`` the first and
-        last offsets of each transaction there (-1: none)."""
-        pos = np.array(self.position, dtype=np.int64)
-        tx = np.repeat(np.arange(len(pos)), np.array(self.count, dtype=np.int64))
-        part = np.array(self.part, dtype=np.int64)
-        first, last = np.array(self.first, dtype=np.int64), np.array(self.last, dtype=np.int64)
-        firsts, lasts = {}, {}
-        for i, tp in enumerate(self.partitions):
-            mine = part == i
-            firsts[tp], lasts[tp] = np.full(len(pos), -1, np.int64), np.full(len(pos), -1, np.int64)
-            firsts[tp][tx[mine]], lasts[tp][tx[mine]] = first[mine], last[mine]
-        return pos, firsts, lasts
+    def settle(self) -> None:
+        for c in (self.position, self.lsn, self.ends, self.part, self.first, self.span, self.ids):
+            c.settle()
+
+    def split(self, position: int) -> tuple[int, int]:
+        """``(k, e)``: the transactions at or before ``position`` are the first ``k`` (positions
+        grow), their entries the first ``e``."""
+        k = self.position.searchsorted(position)
+        return k, (self.ends[k - 1] if k else 0)
+
+    def first_offsets(self, e: int) -> dict:
+        """``(topic, partition)`` -> the first offset of a record there of the transactions
+        whose entries start at entry ``e``; partitions none of them has records in are left out."""
+        low = np.full(len(self.partitions), np.iinfo(np.int64).max, np.int64)
+        for (i, part), (_, first) in zip(self.part.blocks(e), self.first.blocks(e)):
+            np.minimum.at(low, part, first)
+        return {tp: int(low[i]) for i, tp in enumerate(self.partitions) if low[i] != np.iinfo(np.int64).max}
+
+    def read_again(self, k: int, e: int, offsets: dict) -> np.ndarray:
+        """The indices (ascending) of the first ``k`` transactions (entries ``[0, e)``) with a
+        record at or after ``offsets`` (``(topic, partition)`` -> offset) in its partition:
+        what a read from those offsets meets again. One comparison per entry, block by block."""
+        limit = np.full(len(self.partitions), np.iinfo(np.int64).max, np.int64)
+        for tp, o in offsets.items():
+            if tp in self._index:
+                limit[self._index[tp]] = o
+        hits = [i + np.flatnonzero(first + span >= limit[part])
+                for (i, part), (_, first), (_, span) in zip(self.part.blocks(0, e), self.first.blocks(0, e),
+                                                             self.span.blocks(0, e))]
+        hit = np.concatenate(hits) if hits else np.zeros(0, np.int64)
+        if not hit.size:
+            return hit
+        return np.unique(np.searchsorted(self.ends.numpy(0, k), hit, side="right"))
 
     def keep(self, mask: np.ndarray) -> None:
         """Keep only the transactions where ``mask`` (bool, one per transaction) is true."""
-        def kept(a: array, m: np.ndarray) -> array:
-            out = array(a.typecode)
-            out.frombytes(np.array(a)[m].tobytes())   # NumPy takes the array's item type
-            return out
-        entries = np.repeat(mask, np.array(self.count, dtype=np.int64))
-        self.position, self.lsn = kept(self.position, mask), kept(self.lsn, mask)
-        self.ids = self.ids.take(np.flatnonzero(mask))
-        self.count = kept(self.count, mask)
-        self.part = kept(self.part, entries)
-        self.first, self.last = kept(self.first, entries), kept(self.last, entries)
+        ends = self.ends.numpy()
+        entries = np.repeat(mask, np.diff(ends, prepend=0))
+        self.position, self.lsn = self.position.compress(mask), self.lsn.compress(mask)
+        self.ids = self.ids.compress(mask)
+        self.ends = PackedInts(np.cumsum(np.diff(ends, prepend=0)[mask]))
+        self.part, self.first, self.span = (c.compress(entries) for c in (self.part, self.first, self.span))
+        self._n, self._entries = len(self.position), len(self.part)
 
 
 class KafkaReader(TransactionLog):
@@ -1137,27 +1162,19 @@ class KafkaReader(TransactionLog):
         with self._lock:
             if self.consistency != "transaction" or position < self.base or position > self._last:
                 return None
-            pos, first, last = self._recent.columns()
-            after = pos > position
+            recent = self._recent
+            k, e = recent.split(position)
+            firsts = recent.first_offsets(e)
             offsets = {}
             for tp, o in self._next.items():
-                firsts = [tx.first[tp] for tx in self._pending.values() if tp in tx.first]
-                if tp in first:
-                    f = first[tp][after]
-                    f = f[f >= 0]
-                    if f.size:
-                        firsts.append(int(f.min()))
-                offsets[tp] = min(firsts + [o])
+                offsets[tp] = min([tx.first[tp] for tx in self._pending.values() if tp in tx.first]
+                                  + ([firsts[tp]] if tp in firsts else []) + [o])
             # a transaction up to ``position`` with records at or after the offsets is read again
-            again = np.zeros(len(pos), dtype=bool)
-            for tp, o in offsets.items():
-                if tp in last:
-                    again |= last[tp] >= o
-            included = sorted({self._recent.ids[i] for i in np.flatnonzero(again & ~after)}
+            again = recent.read_again(k, e, offsets)
+            included = sorted({recent.ids[i] for i in again.tolist()}
                               | self._published.intersection((self._base or {}).get("included", ())))
-            at = np.flatnonzero(pos == position)
-            if at.size:
-                lsn = self._recent.lsn[at[-1]]
+            if k and recent.position[k - 1] == position:
+                lsn = recent.lsn[k - 1]
                 lsn = None if lsn == -1 else lsn
             else:
                 lsn = self._base_lsn if position == self.base else None
@@ -1165,7 +1182,10 @@ class KafkaReader(TransactionLog):
                 return None   # not a PostgreSQL connector's ids: no order to recognize re-sent transactions by
             # offsets only grow with the position asked for and with what is read: a transaction
             # wholly before them is never "included" again
-            self._recent.keep(after | again)
+            keep = np.zeros(len(recent.position), dtype=bool)
+            keep[k:] = True
+            keep[again] = True
+            recent.keep(keep)
             tables = {t.topic: {"schema": json.loads(t.schema.to_json()) if t.schema else None,
                                 "rows": self.row_count(t.table, position) if t.schema else 0}
                       for t in self._topics.values()}
@@ -1203,7 +1223,9 @@ class KafkaReader(TransactionLog):
                 if ch.max_pos <= position:
                     break
                 t = ch.tables.get(table)
-                if t is not None:
+                if t is not None and not ch.images:
+                    total -= t.past(position)
+                elif t is not None:
                     past = pc.filter(t.column(WEIGHT), pc.greater(t.column(POS), position))
                     total -= pc.sum(past).as_py() or 0
             return int(total)

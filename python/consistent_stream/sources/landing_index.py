@@ -46,12 +46,10 @@ is independent per file in isolation, which is what makes it parallel; a worker'
 """
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import logging
 import os
-from array import array
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -59,6 +57,7 @@ import pyarrow as pa
 
 from .. import storage
 from ..location import is_remote
+from .packed import PackedInts
 from .tx_ids import TxIds
 
 log = logging.getLogger(__name__)
@@ -87,10 +86,10 @@ class TxInfo(NamedTuple):
 
 class TxLog:
     """Complete transactions in position order (:class:`TxInfo`), held as columns: positions,
-    commit times and END places as int64 arrays, ids as :class:`~.tx_ids.TxIds` (decimal ids
-    as int64), each distinct ``counts`` dict and ``file`` once. A catch-up holds hundreds of
-    thousands of transactions: a few int64s each, not a tuple of boxed ints and a dict per
-    transaction (the README's Kafka catch-up section measures what that saves).
+    commit times and END places as :class:`~.packed.PackedInts`, ids as :class:`~.tx_ids.TxIds`
+    (decimal ids as int64), each distinct ``counts`` dict and ``file`` once, indexed. A
+    catch-up holds millions of transactions: a few bytes each, not a tuple of boxed ints and a
+    dict per transaction (the README's Kafka catch-up section measures what that saves).
 
     Indexing gives TxInfo (a slice: a list of them); :meth:`bisect` finds a position. The
     ``counts`` of the TxInfo given out are shared between transactions: read-only."""
@@ -98,13 +97,14 @@ class TxLog:
     _MAX_SHARED = 4096   # distinct counts dicts shared; past that each transaction keeps its own
 
     def __init__(self, txs=()):
-        self._pos, self._ts, self._line = array("q"), array("q"), array("q")
+        self._pos, self._ts, self._line = PackedInts(), PackedInts(), PackedInts()
         self._snapshot = bytearray()
         self._ids = TxIds()
-        self._counts: list[dict] = []
-        self._files: list[str] = []
-        self._shared_counts: dict[tuple, dict] = {}
-        self._shared_files: dict[str, str] = {}
+        self._counts, self._files = PackedInts(), PackedInts()   # indices into the two lists below
+        self._distinct_counts: list[dict] = []
+        self._distinct_files: list[str] = []
+        self._shared_counts: dict[tuple, int] = {}
+        self._shared_files: dict[str, int] = {}
         self.extend(txs)
 
     def append(self, tx: TxInfo) -> None:
@@ -116,11 +116,19 @@ class TxLog:
         key = tuple(sorted(tx.counts.items()))
         counts = self._shared_counts.get(key)
         if counts is None:
-            counts = dict(tx.counts)
+            counts = len(self._distinct_counts)
+            self._distinct_counts.append(dict(tx.counts))
             if len(self._shared_counts) < self._MAX_SHARED:
                 self._shared_counts[key] = counts
         self._counts.append(counts)
-        self._files.append(self._shared_files.setdefault(tx.file, tx.file))
+        f = self._shared_files.get(tx.file)
+        if f is None:
+            f = self._shared_files[tx.file] = len(self._distinct_files)
+            self._distinct_files.append(tx.file)
+        self._files.append(f)
+        if len(self._snapshot) % 1024 == 0:
+            for c in (self._pos, self._ts, self._line, self._ids, self._counts, self._files):
+                c.settle()
 
     def extend(self, txs) -> None:
         for tx in txs:
@@ -130,8 +138,8 @@ class TxLog:
         return len(self._pos)
 
     def _at(self, i: int) -> TxInfo:
-        return TxInfo(self._pos[i], self._ids[i], self._ts[i], self._counts[i], self._files[i], self._line[i],
-                      bool(self._snapshot[i]))
+        return TxInfo(self._pos[i], self._ids[i], self._ts[i], self._distinct_counts[self._counts[i]],
+                      self._distinct_files[self._files[i]], self._line[i], bool(self._snapshot[i]))
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -147,7 +155,7 @@ class TxLog:
 
     def bisect(self, position: int) -> int:
         """The number of transactions at or before ``position`` (positions grow)."""
-        return bisect.bisect_right(self._pos, position)
+        return self._pos.searchsorted(position)
 
 
 @dataclass

@@ -6,15 +6,16 @@ A catch-up publishes millions of transactions before its first cut is asked for.
 as a Python ``str`` costs about 56 bytes and, in a ``set``, as much again; it also pins the
 heap pages around it, so that what a read freed is not given back to the OS. Debezium's
 PostgreSQL ids (:func:`.kafka.transaction_keys`: the xid) and the landing format's are decimal
-integers: those are held as int64 in an array (a list) or as one bit in a bitmap over the
-range the ids span (a set); any other id (MySQL's GTIDs, ...) as the ``str`` it is. Both
+integers: those are held as int64 in a :class:`~.packed.PackedInts` column (a list: a byte or
+two an id, as xids grow by small steps) or as one bit in a bitmap over the range the ids span
+(a set); any other id (MySQL's GTIDs, ...) as the ``str`` it is. Both
 classes take and give ``str`` ids: which representation holds one is not seen outside.
 """
 from __future__ import annotations
 
-from array import array
-
 import numpy as np
+
+from .packed import PackedInts
 
 _NOT_DECIMAL = -1
 
@@ -30,11 +31,12 @@ def decimal_id(tx_id: str) -> int | None:
 
 
 class TxIds:
-    """A list of transaction ids (``str``): decimal ids (:func:`decimal_id`) as int64, others
-    as they are, by index. ``append``, ``len``, indexing (``str``), :meth:`take`."""
+    """A list of transaction ids (``str``): decimal ids (:func:`decimal_id`) as int64 in a
+    :class:`~.packed.PackedInts`, others as they are, by index. ``append``, ``len``, indexing
+    (``str``), :meth:`compress`."""
 
     def __init__(self, ids=()):
-        self._n = array("q")
+        self._n = PackedInts()
         self._other: dict[int, str] = {}
         for tx_id in ids:
             self.append(tx_id)
@@ -49,19 +51,23 @@ class TxIds:
     def __len__(self) -> int:
         return len(self._n)
 
+    def settle(self) -> None:
+        """:meth:`.packed.PackedInts.settle`."""
+        self._n.settle()
+
     def __getitem__(self, i: int) -> str:
         if i < 0:
             i += len(self._n)
         x = self._n[i]
         return self._other[i] if x == _NOT_DECIMAL else str(x)
 
-    def take(self, indices: np.ndarray) -> "TxIds":
-        """The ids at ``indices`` (int, ascending), as a new TxIds."""
+    def compress(self, mask: np.ndarray) -> "TxIds":
+        """The ids where ``mask`` (bool, one per id) is true, as a new TxIds."""
         out = TxIds()
-        out._n.frombytes(np.asarray(self._n, dtype=np.int64)[indices].tobytes())
+        out._n = self._n.compress(mask)
         if self._other:
-            at = {int(i): k for k, i in enumerate(indices)}
-            out._other = {at[i]: v for i, v in self._other.items() if i in at}
+            at = np.cumsum(mask) - 1   # an id's index among those kept
+            out._other = {int(at[i]): v for i, v in self._other.items() if mask[i]}
         return out
 
 
