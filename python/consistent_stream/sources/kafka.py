@@ -69,8 +69,8 @@ at most :data:`IMAGE_BUDGET` bytes of them: past it the oldest chunks keep only 
 transaction's net row count per table, and what needs their changes (the table as of a
 position, changes across them) is computed by Spark from the topics (:mod:`.kafka_table`), so
 that the driver's memory does not grow with the topics' history (the transaction bookkeeping
-aside: a few bytes per transaction, :mod:`.packed`). A rebuild on the executors always computes its tables
-there.
+aside: a few bytes per transaction, :mod:`.packed`). A rebuild on the executors always
+computes its tables there.
 A value the parse refuses is read again raw and named by the driver's parser
 (:meth:`KafkaReader.diagnose`). A reader starts at the topics' start, or at
 a *resume point* (:meth:`KafkaReader.resume_point`, recorded in every target commit as
@@ -118,8 +118,8 @@ from .kafka_schema import column_type, converters, schema_from_envelope
 from .kafka_snapshot import ATTEMPT_FIELDS, FIRST, LAST_OF_TABLE, SnapshotAssembly
 from .landing import ColumnSchema, TableSchema
 from .landing_index import TxInfo, TxLog
-from .spec import INITIAL
 from .packed import PackedInts
+from .spec import INITIAL
 from .tx_ids import TxIdSet, TxIds
 
 log = logging.getLogger(__name__)
@@ -399,6 +399,7 @@ class _Extents:
             self.settle()
 
     def settle(self) -> None:
+        """Seal every column's whole blocks (:meth:`.packed.PackedInts.settle`)."""
         for c in (self.position, self.lsn, self.ends, self.part, self.first, self.span, self.ids):
             c.settle()
 
