@@ -57,14 +57,31 @@ def test_tx_id_set_answers_as_a_set_does(added, asked):
     assert s.intersection(asked + added) == ref & set(asked + added)
 
 
-def test_tx_id_set_beyond_its_bitmap_span_and_below_its_first_id():
-    s = TxIdSet(["1000"])
-    far, below = str(1000 + TxIdSet.SPAN), "999"
-    assert far not in s and below not in s
-    s.add(far)
-    s.add(below)
-    assert far in s and below in s and "1001" not in s and len(s) == 3
-    assert len(s._bits) <= 1 + 1000 // 8 + 1   # the far id went to the set, not a 16 MB bitmap
+def test_tx_id_set_pages_dense_ids_of_any_range_and_keeps_sparse_ones_as_strings():
+    """Dense xids anywhere (ranges further apart than 2**27, the old bitmap's span; 18 digits)
+    take a bit each in pages; ids so sparse that a page each would cost more go to the set,
+    and an id added to the set before its page existed is still found."""
+    s = TxIdSet()
+    dense = [str(x) for x in range(10, 10 + 3 * TxIdSet.PAGE)] + [str(x) for x in range(10 ** 17, 10 ** 17 + 5000)]
+    for i in dense:
+        s.add(i)
+    assert all(i in s for i in dense) and len(s) == len(dense) and not s._other
+    assert "9" not in s and str(10 ** 17 + 5000) not in s
+    far = [str(2 ** 40 + k * 10 ** 7) for k in range(2000)]   # one id per page: sparse
+    for i in far:
+        s.add(i)
+    assert all(i in s for i in far) and len(s) == len(dense) + len(far)
+    # pages stay at least 1/64 full on average (8 bytes an id at most): the rest as strings
+    assert (len(s._pages) - 1) * TxIdSet.PAGE <= 64 * s._in_pages and 0 < len(s._other) < len(far)
+    s.add(far[0])   # already in: counted once
+    assert len(s) == len(dense) + len(far)
+    t = TxIdSet()
+    for k in range(TxIdSet.FREE_PAGES):
+        t.add(str(k * TxIdSet.PAGE))
+    t.add("123456789012")           # no page for it: the set
+    for k in range(TxIdSet.PAGE):   # its page made later by dense ids around it
+        t.add(str(k))
+    assert "123456789012" in t and "123456789012" in t._other and str(TxIdSet.PAGE - 1) in t
 
 
 INT64 = st.integers(-2 ** 63, 2 ** 63 - 1)

@@ -72,52 +72,57 @@ class TxIds:
 
 
 class TxIdSet:
-    """A set of transaction ids (``str``): decimal ids (:func:`decimal_id`) as bits of a
-    bitmap over ``[lo, lo + SPAN)``, ``lo`` the first decimal id added (a few bits per
-    transaction where ids are dense, as PostgreSQL's xids are); every other id, and a decimal
-    one outside that range, in a ``set``. ``add``, ``in``, ``len``, :meth:`intersection`."""
+    """A set of transaction ids (``str``): decimal ids (:func:`decimal_id`) as bits of a paged
+    bitmap (pages of :attr:`PAGE` ids, 8 KB each, made as ids come: about a bit per
+    transaction where ids are dense, as PostgreSQL's xids are, over any range of them); every
+    other id in a ``set``, and so is a decimal id whose page would leave the pages on average
+    less than 1/64 full past the first :attr:`FREE_PAGES` (sparse ids: a page each would cost
+    more than the ``str``). ``add``, ``in``, ``len``, :meth:`intersection`."""
 
-    SPAN = 1 << 27
-    """Ids the bitmap covers (16 MB at most, grown as ids come)."""
+    PAGE_BITS = 16
+    PAGE = 1 << PAGE_BITS
+    """Ids a page covers."""
+    FREE_PAGES = 16
+    """Pages made whatever the ids' density (128 KB)."""
 
     def __init__(self, ids=()):
-        self._lo: int | None = None
-        self._bits = bytearray()
+        self._pages: dict[int, bytearray] = {}
+        self._in_pages = 0
         self._other: set[str] = set()
         self._len = 0
         for tx_id in ids:
             self.add(tx_id)
 
-    def _bit(self, x: int | None) -> int | None:
-        """The bit of decimal id ``x`` in the bitmap, None: not a decimal id, or outside."""
-        if x is None or self._lo is None:
-            return None
-        d = x - self._lo
-        return d if 0 <= d < self.SPAN else None
+    def _new_page(self, x: int) -> bytearray | None:
+        """A page for decimal id ``x`` when the density rule allows one, else None."""
+        if len(self._pages) < self.FREE_PAGES or self._in_pages * 64 >= len(self._pages) * self.PAGE:
+            page = self._pages[x >> self.PAGE_BITS] = bytearray(self.PAGE >> 3)
+            return page
+        return None
 
     def add(self, tx_id: str) -> None:
         x = decimal_id(tx_id)
-        if self._lo is None and x is not None:
-            self._lo = x
-        d = self._bit(x)
-        if d is None:
-            if tx_id not in self._other:
-                self._other.add(tx_id)
+        if x is not None:
+            page = self._pages.get(x >> self.PAGE_BITS) or self._new_page(x)
+            if page is not None:
+                byte, bit = (x & (self.PAGE - 1)) >> 3, 1 << (x & 7)
+                if page[byte] & bit or (self._other and tx_id in self._other):
+                    return
+                page[byte] |= bit
+                self._in_pages += 1
                 self._len += 1
-            return
-        byte, mask = d >> 3, 1 << (d & 7)
-        if byte >= len(self._bits):
-            self._bits.extend(bytes(max(byte + 1 - len(self._bits), len(self._bits))))
-        if not self._bits[byte] & mask:
-            self._bits[byte] |= mask
+                return
+        if tx_id not in self._other:
+            self._other.add(tx_id)
             self._len += 1
 
     def __contains__(self, tx_id: str) -> bool:
-        d = self._bit(decimal_id(tx_id))
-        if d is None:
-            return tx_id in self._other
-        byte = d >> 3
-        return byte < len(self._bits) and bool(self._bits[byte] & (1 << (d & 7)))
+        x = decimal_id(tx_id)
+        if x is not None:
+            page = self._pages.get(x >> self.PAGE_BITS)
+            if page is not None and page[(x & (self.PAGE - 1)) >> 3] & (1 << (x & 7)):
+                return True
+        return bool(self._other) and tx_id in self._other
 
     def __len__(self) -> int:
         return self._len
