@@ -10,8 +10,9 @@ resume extents (the first and last offsets of its records per partition,
 ``kafka._Extents``). This puts ``--transactions`` pgbench-like transactions (PostgreSQL xids,
 records in the transaction topic and one partition of each of two 3-partition data topics)
 through the reader's own structures, as ``KafkaReader._publish`` does, and prints one JSON
-line: the live bytes per transaction (``tracemalloc`` after a collection) and the seconds the
-appends took under tracing. No Spark, no Kafka: what it measures is the driver's Python
+line: the live bytes per transaction (``tracemalloc`` after a collection), the bytes per
+transaction its sealed blocks took in the spill file (:mod:`consistent_stream.sources.packed`:
+on local disk, not in memory) and the seconds the appends took under tracing. No Spark, no Kafka: what it measures is the driver's Python
 objects alone, which is what grows with the history in ``kafka_catch_up.py``'s driver peak.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main(argv: list[str]) -> int:
     n = ap.parse_args(argv).transactions
     from consistent_stream.sources.kafka import _Extents, KafkaReader
     from consistent_stream.sources.landing_index import TxInfo, TxLog
+    from consistent_stream.sources.packed import SPILL
 
     parts = [("pgb.transaction", 0)] + [(f"pgb.public.pgbench_{t}", p) for t in ("accounts", "history")
                                         for p in range(3)]
@@ -43,7 +45,7 @@ def main(argv: list[str]) -> int:
     gc.collect()
     tracemalloc.start()
     reader = KafkaReader("127.0.0.1:9092", "pgb.transaction", "transaction")   # connects to nothing
-    base = tracemalloc.get_traced_memory()[0]
+    base, spilled = tracemalloc.get_traced_memory()[0], SPILL.size
     published, txs, extents = reader._published, TxLog(), _Extents()
     t0 = time.perf_counter()
     for i in range(n):
@@ -60,10 +62,13 @@ def main(argv: list[str]) -> int:
         extents.append(i + 1, xid, 10_000_000 + 100 * i, first, last)
     seconds = time.perf_counter() - t0
     gc.collect()
+    extents.settle()
     live = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
+    spilled = SPILL.size - spilled
     print(json.dumps({"benchmark": "kafka_bookkeeping", "transactions": n, "bytes_per_transaction": round(live / n, 1),
-                      "live_mib": round(live / 2 ** 20, 1), "seconds_traced": round(seconds, 2),
+                      "live_mib": round(live / 2 ** 20, 1),
+                      "spill_file_bytes_per_transaction": round(spilled / n, 1), "seconds_traced": round(seconds, 2),
                       "date": time.strftime("%Y-%m-%d")}))
     return 0
 

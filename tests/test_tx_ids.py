@@ -111,7 +111,7 @@ def test_packed_ints_give_back_every_int64_appended_or_extended(values, data):
         assert col.compress(mask).numpy().tolist() == [v for v, m in zip(values, mask) if m]
     col.settle()
     assert [col[i] for i in range(len(values))] == values
-    assert all(off.dtype.itemsize <= 2 for _, off in _Small(range(0, 3000, 7))._blocks)   # small steps: small
+    assert all(np.dtype(t).itemsize <= 2 for _, _, t in _Small(range(0, 3000, 7))._blocks)   # small steps: small
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
@@ -189,3 +189,19 @@ def test_net_weights_sum_a_dropped_chunks_weights_up_to_and_past_a_position(rows
     assert net.past(position) == sum(w for p, w in rows if p > position)
     assert 0 not in net.weight.numpy().tolist()
     assert net.pos.numpy().tolist() == sorted({p for p, _ in rows if sum(w for q, w in rows if q == p)})
+
+
+def test_tx_log_slices_and_iterates_as_it_indexes():
+    """The transaction log's slices (decoded a block at a time) and iteration give the TxInfo
+    that indexing gives, across sealed blocks and the growing tail, ids of any shape."""
+    from consistent_stream.sources.landing_index import TxInfo, TxLog
+    rnd = random.Random(3)
+    txs = [TxInfo(3 * i + 1, rnd.choice([str(500 + i), f"gtid-{i}", "snapshot"]), 1_700_000_000_000 + 7 * i,
+                  rnd.choice([{"a": 1}, {"a": 2, "b": 1}, {}]), rnd.choice(["f1", "f2"]), i, i == 0)
+           for i in range(2 * PackedInts.BLOCK + 123)]
+    log = TxLog(txs)
+    assert list(log) == txs and log[:] == txs
+    for lo, hi in [(0, 1), (5, 4100), (4095, 4097), (8000, len(txs)), (10, 10)]:
+        assert log[lo:hi] == txs[lo:hi] == [log[i] for i in range(lo, hi)]
+    assert log[::1000] == txs[::1000] and log[-1] == txs[-1]
+    assert log.bisect(0) == 0 and log.bisect(4) == 2 and log.bisect(10 ** 9) == len(txs)

@@ -143,7 +143,16 @@ class TxLog:
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return [self._at(j) for j in range(*i.indices(len(self)))]
+            start, stop, step = i.indices(len(self))
+            if step != 1:
+                return [self._at(j) for j in range(start, stop, step)]
+            counts, files = self._distinct_counts, self._distinct_files
+            cols = (self._pos.numpy(start, stop).tolist(), self._ids.range(start, stop),
+                    self._ts.numpy(start, stop).tolist(), self._counts.numpy(start, stop).tolist(),
+                    self._files.numpy(start, stop).tolist(), self._line.numpy(start, stop).tolist(),
+                    self._snapshot[start:stop])
+            return [TxInfo(p, tx_id, ts, counts[c], files[f], line, bool(snap))
+                    for p, tx_id, ts, c, f, line, snap in zip(*cols)]
         if i < 0:
             i += len(self)
         if not 0 <= i < len(self):
@@ -151,7 +160,8 @@ class TxLog:
         return self._at(i)
 
     def __iter__(self):
-        return (self._at(i) for i in range(len(self)))
+        for start in range(0, len(self), PackedInts.BLOCK):
+            yield from self[start:start + PackedInts.BLOCK]
 
     def bisect(self, position: int) -> int:
         """The number of transactions at or before ``position`` (positions grow)."""

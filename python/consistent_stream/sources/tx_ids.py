@@ -61,6 +61,11 @@ class TxIds:
         x = self._n[i]
         return self._other[i] if x == _NOT_DECIMAL else str(x)
 
+    def range(self, start: int, stop: int) -> list[str]:
+        """The ids at ``[start, stop)``, decoded a block at a time."""
+        return [self._other[i] if x == _NOT_DECIMAL else str(x)
+                for i, x in enumerate(self._n.numpy(start, stop).tolist(), start)]
+
     def compress(self, mask: np.ndarray) -> "TxIds":
         """The ids where ``mask`` (bool, one per id) is true, as a new TxIds."""
         out = TxIds()
