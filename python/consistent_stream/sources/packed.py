@@ -8,14 +8,15 @@ transaction to the next. :class:`PackedInts` seals every :attr:`PackedInts.BLOCK
 a block stored as their differences from the block's minimum in the narrowest unsigned NumPy
 type that holds them (frame-of-reference encoding, as Lucene's packed ints and Parquet's
 integer encodings do): one or two bytes a value where the steps are small, eight at worst, and
-any value still read in O(1). The newest block grows as an ``array('q')``.
+any value read by decoding its one block. The newest block grows as an ``array('q')``.
 
 A sealed block is written to one process-wide temporary file (:class:`_SpillFile`, unnamed,
-gone with the process) and only its place is kept in memory, about 60 bytes for 4,096 values:
+gone with the process) and only its place is kept in memory (three values a block):
 what a reader keeps per transaction no longer grows its memory with the history, only that
 file (the same few bytes a value). A read decodes one block from it (``pread``) and keeps the
 last block decoded. Blocks a column no longer holds (:meth:`PackedInts.compress` makes a new
-column) stay in the file as dead bytes until the process ends.
+column, of whole blocks only: a small batch's trim writes none) stay in the file as dead bytes
+until the process ends.
 """
 from __future__ import annotations
 
