@@ -7,8 +7,8 @@ as a Python ``str`` costs about 56 bytes and, in a ``set``, as much again; it al
 heap pages around it, so that what a read freed is not given back to the OS. Debezium's
 PostgreSQL ids (:func:`.kafka.transaction_keys`: the xid) and the landing format's are decimal
 integers: those are held as int64 in a :class:`~.packed.PackedInts` column (a list: a byte or
-two an id, as xids grow by small steps) or as one bit in a bitmap over the range the ids span
-(a set); any other id (MySQL's GTIDs, ...) as the ``str`` it is. Both
+two an id, as xids grow by small steps) or as one bit in a paged bitmap (a set); any other id
+(MySQL's GTIDs, ...) as the ``str`` it is. Both
 classes take and give ``str`` ids: which representation holds one is not seen outside.
 """
 from __future__ import annotations
