@@ -435,11 +435,11 @@ class _Extents:
 
     def keep(self, mask: np.ndarray) -> None:
         """Keep only the transactions where ``mask`` (bool, one per transaction) is true."""
-        ends = self.ends.numpy()
-        entries = np.repeat(mask, np.diff(ends, prepend=0))
+        counts = np.diff(self.ends.numpy(), prepend=0)   # entries per transaction
+        entries = np.repeat(mask, counts)
         self.position, self.lsn = self.position.compress(mask), self.lsn.compress(mask)
         self.ids = self.ids.compress(mask)
-        self.ends = PackedInts(np.cumsum(np.diff(ends, prepend=0)[mask]))
+        self.ends = PackedInts(np.cumsum(counts[mask]))
         self.part, self.first, self.span = (c.compress(entries) for c in (self.part, self.first, self.span))
         self._n, self._entries = len(self.position), len(self.part)
 
