@@ -22,7 +22,8 @@ the topics' start:
   the peaks of resident memory during the call (the high-water marks reset at its start),
   ``python_workers_peak_rss_mib`` the peak of pyspark's Python workers' summed RSS (where the
   table as of a position is typed when it is computed from the topics, sampled every 0.25 s),
-  ``driver_cpu_s`` and ``jvm_cpu_s`` the CPU seconds each spent in it (where the parsing runs);
+  ``driver_cpu_s``, ``jvm_cpu_s`` and ``python_workers_cpu_s`` the CPU seconds each spent in
+  it (where the parsing runs);
 * Flink: ``flink_sql.py`` under ``.venv-flink`` (``benchmarks/flink_setup.sh``), bounded at the
   end offsets, ``seconds`` from job submission (which starts its local MiniCluster) to the end.
 
@@ -88,7 +89,7 @@ def run_ours(spark, bootstrap: str, prefix: str, work: str, driver_read_records:
     return {"engine": "consistent_stream", "seconds": round(seconds, 2), "rows": rows,
             "driver_read_records": "default" if driver_read_records is None else driver_read_records,
             "driver_peak_rss_mib": rss.peak["python"], "jvm_peak_rss_mib": rss.peak["jvm"],
-            "python_workers_peak_rss_mib": rss.peak["workers"],
+            "python_workers_peak_rss_mib": rss.peak["workers"], "python_workers_cpu_s": rss.workers_cpu_s,
             "driver_cpu_s": round(cpu, 2), "jvm_cpu_s": round(jvm_cpu, 2)}
 
 

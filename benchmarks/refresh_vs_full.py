@@ -77,7 +77,9 @@ class PeakRSS:
     reset to the current RSS on entry, so ``peak - start`` is what the block added, while
     ``peak`` also counts what earlier work left (Arrow's allocator keeps freed memory).
     ``workers``: also ``peak["workers"]``, the peak of the summed RSS of the JVM's child
-    processes (pyspark's Python workers), sampled every 0.25 s."""
+    processes (pyspark's Python workers), sampled every 0.25 s, and ``workers_cpu_s``, the CPU
+    seconds they spent in the block (each process's last sample less its first: a worker's last
+    quarter second before it exits is not counted)."""
 
     def __init__(self, spark, workers: bool = False):
         self.pids = {"python": os.getpid(),
@@ -87,6 +89,8 @@ class PeakRSS:
         self._workers = workers
         self._stop = None
         self._workers_peak = 0.0
+        self._workers_cpu: dict[int, list[float]] = {}   # pid -> [first, last] CPU seconds sampled
+        self.workers_cpu_s = 0.0
 
     @staticmethod
     def _descendants(root: int) -> list[int]:
@@ -109,17 +113,27 @@ class PeakRSS:
     def _sample_workers(self) -> None:
         import threading
         self._stop = threading.Event()
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def sample():
+            total = 0.0
+            for pid in self._descendants(self.pids["jvm"]):
+                try:
+                    total += self._status(pid, "VmRSS")
+                    with open(f"/proc/{pid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    cpu = (int(fields[11]) + int(fields[12])) / tick
+                except (OSError, IndexError, ValueError):
+                    continue
+                self._workers_cpu.setdefault(pid, [cpu, cpu])[1] = cpu
+            self._workers_peak = max(self._workers_peak, total)
 
         def run():
+            sample()
             while not self._stop.wait(0.25):
-                total = 0.0
-                for pid in self._descendants(self.pids["jvm"]):
-                    try:
-                        total += self._status(pid, "VmRSS")
-                    except OSError:
-                        pass
-                self._workers_peak = max(self._workers_peak, total)
-        threading.Thread(target=run, daemon=True).start()
+                sample()
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
 
     @staticmethod
     def _status(pid: int, field: str) -> float:
@@ -145,7 +159,9 @@ class PeakRSS:
         self.peak = {k: round(self._status(pid, "VmHWM"), 1) for k, pid in self.pids.items()}
         if self._stop is not None:
             self._stop.set()
+            self._thread.join()
             self.peak["workers"] = round(self._workers_peak, 1)
+            self.workers_cpu_s = round(sum(last - first for first, last in self._workers_cpu.values()), 2)
         return False
 
 

@@ -166,8 +166,9 @@ class PackedInts:
         """The number of values ``<= x``, for a column whose values never decrease (a binary
         search over the blocks' first values, then within one block)."""
         self.settle()
-        firsts = self._firsts + ([self._tail[0]] if self._tail else [])
-        b = bisect.bisect_right(firsts, x)
+        b = bisect.bisect_right(self._firsts, x)
+        if b == len(self._firsts) and self._tail and self._tail[0] <= x:
+            b += 1   # into the unsealed tail
         if b == 0:
             return 0
         return (b - 1) * self.BLOCK + int(np.searchsorted(self._block(b - 1), x, side="right"))
