@@ -78,8 +78,8 @@ class PeakRSS:
     ``peak`` also counts what earlier work left (Arrow's allocator keeps freed memory).
     ``workers``: also ``peak["workers"]``, the peak of the summed RSS of the JVM's child
     processes (pyspark's Python workers), sampled every 0.25 s, and ``workers_cpu_s``, the CPU
-    seconds they spent in the block (each process's last sample less its first: a worker's last
-    quarter second before it exits is not counted)."""
+    seconds they spent in the block (each process's last sample less its first: up to a quarter
+    second of a worker's CPU after it starts and before it exits is not counted)."""
 
     def __init__(self, spark, workers: bool = False):
         self.pids = {"python": os.getpid(),
@@ -161,7 +161,7 @@ class PeakRSS:
             self._stop.set()
             self._thread.join()
             self.peak["workers"] = round(self._workers_peak, 1)
-            self.workers_cpu_s = round(sum(last - first for first, last in self._workers_cpu.values()), 2)
+            self.workers_cpu_s = round(float(sum(last - first for first, last in self._workers_cpu.values())), 2)
         return False
 
 
