@@ -195,8 +195,9 @@ def _fold_pyflink(result):
     return state, rows
 
 
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process so far."""
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``); None when
+    it cannot be read (the process is gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -232,7 +233,7 @@ def run_flink(bootstrap: str, prefix: str, schemas_enabled: bool, parallelism: i
     events = sum(counts.values())
 
     jvms = _child_jvms()
-    cpu0 = sum(_cpu_seconds(p) or 0 for p in jvms)
+    cpu0 = sum(cpu_seconds(p) or 0 for p in jvms)
     t0 = time.monotonic()
     result = t_env.execute_sql(QUERY)
     t_submitted = time.monotonic()
@@ -243,7 +244,7 @@ def run_flink(bootstrap: str, prefix: str, schemas_enabled: bool, parallelism: i
     t_drained = time.monotonic()
     result.wait()
     seconds = time.monotonic() - t0
-    cpu = sum(_cpu_seconds(p) or 0 for p in jvms) - cpu0
+    cpu = sum(cpu_seconds(p) or 0 for p in jvms) - cpu0
     peak = max((_status_kib(p, "VmHWM") or 0 for p in jvms), default=0)
     return {
         "engine": "flink",

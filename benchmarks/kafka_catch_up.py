@@ -78,12 +78,12 @@ def run_ours(spark, bootstrap: str, prefix: str, work: str, driver_read_records:
                            warehouse_dir=os.path.join(work, "wh"))
     from refresh_vs_full import PeakRSS
     jvm = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-    cpu0, jvm0 = _cpu_s(), _proc_cpu_s(jvm)
+    cpu0, jvm0 = _cpu_s(), flink_sql.cpu_seconds(jvm)
     t0 = time.perf_counter()
     with PeakRSS(spark, workers=True) as rss:
         run_job(spark, job, full_refresh=True)
     seconds = time.perf_counter() - t0
-    cpu, jvm_cpu = _cpu_s() - cpu0, _proc_cpu_s(jvm) - jvm0
+    cpu, jvm_cpu = _cpu_s() - cpu0, flink_sql.cpu_seconds(jvm) - jvm0
     rows = sorted([int(r["bid"]), int(r["n"]), int(r["delta_sum"])]
                   for r in DeltaTable(job.target_path).to_pyarrow_table().to_pylist())
     return {"engine": "consistent_stream", "seconds": round(seconds, 2), "rows": rows,
@@ -97,13 +97,6 @@ def _cpu_s() -> float:
     """CPU seconds (user + system) of this Python process so far."""
     t = os.times()
     return t.user + t.system
-
-
-def _proc_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of process ``pid`` so far (``/proc/<pid>/stat``)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str]) -> int:

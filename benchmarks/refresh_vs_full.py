@@ -112,20 +112,19 @@ class PeakRSS:
 
     def _sample_workers(self) -> None:
         import threading
+        from flink_sql import cpu_seconds
         self._stop = threading.Event()
-        tick = os.sysconf("SC_CLK_TCK")
 
         def sample():
             total = 0.0
             for pid in self._descendants(self.pids["jvm"]):
                 try:
                     total += self._status(pid, "VmRSS")
-                    with open(f"/proc/{pid}/stat") as f:
-                        fields = f.read().rsplit(")", 1)[1].split()
-                    cpu = (int(fields[11]) + int(fields[12])) / tick
-                except (OSError, IndexError, ValueError):
+                except OSError:
                     continue
-                self._workers_cpu.setdefault(pid, [cpu, cpu])[1] = cpu
+                cpu = cpu_seconds(pid)
+                if cpu is not None:
+                    self._workers_cpu.setdefault(pid, [cpu, cpu])[1] = cpu
             self._workers_peak = max(self._workers_peak, total)
 
         def run():
