@@ -16,6 +16,7 @@ file (``kafka_stack.start``, the script `make demo-kafka` uses too).
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pyarrow as pa
 import pytest
@@ -258,14 +259,18 @@ def _tx_spread(stack, e: Events, changes: list[tuple[str, dict | None, dict | No
         stack.produce(topic, [value], key=None if part is None else str(part), partition=part)
 
 
-def test_changes_dropped_from_memory_are_read_again_by_spark_from_the_topics(spark, stack, tmp_path, monkeypatch):
+def test_changes_dropped_from_memory_are_read_from_their_copies_or_again_from_the_topics(
+        spark, stack, tmp_path, monkeypatch):
     """A reader keeps at most ``image_budget`` bytes of assembled changes; what needs older ones
-    is computed by Spark from the topics (:mod:`consistent_stream.sources.kafka_table`). On
-    topics of 3 partitions, with a snapshot that stopped and was taken again, updates, deletes,
-    a key changed twice in one transaction, a transaction sent twice and an event sent twice:
-    a reader that keeps nothing gives the same table at every position and the same changes
-    as one that keeps everything, and a first build that keeps nothing (the rebuild on the
-    driver and on the executors) gives the model's answer."""
+    reads the copies it wrote of them to the driver's disk (a local session:
+    :mod:`consistent_stream.sources.chunk_files`), or is computed by Spark from the topics
+    (``copy_dropped`` false, as with a cluster: :mod:`consistent_stream.sources.kafka_table`).
+    On topics of 3 partitions, with a snapshot that stopped and was taken again, updates,
+    deletes, a key changed twice in one transaction, a transaction sent twice and an event sent
+    twice: a reader that keeps nothing gives, either way, the same table at every position (on
+    the driver and computed by Spark) and the same changes as one that keeps everything, and a
+    first build that keeps nothing (the rebuild on the driver and on the executors) gives the
+    model's answer."""
     from consistent_stream.sources import kafka
     e = Events("dropped")
     for t in ("a", "b"):
@@ -281,39 +286,47 @@ def test_changes_dropped_from_memory_are_read_again_by_spark_from_the_topics(spa
                           ("b", {"id": 1, "v": 10}, None)], twice=1)
     _tx_spread(stack, e, [("a", {"id": 31, "v": 310}, {"id": 31, "v": 1}), ("b", {"id": 3, "v": 1}, {"id": 3, "v": 2})])
 
-    def reader(budget: int):
+    def reader(budget: int, copy: bool = True):
         r = kafka.KafkaReader(stack.bootstrap, e.tx_topic, "transaction")
-        r.image_budget = budget
+        r.image_budget, r.copy_dropped = budget, copy
         for t in ("a", "b"):
             r.add_table(e.topic(t), f"public.{t}", ("id",), {})
         return r.refresh()
 
-    kept, dropped = reader(1 << 30), reader(0)
+    kept, copied, dropped = reader(1 << 30), reader(0), reader(0, copy=False)
     positions = [tx.position for tx in kept.transactions()]
     assert len(positions) == 5 and positions[0] == 0 and dropped.latest_position() == positions[-1]
-    assert kept.floor == -1 and dropped.floor == positions[-1] and dropped.recomputable
+    assert kept.floor == -1 and dropped.floor == copied.floor == positions[-1] and dropped.recomputable
     assert kept.skipped == dropped.skipped and kept.skipped["duplicates"] >= 3
+    assert dropped._files is None and copied._files is not None and os.listdir(copied._files.directory)
 
     def rows(t):
         return sorted(t.to_pylist(), key=lambda r: sorted(r.items()))
     for table in ("public.a", "public.b"):
         for p in (0, positions[2], positions[-1]):
-            assert rows(dropped.table_at(table, p)) == rows(kept.table_at(table, p)), (table, p)
-            assert dropped.row_count(table, p) == kept.row_count(table, p)
+            want = rows(kept.table_at(table, p))
+            for r in (copied, dropped):
+                assert rows(r.table_at(table, p)) == want, (table, p, r.copy_dropped)
+                assert rows(r.table_frame(table, p, materialize=False).toArrow()) == want, (table, p, r.copy_dropped)
+                assert r.row_count(table, p) == kept.row_count(table, p)
+        assert rows(kept.table_frame(table, positions[3]).toArrow()) == rows(kept.table_at(table, positions[3]))
         for after, upto in ((-1, positions[-1]), (0, positions[2]), (positions[1], positions[3])):
-            assert rows(dropped.changes(table, after, upto)) == rows(kept.changes(table, after, upto))
+            for r in (copied, dropped):
+                assert rows(r.changes(table, after, upto)) == rows(kept.changes(table, after, upto))
     assert sum(r["v"] for r in kept.table_at("public.a", positions[-1]).to_pylist()) == 10 * sum(range(1, 31)) \
         - 10 + 11 - 20 - 50 + 56 + 1
     assert rows(dropped.table_at("public.b", positions[-1])) == [{"id": 2, "v": 20}, {"id": 3, "v": 2}]
 
     expected = {"a": sum(r["v"] for r in kept.table_at("public.a", positions[-1]).to_pylist()), "b": 22}
     monkeypatch.setattr(kafka, "IMAGE_BUDGET", 0)
-    for name, config in (("on_driver", {}), ("executors", {"driver_rebuild_rows": 0})):
-        forget_readers()
-        job = _job(tmp_path, stack, e, name=name)
-        job = JobSpec(**{**job.__dict__, "trigger": "available_now", **config})
-        run_job(spark, job, full_refresh=True)
-        assert _totals(job.target_path) == expected, name
+    for copy in (True, False):
+        monkeypatch.setattr(kafka.KafkaReader, "copy_dropped", copy)
+        for name, config in (("on_driver", {}), ("executors", {"driver_rebuild_rows": 0})):
+            forget_readers()
+            job = _job(tmp_path, stack, e, name=f"{name}_{copy}")
+            job = JobSpec(**{**job.__dict__, "trigger": "available_now", **config})
+            run_job(spark, job, full_refresh=True)
+            assert _totals(job.target_path) == expected, (name, copy)
     forget_readers()
 
 

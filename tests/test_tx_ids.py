@@ -205,3 +205,31 @@ def test_tx_log_slices_and_iterates_as_it_indexes():
         assert log[lo:hi] == txs[lo:hi] == [log[i] for i in range(lo, hi)]
     assert log[::1000] == txs[::1000] and log[-1] == txs[-1]
     assert log.bisect(0) == 0 and log.bisect(4) == 2 and log.bisect(10 ** 9) == len(txs)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=40), st.data())
+def test_chunk_files_give_back_every_row_in_position_order_in_few_files(sizes, data):
+    """A reader's chunks copied to disk (``sources/chunk_files.py``), written one by one as a
+    long-running reader drops them: any range of positions reads back exactly the rows in it,
+    in position order, and merging keeps the small files few (about log2 of the writes)."""
+    import os
+    import pyarrow as pa
+    from consistent_stream.sources import chunk_files
+    from consistent_stream.sources.debezium_events import POS, WEIGHT
+    files, rows, pos = chunk_files.ChunkFiles(frozen_bytes=1 << 30), [], 0
+    for n in sizes:
+        t = pa.table({"id": pa.array(range(pos, pos + n), pa.int64()), "s": [f"r{i}" for i in range(n)],
+                      POS: pa.array(range(pos + 1, pos + n + 1), pa.int64()), WEIGHT: pa.array([1] * n, pa.int64())})
+        files.write({"public.a": t})
+        rows += t.select(["id", "s", WEIGHT]).to_pylist()
+        pos += n
+    assert len(os.listdir(files.directory)) <= len(sizes).bit_length() + 1
+    after = data.draw(st.integers(-1, pos))
+    upto = data.draw(st.integers(after, pos))
+    got = [r for t in files.read("public.a", after, upto, ["id", "s"]) for r in t.to_pylist()]
+    assert got == rows[max(after, 0):upto]   # row i is at position i + 1
+    assert files.paths("public.b", pos) == [] and (upto < 1 or files.paths("public.a", upto))
+    d = files.directory
+    files.close()
+    assert not os.path.exists(d)

@@ -110,18 +110,35 @@ class TransactionLog:
     def _drop_images(self, budget: int) -> None:
         """Keep the rows of the newest chunks within ``budget`` bytes: older chunks keep only
         each position's summed weight per table (:class:`NetWeights`: what :meth:`row_count`
-        reads), and
-        :attr:`floor` becomes the newest position dropped. What needs the dropped rows is the
-        subclass's to serve (:class:`~.kafka.KafkaReader`: from the topics, with Spark)."""
+        reads), and :attr:`floor` becomes the newest position dropped. What needs the dropped
+        rows is the subclass's to serve (:meth:`_keep_dropped`; :class:`~.kafka.KafkaReader`:
+        from Parquet copies on the driver's disk, or from the topics, with Spark)."""
+        drop, left = [], self._image_bytes
         for ch in self._chunks:
-            if self._image_bytes <= budget:
-                return
-            if not ch.images:
-                continue
+            if left <= budget:
+                break
+            if ch.images:
+                drop.append(ch)
+                left -= sum(t.nbytes for t in ch.tables.values())
+        if not drop:
+            return
+        self._keep_dropped(drop)
+        for ch in drop:
             self._image_bytes -= sum(t.nbytes for t in ch.tables.values())
             ch.tables = {table: NetWeights(t) for table, t in ch.tables.items()}
             ch.images = False
             self.floor = max(self.floor, ch.max_pos)
+
+    def _keep_dropped(self, chunks: list) -> None:
+        """Called with the chunks :meth:`_drop_images` is about to drop (oldest first), their
+        rows still there: a subclass may keep them elsewhere (:meth:`_dropped_changes`)."""
+
+    def _dropped_changes(self, table: str, after: int, upto: int, columns: list[str]) -> list[pa.Table]:
+        """The changes of ``table`` in ``(after, upto]`` (``upto <= floor``) from the chunks
+        dropped from memory, where a subclass kept them (:meth:`_keep_dropped`): ``columns`` +
+        ``__weight``, in position order. Here: SourceError, they are gone."""
+        raise SourceError(f"{self.location}: the changes after position {after} are no longer held in "
+                          f"memory (kept from position {self.floor} on)")
 
     def tables(self) -> list[str]:
         with self._lock:
@@ -175,12 +192,9 @@ class TransactionLog:
         with self._lock:
             cols, schema = self._columns(table, columns)
             self._check_upto(upto)
-            if after < self.floor:
-                raise SourceError(f"{self.location}: the changes after position {after} are no longer held in "
-                                  f"memory (kept from position {self.floor} on)")
-            parts = []
+            parts = self._dropped_changes(table, after, min(upto, self.floor), cols) if after < self.floor else []
             for ch in self._chunks:
-                if ch.max_pos <= after or ch.min_pos > upto or table not in ch.tables:
+                if not ch.images or ch.max_pos <= after or ch.min_pos > upto or table not in ch.tables:
                     continue
                 t = ch.tables[table]
                 if ch.min_pos <= after or ch.max_pos > upto:

@@ -66,11 +66,13 @@ the same columns (:mod:`.debezium_columns`: the bookkeeping fields as columns, e
 row images typed by its schema); the driver walks those columns to assemble transactions,
 takes the images by index, and keeps the complete transactions as Arrow chunks (:class:`~.debezium.TransactionLog`),
 at most :data:`IMAGE_BUDGET` bytes of them: past it the oldest chunks keep only each
-transaction's net row count per table, and what needs their changes (the table as of a
-position, changes across them) is computed by Spark from the topics (:mod:`.kafka_table`), so
-that the driver's memory does not grow with the topics' history (the transaction bookkeeping
-aside: a few bytes per transaction, :mod:`.packed`). A rebuild on the executors always
-computes its tables there.
+transaction's net row count per table, so that the driver's memory does not grow with the
+topics' history (the transaction bookkeeping aside: a few bytes per transaction,
+:mod:`.packed`). What needs their changes (the table as of a position, changes across them)
+reads the Parquet copies the reader wrote of them to the driver's disk as it dropped them
+(:mod:`.chunk_files`; with a local Spark session, whose executors read that disk), or, with a
+cluster, is computed by Spark from the topics again (:mod:`.kafka_table`). A rebuild on the
+executors always computes its tables there.
 A value the parse refuses is read again raw and named by the driver's parser
 (:meth:`KafkaReader.diagnose`). A reader starts at the topics' start, or at
 a *resume point* (:meth:`KafkaReader.resume_point`, recorded in every target commit as
@@ -109,6 +111,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import ConfigError, SourceError
+from .chunk_files import ChunkFiles
 from .debezium import DebeziumSource, TransactionLog
 from .debezium_columns import (as_number, envelope_prefix, images, loads_collections,
                                local_projection, projection)
@@ -452,6 +455,11 @@ class KafkaReader(TransactionLog):
     ``skipped``: events not applied, by reason (``duplicates``, ``tombstones``, ``other``:
     heartbeats, schema changes); ``read_events``: records read in all."""
 
+    copy_dropped = True
+    """Copy the chunks dropped from memory to the driver's disk where a local Spark session
+    reads them (:meth:`_chunk_files`); false: read them again from the topics, as with a
+    cluster."""
+
     def __init__(self, bootstrap: str, tx_topic: str, consistency: str):
         super().__init__(f"kafka://{bootstrap}/{tx_topic}")
         self.bootstrap, self.tx_topic, self.consistency = bootstrap, tx_topic, consistency
@@ -461,10 +469,14 @@ class KafkaReader(TransactionLog):
         self._base: dict | None = None            # the resume point this reader starts at (resume_at)
         self.image_budget = IMAGE_BUDGET
         self.driver_read_records = DRIVER_READ_RECORDS
+        self._files: ChunkFiles | None = None
         self._on_driver = True
         self._reset()
 
     def _reset(self) -> None:
+        if self._files is not None:
+            _RETIRED.append(self._files)   # a lazy frame of the state before may still read them
+        self._files, self._copied = None, 0
         self._chunks, self._txs = [], TxLog()
         self._image_bytes, self.floor = 0, INITIAL
         self._schemas = {}
@@ -1122,7 +1134,8 @@ class KafkaReader(TransactionLog):
                                                                                for w, _, _ in rows)
         self._chunk_seq += 1
         self._add_chunk(self._chunk_seq, f"refresh {self._chunk_seq}", tables)
-        if self._image_bytes > self.image_budget and (self._base is not None or self.recomputable):
+        if self._image_bytes > self.image_budget and (self._base is not None or self.recomputable
+                                                      or self._chunk_files() is not None):
             before = self.floor
             self._drop_images(self.image_budget)
             if self.floor != before:
@@ -1259,6 +1272,51 @@ class KafkaReader(TransactionLog):
                             after < SNAPSHOT_POSITION <= upto, self._snapshot.attempt, after_tx, key_at(upto),
                             incomplete, tuple(sorted(self.envelopes.items())))
 
+    # -- the changes dropped from memory --------------------------------------------------------
+    def _chunk_files(self) -> ChunkFiles | None:
+        """The Parquet copies of this reader's chunks (:mod:`.chunk_files`), started when none
+        was dropped yet without one, :attr:`copy_dropped` holds and Spark's executors share the
+        driver's disk (a classic session on a local master, :func:`..session.is_local`); None
+        otherwise: dropped changes are then read again from the topics (:mod:`.kafka_table`)."""
+        if self._files is None and self.copy_dropped and self.floor == INITIAL:
+            from ..connect import is_connect
+            from ..session import is_local
+            spark = self.log.session(create=False)
+            if spark is not None and not is_connect(spark) and is_local(spark.sparkContext.master):
+                self._files = ChunkFiles()
+        return self._files
+
+    def _copy_chunks(self, n: int) -> None:
+        """Copy the first ``n`` chunks to the chunk files (those not copied yet, together)."""
+        todo = self._chunks[self._copied:n]
+        if not todo:
+            return
+        tables: dict[str, list] = {}
+        for ch in todo:
+            for table, t in ch.tables.items():
+                tables.setdefault(table, []).append(t)
+        self._files.write({table: pa.concat_tables(ts) for table, ts in tables.items()})
+        self._copied = n
+
+    def _keep_dropped(self, chunks: list) -> None:
+        """Copy the chunks about to be dropped (and any older not copied yet) to the chunk
+        files, when there are any (:meth:`_chunk_files`)."""
+        if self._chunk_files() is not None:
+            self._copy_chunks(next(i for i, ch in enumerate(self._chunks) if ch is chunks[-1]) + 1)
+
+    def _dropped_changes(self, table: str, after: int, upto: int, columns: list[str]) -> list[pa.Table]:
+        if self._files is None:
+            return super()._dropped_changes(table, after, upto, columns)
+        return self._files.read(table, after, upto, columns)
+
+    @property
+    def computes_tables(self) -> bool:
+        """Whether Spark can compute a table as of a position for this reader (:meth:`table_frame`):
+        a reader of the topics' start whose chunks it copies to the driver's disk
+        (:meth:`_chunk_files`), or that can read them again from the topics (:attr:`recomputable`)."""
+        with self._lock:
+            return self._base is None and (self._chunk_files() is not None or self.recomputable)
+
     def _from_topics(self, what: str) -> None:
         if not self.recomputable:
             raise SourceError(f"{self.location}: {what} needs the changes up to position {self.floor}, which this "
@@ -1268,10 +1326,10 @@ class KafkaReader(TransactionLog):
 
     def changes(self, table: str, after: int, upto: int, columns: list[str] | None = None) -> pa.Table:
         """:meth:`TransactionLog.changes`; across the changes dropped from memory (before
-        :attr:`floor`), computed by Spark from the topics (:mod:`.kafka_table`; then not in
-        commit order)."""
+        :attr:`floor`), read from their copies on the driver's disk (:mod:`.chunk_files`), or
+        computed by Spark from the topics (:mod:`.kafka_table`; then not in commit order)."""
         with self._lock:
-            if after >= self.floor:
+            if after >= self.floor or self._files is not None:
                 return super().changes(table, after, upto, columns)
             self._from_topics(f"the changes of {table} in ({after}, {upto}]")
             from .kafka_table import changes_frame
@@ -1279,28 +1337,43 @@ class KafkaReader(TransactionLog):
             return changes_frame(self.topic_cut(table, after, upto), cols).toArrow().cast(schema)
 
     def table_at(self, table: str, position: int, columns: list[str] | None = None) -> pa.Table:
-        """:meth:`TransactionLog.table_at`; computed by Spark from the topics once changes
-        were dropped from memory (:meth:`table_frame`)."""
+        """:meth:`TransactionLog.table_at`; once changes were dropped from memory, from their
+        copies on the driver's disk, or computed by Spark from the topics (:meth:`table_frame`)."""
         if self._base is not None:
             raise SourceError(f"{self.location}: this reader starts at position {self.base} (a resume point): the "
                               f"table as of a position needs a reader of the topics' start (full_reader_for)")
         with self._lock:
-            if self.floor == INITIAL:
+            if self.floor == INITIAL or self._files is not None:
                 return super().table_at(table, position, columns)
             cols, schema = self._columns(table, columns)
             return self.table_frame(table, position, cols).toArrow().cast(schema.remove(len(cols)))
 
     def table_frame(self, table: str, position: int, columns: list[str] | None = None, *,
                     materialize: bool = True):
-        """The table as of ``position`` as a Spark DataFrame computed from the topics where
-        Spark runs, materialized on the executors or lazy (:func:`.kafka_table.table_frame`).
-        Raises SourceError when this reader cannot (:attr:`recomputable`)."""
+        """The table as of ``position`` as a Spark DataFrame computed where Spark runs,
+        materialized on the executors or lazy (:func:`.kafka_table.table_of`): from the
+        reader's chunks copied to the driver's disk (:mod:`.chunk_files`; the chunks up to
+        ``position`` not copied yet are copied first), or from the topics
+        (:func:`.kafka_table.table_frame`). Raises SourceError when this reader can do
+        neither (:attr:`computes_tables`)."""
+        from .kafka_table import chunk_frame, table_frame, table_of
         with self._lock:
-            self._from_topics(f"the table {table} at position {position}")
-            from .kafka_table import table_frame
-            return table_frame(self.topic_cut(table, INITIAL, position), position, columns, materialize=materialize)
+            files = self._chunk_files() if self._base is None else None
+            if files is None:
+                self._from_topics(f"the table {table} at position {position}")
+                return table_frame(self.topic_cut(table, INITIAL, position), position, columns,
+                                   materialize=materialize)
+            self.schema(table)
+            self._check_upto(position)
+            self._copy_chunks(sum(1 for ch in self._chunks if ch.min_pos <= position))
+            z = chunk_frame(self.log.session(), files.paths(table, position), self._schemas[table], position,
+                            columns)
+            return table_of(z, f"{self.location}: table {table} at position {position}", materialize)
 
 
+_RETIRED: list[ChunkFiles] = []
+"""Chunk files of readers that started again (:meth:`KafkaReader._reset`), kept until the
+process ends: a lazy frame of the table before may still read them."""
 _READERS: dict[tuple, KafkaReader] = {}
 _FULL: dict[tuple, KafkaReader] = {}     # readers of the topics' start, where _READERS' resumed
 _READERS_LOCK = threading.Lock()
@@ -1414,11 +1487,11 @@ class KafkaSource(DebeziumSource):
         return r
 
     def snapshot(self, views, position: int, columns, *, on_driver: bool = False):
-        """The table at ``position``, every row +1: computed by Spark from the topics where
-        the rebuild runs on the executors (``on_driver`` false) or the reader no longer holds
-        the changes, else from the reader's changes on the driver."""
+        """The table at ``position``, every row +1: computed by Spark where the rebuild runs on
+        the executors (``on_driver`` false; :meth:`KafkaReader.table_frame`), else on the
+        driver from the reader's changes (:meth:`KafkaReader.table_at`)."""
         r = self._full(position)
-        if not on_driver and r.recomputable:
+        if not on_driver and r.computes_tables:
             from ..changelog import Changelog, with_weight
             return Changelog.of_frame(views, with_weight(r.table_frame(self.spec.table, position, columns)))
         rel = r.table_at(self.spec.table, position, columns)
@@ -1426,10 +1499,11 @@ class KafkaSource(DebeziumSource):
         return self._changelog(views, z, change=False)
 
     def snapshot_dataframe(self, spark, position: int):
-        """The table at ``position`` as the lazy Spark query that computes it from the topics
-        (what the model's SQL is analyzed over, and ``verify`` reads once)."""
+        """The table at ``position`` as the lazy Spark query that computes it
+        (:meth:`KafkaReader.table_frame`: what the model's SQL is analyzed over, and ``verify``
+        reads once)."""
         r = self._full(position)
-        if r.recomputable:
+        if r.computes_tables:
             return r.table_frame(self.spec.table, position, materialize=False)
         return super().snapshot_dataframe(spark, position)
 

@@ -298,17 +298,19 @@ class KafkaLog:
                                       f"offset {ends[sorted(ends)[0]] - 1}); check that the brokers run")
 
     @staticmethod
-    def session():
+    def session(create: bool = True):
         """The Spark session the reads run in: the thread's active one, else the process's
         (``SparkSession.active()``: dbt runs models in threads of its own, where no session is
         active; over Spark Connect, the client's default session), else a local one (a command
-        of its own: ``consistent-stream status``)."""
+        of its own: ``consistent-stream status``), or None (``create`` false)."""
         from pyspark.errors import PySparkRuntimeError
         from pyspark.sql import SparkSession
         try:
             spark = SparkSession.active()
         except PySparkRuntimeError:   # NO_ACTIVE_OR_DEFAULT_SESSION
             spark = None
+        if spark is None and not create:
+            return None
         if spark is None:
             from ..session import with_delta
             builder = (with_delta(SparkSession.builder, master="local[1]")

@@ -1,10 +1,14 @@
 """A table's changes between two positions, and the table as of a position, computed by Spark
-from the Kafka topics: what a :class:`~.kafka.KafkaReader` no longer holds on the driver.
+from the Kafka topics, or from a reader's chunk files: what a :class:`~.kafka.KafkaReader` no
+longer holds on the driver.
 
 A reader keeps the changes it assembled (Arrow on the driver) up to a budget of bytes
 (:attr:`~.kafka.KafkaReader.image_budget`) and drops the oldest past it, keeping per
 transaction only its net row count; a first build, a rebuild on the executors and ``verify``
-need the table as of a position, i.e. every change since the connector's snapshot. Those are
+need the table as of a position, i.e. every change since the connector's snapshot. Where
+Spark's executors share the driver's disk (a local session), the reader copied what it
+dropped there as Parquet (:mod:`.chunk_files`) and Spark reads those copies
+(:func:`chunk_frame`); elsewhere (a cluster) they are
 read again here, where Spark runs, from the records the reader already read and checked
 (so no record here can be malformed), with the reader's bookkeeping as the only input from the
 driver (:class:`TopicCut`): which snapshot attempt was published, and which transactions
@@ -33,7 +37,7 @@ function the reader uses (:func:`.debezium_columns.images`, run on the executors
 ``mapInArrow``). The table as of a position is those rows over ``(INITIAL, position]``
 consolidated (summed weights per distinct row), each row repeated by its weight, materialized
 once (``localCheckpoint`` on the executors' disks) so that the queries reading it do not read
-the topics again.
+the topics (or the files) again (:func:`table_of`).
 
 Errors: SourceError when a row's consolidated weight is negative (the snapshot and the
 change events disagree), naming the table and position.
@@ -49,7 +53,7 @@ import pyarrow.compute as pc
 from ..changelog import q
 from ..errors import SourceError
 from .debezium_columns import images, projection
-from .debezium_events import WEIGHT
+from .debezium_events import POS, WEIGHT
 from .kafka_log import KafkaLog
 from .kafka_snapshot import ATTEMPT_FIELDS
 from .landing import TableSchema
@@ -167,19 +171,40 @@ def changes_frame(cut: TopicCut, columns: list[str] | None = None):
     return df.select(*[F.col(q(c)) for c in cols], WEIGHT)
 
 
+def chunk_frame(spark, paths: list[str], schema: TableSchema, position: int, columns: list[str] | None = None):
+    """The weighted rows at positions ``<= position`` of a reader's chunk files
+    (:mod:`.chunk_files`: Parquet of the table's columns + ``__pos`` + ``__weight``) as a lazy
+    Spark DataFrame: ``columns`` (default all) + ``__weight`` bigint, not consolidated. The
+    files must be where Spark's executors read them (a local session)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+    cols = list(columns) if columns is not None else schema.column_names
+    full = from_arrow_schema(pa.schema(list(schema.arrow_schema()) + [pa.field(POS, pa.int64()),
+                                                                       pa.field(WEIGHT, pa.int64())]))
+    df = spark.read.schema(full).parquet(*paths) if paths else spark.createDataFrame([], full)
+    return df.filter(F.col(POS) <= F.lit(position)).select(*[F.col(q(c)) for c in cols], WEIGHT)
+
+
 def table_frame(cut: TopicCut, position: int, columns: list[str] | None = None, *, materialize: bool = True):
-    """The table as of ``position`` (``cut`` from the topics' start through ``position``):
-    ``columns`` (default all), each row repeated by its consolidated weight, no weight
-    column; materialized on the executors' disks (``localCheckpoint``), or (``materialize``
-    false: what is analyzed, or read once) lazy, the Spark query that computes it. Raises
-    SourceError when a row's weight is negative (materialized: at once; lazy: when run)."""
+    """The table as of ``position`` (``cut`` from the topics' start through ``position``)
+    computed from the topics (:func:`changes_frame`, :func:`table_of`). Raises SourceError
+    when a row's weight is negative (materialized: at once; lazy: when run)."""
+    what = f"Kafka topic {cut.topic}: table {cut.table} at position {position}"
+    return table_of(changes_frame(cut, columns), what, materialize)
+
+
+def table_of(z, what: str, materialize: bool = True):
+    """A Spark DataFrame of weighted rows (columns + ``__weight``, not consolidated) -> the
+    relation they sum to: the columns, each row repeated by its consolidated weight, no
+    weight column; materialized on the executors' disks (``localCheckpoint``), or
+    (``materialize`` false: what is analyzed, or read once) lazy, the Spark query that
+    computes it. Raises SourceError naming ``what`` when a row's weight is negative (the
+    snapshot and the change events disagree; materialized: at once; lazy: when run)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
-    z = changes_frame(cut, columns)
     cols = [c for c in z.columns if c != WEIGHT]
     g = z.groupBy(*[F.col(q(c)) for c in cols]).agg(F.sum(WEIGHT).alias(WEIGHT)).filter(F.col(WEIGHT) != 0)
-    what = (f"Kafka topic {cut.topic}: table {cut.table} at position {position}: a row is retracted more often "
-            f"than it was inserted")
+    what = f"{what}: a row is retracted more often than it was inserted"
     disagree = "the snapshot and the change events disagree"
     if not materialize:
         g = g.withColumn(WEIGHT, F.when(F.col(WEIGHT) > 0, F.col(WEIGHT)).otherwise(
