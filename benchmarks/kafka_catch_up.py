@@ -23,7 +23,8 @@ the topics' start:
   ``python_workers_peak_rss_mib`` the peak of pyspark's Python workers' summed RSS (where the
   table as of a position is typed when it is computed from the topics, sampled every 0.25 s),
   ``driver_cpu_s``, ``jvm_cpu_s`` and ``python_workers_cpu_s`` the CPU seconds each spent in
-  it (where the parsing runs);
+  it (where the parsing runs), ``changes_on_disk_mib`` the reader's Parquet copies of the
+  changes it dropped from memory at the end (``sources/chunk_files.py``, in ``TMPDIR``);
 * Flink: ``flink_sql.py`` under ``.venv-flink`` (``benchmarks/flink_setup.sh``), bounded at the
   end offsets, ``seconds`` from job submission (which starts its local MiniCluster) to the end.
 
@@ -36,6 +37,8 @@ summary with the ratio; appends them to ``benchmarks/results/kafka_catch_up.json
 from __future__ import annotations
 
 import argparse
+import gc
+import glob
 import json
 import os
 import shutil
@@ -66,6 +69,7 @@ def run_ours(spark, bootstrap: str, prefix: str, work: str, driver_read_records:
     from consistent_stream.spec import JobSpec
     from deltalake import DeltaTable
     forget_readers()   # every run reads the topics from their start, as a new process does
+    gc.collect()       # and the readers' copies of their changes go with them
     sources = [{"source_name": "pg", "name": t, "relation": f"pg.{t}",
                 "meta": {"format": "kafka", "bootstrap_servers": bootstrap, "topic": f"{prefix}.public.{t}",
                          **({"columns": HISTORY_COLUMNS} if t == "pgbench_history" else {}),
@@ -84,13 +88,15 @@ def run_ours(spark, bootstrap: str, prefix: str, work: str, driver_read_records:
         run_job(spark, job, full_refresh=True)
     seconds = time.perf_counter() - t0
     cpu, jvm_cpu = _cpu_s() - cpu0, flink_sql.cpu_seconds(jvm) - jvm0
+    copies = glob.glob(os.path.join(tempfile.gettempdir(), "consistent-stream-changes-*", "*.parquet"))
     rows = sorted([int(r["bid"]), int(r["n"]), int(r["delta_sum"])]
                   for r in DeltaTable(job.target_path).to_pyarrow_table().to_pylist())
     return {"engine": "consistent_stream", "seconds": round(seconds, 2), "rows": rows,
             "driver_read_records": "default" if driver_read_records is None else driver_read_records,
             "driver_peak_rss_mib": rss.peak["python"], "jvm_peak_rss_mib": rss.peak["jvm"],
             "python_workers_peak_rss_mib": rss.peak["workers"], "python_workers_cpu_s": rss.workers_cpu_s,
-            "driver_cpu_s": round(cpu, 2), "jvm_cpu_s": round(jvm_cpu, 2)}
+            "driver_cpu_s": round(cpu, 2), "jvm_cpu_s": round(jvm_cpu, 2),
+            "changes_on_disk_mib": round(sum(os.path.getsize(f) for f in copies) / 2 ** 20, 1)}
 
 
 def _cpu_s() -> float:
