@@ -215,6 +215,7 @@ def test_chunk_files_give_back_every_row_in_position_order_in_few_files(sizes, d
     in position order, and merging keeps the small files few (about log2 of the writes)."""
     import os
     import pyarrow as pa
+    import pyarrow.parquet as pq
     from consistent_stream.sources import chunk_files
     from consistent_stream.sources.debezium_events import POS, WEIGHT
     files, rows, pos = chunk_files.ChunkFiles(frozen_bytes=1 << 30), [], 0
@@ -230,6 +231,11 @@ def test_chunk_files_give_back_every_row_in_position_order_in_few_files(sizes, d
     got = [r for t in files.read("public.a", after, upto, ["id", "s"]) for r in t.to_pylist()]
     assert got == rows[max(after, 0):upto]   # row i is at position i + 1
     assert files.paths("public.b", pos) == [] and (upto < 1 or files.paths("public.a", upto))
+    before, pinned = files.paths("public.a", pos), files.pin("public.a", pos)
+    every = pa.Table.from_pylist([{**r, POS: pos + 1 + i} for i, r in enumerate(rows)], t.schema)
+    files.write({"public.a": every})   # larger than every file before it: they all merge into one
+    assert not any(os.path.exists(p) for p in before) and len(files.paths("public.a", 2 * pos)) == 1
+    assert [r for p in pinned for r in pq.read_table(p, columns=["id", "s", WEIGHT]).to_pylist()] == rows
     d = files.directory
     files.close()
     assert not os.path.exists(d)

@@ -14,7 +14,9 @@ One file per table per write; small files are merged as a binary counter does (t
 while the newer is at least half the older, both under :data:`FROZEN_BYTES`), so a
 long-running reader that drops a small chunk at every refresh keeps O(log n) small files and
 rewrites each row O(log n) times, and files past :data:`FROZEN_BYTES` are never rewritten.
-Rows keep their positions: no merge consolidates, so every position stays readable.
+Rows keep their positions: no merge consolidates, so every position stays readable. A lazy
+query reads hard links of the files it was made with (:meth:`ChunkFiles.pin`), which a merge
+does not remove.
 
 The directory (``consistent-stream-changes-*`` in ``TMPDIR``) is removed when the
 :class:`ChunkFiles` is garbage collected or the process exits. Raises OSError naming the
@@ -115,6 +117,24 @@ class ChunkFiles:
         """The files of ``table`` holding a row at a position ``<= upto``, in position order."""
         with self._lock:
             return [f.path for f in self._files.get(table, ()) if f.lo <= upto]
+
+    def pin(self, table: str, upto: int) -> list[str]:
+        """:meth:`paths`, as hard links of their own (in a directory beside them) that a later
+        merge does not remove: what a lazy Spark query, run at any later time, reads. The
+        links go with the directory."""
+        with self._lock:
+            files = [f.path for f in self._files.get(table, ()) if f.lo <= upto]
+            if not files:
+                return []
+            self._seq += 1
+            pinned = os.path.join(self._dir, f"pin-{self._seq:08d}")
+            os.mkdir(pinned)
+            out = []
+            for f in files:
+                link = os.path.join(pinned, os.path.basename(f))
+                os.link(f, link)
+                out.append(link)
+            return out
 
     def read(self, table: str, after: int, upto: int, columns: list[str]) -> list[pa.Table]:
         """The rows of ``table`` with ``after < __pos <= upto``: ``columns`` + ``__weight``, in

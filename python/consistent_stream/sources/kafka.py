@@ -1353,7 +1353,8 @@ class KafkaReader(TransactionLog):
         """The table as of ``position`` as a Spark DataFrame computed where Spark runs,
         materialized on the executors or lazy (:func:`.kafka_table.table_of`): from the
         reader's chunks copied to the driver's disk (:mod:`.chunk_files`; the chunks up to
-        ``position`` not copied yet are copied first), or from the topics
+        ``position`` not copied yet are copied first; a lazy frame reads links of its own,
+        :meth:`.chunk_files.ChunkFiles.pin`), or from the topics
         (:func:`.kafka_table.table_frame`). Raises SourceError when this reader can do
         neither (:attr:`computes_tables`)."""
         from .kafka_table import chunk_frame, table_frame, table_of
@@ -1366,8 +1367,8 @@ class KafkaReader(TransactionLog):
             self.schema(table)
             self._check_upto(position)
             self._copy_chunks(sum(1 for ch in self._chunks if ch.min_pos <= position))
-            z = chunk_frame(self.log.session(), files.paths(table, position), self._schemas[table], position,
-                            columns)
+            paths = files.paths(table, position) if materialize else files.pin(table, position)
+            z = chunk_frame(self.log.session(), paths, self._schemas[table], position, columns)
             return table_of(z, f"{self.location}: table {table} at position {position}", materialize)
 
 
