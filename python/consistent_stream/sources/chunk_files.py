@@ -116,14 +116,17 @@ class ChunkFiles:
     def paths(self, table: str, upto: int) -> list[str]:
         """The files of ``table`` holding a row at a position ``<= upto``, in position order."""
         with self._lock:
-            return [f.path for f in self._files.get(table, ()) if f.lo <= upto]
+            return self._paths(table, upto)
+
+    def _paths(self, table: str, upto: int) -> list[str]:
+        return [f.path for f in self._files.get(table, ()) if f.lo <= upto]
 
     def pin(self, table: str, upto: int) -> list[str]:
         """:meth:`paths`, as hard links of their own (in a directory beside them) that a later
         merge does not remove: what a lazy Spark query, run at any later time, reads. The
         links go with the directory."""
         with self._lock:
-            files = [f.path for f in self._files.get(table, ()) if f.lo <= upto]
+            files = self._paths(table, upto)
             if not files:
                 return []
             self._seq += 1

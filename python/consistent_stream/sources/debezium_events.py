@@ -159,6 +159,13 @@ def _convert_column(values: list, type_name: str, where: str, column: str) -> pa
         raise _err(where, f"column {column!r} has a value that is not a {type_name}: {e}") from e
 
 
+def chunk_schema(ts: TableSchema) -> pa.Schema:
+    """The Arrow schema of a table's rows in a transaction log's chunks (what
+    :func:`rows_to_arrow` and the Kafka reader make, and its chunk files hold): the table's
+    columns + ``__pos`` int64 + ``__weight`` int64."""
+    return pa.schema(list(ts.arrow_schema()) + [pa.field(POS, pa.int64()), pa.field(WEIGHT, pa.int64())])
+
+
 def rows_to_arrow(ts: TableSchema, rows: list, path: str) -> pa.Table:
     """The rows (position, weight, row dict, Where) of one table -> an Arrow table of the
     table's columns (typed by ``ts``) + __pos + __weight. Raises SourceError naming the

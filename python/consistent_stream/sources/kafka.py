@@ -115,7 +115,7 @@ from .chunk_files import ChunkFiles
 from .debezium import DebeziumSource, TransactionLog
 from .debezium_columns import (as_number, envelope_prefix, images, loads_collections,
                                local_projection, projection)
-from .debezium_events import POS, WEIGHT, rows_to_arrow, unwrap
+from .debezium_events import POS, WEIGHT, chunk_schema, rows_to_arrow, unwrap
 from .kafka_log import MAX_RECORDS, KafkaLog, lost_offset
 from .kafka_schema import column_type, converters, schema_from_envelope
 from .kafka_snapshot import ATTEMPT_FIELDS, FIRST, LAST_OF_TABLE, SnapshotAssembly
@@ -316,7 +316,7 @@ def _weighted_table(ts: TableSchema, blocks: list) -> pa.Table:
             g[1].append(i)
             g[2].append(pos)
             g[3].append(w)
-    schema = pa.schema(list(ts.arrow_schema()) + [pa.field(POS, pa.int64()), pa.field(WEIGHT, pa.int64())])
+    schema = chunk_schema(ts)
     def column(a: array) -> pa.Array:
         return pa.array(np.frombuffer(a, np.int64))
     parts = [image.take(column(idx)).append_column(POS, column(pos)).append_column(WEIGHT, column(w)).cast(schema)
@@ -1302,7 +1302,9 @@ class KafkaReader(TransactionLog):
         """Copy the chunks about to be dropped (and any older not copied yet) to the chunk
         files, when there are any (:meth:`_chunk_files`)."""
         if self._chunk_files() is not None:
-            self._copy_chunks(next(i for i, ch in enumerate(self._chunks) if ch is chunks[-1]) + 1)
+            # every chunk before the copied prefix's end is copied: look for the last one after it
+            last = next(i for i in range(self._copied, len(self._chunks)) if self._chunks[i] is chunks[-1])
+            self._copy_chunks(last + 1)
 
     def _dropped_changes(self, table: str, after: int, upto: int, columns: list[str]) -> list[pa.Table]:
         if self._files is None:
@@ -1364,11 +1366,11 @@ class KafkaReader(TransactionLog):
                 self._from_topics(f"the table {table} at position {position}")
                 return table_frame(self.topic_cut(table, INITIAL, position), position, columns,
                                    materialize=materialize)
-            self.schema(table)
+            ts = self.schema(table)
             self._check_upto(position)
             self._copy_chunks(sum(1 for ch in self._chunks if ch.min_pos <= position))
             paths = files.paths(table, position) if materialize else files.pin(table, position)
-            z = chunk_frame(self.log.session(), paths, self._schemas[table], position, columns)
+            z = chunk_frame(self.log.session(), paths, ts, position, columns)
             return table_of(z, f"{self.location}: table {table} at position {position}", materialize)
 
 

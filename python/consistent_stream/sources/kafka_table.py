@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 from ..changelog import q
 from ..errors import SourceError
 from .debezium_columns import images, projection
-from .debezium_events import POS, WEIGHT
+from .debezium_events import POS, WEIGHT, chunk_schema
 from .kafka_log import KafkaLog
 from .kafka_snapshot import ATTEMPT_FIELDS
 from .landing import TableSchema
@@ -179,8 +179,7 @@ def chunk_frame(spark, paths: list[str], schema: TableSchema, position: int, col
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
     cols = list(columns) if columns is not None else schema.column_names
-    full = from_arrow_schema(pa.schema(list(schema.arrow_schema()) + [pa.field(POS, pa.int64()),
-                                                                       pa.field(WEIGHT, pa.int64())]))
+    full = from_arrow_schema(chunk_schema(schema))
     df = spark.read.schema(full).parquet(*paths) if paths else spark.createDataFrame([], full)
     return df.filter(F.col(POS) <= F.lit(position)).select(*[F.col(q(c)) for c in cols], WEIGHT)
 
