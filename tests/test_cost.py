@@ -375,8 +375,8 @@ def test_the_duckdb_keyed_scan_returns_what_arrows_scan_returns(spark, tmp_path)
 
 def test_a_run_opens_each_delta_table_once(spark, tmp_path, monkeypatch):
     """The target and the state are opened once a run (their logs replayed from the last
-    checkpoint once, here: consistent_stream.delta.log), shared by the batch, maintenance and
-    the catalog's publish, and delta-rs opens no table at all (the target's change-sized MERGE
+    checkpoint once, here: consistent_stream.delta.log), shared by the batch, maintenance (a
+    pass after this batch) and the catalog's publish, and delta-rs opens no table at all (the target's change-sized MERGE
     is done here too, sink.rewrite); the sources are not opened either: their change since the
     last cut is read from their logs' tails (consistent_stream.delta.tail). (A batch that reads
     another version than the newest, e.g. one of a backlog's batches ending before it, opens a
@@ -411,6 +411,8 @@ def test_a_run_opens_each_delta_table_once(spark, tmp_path, monkeypatch):
         replayed.append(os.path.realpath(self.path))
         return load(self)
     monkeypatch.setattr(OwnedLog, "load", counted_load)
+    import consistent_stream.sink.maintenance as maintenance
+    monkeypatch.setattr(maintenance, "EVERY_BATCHES", 1)   # and a maintenance pass after the batch
     summary = run_job(spark, job)
     monkeypatch.undo()
     assert summary["batches"] == 1 and summary["changes_read"] == 2, summary

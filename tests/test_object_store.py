@@ -146,6 +146,60 @@ def test_a_model_on_s3_equals_batch_evaluation_through_changes_a_chain_and_a_ful
     assert stored and not [p for p in stored if secret.encode() in p.read_bytes()]
 
 
+def _parquet_under(table: str) -> set[str]:
+    """The data files of table ``table`` on the store (relative paths), not the log's or the
+    Change Data Feed's."""
+    root = table.rstrip("/") + "/"
+    return {p[len(root):] for p, _ in storage.list_files(table, skip_dirs=lambda n: n.startswith("_"))
+            if p.endswith(".parquet")}
+
+
+def test_maintenance_on_s3_is_counted_by_the_run_and_leaves_what_retention_keeps(spark, s3, tmp_path,
+                                                                                   monkeypatch):
+    """A maintenance pass after every batch (retention 0, a checkpoint every 2 commits) on the
+    store: it reads both tables through the run's replayed logs (no delta-rs open) and makes
+    every request through the package's own storage (its deletes in bulk), so the run's count
+    equals the server's log; afterwards the target holds only its live files and the log from its newest
+    checkpoint, the state only the files of its two newest versions."""
+    import consistent_stream.sink.maintenance as maintenance
+    monkeypatch.setattr(maintenance, "EVERY_BATCHES", 1)
+    reports = []
+    run_pass = maintenance.Maintenance.run
+
+    def recorded(self, *a):
+        reports.append(run_pass(self, *a))
+        return reports[-1]
+    monkeypatch.setattr(maintenance.Maintenance, "run", recorded)
+    src = _shop(f"s3://{BUCKET}/maintained")
+    job = src.job(tmp_path, SQL, "id")
+    job = JobSpec(**{**job.__dict__, "checkpoint_interval": 2, "log_retention_hours": 0,
+                     "deleted_file_retention_hours": 0, "state_retention_versions": 2})
+    run_job(spark, job, full_refresh=True)
+    for i in range(4):
+        write_deltalake(src.path("orders"), pa.table({"oid": [100 + i], "cid": [i % 3 + 1], "amount": [i]}),
+                        mode="append")
+        DeltaTable(src.path("orders")).update(updates={"amount": str(i)}, predicate=f"oid = {10 + i % 3}")
+        time.sleep(0.01)   # the target's superseded files older than retention 0 by a clock tick
+        since = s3.log_offset()
+        summary = run_job(spark, job)
+        served = sum(s3.requests(since).values())
+        counted = summary["object_store_requests"]
+        assert summary["batches"] == 1 and reports and not reports[-1].errors, (summary, reports)
+        assert counted["delta_rs_opens"] == 0, counted
+        assert counted["total"] == served, (counted, dict(s3.requests(since)))   # a bulk DELETE is a POST
+    assert sum(r.target_log_files for r in reports) and sum(r.state_data_files for r in reports), reports
+    target = DeltaTableRef(job.target_path)
+    live = set(target.files(target.latest_version()))
+    assert _parquet_under(job.target_path) == live
+    log_names = storage.list_dir(f"{job.target_path}/_delta_log")
+    checkpoints = sorted(n for n in log_names if n.endswith(".checkpoint.parquet"))
+    assert checkpoints and min(int(n[:20]) for n in log_names if n[:20].isdigit()) == int(checkpoints[-1][:20])
+    state = DeltaTableRef(job.state_root)
+    sv = state.latest_version()
+    assert _parquet_under(job.state_root) <= set(state.files(sv)) | set(state.files(sv - 1))
+    assert_target_equals_batch_evaluation(spark, job, "after maintained batches")
+
+
 CHILD = textwrap.dedent("""
     import sys
     from pyspark.sql import SparkSession

@@ -361,6 +361,13 @@ class DeltaTableRef:
             self._log_loaded = True
         return self._log
 
+    def replayed_log(self) -> OwnedLog | None:
+        """The table's log as :mod:`.log` replays it (an ``own_log`` table, loaded on first
+        use): its version, live files, tombstones and checkpoints, read with the run's own
+        requests. None when delta-rs serves the table (not ``own_log``, a file system
+        :mod:`consistent_stream.storage` does not reach, or a log :mod:`.log` does not replay)."""
+        return self._own()
+
     def _created(self) -> int:
         """After this ref created the table: its version, from the replayed log of an
         ``own_log`` table (delta-rs is opened only when something needs it), else from a

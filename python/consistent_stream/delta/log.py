@@ -107,13 +107,15 @@ def log_path(rel: str) -> str:
 @dataclass
 class CommitInfo:
     """One commit as its file says: ``version``, ``timestamp_ms``, the whole ``commitInfo``
-    (``info``), the ``txns`` it records (app id -> version), and whether it changes data
-    (``data_change``: an add or remove with ``dataChange``)."""
+    (``info``), the ``txns`` it records (app id -> version), whether it changes data
+    (``data_change``: an add or remove with ``dataChange``), and the paths it removes (log
+    form: what the version before it referenced and it does not)."""
     version: int
     timestamp_ms: int
     info: dict
     txns: dict = field(default_factory=dict)
     data_change: bool = False
+    removed: tuple = ()
 
 
 class OwnedLog:
@@ -193,7 +195,7 @@ class OwnedLog:
         return True
 
     def _replay(self, version: int, actions: list[dict]) -> None:
-        info, txns, changed = {}, {}, False
+        info, txns, changed, removed = {}, {}, False, []
         for a in actions:
             for kind, action in a.items():
                 if kind == "commitInfo":
@@ -204,8 +206,10 @@ class OwnedLog:
                     txns[action["appId"]] = int(action["version"])
                 elif kind in ("add", "remove") and action.get("dataChange", True):
                     changed = True
+                if kind == "remove":
+                    removed.append(action["path"])
         ts = int(info.get("inCommitTimestamp") or info.get("timestamp") or 0)
-        self.commits[version] = CommitInfo(version, ts, info, txns, changed)
+        self.commits[version] = CommitInfo(version, ts, info, txns, changed, tuple(removed))
         for v in sorted(self.commits)[:-64]:
             del self.commits[v]
         self.version = version

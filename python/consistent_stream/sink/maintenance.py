@@ -2,7 +2,7 @@
 
 Every micro-batch commits one version of the target and one of the state table and may leave
 a scratch directory; left alone, the Delta logs, the superseded data files and the Change Data
-Feed files grow with the run's history. A *maintenance pass* (:func:`maintain`), run by the
+Feed files grow with the run's history. A *maintenance pass* (:meth:`Maintenance.run`), run by the
 model's one writer after a committed batch (every ``EVERY_BATCHES``-th batch of the query, or
 after ``EVERY_BATCHES`` batches or ``EVERY_SECONDS`` seconds of one run, see
 :class:`Maintenance`), keeps:
@@ -23,21 +23,29 @@ after ``EVERY_BATCHES`` batches or ``EVERY_SECONDS`` seconds of one run, see
   recorded, and finds the target's txn there; both are kept, and nothing newer than the
   target's last commit is touched (a pass runs after the target commit, before the next batch
   starts, under the model's writer lock). Files of older versions, and files no version
-  references (a crashed attempt's), are vacuumed (delta-rs, ``full``), and the log below the
-  newest checkpoint at or under the oldest kept version is deleted. Its tombstones expire
-  from its checkpoints after ``STATE_TOMBSTONE_RETENTION`` (a table property set once), so
-  its checkpoints stay the size of its live files;
-* Delta checkpoints: delta-rs writes one every ``delta.checkpointInterval`` commits (100, its
-  default, which we keep: our handles follow a table by reading only the newer commits, so a
-  full log replay from the last checkpoint happens only when a run opens a table, and a
-  checkpoint rewrites every live file's entry); a pass writes one when the newest is more
-  than ``checkpoint_interval`` versions old (a table written by a writer without that hook);
+  references (a crashed attempt's), are vacuumed (a full vacuum, without a commit), and the
+  log below the newest checkpoint at or under the oldest kept version is deleted. Its
+  tombstones expire from its checkpoints after ``STATE_TOMBSTONE_RETENTION`` (a table
+  property set once), so its checkpoints stay the size of its live files;
+* Delta checkpoints: the run's commits write one every ``delta.checkpointInterval`` commits
+  (:mod:`consistent_stream.delta.log`; both tables are created with the model's
+  ``checkpoint_interval``); a pass writes one when the newest is more than that many
+  versions old (a table created without the property);
 * scratch directories of batches before the running one (left by a crashed batch).
+
+How. A pass reads the two tables through the run's own handles: the logs the run replayed
+(:meth:`consistent_stream.delta.DeltaTableRef.replayed_log`) give the versions, live files,
+tombstones and checkpoints without a request; what is on the store comes from one listing of
+each table (and of its log and ``_change_data``), and what expired goes in one bulk delete
+each (:func:`consistent_stream.storage.remove_many`). So every request of a pass is made, and
+counted, by :mod:`consistent_stream.storage`. A table whose log delta-rs serves (a log this
+package does not replay) is vacuumed from delta-rs' VACUUM listing instead.
 
 The query's own checkpoint holds nothing that grows with its history: its record
 (:mod:`consistent_stream.checkpoint`), the definition, the plan and the state table.
 
-Only local file systems are cleaned (URIs get checkpoints only, logged once).
+Tables on a local file system or an object store are cleaned; on another file system only
+checkpoints are written (logged once).
 """
 from __future__ import annotations
 
@@ -48,7 +56,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import unquote
 
-from .. import location, storage
+from .. import storage
 from ..location import fs_path
 
 log = logging.getLogger(__name__)
@@ -98,10 +106,6 @@ def _reachable(path: str) -> bool:
     return "://" not in path or path.startswith(("file://", "s3://", "s3a://"))
 
 
-def _log_name(version: int, suffix: str) -> str:
-    return f"{version:020d}.{suffix}"
-
-
 def _last_checkpoint(table: str) -> int | None:
     """The version of the table's newest checkpoint (``_delta_log/_last_checkpoint``), or None."""
     last = storage.read_json(os.path.join(fs_path(table), "_delta_log", "_last_checkpoint"))
@@ -113,9 +117,20 @@ def _last_checkpoint(table: str) -> int | None:
         return None
 
 
-def ensure_checkpoint(dt, interval: int) -> bool:
-    """Write a checkpoint of ``dt`` (a deltalake DeltaTable, at its latest version) when its
-    newest is more than ``interval`` versions old. Returns whether one was written."""
+def ensure_checkpoint(ref, interval: int) -> bool:
+    """Write a checkpoint of the table of ``ref`` (a DeltaTableRef, at its latest version)
+    when its newest is more than ``interval`` versions old. Returns whether one was written.
+    A log replayed here (:meth:`DeltaTableRef.replayed_log` of a table whose protocol this
+    package writes) knows its newest checkpoint and writes it (two PUTs); another table's
+    is asked for its ``_last_checkpoint`` and written by delta-rs."""
+    own = ref.replayed_log()
+    if own is not None and own.plain:
+        version, last = own.version, own.checkpoint_version
+        if version - last < interval if last >= 0 else version < interval:
+            return False
+        own.write_checkpoint()
+        return True
+    dt = ref.table()
     last = _last_checkpoint(dt.table_uri) if _reachable(dt.table_uri) else None
     if last is not None and dt.version() - last < interval:
         return False
@@ -125,142 +140,133 @@ def ensure_checkpoint(dt, interval: int) -> bool:
     return True
 
 
-class LogCleaner:
-    """Deletes a table's log entries below a checkpoint, oldest first; remembers how far it
-    got, so a pass stats only the entries it may delete (never lists a long log twice)."""
-
-    def __init__(self, table: str):
-        self.log_dir = os.path.join(fs_path(table), "_delta_log")
-        self.floor: int | None = None   # the lowest version whose entries may still exist
-
-    def _lowest(self) -> int:
-        versions = [int(n[:20]) for n in storage.list_dir(self.log_dir) if n[:20].isdigit() and n.endswith(".json")]
-        return min(versions) if versions else 0
-
-    def clean(self, keep_version: int, cutoff_s: float | None) -> int:
-        """Delete the entries (commit files, checkpoints, checksums) of the versions below
-        ``c``, the newest checkpoint at or below ``keep_version`` whose commit file is older
-        than ``cutoff_s`` (seconds since epoch; None: any age). Every version from ``c`` on stays
-        readable. Returns the number of files deleted."""
-        if self.floor is None:
-            self.floor = self._lowest()
-        c, v = None, self.floor
-        while v <= keep_version:
-            try:
-                mtime = storage.stat(os.path.join(self.log_dir, _log_name(v, "json"))).mtime_ns / 1e9
-            except FileNotFoundError:
-                mtime = None
-            if cutoff_s is not None and mtime is not None and mtime >= cutoff_s:
-                break
-            if storage.exists(os.path.join(self.log_dir, _log_name(v, "checkpoint.parquet"))):
-                c = v
-            v += 1
-        if c is None or c <= self.floor:
-            return 0
-        deleted = 0
-        for old in range(self.floor, c):
-            for suffix in ("json", "crc", "checkpoint.parquet"):
-                if storage.remove(os.path.join(self.log_dir, _log_name(old, suffix))):
-                    deleted += 1
-        self.floor = c
-        return deleted
+def clean_log(table: str, keep_version: int, cutoff_s: float | None) -> int:
+    """Delete the table's log entries (commit files, checkpoints, checksums: every
+    ``_delta_log`` file named by a version) of the versions below ``c``, the newest
+    checkpoint at or below ``keep_version`` whose commit files up to it are older than
+    ``cutoff_s`` (seconds since epoch; None: any age). Every version from ``c`` on stays
+    readable (Delta's ``logRetentionDuration`` cleanup). One listing of the log (one LIST per
+    1,000 entries on an object store) and one bulk delete. Returns the files deleted."""
+    log_dir = os.path.join(fs_path(table), "_delta_log")
+    entries: dict[int, list[str]] = {}
+    commit_mtime: dict[int, float] = {}
+    checkpoints: set[int] = set()
+    for path, st in storage.list_files(log_dir, skip_dirs=lambda name: True):
+        name = path.rsplit("/", 1)[-1]
+        if not (name[:20].isdigit() and name[20:21] == "."):
+            continue   # _last_checkpoint, a temporary file
+        v = int(name[:20])
+        entries.setdefault(v, []).append(path)
+        if name[21:] == "json":
+            commit_mtime[v] = st.mtime_ns / 1e9
+        elif name[21:].startswith("checkpoint.") and name.endswith(".parquet"):
+            checkpoints.add(v)
+    c = None
+    for v in sorted(entries):
+        if v > keep_version:
+            break
+        mtime = commit_mtime.get(v)
+        if cutoff_s is not None and mtime is not None and mtime >= cutoff_s:
+            break
+        if v in checkpoints:
+            c = v
+    if c is None:
+        return 0
+    return storage.remove_many([p for v, paths in entries.items() if v < c for p in paths])
 
 
-class Tombstones:
-    """A table's removed files still listed in its log: relative path (decoded) -> removal time
-    (ms since epoch). Read from its newest checkpoint (again only when a newer one is written)
-    and the commit files after it (each read once). Only a single-file checkpoint is read
-    (ValueError for another kind)."""
-
-    def __init__(self, table: str):
-        self.log_dir = os.path.join(fs_path(table), "_delta_log")
-        self.checkpoint: int | None = None
-        self.next_version = 0
-        self.removed: dict[str, int] = {}
-
-    def refresh(self) -> dict[str, int]:
-        import pyarrow.parquet as pq
-        last = storage.load_json(os.path.join(self.log_dir, "_last_checkpoint"))
-        version = int(last["version"])
-        if last.get("parts"):
-            raise ValueError(f"multi-part checkpoint {version} in {self.log_dir}")
-        if version != self.checkpoint:
-            fs, cp_path = location.pyarrow_filesystem(
-                os.path.join(self.log_dir, _log_name(version, "checkpoint.parquet")))
-            cp = pq.read_table(cp_path, columns=["remove"], filesystem=fs)
-            # merged: a checkpoint leaves out tombstones older than the table's
-            # deletedFileRetentionDuration, which this process may not have vacuumed yet
-            self.removed.update({unquote(r["path"]): int(r.get("deletionTimestamp") or 0)
-                                 for r in cp.column("remove").to_pylist() if r is not None})
-            self.checkpoint, self.next_version = version, max(self.next_version, version + 1)
-        while True:
-            path = os.path.join(self.log_dir, _log_name(self.next_version, "json"))
-            try:
-                lines = storage.read_bytes(path).splitlines()
-            except FileNotFoundError:
-                break
-            for line in lines:
-                a = json.loads(line)
-                if "remove" in a:
-                    self.removed[unquote(a["remove"]["path"])] = int(a["remove"].get("deletionTimestamp") or 0)
-                elif "add" in a:
-                    self.removed.pop(unquote(a["add"]["path"]), None)
-            self.next_version += 1
-        return self.removed
+def _data_path(name: str) -> bool:
+    """Whether a table's subdirectory ``name`` may hold data files: not the log, the Change
+    Data Feed or another hidden one (``_``, ``.``), except a partition's (``k=v``)."""
+    return not name.startswith(("_", ".")) or "=" in name
 
 
-def vacuum_target(dt, retention_hours: float, now_s: float, tombstones: Tombstones | None = None) -> tuple[int, int]:
-    """Delete the target's data files removed more than ``retention_hours`` ago and its Change
-    Data Feed files written more than ``retention_hours`` ago, without a commit (``dt``: a
-    deltalake DeltaTable at its latest version; files of that version are never deleted;
-    ``tombstones``: a :class:`Tombstones` kept across passes). As Delta's VACUUM, a data file
-    that neither the latest version nor a tombstone lists (its tombstone expired from the
-    checkpoints, or a crashed batch wrote it) is deleted once its modification time is older
-    than the retention. Returns ``(data files, CDF files)`` deleted."""
-    root = fs_path(dt.table_uri)
-    if _last_checkpoint(root) is None:
-        return 0, 0   # fewer than checkpoint_interval commits: too few removed files to matter
-    tombstones = tombstones or Tombstones(root)
-    cutoff_ms = (now_s - retention_hours * 3600.0) * 1000.0
-    live = {unquote(p) for p in dt.get_add_actions(flatten=True).column("path").to_pylist()}
-    data = 0
-    removed = tombstones.refresh()
-    for path, removed_ms in list(removed.items()):
-        if removed_ms < cutoff_ms and path not in live:
-            if storage.remove(os.path.join(root, path)):
-                data += 1
-            del removed[path]   # gone: not tried again (a newer checkpoint may list it until it expires)
-
-    def skip(name: str) -> bool:   # not the log, the Change Data Feed or the catalog's marker; partitions
-        return name.startswith(("_", ".")) and "=" not in name
-
-    for p, st in storage.list_files(root, skip_dirs=skip):
-        path = p[len(root.rstrip("/")) + 1:]
-        if not path.endswith(".parquet") or path in live or path in removed:
+def _unreferenced(root: str, referenced: set[str], cutoff_ms: float | None,
+                  removed_ms: dict[str, int] | None = None) -> list[str]:
+    """The data files (``.parquet``) under table ``root`` (one listing) that no path in ``referenced``
+    (relative, decoded) names and that expired: a tombstone in ``removed_ms`` older than
+    ``cutoff_ms``, or, without one, a modification time older than it (None: any)."""
+    out = []
+    removed_ms = removed_ms or {}
+    for p, st in storage.list_files(root, skip_dirs=lambda name: not _data_path(name)):
+        rel = p[len(root.rstrip("/")) + 1:]
+        if rel in referenced or not rel.endswith(".parquet") or rel.rsplit("/", 1)[-1].startswith(("_", ".")):
             continue
-        if st.mtime_ns / 1e6 < cutoff_ms and storage.remove(p):
-            data += 1
-    cdc = 0
-    for p, st in storage.list_files(os.path.join(root, "_change_data")):
-        if st.mtime_ns / 1e6 < cutoff_ms and storage.remove(p):
-            cdc += 1
-    return data, cdc
+        if cutoff_ms is not None:
+            t = removed_ms.get(rel)
+            if (t if t is not None else st.mtime_ns / 1e6) >= cutoff_ms:
+                continue
+        out.append(p)
+    return out
 
 
-def vacuum_state(dt, keep_from: int, keep_to: int) -> int:
-    """Delete every file of the state table (``dt``, a deltalake DeltaTable) that no version in
-    ``[keep_from, keep_to]`` references: superseded files and a crashed attempt's files (a full
-    vacuum, listed by delta-rs and deleted here, so the state gets no VACUUM commit). Only
-    safe between batches, under the model's writer lock. Returns the files deleted."""
-    root = fs_path(dt.table_uri)
+def vacuum_target(ref, retention_hours: float, now_s: float) -> tuple[int, int]:
+    """Delete the target's data files removed more than ``retention_hours`` ago and its Change
+    Data Feed files written more than ``retention_hours`` ago, without a commit (``ref``: the
+    target's DeltaTableRef at its latest version; files of that version are never deleted).
+    As Delta's VACUUM, a data file that neither the latest version nor a tombstone lists (its
+    tombstone expired from the checkpoints, or a crashed batch wrote it) is deleted once its
+    modification time is older than the retention. Nothing before the table's first
+    checkpoint (too few removed files to matter). With the log replayed here: its live files
+    and tombstones, one listing of the table and of its ``_change_data``, one bulk delete;
+    else delta-rs' VACUUM lists what to delete. Returns ``(data files, CDF files)`` deleted."""
+    own = ref.replayed_log()
+    root = fs_path(ref.path)
+    cutoff_ms = (now_s - retention_hours * 3600.0) * 1000.0
+    if own is not None:
+        if own.checkpoint_version < 0:
+            return 0, 0
+        live = {unquote(p) for p in own.files}
+        removed = {unquote(p): int(r.get("deletionTimestamp") or 0) for p, r in own.tombstones.items()}
+        data = storage.remove_many(_unreferenced(root, live, cutoff_ms, removed))
+    else:
+        dt = ref.table()
+        if _last_checkpoint(root) is None:
+            return 0, 0
+        files = dt.vacuum(retention_hours=retention_hours, dry_run=True, enforce_retention_duration=False)
+        data = storage.remove_many([f if os.path.isabs(f) else os.path.join(root, unquote(f)) for f in files])
+    expired = [p for p, st in storage.list_files(os.path.join(root, "_change_data"))
+               if st.mtime_ns / 1e6 < cutoff_ms]
+    return data, storage.remove_many(expired)
+
+
+def _referenced(ref, keep_from: int) -> set[str]:
+    """The data files (relative, decoded) some version from ``keep_from`` to the replayed
+    log's latest references: the latest's live files and what each commit after
+    ``keep_from`` removes (from the replay's commits, or their commit files, read at once)."""
+    own = ref.replayed_log()
+    paths = set(own.files)
+    missing = []
+    for v in range(max(0, keep_from) + 1, own.version + 1):
+        c = own.commits.get(v)
+        if c is None:
+            missing.append(v)
+        else:
+            paths.update(c.removed)
+    if missing:
+        for text in storage.read_many([f"{own.log_dir}/{v:020d}.json" for v in missing], "delta-log"):
+            for line in text.splitlines():
+                if line.strip():
+                    a = json.loads(line)
+                    if "remove" in a:
+                        paths.add(a["remove"]["path"])
+    return {unquote(p) for p in paths}
+
+
+def vacuum_state(ref, keep_from: int) -> int:
+    """Delete every file of the state table (``ref``, its DeltaTableRef at its latest
+    version) that no version from ``keep_from`` to the latest references: superseded files
+    and a crashed attempt's files (a full vacuum, without a VACUUM commit). Only safe between
+    batches, under the model's writer lock. With the log replayed here one listing of the
+    table and one bulk delete; else delta-rs' full VACUUM lists what to delete. Returns the
+    files deleted."""
+    root = fs_path(ref.path)
+    if ref.replayed_log() is not None:
+        return storage.remove_many(_unreferenced(root, _referenced(ref, keep_from), None))
+    dt = ref.table()
     files = dt.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False, full=True,
-                      keep_versions=list(range(max(0, keep_from), keep_to + 1)))
-    deleted = 0
-    for f in files:
-        p = f if os.path.isabs(f) else os.path.join(root, unquote(f))
-        if storage.remove(fs_path(p)):
-            deleted += 1
-    return deleted
+                      keep_versions=list(range(max(0, keep_from), dt.version() + 1)))
+    return storage.remove_many([fs_path(f if os.path.isabs(f) else os.path.join(root, unquote(f))) for f in files])
 
 
 def clean_scratch(scratch_dir: str, before_batch: int) -> int:
@@ -290,11 +296,8 @@ class Maintenance:
         self.batches = 0                # committed batches since the last pass
         self.last_pass = time.time()    # the run's start until its first pass
         from ..delta import DeltaTableRef
-        self._target = target if target is not None else DeltaTableRef(job.target_path)
-        self._state = state if state is not None else DeltaTableRef(job.state_root)
-        self._target_log = LogCleaner(job.target_path)
-        self._tombstones = Tombstones(job.target_path)
-        self._state_log = LogCleaner(job.state_root)
+        self._target = target if target is not None else DeltaTableRef(job.target_path, own_log=True, checksums=True)
+        self._state = state if state is not None else DeltaTableRef(job.state_root, own_log=True)
         self._warned = False
 
     def after_batch(self, batch_id: int, state_version: int | None) -> MaintenanceReport | None:
@@ -305,19 +308,12 @@ class Maintenance:
         self.batches, self.last_pass = 0, time.time()
         return report
 
-    @staticmethod
-    def _latest(ref):
-        """``ref``'s delta-rs handle at the table's latest version (opened on first use, then
-        refreshed by reading only the newer commits)."""
-        ref.refresh()
-        return ref.table()
-
     def run(self, batch_id: int, state_version: int | None) -> MaintenanceReport:
         """One pass after batch ``batch_id`` committed (its state at ``state_version``)."""
         t0 = time.time()
         r, job = MaintenanceReport(), self.job
         steps = [("target", lambda: self._target_pass(r, t0))]
-        if state_version is not None and storage.is_dir(os.path.join(job.state_root, "_delta_log")):
+        if state_version is not None and self._state.exists():
             steps.append(("state", lambda: self._state_pass(r, state_version)))
         steps.append(("scratch", lambda: setattr(r, "scratch_dirs", clean_scratch(job.scratch_dir, batch_id))))
         for name, step in steps:
@@ -332,9 +328,9 @@ class Maintenance:
         return r
 
     def _target_pass(self, r: MaintenanceReport, now: float) -> None:
-        job, ret = self.job, self.retention
-        dt = self._latest(self._target)
-        r.checkpoints += ensure_checkpoint(dt, ret.checkpoint_interval)
+        job, ret, ref = self.job, self.retention, self._target
+        version = ref.refresh()   # the run's own handle: at its last commit, no request
+        r.checkpoints += ensure_checkpoint(ref, ret.checkpoint_interval)
         if not _reachable(job.target_path):
             if not self._warned:
                 log.warning("%s: the target %s is on a file system this package does not reach: only "
@@ -342,23 +338,24 @@ class Maintenance:
                             job.model, job.target_path)
                 self._warned = True
             return
-        r.target_log_files = self._target_log.clean(dt.version(), now - ret.log_retention_hours * 3600.0)
-        r.target_data_files, r.target_cdc_files = vacuum_target(dt, ret.deleted_file_retention_hours, now, self._tombstones)
+        r.target_log_files = clean_log(job.target_path, version, now - ret.log_retention_hours * 3600.0)
+        r.target_data_files, r.target_cdc_files = vacuum_target(ref, ret.deleted_file_retention_hours, now)
 
     def _state_pass(self, r: MaintenanceReport, state_version: int) -> None:
-        job, ret = self.job, self.retention
-        dt = self._latest(self._state)
-        conf = dt.metadata().configuration
+        job, ret, ref = self.job, self.retention, self._state
+        ref.refresh()
+        own = ref.replayed_log()
+        conf = own.configuration if own is not None else ref.table().metadata().configuration
         wanted = {k: v for k, v in state_properties(ret).items() if conf.get(k) != v}
-        if wanted:   # a state table created before these properties, or a changed interval
-            dt.alter.set_table_properties(wanted)
-            dt.update_incremental()
-        r.checkpoints += ensure_checkpoint(dt, ret.checkpoint_interval)
+        if wanted:   # a state table created before these properties, or a changed interval (delta-rs commits)
+            ref.table().alter.set_table_properties(wanted)
+            ref.refresh(force=True)
+        r.checkpoints += ensure_checkpoint(ref, ret.checkpoint_interval)
         if not _reachable(job.state_root):
             return
         keep_from = state_version - ret.state_retention_versions + 1
-        r.state_data_files = vacuum_state(dt, keep_from, dt.version())
-        r.state_log_files = self._state_log.clean(max(0, keep_from), None)
+        r.state_data_files = vacuum_state(ref, keep_from)
+        r.state_log_files = clean_log(job.state_root, max(0, keep_from), None)
 
 
 def table_properties(retention: Retention) -> dict[str, str]:
@@ -393,4 +390,4 @@ def retention_of(job) -> Retention:
 
 
 __all__ = ["Maintenance", "MaintenanceReport", "Retention", "EVERY_BATCHES", "EVERY_SECONDS",
-           "Tombstones", "ensure_checkpoint", "table_properties", "state_properties", "vacuum_target", "vacuum_state", "clean_scratch", "retention_of"]
+           "clean_log", "ensure_checkpoint", "table_properties", "state_properties", "vacuum_target", "vacuum_state", "clean_scratch", "retention_of"]
