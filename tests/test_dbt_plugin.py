@@ -394,3 +394,41 @@ def test_a_deleted_target_whose_catalog_entry_remains_is_named_and_rebuilt_by_fu
     from dbt_recovery import deleted_target_is_named_and_rebuilt
     root, schema, _ = project
     deleted_target_is_named_and_rebuilt(spark, capsys, root, schema, str(root / "data"))
+
+
+def test_a_steady_run_takes_the_targets_catalog_entry_from_dbts_relation_cache(spark, project, monkeypatch):
+    """dbt-spark fills its relation cache once per schema before the first model (``SHOW TABLE
+    EXTENDED``, with each table's type, provider and location): once a consistent_stream
+    target is registered, a run of its model takes the entry from there, and neither the
+    adapter (before the engine runs) nor the engine's publish (after) asks the metastore
+    again. A first run, with nothing in the cache, does ask."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    import consistent_stream.sink.catalog as catalog
+    from dbt_recovery import BIG, TOTALS
+
+    from test_dbt_end_to_end import SOURCES
+    root, schema, _ = project
+    src, targets = str(root / "data" / "src" / "orders"), str(root / "data" / "targets")
+    write_deltalake(src, pa.table({"oid": [1, 2, 3], "cid": [1, 1, 2], "amount": [5, 6, 7]}),
+                    configuration={"delta.enableChangeDataFeed": "true"})
+    write(root, {"models/sources.yml": SOURCES.format(loc=src), "models/totals.sql": TOTALS.format(root=targets),
+                 "models/big.sql": BIG.format(root=targets)})
+    asked: list[str] = []
+    read_entry = catalog.catalog_entry
+
+    def counted(spark_, schema_, identifier):
+        asked.append(identifier)
+        return read_entry(spark_, schema_, identifier)
+    monkeypatch.setattr(catalog, "catalog_entry", counted)
+    res = dbt(root, "run")
+    assert res.success, messages(res)
+    assert "totals" in asked, asked
+    asked.clear()
+    write_deltalake(src, pa.table({"oid": [4], "cid": [2], "amount": [8]}), mode="append")
+    res = dbt(root, "run")
+    assert res.success, messages(res)
+    assert asked == [], asked
+    assert {r["cid"]: r["total"] for r in spark.table(f"{schema}.totals").collect()} == {1: 11, 2: 15}
+    assert {r["cid"]: r["total"] for r in spark.table(f"{schema}.big").collect()} == {1: 11, 2: 15}

@@ -124,6 +124,30 @@ class ConsistentSparkConnectionManager(SparkConnectionManager):
         return super().open(connection)
 
 
+PRELOADED = ("numpy", "pandas", "pyarrow.dataset", "pyarrow.parquet", "duckdb", "deltalake", "sqlglot",
+             "sqlglot.dialects.duckdb", "sqlglot.dialects.spark")
+"""What :func:`_preload` imports while the JVM starts: pandas and numpy (pyspark's converters
+import them at the session's first statements), and what a consistent_stream model's first
+batch imports (DuckDB, sqlglot's dialects, delta-rs, pyarrow). None of them imports pyspark, so
+the thread never holds an import lock the session's own start waits on in turn."""
+
+
+def _preload() -> None:
+    """Import :data:`PRELOADED` on a daemon thread: for the two seconds ``launch_gateway``
+    waits for the JVM, this process has nothing else to do. An import that fails here fails
+    again, with its error, where the module is used."""
+    import importlib
+    import threading
+
+    def load() -> None:
+        for name in PRELOADED:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 (raised again where it is used)
+                pass
+    threading.Thread(target=load, name="consistent-stream-preload", daemon=True).start()
+
+
 def _start_session(parameters: dict) -> None:
     """Build the process's SparkSession as dbt-spark's session cursor would
     (``SparkSession.builder.enableHiveSupport()`` with the profile's ``parameters``), plus
@@ -135,6 +159,7 @@ def _start_session(parameters: dict) -> None:
 
     if SparkSession.getActiveSession() is not None:
         return
+    _preload()
     from consistent_stream import location
     from consistent_stream.session import with_delta
 

@@ -151,7 +151,7 @@ class ConsistentSparkAdapter(SparkAdapter):
         spark = self._spark_session()
         # dbt keeps the invocation's working directory: a relative --project-dir is relative to it.
         project_root = os.path.abspath(self.config.project_root)
-        self._drop_relation_of_another_materialization(spark, schema, identifier)
+        entry = self._drop_relation_of_another_materialization(spark, schema, identifier)
         try:
             from consistent_stream.job import run_model
 
@@ -165,6 +165,7 @@ class ConsistentSparkAdapter(SparkAdapter):
                 sources=[_plain(source) for source in sources],
                 config=_plain(config),
                 full_refresh=bool(full_refresh),
+                catalog_entry=entry,
             )
         except DbtRuntimeError:
             raise
@@ -172,7 +173,7 @@ class ConsistentSparkAdapter(SparkAdapter):
             raise _engine_error(f"consistent_stream model {model_name}", exc) from exc
         return dict(summary or {})
 
-    def _drop_relation_of_another_materialization(self, spark: Any, schema: str, identifier: str) -> None:
+    def _drop_relation_of_another_materialization(self, spark: Any, schema: str, identifier: str) -> Any:
         """Drop ``schema.identifier`` when it is a view, or a table that is not a published
         consistent_stream target (an external Delta table whose location is a target the
         engine registered): the model's materialization was changed to consistent_stream.
@@ -186,17 +187,24 @@ class ConsistentSparkAdapter(SparkAdapter):
         (``consistent_stream.sink.catalog.catalog_entry``): an entry whose location is gone (a
         target deleted by hand, a bucket prefix cleaned up, a restored metastore) is left to
         the engine, which says what is missing and replaces the entry when it rebuilds.
+        dbt's relation cache answers first (:meth:`_cached_entry`), the metastore when the
+        cache does not hold the relation.
+
+        Returns the entry as it stands afterwards (None: none, or dropped here), which the
+        engine's publish uses instead of reading it again.
         """
         from consistent_stream.sink.catalog import catalog_entry, drop_entry
 
-        try:
-            entry = catalog_entry(spark, schema, identifier)
-        except Exception as exc:
-            raise _engine_error(f"reading the catalog entry {schema}.{identifier}", exc) from exc
+        entry = self._cached_entry(schema, identifier)
+        if entry is None:
+            try:
+                entry = catalog_entry(spark, schema, identifier)
+            except Exception as exc:
+                raise _engine_error(f"reading the catalog entry {schema}.{identifier}", exc) from exc
         if entry is None or entry.is_target():
-            return
+            return entry
         if entry.kind == "EXTERNAL" and entry.provider == "delta" and not entry.location_exists():
-            return   # its location is gone: nothing to drop but the entry, which the engine replaces
+            return entry   # its location is gone: nothing to drop but the entry, which the engine replaces
         relation_type = "view" if entry.kind == "VIEW" else "table"
         logger.info(f"consistent_stream: dropping the {relation_type} {schema}.{identifier} (another "
                     f"materialization made it) before the model's target replaces it")
@@ -204,6 +212,23 @@ class ConsistentSparkAdapter(SparkAdapter):
             self.drop_relation(self.Relation.create(schema=schema, identifier=identifier, type=relation_type))
         else:
             drop_entry(spark, schema, identifier)   # the entry alone: its location is gone
+        return None
+
+    def _cached_entry(self, schema: str, identifier: str) -> Any:
+        """The catalog entry ``schema.identifier`` as dbt's relation cache holds it: dbt-spark
+        fills the cache once per schema before the first model (``SHOW TABLE EXTENDED``) and
+        keeps each table's ``information`` (type, provider, location) on its relation, so a
+        model need not ask the metastore again. None when the cache does not hold the
+        relation with that information (then the metastore is asked)."""
+        from consistent_stream.sink.catalog import CatalogEntry
+
+        if not self._schema_is_cached(None, schema):
+            return None
+        for relation in self.cache.get_relations(None, schema):
+            information = getattr(relation, "information", None)
+            if (relation.identifier or "").lower() == identifier.lower() and information:
+                return CatalogEntry.from_information(information)
+        return None
 
     @available
     def consistent_stream_publish_sources(self, sources: List[Dict[str, Any]]) -> List[int]:

@@ -42,7 +42,7 @@ from .plan import compile_model, fingerprint
 from .plan.expand import expand_views
 from .query import StreamingQuery, fold, no_totals, query_id, query_record
 from .runtime import BatchMeta, BatchResult, QueryRuntime, target_key
-from .sink.catalog import publish
+from .sink.catalog import UNREAD, publish
 from .sources import Cut
 from .sources.dag import latest_cut
 from .sources.formats import open_source
@@ -156,7 +156,7 @@ def _start_checkpoint(job: JobSpec, fp: str, full_refresh: bool) -> checkpoint.Q
 
 
 def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
-            timeout_s: float | None = None) -> dict:
+            timeout_s: float | None = None, catalog_entry=UNREAD) -> dict:
     """Run ``job`` to the cut taken now (trigger available-now) and stop; or, with a
     processing-time trigger, keep running (until ``timeout_s`` when given). Returns the
     run summary (``batches``, ``changes_read``, ``rows_written``, ``seconds``,
@@ -168,7 +168,11 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
     a second run of the model raises ConcurrentWriterError before reading or writing
     anything. ``spark`` may be a classic session or a Spark Connect client
     (:mod:`consistent_stream.connect`): the batch loop, the commits and the local engine run in
-    this process either way."""
+    this process either way.
+
+    ``catalog_entry``: the target's catalog entry (a :class:`~.sink.catalog.CatalogEntry`, None
+    for none) as the caller read it before the run (the dbt adapter, from dbt's relation
+    cache); the run's publish then does not read it again."""
     from .sink.lock import WriterLock
     before = location.REQUESTS.snapshot()
     reach_storage(spark, job)
@@ -178,7 +182,8 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
                 storage.read_once_under(os.path.join(job.checkpoint_location, "_consistent_stream"),
                                         prefetch=(job.spec_path, job.fingerprint_path, job.plan_path,
                                                   job.query_path, job.local_sql_path)):
-            summary = _run_job(spark, job, full_refresh=full_refresh, timeout_s=timeout_s, fence=lock.check)
+            summary = _run_job(spark, job, full_refresh=full_refresh, timeout_s=timeout_s, fence=lock.check,
+                               catalog_entry=catalog_entry)
         summary["object_store_requests"] = location.REQUESTS.since(before)
         return summary
     except Exception as e:  # a full or read-only disk, a lost session: say so (README "Bad inputs")
@@ -231,6 +236,7 @@ class _Run:
     state: DeltaTableRef
     state_opening: threading.Thread | None = None
     compiling: Future | None = None
+    catalog_entry: object = UNREAD   # the target's catalog entry as read before the run (sink.catalog.publish)
 
     @staticmethod
     def open(spark: SparkSession, job: JobSpec, full_refresh: bool) -> "_Run":
@@ -304,12 +310,13 @@ def resume_sources(sources: dict, target: DeltaTableRef) -> None:
 
 
 def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s: float | None,
-             fence=lambda: None) -> dict:
+             fence=lambda: None, catalog_entry=UNREAD) -> dict:
     """The run's steps, in order: open the sources and take the cut; decide (nothing to do,
     keep, fail or rebuild: :func:`_decide`); compile; start or resume the checkpoint; run the
     streaming query (:mod:`.query`: plan cuts, run batches, maintain); publish and report.
     ``fence`` is called before every commit (the writer lock's :meth:`check`)."""
     run = _Run.open(spark, job, full_refresh)
+    run.catalog_entry = catalog_entry
     try:
         return _run_steps(run, timeout_s, fence)
     finally:
@@ -372,7 +379,7 @@ def _prepare(run: _Run, action: str, changes: list) -> tuple[QueryRuntime, list 
 
 def _report_up_to_date(run: _Run, meta: BatchMeta) -> dict:
     """An available-now run whose target already reflects the cut: publish, report."""
-    _publish(run.spark, run.job)
+    _publish(run)
     commit = run.target.latest_commit()
     log.info("%s: up to date (target version %d reflects the sources' latest versions)", run.job.model,
              commit.version)
@@ -387,7 +394,7 @@ def _report_kept(run: _Run, action: str, changes: list) -> dict:
     log.warning("%s: its definition changed since the checkpoint was made, and on_configuration_change is "
                 "'continue': the view is kept as it is, at target version %d, and not refreshed:\n%s",
                 job.model, target.version(), config_change.describe(changes))
-    _publish(run.spark, job)
+    _publish(run)
     summary = _summary(job, run.t0, [], run.cut, target.version(), None, False, _cached_key(job))
     summary["configuration_change"] = {"action": action, "changes": [str(c) for c in changes]}
     return summary
@@ -399,7 +406,7 @@ def _report(run: _Run, query: StreamingQuery, key) -> dict:
     target = run.target
     version = target.latest_version() if target.exists() else None
     if version is not None:
-        _publish(run.spark, run.job)
+        _publish(run)
     freshness = None
     if version is not None and any(not r.skipped for r in query.results):
         c = target.latest_commit()
@@ -426,10 +433,11 @@ def _cached_key(job: JobSpec):
     return d.get("unique_key") if isinstance(d, dict) else (job.unique_key or None)
 
 
-def _publish(spark: SparkSession, job: JobSpec) -> None:
+def _publish(run: _Run) -> None:
     """Register the target in the catalog (``USING delta``) unless it already is; its
     descriptions (``persist_docs``) are in its Delta metadata."""
-    publish(spark, job.schema, job.identifier, job.target_path)
+    job = run.job
+    publish(run.spark, job.schema, job.identifier, job.target_path, entry=run.catalog_entry)
 
 
 def _summary(job: JobSpec, t0: float, results: list[BatchResult], cut: Cut, version, freshness,
@@ -472,8 +480,10 @@ def reach_storage(spark: SparkSession, job: JobSpec) -> None:
             checked.add(bucket)
 
 
-def run_model(spark, *, project_root, schema, identifier, model_name, sql, sources, config, full_refresh):
-    """Entry point of the dbt adapter (``adapter.consistent_stream_run``); see ``run_job``.
+def run_model(spark, *, project_root, schema, identifier, model_name, sql, sources, config, full_refresh,
+              catalog_entry=UNREAD):
+    """Entry point of the dbt adapter (``adapter.consistent_stream_run``); see ``run_job``
+    (``catalog_entry`` too).
 
     ``sources``: the model's inputs as the materialization collects them, through ephemeral
     and view models: dbt sources, upstream consistent_stream models (``kind: model``) and
@@ -488,7 +498,7 @@ def run_model(spark, *, project_root, schema, identifier, model_name, sql, sourc
                            model_name=model_name, sql=sql, sources=sources, config=config,
                            warehouse_dir=warehouse)
     from .verify import record_model
-    summary = run_job(spark, job, full_refresh=bool(full_refresh))
+    summary = run_job(spark, job, full_refresh=bool(full_refresh), catalog_entry=catalog_entry)
     record_model(project_root, job)
     return summary
 

@@ -43,25 +43,37 @@ def is_target(location: str) -> bool:
     return storage.exists(_marker(path)) and storage.is_dir(os.path.join(path, "_delta_log"))
 
 
-def _registered(spark: SparkSession, name: str, home: str, location: str) -> bool:
+UNREAD = object()
+"""The ``entry`` of :func:`publish` when the caller has not read the catalog entry."""
+
+
+def _registered(spark: SparkSession, name: str, home: str, location: str, entry=UNREAD) -> bool:
     """Whether the catalog has ``name`` as the Delta table at ``location``: our last publish
-    (recorded under ``home``) registered it so, and the catalog still has the table."""
+    (recorded under ``home``) registered it so, and the catalog still has the table (as
+    ``entry`` shows it, when the caller read it, else read here)."""
     m = storage.read_json(_marker(home))
-    return (isinstance(m, dict) and m.get("table") == name and m.get("location") == location
-            and m.get("provider") == "delta" and _entry_exists(spark, *name.split(".", 1)))
+    if not (isinstance(m, dict) and m.get("table") == name and m.get("location") == location
+            and m.get("provider") == "delta"):
+        return False
+    if entry is not UNREAD:
+        return entry is not None and entry.is_at(location)
+    return _entry_exists(spark, *name.split(".", 1))
 
 
-def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, home: str | None = None) -> bool:
+def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, home: str | None = None, *,
+            entry=UNREAD) -> bool:
     """Register the Delta table at ``table_path`` as ``schema.identifier`` (``USING delta
     LOCATION``) unless our last publish (recorded under ``home``, the table's directory by
     default) already did; returns whether it (re)registered. An entry of the same name that
     is not this Delta table (a Parquet table over a snapshot directory, as published before
     delta-spark was in the session) is dropped first: only the entry, an external table's
-    files stay. Creates the schema when missing."""
+    files stay. Creates the schema when missing. ``entry``: the name's :class:`CatalogEntry`
+    (None: no entry) as the caller read it earlier in the same run, e.g. from dbt's relation
+    cache; the catalog is then not asked again when the marker and it agree."""
     home = home or table_path
     name = f"{schema}.{identifier}"
     location = as_uri(table_path)
-    if _registered(spark, name, home, location):
+    if _registered(spark, name, home, location, entry):
         return False
     fq = f"`{schema}`.`{identifier}`"
     spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
@@ -95,6 +107,20 @@ class CatalogEntry:
             return storage.is_dir(os.path.join(path, "_delta_log"))
         return storage.exists(path)
 
+    @classmethod
+    def from_information(cls, information: str) -> "CatalogEntry":
+        """The entry as ``SHOW TABLE EXTENDED``'s ``information`` column describes it (``Type``,
+        ``Provider`` and ``Location`` lines; dbt-spark keeps it on its relations)."""
+        info = dict(line.split(": ", 1) for line in information.splitlines() if ": " in line)
+        return cls(kind=info.get("Type", "").upper(),
+                   provider=info["Provider"].lower() if info.get("Provider") else None,
+                   location=info.get("Location"))
+
+    def is_at(self, location: str) -> bool:
+        """Whether the entry is an external Delta table at ``location`` (a path or URI)."""
+        return self.kind == "EXTERNAL" and self.provider == "delta" and bool(self.location) \
+            and fs_path(self.location).rstrip("/") == fs_path(location).rstrip("/")
+
     def is_target(self) -> bool:
         """Whether the entry is a target this module registered (:func:`is_target`)."""
         return self.kind == "EXTERNAL" and self.provider == "delta" and bool(self.location) \
@@ -115,10 +141,7 @@ def catalog_entry(spark: SparkSession, schema: str, identifier: str) -> CatalogE
         raise
     for r in rows:
         if r["tableName"].lower() == identifier.lower() and not r["isTemporary"]:
-            info = dict(line.split(": ", 1) for line in r["information"].splitlines() if ": " in line)
-            return CatalogEntry(kind=info.get("Type", "").upper(),
-                                provider=info["Provider"].lower() if info.get("Provider") else None,
-                                location=info.get("Location"))
+            return CatalogEntry.from_information(r["information"])
     return None
 
 
