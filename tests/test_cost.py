@@ -441,36 +441,3 @@ def test_a_full_refresh_keeps_the_local_engines_translations(spark, tmp_path):
     sc.run(job)
     with open(job.local_sql_path) as f:
         assert f.read() == made   # nothing new to translate: the file is not rewritten
-
-
-def test_a_model_run_again_in_the_same_session_does_not_ask_the_metastore_for_its_entry(spark, tmp_path,
-                                                                                       monkeypatch):
-    """A run's publish takes the target's catalog entry the session registered or found in the
-    last CONFIRMED_FOR_S as still there (a metastore statement per run, otherwise); an entry
-    dropped through the package (drop_entry) is asked for, and registered, again."""
-    import consistent_stream.sink.catalog as catalog
-    sc = Scenario(spark, tmp_path, {"t": pa.table({"k": [1, 2], "v": [10, 20]})}, {"t": ["k"]})
-    job = sc.job("select k, sum(v) as s from src.t group by k", "k")
-    sc.run(job, full_refresh=True)
-    asked: list[str] = []
-    read_entry = catalog.catalog_entry
-
-    def counted(spark_, schema, identifier):
-        asked.append(identifier)
-        return read_entry(spark_, schema, identifier)
-    monkeypatch.setattr(catalog, "catalog_entry", counted)
-    sc.insert("t", pa.table({"k": [1], "v": [5]}))
-    sc.run(job)
-    assert asked == [], asked
-    catalog.drop_entry(spark, job.schema, job.identifier)
-    assert read_entry(spark, job.schema, job.identifier) is None
-    asked.clear()
-    sc.insert("t", pa.table({"k": [2], "v": [7]}))
-    sc.run(job)
-    assert asked and read_entry(spark, job.schema, job.identifier) is not None
-    monkeypatch.setattr(catalog, "CONFIRMED_FOR_S", 0.0)   # past the window: asked again
-    asked.clear()
-    sc.insert("t", pa.table({"k": [3], "v": [1]}))
-    sc.run(job)
-    assert asked == [job.identifier], asked
-    sc.check(job)

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-import time
-import weakref
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
@@ -49,50 +46,18 @@ def is_target(location: str) -> bool:
 UNREAD = object()
 """The ``entry`` of :func:`publish` when the caller has not read the catalog entry."""
 
-CONFIRMED_FOR_S = 300.0
-"""How long (seconds) a session takes an entry it registered, or found in the catalog, as
-still there (:func:`_registered`): a model run again in the same process within this time does
-not ask the metastore (a statement per run, 0.03-0.04 s of a small batch's run). An entry
-dropped by someone else meanwhile is registered again by the first run after it; a dbt run
-reads its relation cache, filled at its start, instead."""
-_confirmed: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # session -> {(name, location): monotonic s}
-_confirmed_lock = threading.Lock()
-
-
-def _confirm(spark: SparkSession, name: str, location: str) -> None:
-    with _confirmed_lock:
-        _confirmed.setdefault(spark, {})[(name, location)] = time.monotonic()
-
-
-def _was_confirmed(spark: SparkSession, name: str, location: str) -> bool:
-    with _confirmed_lock:
-        t = _confirmed.get(spark, {}).get((name, location))
-    return t is not None and time.monotonic() - t < CONFIRMED_FOR_S
-
-
-def _forget(spark: SparkSession, name: str) -> None:
-    with _confirmed_lock:
-        seen = _confirmed.get(spark, {})
-        for key in [k for k in seen if k[0] == name]:
-            del seen[key]
-
 
 def _registered(spark: SparkSession, name: str, home: str, location: str, entry=UNREAD) -> bool:
     """Whether the catalog has ``name`` as the Delta table at ``location``: our last publish
     (recorded under ``home``) registered it so, and the catalog still has the table (as
-    ``entry`` shows it, when the caller read it; else as this session last saw it, within
-    :data:`CONFIRMED_FOR_S`; else read here)."""
+    ``entry`` shows it, when the caller read it, else read here)."""
     m = storage.read_json(_marker(home))
     if not (isinstance(m, dict) and m.get("table") == name and m.get("location") == location
             and m.get("provider") == "delta"):
         return False
     if entry is not UNREAD:
-        there = entry is not None and entry.is_at(location)
-    else:
-        there = _was_confirmed(spark, name, location) or _entry_exists(spark, *name.split(".", 1))
-    if there:
-        _confirm(spark, name, location)
-    return there
+        return entry is not None and entry.is_at(location)
+    return _entry_exists(spark, *name.split(".", 1))
 
 
 def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, home: str | None = None, *,
@@ -118,7 +83,6 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
     spark.sql(f"CREATE TABLE {fq} USING delta LOCATION '{_escaped(location)}'")
     storage.remove_tree(os.path.join(home, LEGACY_SNAPSHOTS), ignore_errors=True)
     storage.replace_text(_marker(home), json.dumps({"table": name, "location": location, "provider": "delta"}))
-    _confirm(spark, name, location)
     return True
 
 
@@ -189,7 +153,6 @@ def drop_entry(spark: SparkSession, schema: str, identifier: str) -> None:
     """Drop the metastore entry ``schema.identifier`` (an external table's files stay; a
     managed table's are deleted where they still exist). ``DROP TABLE`` (``DROP VIEW`` for a
     view) drops an entry whose location is gone without opening its table."""
-    _forget(spark, f"{schema}.{identifier}")
     entry = catalog_entry(spark, schema, identifier)
     if entry is not None:
         spark.sql(f"DROP {'VIEW' if entry.kind == 'VIEW' else 'TABLE'} IF EXISTS `{schema}`.`{identifier}`")
