@@ -116,15 +116,18 @@ class CatalogEntry:
                    provider=info["Provider"].lower() if info.get("Provider") else None,
                    location=info.get("Location"))
 
+    @property
+    def external_delta(self) -> bool:
+        """Whether the entry is an external Delta table with a location."""
+        return self.kind == "EXTERNAL" and self.provider == "delta" and bool(self.location)
+
     def is_at(self, location: str) -> bool:
         """Whether the entry is an external Delta table at ``location`` (a path or URI)."""
-        return self.kind == "EXTERNAL" and self.provider == "delta" and bool(self.location) \
-            and fs_path(self.location).rstrip("/") == fs_path(location).rstrip("/")
+        return self.external_delta and fs_path(self.location).rstrip("/") == fs_path(location).rstrip("/")
 
     def is_target(self) -> bool:
         """Whether the entry is a target this module registered (:func:`is_target`)."""
-        return self.kind == "EXTERNAL" and self.provider == "delta" and bool(self.location) \
-            and is_target(self.location)
+        return self.external_delta and is_target(self.location)
 
 
 def catalog_entry(spark: SparkSession, schema: str, identifier: str) -> CatalogEntry | None:

@@ -49,7 +49,6 @@ checkpoints are written (logged once).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -125,19 +124,23 @@ def ensure_checkpoint(ref, interval: int) -> bool:
     is asked for its ``_last_checkpoint`` and written by delta-rs."""
     own = ref.replayed_log()
     if own is not None and own.plain:
-        version, last = own.version, own.checkpoint_version
-        if version - last < interval if last >= 0 else version < interval:
+        if not _checkpoint_due(own.version, own.checkpoint_version if own.checkpoint_version >= 0 else None,
+                               interval):
             return False
         own.write_checkpoint()
         return True
     dt = ref.table()
-    last = _last_checkpoint(dt.table_uri) if _reachable(dt.table_uri) else None
-    if last is not None and dt.version() - last < interval:
-        return False
-    if last is None and dt.version() < interval:
+    if not _checkpoint_due(dt.version(), _last_checkpoint(dt.table_uri) if _reachable(dt.table_uri) else None,
+                           interval):
         return False
     dt.create_checkpoint()
     return True
+
+
+def _checkpoint_due(version: int, last: int | None, interval: int) -> bool:
+    """Whether a table at ``version`` whose newest checkpoint is ``last`` (None: none) needs
+    one: ``interval`` versions past it (or past the table's start)."""
+    return version - (last if last is not None else 0) >= interval
 
 
 def clean_log(table: str, keep_version: int, cutoff_s: float | None) -> int:
@@ -223,8 +226,8 @@ def vacuum_target(ref, retention_hours: float, now_s: float) -> tuple[int, int]:
         dt = ref.table()
         if _last_checkpoint(root) is None:
             return 0, 0
-        files = dt.vacuum(retention_hours=retention_hours, dry_run=True, enforce_retention_duration=False)
-        data = storage.remove_many([f if os.path.isabs(f) else os.path.join(root, unquote(f)) for f in files])
+        data = storage.remove_many(_paths_under(root, dt.vacuum(
+            retention_hours=retention_hours, dry_run=True, enforce_retention_duration=False)))
     expired = [p for p, st in storage.list_files(os.path.join(root, "_change_data"))
                if st.mtime_ns / 1e6 < cutoff_ms]
     return data, storage.remove_many(expired)
@@ -233,23 +236,14 @@ def vacuum_target(ref, retention_hours: float, now_s: float) -> tuple[int, int]:
 def _referenced(ref, keep_from: int) -> set[str]:
     """The data files (relative, decoded) some version from ``keep_from`` to the replayed
     log's latest references: the latest's live files and what each commit after
-    ``keep_from`` removes (from the replay's commits, or their commit files, read at once)."""
+    ``keep_from`` removes (from the replay's commits, or, for one the replay did not read,
+    its commit file: :meth:`DeltaTableRef.log_actions`)."""
     own = ref.replayed_log()
     paths = set(own.files)
-    missing = []
     for v in range(max(0, keep_from) + 1, own.version + 1):
         c = own.commits.get(v)
-        if c is None:
-            missing.append(v)
-        else:
-            paths.update(c.removed)
-    if missing:
-        for text in storage.read_many([f"{own.log_dir}/{v:020d}.json" for v in missing], "delta-log"):
-            for line in text.splitlines():
-                if line.strip():
-                    a = json.loads(line)
-                    if "remove" in a:
-                        paths.add(a["remove"]["path"])
+        paths.update(c.removed if c is not None else
+                     (a["remove"]["path"] for a in ref.log_actions(v) if "remove" in a))
     return {unquote(p) for p in paths}
 
 
@@ -264,9 +258,15 @@ def vacuum_state(ref, keep_from: int) -> int:
     if ref.replayed_log() is not None:
         return storage.remove_many(_unreferenced(root, _referenced(ref, keep_from), None))
     dt = ref.table()
-    files = dt.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False, full=True,
-                      keep_versions=list(range(max(0, keep_from), dt.version() + 1)))
-    return storage.remove_many([fs_path(f if os.path.isabs(f) else os.path.join(root, unquote(f))) for f in files])
+    return storage.remove_many(_paths_under(root, dt.vacuum(
+        retention_hours=0, dry_run=True, enforce_retention_duration=False, full=True,
+        keep_versions=list(range(max(0, keep_from), dt.version() + 1)))))
+
+
+def _paths_under(root: str, files: list[str]) -> list[str]:
+    """delta-rs' VACUUM listing (paths relative to the table, as the log encodes them, or
+    absolute) as paths :mod:`consistent_stream.storage` takes."""
+    return [fs_path(f if os.path.isabs(f) else os.path.join(root, unquote(f))) for f in files]
 
 
 def clean_scratch(scratch_dir: str, before_batch: int) -> int:
