@@ -132,10 +132,16 @@ class CatalogEntry:
 
 def catalog_entry(spark: SparkSession, schema: str, identifier: str) -> CatalogEntry | None:
     """The metastore entry ``schema.identifier``, or None when there is none (nor its schema).
-    Read with ``SHOW TABLE EXTENDED``, which prints the entry's type, provider and location
-    from the metastore: unlike ``spark.catalog.tableExists``, ``DESCRIBE`` or delta-spark's
-    catalog, it never opens a Delta table's log, so it answers for an entry whose location is
-    gone, over a classic session and over Spark Connect alike."""
+    Read from the metastore alone, never opening a Delta table's log (unlike
+    ``spark.catalog.tableExists``, ``DESCRIBE`` or delta-spark's catalog), so it answers for an
+    entry whose location is gone. A classic session asks its external catalog (Hive's, or the
+    in-memory one) directly through the JVM: ``databaseExists``, ``tableExists`` and
+    ``getTable``, a few py4j calls; over Spark Connect, where there is no JVM here, it reads
+    ``SHOW TABLE EXTENDED``, which prints the entry's type, provider and location (the same
+    fields: ``CatalogTable``'s), at the cost of a SQL statement's parse, plan and collect."""
+    from ..connect import is_connect
+    if not is_connect(spark):
+        return _external_catalog_entry(spark, schema, identifier)
     try:
         rows = spark.sql(f"SHOW TABLE EXTENDED IN `{schema}` LIKE '{_escaped(identifier)}'").collect()
     except Exception as e:  # AnalysisException (classic or Connect): a schema that does not exist
@@ -146,6 +152,29 @@ def catalog_entry(spark: SparkSession, schema: str, identifier: str) -> CatalogE
         if r["tableName"].lower() == identifier.lower() and not r["isTemporary"]:
             return CatalogEntry.from_information(r["information"])
     return None
+
+
+def _external_catalog_entry(spark: SparkSession, schema: str, identifier: str) -> CatalogEntry | None:
+    """:func:`catalog_entry` through a classic session's ``ExternalCatalog`` (Spark's
+    ``sharedState.externalCatalog``: the metastore behind ``spark_catalog``, with Spark's
+    listener events, as ``SHOW TABLE EXTENDED`` reads it). Names are lower-cased as Spark's
+    session catalog does for a case-insensitive analysis (the default; Hive keeps them so)."""
+    case_sensitive = spark.conf.get("spark.sql.caseSensitive", "false").lower() == "true"
+    db, name = (schema, identifier) if case_sensitive else (schema.lower(), identifier.lower())
+    external = spark._jsparkSession.sharedState().externalCatalog()
+    if not external.databaseExists(db) or not external.tableExists(db, name):
+        return None
+    try:
+        table = external.getTable(db, name)
+    except Exception as e:  # py4j's Java error: dropped between the two calls
+        if "NoSuchTableException" in str(e) or "NoSuchDatabaseException" in str(e):
+            return None
+        raise
+    provider = table.provider()
+    location = table.storage().locationUri()
+    return CatalogEntry(kind=table.tableType().name().upper(),
+                        provider=provider.get().lower() if provider.isDefined() else None,
+                        location=location.get().toString() if location.isDefined() else None)
 
 
 def _entry_exists(spark: SparkSession, schema: str, identifier: str) -> bool:
