@@ -78,13 +78,15 @@ def split(events: list[dict], t_start: float, t_end: float) -> dict:
     return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
 
 
-def dbt_run(project: Path, env: dict, command: str = "run", dbt: str = DBT) -> tuple[float, float, list[dict]]:
+def dbt_run(project: Path, env: dict, command: str = "run", dbt: str = DBT,
+            target: str | None = None) -> tuple[float, float, list[dict]]:
     """`dbt <command>` (default ``run``) of ``project`` in a fresh process (``dbt``: the
-    executable, default this virtualenv's): its start and exit (epoch seconds) and its JSON log
-    events. Exits when dbt fails."""
+    executable, default this virtualenv's; ``target``: the profile's target, default its
+    own): its start and exit (epoch seconds) and its JSON log events. Exits when dbt fails."""
     t0 = time.time()
     p = subprocess.run([dbt, command, "--log-format", "json", "--project-dir", str(project),
-                        "--profiles-dir", str(project)], env=env, cwd=str(project), capture_output=True, text=True)
+                        "--profiles-dir", str(project), *(["--target", target] if target else [])],
+                       env=env, cwd=str(project), capture_output=True, text=True)
     t1 = time.time()
     events = []
     for line in p.stdout.splitlines():
@@ -119,6 +121,9 @@ def main() -> int:
                     help="a Spark conf added to the profile's server_side_parameters")
     ap.add_argument("--command", choices=["run", "test"], default="run",
                     help="the dbt command timed (test: after an untimed run of each round)")
+    ap.add_argument("--target", default="local",
+                    help="the profile's target: local (a session in dbt's process) or warm (a warm session: the "
+                         "first, untimed build starts its server, the timed runs reuse it; stopped at the end)")
     args = ap.parse_args()
     from consistent_stream.tpch.refresh import refresh_round
     from noop_run import example_project
@@ -129,17 +134,22 @@ def main() -> int:
         if args.conf:
             with_confs(project / "profiles.yml", args.conf)
         env = {**os.environ, **variables}
-        dbt_run(project, env)   # the first build
-        for i in range(args.runs):
-            refresh_round(project / "data" / "tpch", i + 1, size=14)
-            if args.command != "run":
-                dbt_run(project, env)
-            t0, t1, events = dbt_run(project, env, args.command)
-            row = {"run": i + 1, "command": args.command, "sf": args.sf, "confs": args.conf, **split(events, t0, t1)}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        try:
+            dbt_run(project, env, target=args.target)   # the first build
+            for i in range(args.runs):
+                refresh_round(project / "data" / "tpch", i + 1, size=14)
+                if args.command != "run":
+                    dbt_run(project, env, target=args.target)
+                t0, t1, events = dbt_run(project, env, args.command, target=args.target)
+                row = {"run": i + 1, "command": args.command, "target": args.target, "sf": args.sf,
+                       "confs": args.conf, **split(events, t0, t1)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        finally:
+            from consistent_stream import warm_session
+            warm_session.stop(project)
     keys = ("wall_s", "start_s", "parse_s", "session_s", "models_s", "end_s", "rest_s")
-    print(json.dumps({"summary": True, "command": args.command, "sf": args.sf, "confs": args.conf, "runs": len(rows),
+    print(json.dumps({"summary": True, "command": args.command, "target": args.target, "sf": args.sf, "confs": args.conf, "runs": len(rows),
                       "models": len(rows[0]["models"]),
                       **{f"{k}_median": round(statistics.median(r[k] for r in rows), 3) for k in keys}}))
     return 0

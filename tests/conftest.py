@@ -29,8 +29,8 @@ pytest_plugins = ["dbt.tests.fixtures.project"]
 LONG_FIRST = ("test_properties.py", "test_crash_campaign.py", "test_spark_written_sources.py", "test_cluster.py",
               "test_object_store.py", "test_kafka_debezium.py", "test_writer_lock.py", "test_pgbench_consistency.py",
               "test_tpch_models.py", "test_cost.py", "test_cdf_schema_changes.py", "test_dbt_refs.py",
-              "test_example_project.py", "test_dbt_plugin.py", "test_dbt_end_to_end.py", "test_chains.py",
-              "test_bad_inputs.py", "test_continuous.py", "test_kafka_stack.py", "test_float_sums.py",
+              "test_example_project.py", "test_dbt_plugin.py", "test_warm_session.py", "test_dbt_end_to_end.py",
+              "test_chains.py", "test_bad_inputs.py", "test_continuous.py", "test_kafka_stack.py", "test_float_sums.py",
               "test_maintenance.py", "test_operators.py")
 
 

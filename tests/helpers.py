@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import jinja2
@@ -172,3 +176,58 @@ def assert_target_equals_batch_evaluation(spark, job, label: str = "", *, at_lat
         assert_same_rows(got, spark_df.toArrow(), f"{label} vs Spark", inexact=tuple(inexact), unit=unit)
     assert_same_rows(got, duck, f"{label} vs DuckDB", inexact=tuple(inexact), unit=unit, **DUCKDB_TOL)
     return got.num_rows
+
+
+def descendants(root: int) -> dict[int, str]:
+    """pid -> command name of every live descendant of ``root`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        names[int(entry)] = comm
+        children.setdefault(int(rest[1]), []).append(int(entry))
+    out, todo = {}, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out[pid] = names.get(pid, "?")
+        todo += children.get(pid, [])
+    return out
+
+
+def dbt_watched(project: Path, env: dict, *args: str, target: str) -> tuple[int, str, set[str]]:
+    """Run ``dbt <args> --target <target>`` in ``project`` as a process of its own (its own
+    session: a fault point's SIGKILL of its process group stops only it), this virtualenv's.
+    Returns its exit code, its output and the command names of every process it started."""
+    dbt = str(Path(sys.executable).parent / "dbt")
+    proc = subprocess.Popen([dbt, *args, "--target", target], cwd=project, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            seen.update(descendants(proc.pid).values())
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        done.set()
+        watcher.join()
+    return proc.returncode, out, seen
+
+
+def tpch_refresh(data: Path, round_: int) -> None:
+    """One TPC-H refresh round of the sources under ``data`` (``consistent-stream tpch-refresh``)."""
+    cli = str(Path(sys.executable).parent / "consistent-stream")
+    subprocess.run([cli, "tpch-refresh", "--dir", str(data), "--round", str(round_)],
+                   check=True, stdout=subprocess.DEVNULL)

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -28,7 +27,7 @@ from consistent_stream.delta import DeltaTableRef
 from consistent_stream.storage import load_json
 from consistent_stream.tpch.generate import generate
 from consistent_stream.verify import index_path, verify_target
-from helpers import free_port
+from helpers import dbt_watched, descendants, free_port, tpch_refresh
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "models" / "example"
@@ -45,53 +44,6 @@ def connect_server(tmp_path_factory):
     cluster.stop(d)
 
 
-def _descendants(root: int) -> dict[int, str]:
-    """pid -> command name of every live descendant of ``root`` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    names: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-        names[int(entry)] = comm
-        children.setdefault(int(rest[1]), []).append(int(entry))
-    out, todo = {}, list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        out[pid] = names.get(pid, "?")
-        todo += children.get(pid, [])
-    return out
-
-
-def _dbt(project: Path, env: dict, *args: str) -> tuple[int, str, set[str]]:
-    """Run ``dbt <args> --target connect`` in ``project`` as a process of its own (its own
-    session: a fault point's SIGKILL of its process group stops only it). Returns its exit
-    code, its output and the command names of every process it started."""
-    proc = subprocess.Popen([str(BIN / "dbt"), *args, "--target", "connect"], cwd=project, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    seen: set[str] = set()
-    done = threading.Event()
-
-    def watch():
-        while not done.is_set():
-            seen.update(_descendants(proc.pid).values())
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    try:
-        out, _ = proc.communicate(timeout=900)
-    finally:
-        done.set()
-        watcher.join()
-    return proc.returncode, out, seen
-
-
 def _configure(project: Path, **configs) -> None:
     """Set model configs for every model of ``project`` (its dbt_project.yml)."""
     import yaml
@@ -99,11 +51,6 @@ def _configure(project: Path, **configs) -> None:
     d = yaml.safe_load(path.read_text())
     d["models"][d["name"]].update({f"+{k}": v for k, v in configs.items()})
     path.write_text(yaml.safe_dump(d, sort_keys=False))
-
-
-def _refresh(data: Path, round_: int) -> None:
-    subprocess.run([str(BIN / "consistent-stream"), "tpch-refresh", "--dir", str(data), "--round", str(round_)],
-                   check=True, stdout=subprocess.DEVNULL)
 
 
 def test_the_example_project_over_spark_connect_with_no_jvm_in_dbt_and_a_killed_run(connect_server, spark, tmp_path):
@@ -125,23 +72,24 @@ def test_the_example_project_over_spark_connect_with_no_jvm_in_dbt_and_a_killed_
         env.pop(k, None)
 
     # the initial build: every model, view and data test (dbt's own statements) over Connect
-    rc, out, started = _dbt(project, env, "build", "--full-refresh")
+    rc, out, started = dbt_watched(project, env, "build", "--full-refresh", target="connect")
     assert rc == 0, out[-6000:]
     assert "PASS=27" in out, out[-3000:]
     assert "java" not in started, started
 
     # a refresh round whose run is killed after a batch's state commit, before its target
     # commit (the second batch committed in the run), then run again
-    _refresh(data, 1)
-    rc, out, started = _dbt(project, {**env, "CONSISTENT_STREAM_FAULT": "state_committed@2"}, "run")
+    tpch_refresh(data, 1)
+    rc, out, started = dbt_watched(project, {**env, "CONSISTENT_STREAM_FAULT": "state_committed@2"}, "run",
+                                   target="connect")
     assert rc == -signal.SIGKILL, (rc, out[-4000:])
     assert "java" not in started, started
-    rc, out, started = _dbt(project, env, "run")
+    rc, out, started = dbt_watched(project, env, "run", target="connect")
     assert rc == 0, out[-6000:]
     assert "java" not in started, started
-    _refresh(data, 2)
+    tpch_refresh(data, 2)
     _configure(project, local_engine="spark")
-    rc, out, started = _dbt(project, env, "run")
+    rc, out, started = dbt_watched(project, env, "run", target="connect")
     assert rc == 0, out[-6000:]
     assert "incremental" in out and "java" not in started, (out[-3000:], started)
 
@@ -165,9 +113,9 @@ def test_the_watch_of_a_process_tree_sees_grandchildren():
     proc = subprocess.Popen(["bash", "-c", "sleep 2 & wait"])
     try:
         deadline = time.time() + 5
-        while "sleep" not in _descendants(proc.pid).values() and time.time() < deadline:
+        while "sleep" not in descendants(proc.pid).values() and time.time() < deadline:
             time.sleep(0.05)
-        assert "sleep" in _descendants(proc.pid).values()
+        assert "sleep" in descendants(proc.pid).values()
     finally:
         proc.wait()
 

@@ -1,6 +1,8 @@
-"""Spark Connect for dbt (``method: connect``, :mod:`dbt.adapters.consistent_spark.connections`):
-this process's one Connect session, and dbt-spark's session cursor over it. Imported only when
-a profile uses ``method: connect``: nothing here starts a JVM."""
+"""Spark Connect for dbt (``method: connect``, and ``method: session`` with ``warm_session``:
+:mod:`dbt.adapters.consistent_spark.connections`): this process's one Connect session, and
+dbt-spark's session cursor over it. Imported only for those profiles: nothing here starts a JVM
+in this process (a warm session's server is a process of its own:
+:mod:`consistent_stream.warm_session`)."""
 
 import socket
 import threading
@@ -13,7 +15,7 @@ from dbt.adapters.spark.session import Cursor, SessionConnectionWrapper
 from dbt_common.exceptions import DbtRuntimeError
 from pyspark.sql.utils import AnalysisException
 
-from dbt.adapters.consistent_spark.connections import ConsistentSparkCredentials
+from dbt.adapters.consistent_spark.connections import ConsistentSparkCredentials, without_parameters
 
 _lock = threading.Lock()
 
@@ -39,14 +41,18 @@ def reach(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
             f"--connect-port {port}), and is the profile's host (or SPARK_REMOTE) its address?") from None
 
 
-def connect_session(credentials: ConsistentSparkCredentials) -> Any:
-    """This process's Spark Connect session to ``credentials.connect_url()`` (made at the first
-    call, shared by every thread after it), with the profile's runtime ``server_side_parameters``
-    set. Raises DbtRuntimeError naming a static parameter whose value the server does not have."""
+def connect_session(credentials: ConsistentSparkCredentials, url: Optional[str] = None) -> Any:
+    """This process's Spark Connect session to ``url`` (default ``credentials.connect_url()``;
+    made at the first call, shared by every thread after it), with the profile's runtime
+    ``server_side_parameters`` set (none for a warm session's server, which started with all of
+    them). Raises DbtRuntimeError naming a static parameter whose value the server does not
+    have."""
     from pyspark.sql import SparkSession
 
     with _lock:
-        spark = SparkSession.builder.remote(credentials.connect_url()).getOrCreate()
+        spark = SparkSession.builder.remote(url or credentials.connect_url()).getOrCreate()
+        if credentials.warm_session:
+            return spark
         for key, value in credentials.server_side_parameters.items():
             if spark.conf.get(key, None) == value:
                 continue
@@ -87,22 +93,51 @@ class ConnectHandle:
         return ConnectCursor(self.session)
 
 
-def open_connect(connection: Connection) -> Connection:
-    """Open ``connection`` (``method: connect``) on this process's Connect session; raises
-    FailedToConnectError naming the address (without its token) when the server does not answer."""
+def open_connect(connection: Connection, url: Optional[str] = None) -> Connection:
+    """Open ``connection`` (``method: connect``; a warm session's server at ``url``) on this
+    process's Connect session; raises FailedToConnectError naming the address (without its
+    token) when the server does not answer."""
     if connection.state == ConnectionState.OPEN:
         return connection
     creds = connection.credentials
-    reach(creds.unique_field)
+    address = without_parameters(url) if url else creds.unique_field
+    reach(address)
     try:
-        session = connect_session(creds)
+        session = connect_session(creds, url)
         session.sql("SELECT 1").collect()   # reach the server now: a wrong address fails here, named
     except DbtRuntimeError:
         raise
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise FailedToConnectError(f"failed to connect to Spark Connect at {creds.unique_field}: "
+        raise FailedToConnectError(f"failed to connect to Spark Connect at {address}: "
                                    f"{type(e).__name__}: {first}") from e
     connection.handle = SessionConnectionWrapper(ConnectHandle(session, creds.server_side_parameters))
     connection.state = ConnectionState.OPEN  # type: ignore
     return connection
+
+
+_kept_alive: Dict[str, Any] = {}
+
+
+def open_warm(connection: Connection) -> Connection:
+    """Open ``connection`` (``method: session`` with ``warm_session``) as a Connect client of the
+    local server that keeps the session between runs (:func:`consistent_stream.warm_session.
+    ensure`: started with the profile's ``server_side_parameters`` in this directory unless it
+    runs with them), and keep that server up while this process runs. Raises
+    FailedToConnectError when it cannot be started, or another one is in use here."""
+    if connection.state == ConnectionState.OPEN:
+        return connection
+    from consistent_stream import warm_session
+
+    from dbt.adapters.consistent_spark.connections import session_confs
+
+    creds = connection.credentials
+    with _lock:
+        try:
+            server = warm_session.ensure(session_confs(creds.server_side_parameters),
+                                         idle_s=float(creds.warm_session_idle_minutes) * 60)
+        except warm_session.WarmSessionError as e:
+            raise FailedToConnectError(f"warm_session: {e}") from None
+        if server.dir not in _kept_alive:
+            _kept_alive[server.dir] = warm_session.keep_alive(server)
+    return open_connect(connection, server.url)

@@ -47,6 +47,12 @@ class ConsistentSparkCredentials(SparkCredentials):
     """``method: connect``: the connection string's parameters other than ``token`` and
     ``use_ssl`` (``user_id=..;session_id=..``), taken out of ``host`` so that ``host`` (which
     ``dbt debug`` prints) never holds a token."""
+    warm_session: bool = False
+    """``method: session``: keep the session in a local Spark Connect server that later runs
+    from the same directory reuse (:mod:`consistent_stream.warm_session`) instead of building
+    it in this process; this process is then its Connect client."""
+    warm_session_idle_minutes: float = 30.0
+    """``warm_session``: how long the server stays up with no run using it."""
 
     @classmethod
     def __pre_deserialize__(cls, data: Any) -> Any:
@@ -84,6 +90,13 @@ class ConsistentSparkCredentials(SparkCredentials):
         return "consistent_spark"
 
     @property
+    def over_connect(self) -> bool:
+        """Whether dbt's statements and the models run as a Spark Connect client: ``method:
+        connect``, or ``method: session`` with ``warm_session``."""
+        return self.method == ConsistentSparkConnectionMethod.CONNECT or (
+            self.method == SparkConnectionMethod.SESSION and bool(self.warm_session))
+
+    @property
     def unique_field(self) -> str:
         return without_parameters(str(self.host))
 
@@ -115,6 +128,10 @@ class ConsistentSparkConnectionManager(SparkConnectionManager):
             from dbt.adapters.consistent_spark.connect import open_connect
 
             return open_connect(connection)
+        if connection.credentials.over_connect:   # method: session with warm_session
+            from dbt.adapters.consistent_spark.connect import open_warm
+
+            return open_warm(connection)
         if connection.credentials.method == SparkConnectionMethod.SESSION:
             # Spark's Python workers (the engine's data sources, UDFs) unpickle consistent_stream
             # code: they must run this interpreter, where it is installed. pyspark's default is
@@ -160,19 +177,31 @@ def _start_session(parameters: dict) -> None:
     if SparkSession.getActiveSession() is not None:
         return
     _preload()
-    from consistent_stream import location
+    from consistent_stream import warm_session
     from consistent_stream.session import with_delta
 
+    try:
+        warm_session.release()   # this directory's Derby metastore: one JVM boots it
+    except warm_session.WarmSessionError as e:
+        raise DbtRuntimeError(str(e)) from None
     builder = SparkSession.builder.enableHiveSupport()
-    if location.is_remote(str(parameters.get("spark.sql.warehouse.dir") or "")):
-        # the catalog reaches the warehouse when the session starts, before any model runs:
-        # the store's S3A settings (the profile's own fs.s3a keys, else the AWS chain) go in
-        # first, and the profile's parameters below still win
-        location.configure(parameters)
-        for k, v in location.spark_hadoop_confs().items():
-            builder = builder.config(f"spark.hadoop.{k}", v)
-    for parameter, value in parameters.items():
+    for parameter, value in session_confs(parameters).items():
         builder = builder.config(parameter, value)
     # last: delta-spark's confs are the profile's values with Delta's added (its extensions,
     # class path and Java options appended to the profile's own)
     with_delta(builder, parameters).getOrCreate()
+
+
+def session_confs(parameters: dict) -> dict:
+    """The session's confs for the profile's ``server_side_parameters``: those, after the
+    object store's S3A settings when the warehouse is on one (the catalog reaches the
+    warehouse when the session starts, before any model runs: the profile's own ``fs.s3a``
+    keys, else the AWS chain; the profile's parameters still win)."""
+    from consistent_stream import location
+
+    out = {}
+    if location.is_remote(str(parameters.get("spark.sql.warehouse.dir") or "")):
+        location.configure(parameters)
+        out.update({f"spark.hadoop.{k}": v for k, v in location.spark_hadoop_confs().items()})
+    out.update(parameters)
+    return out

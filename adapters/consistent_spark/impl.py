@@ -24,10 +24,7 @@ from dbt.adapters.spark.connections import SparkConnectionMethod
 from dbt.adapters.spark.impl import SparkAdapter, SparkConfig
 from dbt_common.exceptions import DbtRuntimeError
 
-from dbt.adapters.consistent_spark.connections import (
-    ConsistentSparkConnectionManager,
-    ConsistentSparkConnectionMethod,
-)
+from dbt.adapters.consistent_spark.connections import ConsistentSparkConnectionManager
 
 logger = AdapterLogger("ConsistentSpark")
 
@@ -98,7 +95,7 @@ class ConsistentSparkAdapter(SparkAdapter):
         (``method: session``), or the process's Spark Connect session (``method: connect``)."""
         connection = self.connections.get_thread_connection()
         credentials = connection.credentials
-        if credentials.method == ConsistentSparkConnectionMethod.CONNECT:
+        if credentials.over_connect:
             return self.connections.open(connection).handle.handle.session
         if credentials.method != SparkConnectionMethod.SESSION:
             raise DbtRuntimeError(

@@ -209,6 +209,7 @@ def _cmd_capture_postgres(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from .cluster import add_cluster_command
     from .tpch.cli import add_tpch_commands
+    from .warm_session import add_warm_session_command
     p = argparse.ArgumentParser(prog="consistent-stream", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     v = sub.add_parser("verify", help="diff a model's target against batch evaluation at its recorded cut")
@@ -243,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     cu.set_defaults(func=_cmd_cut)
     add_tpch_commands(sub)
     add_cluster_command(sub)
+    add_warm_session_command(sub)
     c = sub.add_parser("capture", help="capture a database's changes into a landing directory (Debezium JSON)")
     csub = c.add_subparsers(dest="database", required=True)
     pg = csub.add_parser("postgres", help="PostgreSQL logical replication (wal2json): snapshot, then committed "

@@ -98,7 +98,7 @@ class Cluster:
         return cls(**json.loads(p.read_text())) if p.exists() else None
 
     def alive_pids(self) -> dict[str, int]:
-        return {name: pid for name, pid in self.pids.items() if _alive(pid)}
+        return {name: pid for name, pid in self.pids.items() if process_alive(pid)}
 
     def master_state(self, timeout: float = 2.0) -> dict:
         """The master's JSON status (``<web UI>/json/``): workers, their state, cores,
@@ -129,7 +129,8 @@ def driver_conf(master_url: str) -> dict[str, str]:
             "spark.ui.enabled": "false"}
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not; another account's does)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -339,7 +340,7 @@ def _wait_for_port(c: Cluster, host: str, port: int, timeout_s: float, what: str
             return
         except OSError:
             pass
-        dead = [n for n, pid in c.pids.items() if not _alive(pid)]
+        dead = [n for n, pid in c.pids.items() if not process_alive(pid)]
         if dead:
             raise ClusterError(f"{', '.join(dead)} exited while waiting for {what}; see "
                                + ", ".join(str(Path(c.dir, f'{n}.log')) for n in dead))
@@ -352,7 +353,7 @@ def _wait_for_port(c: Cluster, host: str, port: int, timeout_s: float, what: str
 def _wait(c: Cluster, ready, timeout_s: float, what: str) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
-        dead = [n for n, pid in c.pids.items() if not _alive(pid)]
+        dead = [n for n, pid in c.pids.items() if not process_alive(pid)]
         if dead:
             raise ClusterError(f"{', '.join(dead)} exited while waiting for {what}; see "
                                + ", ".join(str(Path(c.dir, f'{n}.log')) for n in dead))
@@ -382,7 +383,7 @@ def stop(directory: str | Path | None = None, timeout_s: float = 20.0) -> list[i
         except ProcessLookupError:
             pass
     deadline = time.monotonic() + timeout_s
-    while any(_alive(p) for p in running.values()) and time.monotonic() < deadline:
+    while any(process_alive(p) for p in running.values()) and time.monotonic() < deadline:
         time.sleep(0.2)
     for pid in running.values():
         try:
