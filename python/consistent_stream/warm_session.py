@@ -325,6 +325,8 @@ def _tail(path: Path, lines: int = 3) -> str:
 def serve(d: Path) -> int:
     """The supervisor: start the server of ``d/confs.json``, record it, and stop it when no
     client touched the heartbeat for its idle time, when it dies, or on SIGTERM."""
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())   # before the server exists: never orphaned
     spec = json.loads(Path(d, "confs.json").read_text())
     cwd, confs, idle_s = spec["cwd"], spec["confs"], float(spec["idle_s"])
     port = _free_port()
@@ -347,8 +349,6 @@ def serve(d: Path) -> int:
                                   stdin=subprocess.DEVNULL, env=env, cwd=cwd, start_new_session=True)
     record = WarmServer(dir=str(d), cwd=cwd, port=port, supervisor_pid=os.getpid(), server_pid=server.pid,
                         confs=confs, started=time.time(), idle_s=idle_s, token=token)
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     try:
         while not _reachable(port):
             if server.poll() is not None or stopping.is_set():
