@@ -92,7 +92,8 @@ class ConsistentSparkAdapter(SparkAdapter):
 
     def _spark_session(self) -> Any:
         """The SparkSession of this thread's dbt connection: built as dbt-spark builds it
-        (``method: session``), or the process's Spark Connect session (``method: connect``)."""
+        (``method: session``), or the process's Spark Connect session (``method: connect``, or a
+        warm session's server: ``method: session`` with ``warm_session``)."""
         connection = self.connections.get_thread_connection()
         credentials = connection.credentials
         if credentials.over_connect:
