@@ -33,8 +33,10 @@ can be booted by one JVM only.
 wanting the same directory's metastore calls :func:`release` first (the same rule).
 
 Where things live: ``$CONSISTENT_STREAM_WARM_DIR`` (default ``~/.cache/consistent-stream/warm``)
-``/<hash of the working directory>/``: ``server.json`` (the record: pids, port, confs),
-``confs.json``, ``heartbeat``, ``server.log`` (the server's output), ``supervisor.log``, ``lock``.
+``/<hash of the working directory>/``: ``server.json`` (the record: pids, port, confs, token),
+``confs.json``, ``spark.properties``, ``heartbeat``, ``server.log`` (the server's output),
+``supervisor.log``, ``lock``; the directory is this account's only (mode 0700). Starting a server
+removes the directories of stopped servers whose working directory is gone.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -239,7 +242,23 @@ def _differing(have: dict, want: dict) -> str:
     return f"differ from the running server's ({shown})"
 
 
+def _prune(keep: Path) -> None:
+    """Remove the directories of servers that no longer run for a working directory that no
+    longer exists (a temporary project's): their logs and confs would stay forever."""
+    for other in base_dir().iterdir():
+        if other == keep or not other.is_dir():
+            continue
+        try:
+            cwd = json.loads(Path(other, "confs.json").read_text())["cwd"]
+        except (OSError, ValueError, KeyError):
+            continue
+        s = load(other)
+        if not os.path.isdir(cwd) and (s is None or not s.alive()):
+            shutil.rmtree(other, ignore_errors=True)
+
+
 def _start(d: Path, cwd: str, confs: dict, idle_s: float, timeout_s: float) -> WarmServer:
+    _prune(d)
     Path(d, RECORD).unlink(missing_ok=True)
     Path(d, "confs.json").write_text(json.dumps({"cwd": cwd, "confs": confs, "idle_s": idle_s}))
     Path(d, HEARTBEAT).touch()
