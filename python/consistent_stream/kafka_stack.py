@@ -66,6 +66,7 @@ from pathlib import Path
 
 from . import session
 from .errors import ConsistentStreamError
+from .ports import free_port
 
 KAFKA_VERSION = "4.1.1"
 DEBEZIUM_VERSION = "3.6.1.Final"
@@ -211,12 +212,6 @@ def _kill(pid: int) -> None:
     deadline = time.time() + 10
     while time.time() < deadline and _running(pid):
         time.sleep(0.05)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, n: int = 3000) -> str:
@@ -741,7 +736,7 @@ def start(directory: str | Path, *, pg_dsn: str | None = None, host: str = HOST,
         raise KafkaStackError(f"the broker, controller and Connect ports must differ: {given}")
     free = set()
     while len(free) < 3 - len(given):
-        p = _free_port(host)
+        p = free_port(host)
         if p not in given:
             free.add(p)
     free = sorted(free)

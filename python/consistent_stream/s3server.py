@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import ConsistentStreamError
+from .ports import free_port
 
 VERSION = "4.1.0"
 MAVEN = os.environ.get("MAVEN_REPOSITORY", "https://repo1.maven.org/maven2").rstrip("/")
@@ -166,12 +167,6 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 def start(directory: str | Path, *, port: int | None = None, host: str = HOST, buckets: tuple[str, ...] = (),
           request_log: bool = False, timeout_s: float = 60.0) -> S3Server:
     """Start s3proxy serving ``directory/data`` on ``host:port`` (a free loopback port by
@@ -183,7 +178,7 @@ def start(directory: str | Path, *, port: int | None = None, host: str = HOST, b
                             f"consistent_stream.s3server install` once with Maven Central reachable (make .venv does)")
     d = Path(directory)
     (d / "data").mkdir(parents=True, exist_ok=True)
-    port = port or _free_port()
+    port = port or free_port(HOST)
     server = S3Server(directory=str(d), endpoint=f"http://{host}:{port}", access_key="AK" + secrets.token_hex(8),
                       secret_key=secrets.token_hex(20), pid=0, host=host)
     props = d / "s3proxy.conf"

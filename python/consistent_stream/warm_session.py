@@ -60,6 +60,7 @@ from pathlib import Path
 from .cluster import process_alive as _alive
 from .cluster import spark_home
 from .errors import ConsistentStreamError
+from .ports import free_port
 
 HOST = "127.0.0.1"
 RECORD = "server.json"
@@ -326,12 +327,6 @@ def _reachable(port: int) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 def _tail(path: Path, lines: int = 3) -> str:
     try:
         text = path.read_text(errors="replace").strip().splitlines()
@@ -348,7 +343,7 @@ def serve(d: Path) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())   # before the server exists: never orphaned
     spec = json.loads(Path(d, "confs.json").read_text())
     cwd, confs, idle_s = spec["cwd"], spec["confs"], float(spec["idle_s"])
-    port = _free_port()
+    port = free_port(HOST)
     # the confs in a file of this account's only, not on the command line (the profile's
     # S3A keys may be among them): spark-submit's --properties-file
     props = Path(d, "spark.properties")

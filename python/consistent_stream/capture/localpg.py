@@ -20,18 +20,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 
+from ..ports import free_port
+
 PG_BIN = os.environ.get("CONSISTENT_STREAM_PG_BIN", "/usr/lib/postgresql/15/bin")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def available() -> str | None:
@@ -72,7 +67,7 @@ class LocalPostgres:
         if os.geteuid() == 0:
             shutil.chown(root, "postgres", "postgres")
             os.chmod(root, 0o700)
-        srv = cls(root, _free_port())
+        srv = cls(root, free_port())
         srv._run([os.path.join(PG_BIN, "initdb"), "-D", srv.datadir, "-U", "postgres", "--auth=trust",
                   "-E", "UTF8", "--no-sync"])
         conf = (f"\nport = {srv.port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{root}'\n"
