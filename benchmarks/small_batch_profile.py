@@ -3,7 +3,7 @@ report, as ``benchmarks/refresh_vs_full.py`` times it), beside DuckDB's full rec
 same SQL over the same Parquet (the physical anchor).
 
     .venv/bin/python benchmarks/small_batch_profile.py [--sf 1] [--batches 5] [--models ...] [--top 30]
-                                                       [--keep-data] [--no-profile]
+                                                       [--keep-data] [--no-profile] [--pstats DIR]
 
 TPC-H at ``--sf`` is generated once (kept under ``benchmarks/.data/profile`` with
 ``--keep-data``), every example model over sources is built, then ``--batches`` small refresh
@@ -61,6 +61,8 @@ def main() -> int:
     ap.add_argument("--models", nargs="*", default=None)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--keep-data", action="store_true")
+    ap.add_argument("--pstats", type=Path, default=None,
+                    help="also write each model's profile here (<model>.pstats, for pstats' callers/callees)")
     ap.add_argument("--no-profile", action="store_true",
                     help="time the runs without cProfile (which adds to every call): the run as users meet it")
     args = ap.parse_args()
@@ -112,6 +114,9 @@ def main() -> int:
         top = [] if args.no_profile else \
             sorted(pstats.Stats(profiles[job.model]).stats.items(), key=lambda kv: -kv[1][3])[:args.top]
         n = len(runs)
+        if args.pstats and not args.no_profile:
+            args.pstats.mkdir(parents=True, exist_ok=True)
+            profiles[job.model].dump_stats(str(args.pstats / f"{job.model}.pstats"))
         print(json.dumps({
             "sf": args.sf, "model": job.model, "runs": n, "profiled": not args.no_profile,
             "run_s_median": round(statistics.median(r[0] for r in runs), 3),
