@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +16,8 @@ from deltalake import DeltaTable
 from consistent_stream.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLE_MODELS = REPO / "models" / "example" / "models"
+EXAMPLE = REPO / "models" / "example"
+EXAMPLE_MODELS = EXAMPLE / "models"
 TPCH_PK = {"customer": ["c_custkey"], "orders": ["o_orderkey"], "lineitem": ["l_orderkey", "l_linenumber"],
            "nation": ["n_nationkey"], "region": ["r_regionkey"], "part": ["p_partkey"],
            "supplier": ["s_suppkey"], "partsupp": ["ps_partkey", "ps_suppkey"]}
@@ -55,13 +55,6 @@ def expand_macro(path: Path, call: str) -> str:
     with plain Jinja as dbt would (no adapter context)."""
     env = jinja2.Environment(extensions=["jinja2.ext.do"])
     return env.from_string(path.read_text() + "{{ " + call + " }}").render().strip()
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on at 127.0.0.1 now (the kernel's pick)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tpch_sources(tpch_dir: str, used) -> list[dict]:
@@ -231,3 +224,26 @@ def tpch_refresh(data: Path, round_: int) -> None:
     cli = str(Path(sys.executable).parent / "consistent-stream")
     subprocess.run([cli, "tpch-refresh", "--dir", str(data), "--round", str(round_)],
                    check=True, stdout=subprocess.DEVNULL)
+
+
+def example_copy(tmp: Path, schema_prefix: str) -> tuple[Path, str, Path]:
+    """A copy of the example project (``dbt_project.yml``, its models, data tests and
+    profiles) at ``tmp/example`` whose profiles write to a fresh schema
+    ``<schema_prefix>_<8 hex digits>`` instead of ``tpch_example``, with TPC-H at SF 0.01
+    generated in its ``data/tpch``; returns ``(project, schema, data directory)``."""
+    import shutil
+    import uuid
+
+    from consistent_stream.tpch.generate import generate
+    project = tmp / "example"
+    project.mkdir()
+    for name in ("dbt_project.yml", "models", "tests", "profiles.yml"):
+        src = EXAMPLE / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, project / name)
+    schema = f"{schema_prefix}_{uuid.uuid4().hex[:8]}"
+    profile = (project / "profiles.yml").read_text()
+    assert "schema: tpch_example" in profile
+    (project / "profiles.yml").write_text(profile.replace("schema: tpch_example", f"schema: {schema}"))
+    data = project / "data" / "tpch"
+    generate(0.01, data)
+    return project, schema, data

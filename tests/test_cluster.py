@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from consistent_stream import cluster
-from helpers import free_port
+from consistent_stream.daemons import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

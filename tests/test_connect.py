@@ -12,25 +12,21 @@ spark``), the others in the client's DuckDB."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from consistent_stream import cluster
+from consistent_stream.daemons import free_port
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.storage import load_json
-from consistent_stream.tpch.generate import generate
 from consistent_stream.verify import index_path, verify_target
-from helpers import dbt_watched, descendants, free_port, tpch_refresh
+from helpers import dbt_watched, descendants, example_copy, tpch_refresh
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "models" / "example"
 BIN = Path(sys.executable).parent
 MODELS = ("q3_revenue_per_order", "q1_pricing_summary", "customer_order_totals", "order_revenue", "nation_revenue")
 
@@ -54,17 +50,8 @@ def _configure(project: Path, **configs) -> None:
 
 
 def test_the_example_project_over_spark_connect_with_no_jvm_in_dbt_and_a_killed_run(connect_server, spark, tmp_path):
-    project = tmp_path / "example"
-    project.mkdir()
-    for name in ("dbt_project.yml", "models", "tests", "profiles.yml"):
-        src = EXAMPLE / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, project / name)
-    schema = f"connect_{uuid.uuid4().hex[:8]}"
-    profile = (project / "profiles.yml").read_text()
-    assert "schema: tpch_example" in profile and "method: connect" in profile
-    (project / "profiles.yml").write_text(profile.replace("schema: tpch_example", f"schema: {schema}"))
-    data = project / "data" / "tpch"
-    generate(0.01, data)
+    project, schema, data = example_copy(tmp_path, "connect")
+    assert "method: connect" in (project / "profiles.yml").read_text()
     _configure(project, driver_rebuild_rows=0)
     env = {**os.environ, "SPARK_REMOTE": connect_server.connect_url, "DBT_PROJECT_DIR": str(project),
            "DBT_PROFILES_DIR": str(project), "TPCH_DIR": str(data), "DBT_SEND_ANONYMOUS_USAGE_STATS": "false"}

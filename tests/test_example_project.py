@@ -6,32 +6,19 @@ SparkSession (its warehouse), with a schema of its own."""
 from __future__ import annotations
 
 import json
-import shutil
-import uuid
-from pathlib import Path
 
 from consistent_stream.delta import DeltaTableRef
-from consistent_stream.tpch.generate import generate
 from consistent_stream.verify import index_path
+from helpers import example_copy
 from test_dbt_plugin import dbt, messages
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "models" / "example"
 CONSISTENT_STREAM_MODELS = {"q3_revenue_per_order", "q1_pricing_summary", "customer_order_totals", "order_revenue",
                             "nation_revenue"}
 
 
 def test_dbt_docs_generate_on_the_example_project_lists_its_relations_with_their_type_and_stats(
         spark, tmp_path, monkeypatch):
-    project = tmp_path / "example"
-    project.mkdir()
-    for name in ("dbt_project.yml", "models", "tests"):
-        src = EXAMPLE / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, project / name)
-    schema = f"example_{uuid.uuid4().hex[:8]}"
-    profile = (EXAMPLE / "profiles.yml").read_text()
-    assert "schema: tpch_example" in profile
-    (project / "profiles.yml").write_text(profile.replace("schema: tpch_example", f"schema: {schema}"))
-    generate(0.01, project / "data" / "tpch")
+    project, schema, _ = example_copy(tmp_path, "example")
     monkeypatch.setenv("DBT_PROJECT_DIR", str(project))
     monkeypatch.setenv("TPCH_DIR", str(project / "data" / "tpch"))
     try:

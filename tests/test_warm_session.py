@@ -7,25 +7,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from consistent_stream import warm_session
-from consistent_stream.cluster import process_alive
+from consistent_stream.daemons import process_alive
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.storage import load_json
-from consistent_stream.tpch.generate import generate
 from consistent_stream.verify import index_path, verify_target
-from helpers import dbt_watched, tpch_refresh
+from helpers import dbt_watched, example_copy, tpch_refresh
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "models" / "example"
 BIN = Path(sys.executable).parent
 
 
@@ -120,17 +115,8 @@ def test_a_server_is_reused_kept_while_in_use_replaced_when_idle_and_stopped_aft
 
 
 def test_dbt_runs_after_the_first_reuse_the_warm_session_and_start_no_jvm(warm_dir, spark, tmp_path):
-    project = tmp_path / "example"
-    project.mkdir()
-    for name in ("dbt_project.yml", "models", "tests", "profiles.yml"):
-        src = EXAMPLE / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, project / name)
-    schema = f"warm_{uuid.uuid4().hex[:8]}"
-    profile = (project / "profiles.yml").read_text()
-    assert "warm_session: true" in profile
-    (project / "profiles.yml").write_text(profile.replace("schema: tpch_example", f"schema: {schema}"))
-    data = project / "data" / "tpch"
-    generate(0.01, data)
+    project, schema, data = example_copy(tmp_path, "warm")
+    assert "warm_session: true" in (project / "profiles.yml").read_text()
     env = {**os.environ, "DBT_PROJECT_DIR": str(project), "DBT_PROFILES_DIR": str(project), "TPCH_DIR": str(data),
            "DBT_SEND_ANONYMOUS_USAGE_STATS": "false", "CONSISTENT_STREAM_WARM_DIR": str(warm_dir)}
     for k in ("CONSISTENT_STREAM_FAULT", "PYSPARK_SUBMIT_ARGS", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):

@@ -52,6 +52,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .daemons import process_alive
 from .errors import ConsistentStreamError
 
 HOST = "127.0.0.1"
@@ -127,21 +128,6 @@ def driver_conf(master_url: str) -> dict[str, str]:
     host = os.environ.setdefault("SPARK_LOCAL_IP", HOST)
     return {"spark.master": master_url, "spark.driver.host": host, "spark.driver.bindAddress": host,
             "spark.ui.enabled": "false"}
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie does not; another account's does)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (our own child, not yet reaped) is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _port_free(port: int, host: str = HOST) -> bool:

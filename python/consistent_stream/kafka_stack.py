@@ -66,7 +66,7 @@ from pathlib import Path
 
 from . import session
 from .errors import ConsistentStreamError
-from .ports import free_port
+from .daemons import free_port, process_alive
 
 KAFKA_VERSION = "4.1.1"
 DEBEZIUM_VERSION = "3.6.1.Final"
@@ -173,22 +173,6 @@ def _jars(d: Path, what: str) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- processes
 
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie does not; a zombie child of this process is reaped)."""
-    if not pid:
-        return False
-    try:
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _signal(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -198,11 +182,11 @@ def _signal(pid: int, sig: int) -> None:
 
 def _terminate(pid: int, timeout_s: float) -> None:
     """SIGTERM the process group of ``pid``, SIGKILL it after ``timeout_s`` s; wait until gone."""
-    if not _running(pid):
+    if not process_alive(pid, reap=True):
         return
     _signal(pid, signal.SIGTERM)
     deadline = time.time() + timeout_s
-    while time.time() < deadline and _running(pid):
+    while time.time() < deadline and process_alive(pid, reap=True):
         time.sleep(0.1)
     _kill(pid)
 
@@ -210,7 +194,7 @@ def _terminate(pid: int, timeout_s: float) -> None:
 def _kill(pid: int) -> None:
     _signal(pid, signal.SIGKILL)
     deadline = time.time() + 10
-    while time.time() < deadline and _running(pid):
+    while time.time() < deadline and process_alive(pid, reap=True):
         time.sleep(0.05)
 
 
@@ -319,7 +303,8 @@ class KafkaStack:
         return {"broker": _rss_mb(self.broker_pid), "connect": _rss_mb(self.connect_pid)}
 
     def alive(self) -> dict[str, bool]:
-        return {"broker": _running(self.broker_pid), "connect": _running(self.connect_pid)}
+        return {"broker": process_alive(self.broker_pid, reap=True),
+                "connect": process_alive(self.connect_pid, reap=True)}
 
     # -- processes
 
@@ -333,7 +318,7 @@ class KafkaStack:
         from confluent_kafka.admin import AdminClient
         deadline = time.time() + timeout_s
         while True:
-            if not _running(self.broker_pid):
+            if not process_alive(self.broker_pid, reap=True):
                 raise KafkaStackError(f"the Kafka broker exited; its log {self.broker_log}:\n{_tail(self.broker_log)}")
             try:
                 with socket.create_connection((self.host, self.broker_port), timeout=0.5):
@@ -355,7 +340,7 @@ class KafkaStack:
         same REST port, group and storage topics, so the connectors registered before resume
         from their stored offsets. Returns when ``GET /connector-plugins`` lists Debezium's
         PostgreSQL connector. Raises KafkaStackError (naming ``connect.log``, with its tail)."""
-        if _running(self.connect_pid):
+        if process_alive(self.connect_pid, reap=True):
             raise KafkaStackError(f"the Connect worker (pid {self.connect_pid}) is running")
         d = Path(self.directory)
         t0 = time.time()
@@ -368,7 +353,7 @@ class KafkaStack:
         self._save()
         deadline = time.time() + timeout_s
         while True:
-            if not _running(self.connect_pid):
+            if not process_alive(self.connect_pid, reap=True):
                 raise KafkaStackError(f"the Connect worker exited; its log {self.connect_log}:\n"
                                       f"{_tail(self.connect_log)}")
             try:
@@ -721,7 +706,7 @@ def start(directory: str | Path, *, pg_dsn: str | None = None, host: str = HOST,
     d = Path(directory).resolve()
     d.mkdir(parents=True, exist_ok=True)
     old = load(d)
-    if old and (_running(old.broker_pid) or _running(old.connect_pid)):
+    if old and (process_alive(old.broker_pid, reap=True) or process_alive(old.connect_pid, reap=True)):
         raise KafkaStackError(f"a stack is already running in {d} (pids {old.broker_pid}, {old.connect_pid})")
     for name in ("kafka-logs", "broker.log", "connect.log"):
         p = d / name

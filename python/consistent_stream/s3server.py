@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import ConsistentStreamError
-from .ports import free_port
+from .daemons import free_port, process_alive
 
 VERSION = "4.1.0"
 MAVEN = os.environ.get("MAVEN_REPOSITORY", "https://repo1.maven.org/maven2").rstrip("/")
@@ -136,7 +136,7 @@ class S3Server:
         return out
 
     def alive(self) -> bool:
-        return _running(self.pid)
+        return process_alive(self.pid)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL); its data stays in ``directory``."""
@@ -145,9 +145,9 @@ class S3Server:
         except ProcessLookupError:
             return
         deadline = time.time() + timeout_s
-        while time.time() < deadline and _running(self.pid):
+        while time.time() < deadline and process_alive(self.pid):
             time.sleep(0.1)
-        if _running(self.pid):
+        if process_alive(self.pid):
             try:
                 os.killpg(self.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -157,14 +157,6 @@ class S3Server:
 
 _REQUEST = re.compile(r"request: .*?\{(GET|PUT|HEAD|POST|DELETE)@\w+ https?://[^/\s]+/(\S*) HTTP/")
 
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie child of this process does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def start(directory: str | Path, *, port: int | None = None, host: str = HOST, buckets: tuple[str, ...] = (),

@@ -57,10 +57,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .cluster import process_alive as _alive
 from .cluster import spark_home
 from .errors import ConsistentStreamError
-from .ports import free_port
+from .daemons import free_port, process_alive as _alive
 
 HOST = "127.0.0.1"
 RECORD = "server.json"
