@@ -10,9 +10,16 @@
 PYTHON := .venv/bin/python
 STAMP := .venv/installed.stamp
 
-.PHONY: .venv .venv-connect test demo demo-cluster demo-cluster-s3 demo-kafka demo-connect
+.PHONY: .venv .venv-connect bytecode test demo demo-cluster demo-cluster-s3 demo-kafka demo-connect
 
 .venv: $(STAMP)
+
+# The package's own modules compiled to bytecode (installed wheels are compiled by pip; an
+# editable install's sources are not): a process started where PYTHONDONTWRITEBYTECODE is set
+# (CI images, containers) otherwise compiles them all again at every import, in every `dbt run`
+# and every process a test starts. Only sources newer than their bytecode are compiled again.
+bytecode: .venv
+	$(PYTHON) -m compileall -q -j 0 python adapters
 
 $(STAMP): setup.py
 	test -x $(PYTHON) || python3 -m venv .venv
@@ -38,33 +45,33 @@ $(CONNECT_STAMP): setup.py
 # Two pytest workers (pytest-xdist), each test file on one of them: each worker has its own
 # SparkSession (and PostgreSQL server when its files need one); the 2-core machine's idle time
 # (JVM starts, dbt's parsing, waits on subprocesses) goes to the other worker.
-test: .venv
+test: bytecode
 	scripts/ensure_postgres.sh
 	$(PYTHON) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
 
-demo: .venv
+demo: bytecode
 	scripts/demo.sh
 
 # The same demo with dbt's Spark session on a local standalone cluster (1 master, 2 workers on
 # 127.0.0.1, from pyspark's distribution), stopped at the end.
-demo-cluster: .venv
+demo-cluster: bytecode
 	scripts/demo_cluster.sh
 
 # The same demo on a cluster whose nodes share nothing but an S3 server (s3proxy): master and
 # workers each in a network namespace of their own, run as an account that cannot read the
 # driver's files; sources, targets, checkpoints and the warehouse on S3. Root only.
-demo-cluster-s3: .venv
+demo-cluster-s3: bytecode
 	scripts/demo_cluster_s3.sh
 
 # Debezium on Kafka: PostgreSQL running pgbench, Debezium's connector on Kafka Connect, a KRaft
 # broker (all on loopback, started by consistent_stream.kafka_stack), two models over the
 # topics cut at whole upstream transactions; Kafka Connect is SIGKILLed mid-run; ends with
 # verify and PostgreSQL's own answers.
-demo-kafka: .venv
+demo-kafka: bytecode
 	scripts/demo_kafka.sh
 
 # The same demo with dbt as a Spark Connect client (.venv-connect: pyspark-client, no JVM) of a
 # cluster whose nodes (master and Connect server, two workers) each have a network namespace
 # and share nothing but an S3 server with the client. Root only.
-demo-connect: .venv .venv-connect
+demo-connect: bytecode .venv-connect
 	scripts/demo_connect.sh
