@@ -65,8 +65,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import session
-from .errors import ConsistentStreamError
 from .daemons import free_port, process_alive
+from .errors import ConsistentStreamError
 
 KAFKA_VERSION = "4.1.1"
 DEBEZIUM_VERSION = "3.6.1.Final"

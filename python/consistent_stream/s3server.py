@@ -38,8 +38,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .errors import ConsistentStreamError
 from .daemons import free_port, process_alive
+from .errors import ConsistentStreamError
 
 VERSION = "4.1.0"
 MAVEN = os.environ.get("MAVEN_REPOSITORY", "https://repo1.maven.org/maven2").rstrip("/")

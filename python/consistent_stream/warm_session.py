@@ -58,8 +58,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .cluster import spark_home
-from .errors import ConsistentStreamError
 from .daemons import free_port, process_alive as _alive
+from .errors import ConsistentStreamError
 
 HOST = "127.0.0.1"
 RECORD = "server.json"
