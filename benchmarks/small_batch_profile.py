@@ -6,9 +6,10 @@ same SQL over the same Parquet (the physical anchor).
                                                        [--keep-data] [--no-profile] [--pstats DIR]
 
 TPC-H at ``--sf`` is generated once (kept under ``benchmarks/.data/profile`` with
-``--keep-data``), every example model over sources is built, then ``--batches`` small refresh
-rounds (140 orders each: at most 2,000 changed source rows per model) each followed by an
-incremental run of every model under cProfile, in one untuned session. Prints per model one
+``--keep-data``, the files only older versions need deleted at each start), every example
+model over sources is built, then ``--batches`` small refresh rounds (140 orders each: at
+most 2,000 changed source rows per model) each followed by an incremental run of every model
+under cProfile, in one untuned session. Prints per model one
 JSON line: the median run seconds, the median of the batch's own seconds and of its phases,
 the Spark jobs per batch, DuckDB's recompute of the model's SQL over the sources' snapshots
 at the same cut (median of ``--batches``, read from the Delta tables' Parquet files), and the
@@ -54,6 +55,17 @@ def _duckdb_recompute_s(job, cut: dict) -> float:
     return time.time() - t0
 
 
+def _vacuum(data: Path) -> None:
+    """Delete the files of kept TPC-H tables that only versions before the latest need (each
+    run's refresh rounds rewrite files of orders, lineitem and customer, and kept data would
+    grow by about a scale factor's size a run); every model is built again from the latest
+    versions, so none reads an older one."""
+    from deltalake import DeltaTable
+    for table in sorted(p for p in data.iterdir() if (p / "_delta_log").is_dir()):
+        DeltaTable(str(table)).vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
+        shutil.rmtree(table / "_change_data", ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sf", type=float, default=1.0)
@@ -78,6 +90,8 @@ def main() -> int:
     if not args.keep_data or not (root / "data").exists():
         shutil.rmtree(root, ignore_errors=True)
         generate(args.sf, root / "data")
+    else:
+        _vacuum(root / "data")
     spark = _session(None, root / "warehouse")
     models = args.models or sorted(p.stem for p in EXAMPLE_MODELS.glob("*.sql")
                                    if not render_model(p)[3] and render_model(p)[1].get("materialized") != "view")
