@@ -17,6 +17,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 # (test_dbt_plugin.py's ``project``) uses its own.
 pytest_plugins = ["dbt.tests.fixtures.project"]
 
+
+def pytest_configure(config):
+    # the one DuckDB warning the package filters process-wide (consistent_stream.duck.arrow
+    # reads results through execute on purpose); pytest resets filters around each test
+    from consistent_stream.duck import COPY_WARNING
+    config.addinivalue_line("filterwarnings", f"ignore:{COPY_WARNING}:UserWarning")
+
 # The files that take minutes, in the order ``make test`` starts them. It runs ``-n 2 --dist
 # loadfile --no-loadscope-reorder``: each of its two workers takes the next file in collection
 # order when it is (almost) done with its last, so a long file taken late is the run's tail:

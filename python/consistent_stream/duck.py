@@ -23,11 +23,14 @@ A ``dbt run`` is a new process, and its first batch paid for importing DuckDB, o
 database and loading sqlglot's DuckDB dialect before its first delta query: a large part of a
 small first batch (py-spy). :func:`prewarm` does that in a background thread while the run
 plans and Spark starts the query (the Python side waits on the JVM then).
+
+Every query here runs through :func:`arrow`: one statement planned once.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from typing import Callable
 
 import pyarrow as pa
@@ -37,6 +40,34 @@ log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
 _DATABASES: dict = {}
+
+COPY_WARNING = "Arrow output on a DB-API result"
+warnings.filterwarnings("ignore", message=COPY_WARNING, category=UserWarning)
+"""DuckDB 2.0 warns that Arrow from ``execute`` copies the rows once more than
+``sql(...).to_arrow_table()``; :func:`arrow` takes ``execute`` on purpose (it plans the
+statement once where ``sql`` plans it twice) and was faster at every result size measured
+(a few rows to a million). A process-wide filter of that one message: a filter set and
+restored around each call (``warnings.catch_warnings``) is not safe with the threads of a
+``dbt run``."""
+
+
+def arrow(con, sql: str) -> pa.Table:
+    """The rows of the SELECT ``sql`` on cursor ``con``, as an Arrow table (DuckDB's types).
+
+    ``con.sql(sql).to_arrow_table()`` binds and plans the statement once to learn its schema
+    and again to run it; ``execute`` plans it once. For the few-row delta queries of a batch,
+    whose plans cost more than their execution, that is most of each query (the comparison is
+    in the README's benchmarks). When reading the result fails, the rest of it is cancelled, so
+    the cursor takes other work again. Raises what DuckDB raises (``duckdb.Error``)."""
+    result = con.execute(sql)
+    try:
+        return result.to_arrow_table()
+    except BaseException:
+        try:
+            con.abort()
+        except Exception as e:  # noqa: BLE001  (the first error is the one to report)
+            log.debug("cancelling a failed result: %s", e)
+        raise
 
 
 class SharedDatabase:
@@ -160,7 +191,7 @@ class KeyedScan:
             cols = ", ".join(f"s.{dq(f.name)}" for f in schema)
             sql = (f"SELECT {cols} FROM read_parquet([{files}], union_by_name = true) s WHERE "
                    + " AND ".join(conds) + (f" LIMIT {int(limit) + 1}" if limit is not None else ""))
-            out = self.con.sql(sql).to_arrow_table()
+            out = arrow(self.con, sql)
             if limit is not None and out.num_rows > limit:
                 return None
             return out.rename_columns(schema.names).cast(schema, safe=True)

@@ -132,6 +132,7 @@ class LocalEngine:
         import duckdb
 
         from ..changelog import Views
+        from ..duck import arrow
         stable = {Views.stable(n): t for n, t in tables.items()}
         if len(stable) == len(tables):   # the cursor is this engine's: any names will do
             sql, tables = Views.stable(sql), stable
@@ -150,7 +151,7 @@ class LocalEngine:
             if max_out is not None:
                 duck_sql = f"SELECT * FROM ({duck_sql}) LIMIT {max_out + 1}"
             try:
-                out = self.con.sql(duck_sql).to_arrow_table()
+                out = arrow(self.con, duck_sql)
             finally:
                 for name in used:
                     self.con.unregister(name)
