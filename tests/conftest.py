@@ -24,6 +24,7 @@ def pytest_configure(config):
     from consistent_stream.duck import COPY_WARNING
     config.addinivalue_line("filterwarnings", f"ignore:{COPY_WARNING}:UserWarning")
 
+
 # The files that take minutes, in the order ``make test`` starts them. It runs ``-n 2 --dist
 # loadfile --no-loadscope-reorder``: each of its two workers takes the next file in collection
 # order when it is (almost) done with its last, so a long file taken late is the run's tail:
