@@ -247,3 +247,15 @@ def example_copy(tmp: Path, schema_prefix: str) -> tuple[Path, str, Path]:
     data = project / "data" / "tpch"
     generate(0.01, data)
     return project, schema, data
+
+
+def example_env(project: Path, data: Path, **extra: str) -> dict[str, str]:
+    """The environment of a dbt process over an :func:`example_copy`: this process's, with the
+    project, profiles and TPC-H directories, no usage statistics, and none of the variables
+    that would make the child something else than a user's ``dbt`` (a fault point, pyspark's
+    submit arguments, Spark Connect's mode or remote); then ``extra``."""
+    env = {**os.environ, "DBT_PROJECT_DIR": str(project), "DBT_PROFILES_DIR": str(project), "TPCH_DIR": str(data),
+           "DBT_SEND_ANONYMOUS_USAGE_STATS": "false"}
+    for k in ("CONSISTENT_STREAM_FAULT", "PYSPARK_SUBMIT_ARGS", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
+        env.pop(k, None)
+    return {**env, **extra}

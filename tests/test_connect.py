@@ -11,7 +11,6 @@ share goes over Connect as it would at scale: the initial build on the executors
 spark``), the others in the client's DuckDB."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from consistent_stream.daemons import free_port
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.storage import load_json
 from consistent_stream.verify import index_path, verify_target
-from helpers import dbt_watched, descendants, example_copy, tpch_refresh
+from helpers import dbt_watched, descendants, example_copy, example_env, tpch_refresh
 
 BIN = Path(sys.executable).parent
 MODELS = ("q3_revenue_per_order", "q1_pricing_summary", "customer_order_totals", "order_revenue", "nation_revenue")
@@ -53,10 +52,7 @@ def test_the_example_project_over_spark_connect_with_no_jvm_in_dbt_and_a_killed_
     project, schema, data = example_copy(tmp_path, "connect")
     assert "method: connect" in (project / "profiles.yml").read_text()
     _configure(project, driver_rebuild_rows=0)
-    env = {**os.environ, "SPARK_REMOTE": connect_server.connect_url, "DBT_PROJECT_DIR": str(project),
-           "DBT_PROFILES_DIR": str(project), "TPCH_DIR": str(data), "DBT_SEND_ANONYMOUS_USAGE_STATS": "false"}
-    for k in ("CONSISTENT_STREAM_FAULT", "PYSPARK_SUBMIT_ARGS", "SPARK_CONNECT_MODE_ENABLED"):
-        env.pop(k, None)
+    env = example_env(project, data, SPARK_REMOTE=connect_server.connect_url)
 
     # the initial build: every model, view and data test (dbt's own statements) over Connect
     rc, out, started = dbt_watched(project, env, "build", "--full-refresh", target="connect")

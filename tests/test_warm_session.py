@@ -19,7 +19,7 @@ from consistent_stream.daemons import process_alive
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.storage import load_json
 from consistent_stream.verify import index_path, verify_target
-from helpers import dbt_watched, example_copy, tpch_refresh
+from helpers import dbt_watched, example_copy, example_env, tpch_refresh
 
 BIN = Path(sys.executable).parent
 
@@ -117,10 +117,7 @@ def test_a_server_is_reused_kept_while_in_use_replaced_when_idle_and_stopped_aft
 def test_dbt_runs_after_the_first_reuse_the_warm_session_and_start_no_jvm(warm_dir, spark, tmp_path):
     project, schema, data = example_copy(tmp_path, "warm")
     assert "warm_session: true" in (project / "profiles.yml").read_text()
-    env = {**os.environ, "DBT_PROJECT_DIR": str(project), "DBT_PROFILES_DIR": str(project), "TPCH_DIR": str(data),
-           "DBT_SEND_ANONYMOUS_USAGE_STATS": "false", "CONSISTENT_STREAM_WARM_DIR": str(warm_dir)}
-    for k in ("CONSISTENT_STREAM_FAULT", "PYSPARK_SUBMIT_ARGS", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
-        env.pop(k, None)
+    env = example_env(project, data, CONSISTENT_STREAM_WARM_DIR=str(warm_dir))
 
     rc, out, _ = dbt_watched(project, env, "run", "--full-refresh", target="warm")
     assert rc == 0, out[-6000:]

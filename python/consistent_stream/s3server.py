@@ -158,7 +158,6 @@ class S3Server:
 _REQUEST = re.compile(r"request: .*?\{(GET|PUT|HEAD|POST|DELETE)@\w+ https?://[^/\s]+/(\S*) HTTP/")
 
 
-
 def start(directory: str | Path, *, port: int | None = None, host: str = HOST, buckets: tuple[str, ...] = (),
           request_log: bool = False, timeout_s: float = 60.0) -> S3Server:
     """Start s3proxy serving ``directory/data`` on ``host:port`` (a free loopback port by
