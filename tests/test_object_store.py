@@ -154,6 +154,28 @@ def _parquet_under(table: str) -> set[str]:
             if p.endswith(".parquet")}
 
 
+def test_a_merge_on_s3_gets_only_the_files_this_process_did_not_write(s3):
+    """The target's change-sized MERGE (``sink.rewrite``) GETs each file it rewrites; the file
+    the previous MERGE of this process wrote is held (``delta.files.HELD``), not fetched again:
+    no data-file GET in the second MERGE, and the rows are the changes' applied."""
+    from consistent_stream.delta import Txn
+    from consistent_stream.sink import rewrite
+    path = f"s3://{BUCKET}/held/t"
+    storage.remove_tree(path)
+    write_deltalake(path, pa.table({"k": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]}), configuration=CDF)
+    ref = DeltaTableRef(path, own_log=True)
+    gets = []
+    for i, (rows, ops) in enumerate([({"k": [2], "v": ["B"]}, ["upsert"]),
+                                     ({"k": [3, 1], "v": ["C", "a"]}, ["upsert", "delete"])], 1):
+        before = location.REQUESTS.snapshot()
+        changes = pa.table({"k": pa.array(rows["k"], pa.int64()), "v": rows["v"], "__op": ops})
+        rewrite.merge(ref, changes, ["k"], txn=Txn("q", i), metadata={})
+        gets.append(location.REQUESTS.snapshot()[("GET", "data_files")] - before[("GET", "data_files")])
+    assert gets == [1, 0]
+    assert sorted(DeltaTable(path).to_pyarrow_table().to_pylist(), key=repr) == \
+        [{"k": 2, "v": "B"}, {"k": 3, "v": "C"}]
+
+
 def test_maintenance_on_s3_is_counted_by_the_run_and_leaves_what_retention_keeps(spark, s3, tmp_path,
                                                                                    monkeypatch):
     """A maintenance pass after every batch (retention 0, a checkpoint every 2 commits) on the

@@ -136,3 +136,60 @@ def test_mostly_distinct_columns_are_written_plain_and_repeated_ones_as_a_dictio
     assert not any("DICTIONARY" in e for e in encodings["k"] + encodings["price"]), encodings
     assert any("DICTIONARY" in e for e in encodings["flag"]), encodings
     assert pq.read_table(str(tmp_path / f.path)).equals(t)
+
+
+def test_merges_batch_after_batch_read_the_file_the_previous_one_wrote_from_memory(tmp_path):
+    """The file a MERGE wrote is held (``delta.files.HELD``) and is what the next MERGE of the
+    process reads; the files a MERGE removed are let go; the rows and the feed are delta-rs'
+    MERGE's of the same changes, batch after batch."""
+    import pyarrow.parquet as pq
+    from consistent_stream.delta.files import HELD
+    ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
+    _target(ours, KEYED, files=2)
+    shutil.copytree(ours, theirs)
+    ref, other = DeltaTableRef(ours, own_log=True), DeltaTableRef(theirs)
+    rounds = [KEYED_CHANGES,
+              _changes({"k": pa.array([9, 1, 7], pa.int64()), "v": ["I", "a", "g"]}, ["upsert", "delete", "upsert"]),
+              _changes({"k": pa.array([7, None], pa.int64()), "v": ["G", None]}, ["upsert", "delete"])]
+    written: list = []
+    for i, changes in enumerate(rounds, 1):
+        version, m = rewrite.merge(ref, changes, ["k"], txn=Txn("q", i), metadata={})
+        v2, _ = other.merge_by_key(changes, ["k"], txn=Txn("q", i), metadata={})
+        assert version == v2
+        assert _sorted_rows(DeltaTable(ours).to_pyarrow_table(), ["k", "v"]) == \
+            _sorted_rows(DeltaTable(theirs).to_pyarrow_table(), ["k", "v"])
+        assert _feed(ours, version) == _feed(theirs, version)
+        assert all(HELD.get(p, s) is None for p, s in written), "a removed file is still held"
+        files = ref.data_files(version)
+        written = [(ref.file_path(f.path), f.size) for f in files]
+        held = [HELD.get(p, s) for p, s in written]
+        assert all(t is not None for t in held) and m["num_target_files_added"] == 1
+        assert pa.concat_tables(held).sort_by("k").equals(
+            pa.concat_tables([pq.read_table(p) for p, _ in written]).sort_by("k"))
+    assert _sorted_rows(DeltaTable(ours).to_pyarrow_table(), ["k", "v"]) == \
+        sorted([(2, "B"), (5, "e"), (6, "f"), (9, "I"), (7, "G")], key=repr)
+
+
+def test_held_files_are_bounded_least_recently_used_first_and_known_by_size(monkeypatch):
+    from consistent_stream.delta import files
+    held = files.HeldFiles()
+    t = pa.table({"k": pa.array(range(1000), pa.int64())})   # 8,000 bytes
+    monkeypatch.setattr(files, "HELD_BYTES", 20_000)
+    held.put("/t/a.parquet", 10, t)
+    held.put("/t/b.parquet", 10, t)
+    assert held.get("/t/a.parquet", 10) is t   # a is now the most recently used
+    held.put("/t/c.parquet", 10, t)
+    assert held.get("/t/b.parquet", 10) is None and held.get("/t/a.parquet", 10) is t
+    assert held.get("/t/a.parquet", 11) is None   # another size: another file
+    held.put("/t/big.parquet", 10, pa.concat_tables([t] * 3))   # larger than the bound: not kept
+    assert held.get("/t/big.parquet", 10) is None and held.get("/t/c.parquet", 10) is not None
+    held.drop(["/t/a.parquet"])
+    assert held.get("/t/a.parquet", 10) is None
+
+
+def test_a_data_file_without_a_column_the_table_has_is_named(tmp_path):
+    from consistent_stream.delta.files import read_whole, write_arrow
+    f = write_arrow(str(tmp_path), "part-x", pa.table({"k": [1]}))
+    for hold in (False, True):
+        with pytest.raises(pa.ArrowInvalid, match=r"data file .*part-x/.*\.parquet.*\bv\b"):
+            read_whole([str(tmp_path / f.path)], [f.size], ["k", "v"], hold=hold)

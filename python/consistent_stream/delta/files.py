@@ -17,7 +17,9 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import threading
 import uuid
+from collections import OrderedDict
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -90,11 +92,12 @@ def dictionary_columns(data: pa.Table) -> list[str]:
 
 
 def write_arrow(table_path: str, rel_dir: str, data: pa.Table,
-                partition_values: dict[str, str | None] | None = None) -> DataFile:
+                partition_values: dict[str, str | None] | None = None, *, hold: bool = False) -> DataFile:
     """Write ``data`` (no partition columns in it) as one Parquet file under
     ``table_path/rel_dir`` from the driver. For change-sized data only: the file is encoded in
     memory and written whole, locally or in one PUT on an object store (no directory markers,
-    no multipart upload, no HEAD for its size)."""
+    no multipart upload, no HEAD for its size). ``hold``: keep its rows in :data:`HELD` for
+    a later :func:`read_whole` of the file."""
     data = plain_arrow(data)
     rel = f"{rel_dir}/part-{uuid.uuid4().hex}.parquet"
     sink = pa.BufferOutputStream()
@@ -103,7 +106,101 @@ def write_arrow(table_path: str, rel_dir: str, data: pa.Table,
     full = f"{table_path.rstrip('/')}/{rel}"
     storage.make_dirs(os.path.dirname(full))
     storage.write_bytes(full, buf)
+    if hold:
+        HELD.put(full, buf.size, data)
     return DataFile(rel, buf.size, data.num_rows, dict(partition_values or {}), arrow_stats(data))
+
+
+HELD_BYTES = 256 << 20
+"""Bytes of Arrow data :data:`HELD` keeps at most (read at call time: a test may lower it)."""
+HELD_CHUNKS = 16
+"""Rows held in more chunks than this are made contiguous first."""
+
+
+class HeldFiles:
+    """The rows of data files this process wrote or read whole, by the file's full path and
+    size, so that the next read of the same file is not a read: a small batch's MERGE reads
+    the files it rewrites (:mod:`consistent_stream.sink.rewrite`), and in a process that runs
+    one model batch after batch (a continuous model, a warm session, the benchmarks) those
+    are the files its previous batch wrote.
+
+    A Delta data file never changes once written (the protocol removes and adds files, it
+    never rewrites one, and every name here carries a fresh UUID), so an entry is never stale,
+    only unused; the size, from the log's add action, is checked too. Bounded by
+    :data:`HELD_BYTES` of Arrow buffers, least recently used out first; a table larger than
+    the bound is not kept. Thread-safe (the threads of a ``dbt run`` share it)."""
+
+    def __init__(self):
+        self._rows: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, path: str, size: int) -> pa.Table | None:
+        """The rows of file ``path`` of ``size`` bytes (plain Arrow types, as written), or None."""
+        with self._lock:
+            rows = self._rows.get((path, size))
+            if rows is not None:
+                self._rows.move_to_end((path, size))
+            return rows
+
+    def put(self, path: str, size: int, rows: pa.Table) -> None:
+        """Keep ``rows`` as the rows of file ``path`` of ``size`` bytes."""
+        if rows.num_columns and rows.column(0).num_chunks > HELD_CHUNKS:
+            rows = rows.combine_chunks()   # a file rewritten batch after batch: one chunk more each time
+        n = rows.nbytes
+        with self._lock:
+            old = self._rows.pop((path, size), None)
+            self._bytes -= old.nbytes if old is not None else 0
+            if n > HELD_BYTES:
+                return
+            self._rows[(path, size)] = rows
+            self._bytes += n
+            while self._bytes > HELD_BYTES:
+                _, dropped = self._rows.popitem(last=False)
+                self._bytes -= dropped.nbytes
+
+    def drop(self, paths: list[str]) -> None:
+        """Forget the files ``paths`` (whatever their size): a commit removed them."""
+        gone = set(paths)
+        with self._lock:
+            for k in [k for k in self._rows if k[0] in gone]:
+                self._bytes -= self._rows.pop(k).nbytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rows.clear()
+            self._bytes = 0
+
+
+HELD = HeldFiles()
+"""The process's :class:`HeldFiles`."""
+
+
+def read_whole(paths: list[str], sizes: list[int], columns: list[str], *, hold: bool = True,
+               name: str = "read") -> list[pa.Table]:
+    """The rows of each Parquet data file ``paths[i]`` (full paths; ``sizes[i]`` bytes, from
+    the log), only ``columns``, with plain Arrow types (:func:`plain_arrow`): from
+    :data:`HELD` where it holds the file, the others read whole (one GET each on an object
+    store, all at once). ``hold``: the files read are read with all their columns and held;
+    otherwise only ``columns`` are read. Raises OSError when a file cannot be read,
+    pyarrow's ArrowInvalid (naming the file) when it lacks one of ``columns``."""
+    out: list[pa.Table | None] = [HELD.get(p, s) for p, s in zip(paths, sizes)]
+    missing = [i for i, t in enumerate(out) if t is None]
+    for i, blob in zip(missing, storage.read_many([paths[i] for i in missing], name)):
+        try:
+            out[i] = plain_arrow(pq.read_table(pa.BufferReader(blob), columns=None if hold else columns))
+        except pa.ArrowInvalid as e:
+            raise pa.ArrowInvalid(f"data file {paths[i]}: {e}") from e
+        if hold:
+            HELD.put(paths[i], sizes[i], out[i])
+    tables = []
+    for p, t in zip(paths, out):
+        absent = [c for c in columns if c not in t.column_names]
+        if absent:
+            raise pa.ArrowInvalid(f"data file {p} has no column {', '.join(absent)} (its columns: "
+                                  f"{', '.join(t.column_names)})")
+        tables.append(t.select(columns))
+    return tables
 
 
 def footer_stats(fs: pafs.FileSystem, full_path: str, schema: pa.Schema) -> tuple[int, str]:

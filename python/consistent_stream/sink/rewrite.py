@@ -9,7 +9,9 @@ changed, only removed and replaced):
 1. **pick** the target's files whose statistics (:func:`~consistent_stream.delta.files.
    stats_bounds`) may hold a row the change matches: by the unique key's values for an upsert
    or delete by key, by every column's for a bag's deletes (a bag's inserts match nothing);
-2. **read** those files whole (one GET each, at once) and split their rows into the matched
+2. **read** those files whole (one GET each, at once; a file this process wrote or read
+   before is held, :data:`~consistent_stream.delta.files.HELD`, and not read again: batch
+   after batch, the file the previous MERGE wrote) and split their rows into the matched
    and the kept ones (NULLs compare equal, as the MERGE's IS NOT DISTINCT FROM);
 3. **write** the kept rows (in their order) with the upserted or inserted ones (sorted by the
    key) as new files, written at once, and the Change Data Feed rows
@@ -29,12 +31,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from .. import settings, storage
+from .. import settings
 from ..delta import DataFile, DeltaTableRef, Txn
-from ..delta.deltars import plain_arrow
-from ..delta.files import may_hold, new_dir, stats_bounds, wanted_values, write_arrow
+from ..delta.files import HELD, may_hold, new_dir, read_whole, stats_bounds, wanted_values, write_arrow
 from ..faults import fault_point
 from .unique import key_in
 
@@ -99,7 +99,9 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
                "num_target_files_added": len(adds), "num_target_files_removed": len(picked),
                "num_output_rows": kept.num_rows + upserts.num_rows}
     fault_point("files_written")
-    return target.commit_rewrite(adds, picked, cdc, txn=txn, metadata=metadata, metrics=metrics), metrics
+    version = target.commit_rewrite(adds, picked, cdc, txn=txn, metadata=metadata, metrics=metrics)
+    HELD.drop([target.file_path(f.path) for f in picked])
+    return version, metrics
 
 
 def _write(target: DeltaTableRef, rows: pa.Table) -> list[DataFile]:
@@ -107,9 +109,9 @@ def _write(target: DeltaTableRef, rows: pa.Table) -> list[DataFile]:
     encoding runs on a core of its own)."""
     parts = [rows.slice(i, FILE_ROWS) for i in range(0, rows.num_rows, FILE_ROWS)]
     if len(parts) < 2:
-        return [write_arrow(target.path, new_dir("part"), p) for p in parts]
+        return [write_arrow(target.path, new_dir("part"), p, hold=True) for p in parts]
     with ThreadPoolExecutor(max_workers=min(len(parts), os.cpu_count() or 2), thread_name_prefix="merge-write") as pool:
-        return list(pool.map(lambda p: write_arrow(target.path, new_dir("part"), p), parts))
+        return list(pool.map(lambda p: write_arrow(target.path, new_dir("part"), p, hold=True), parts))
 
 
 def _pick(files: list[DataFile], schema: pa.Schema, lookup: pa.Table, match: list[str]) -> list[DataFile]:
@@ -123,10 +125,11 @@ def _pick(files: list[DataFile], schema: pa.Schema, lookup: pa.Table, match: lis
 
 
 def _read(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema) -> pa.Table:
-    """The rows of ``files``, whole, as ``schema`` (one read each, at once)."""
+    """The rows of ``files``, whole, as ``schema`` (one read each, at once, of the files the
+    process does not hold: :func:`~consistent_stream.delta.files.read_whole`)."""
     if not files:
         return schema.empty_table()
-    blobs = storage.read_many([target.file_path(f.path) for f in files], "merge-read")
-    return pa.concat_tables([plain_arrow(pq.read_table(pa.BufferReader(b), columns=schema.names)).cast(schema)
-                             for b in blobs])
+    tables = read_whole([target.file_path(f.path) for f in files], [f.size for f in files], schema.names,
+                        name="merge-read")
+    return pa.concat_tables([t.cast(schema) for t in tables])
 

@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import location, storage
+from .. import location
 from ..changelog import WEIGHT
 from ..delta import DeltaTableRef
 from ..delta.deltars import plain_arrow
-from ..delta.files import MAX_STRING_STAT, may_hold, stats_bounds, wanted_values
+from ..delta.files import MAX_STRING_STAT, may_hold, read_whole, stats_bounds, wanted_values
 from ..errors import CommitError, UniqueKeyViolation
 
 
@@ -116,10 +116,9 @@ def _target_keys(target: DeltaTableRef, version: int, new: pa.Table, unique_key:
     if files is not None and not target.partition_columns():   # the replayed log's files and statistics
         schema = target.plain_arrow_schema()
         wanted = wanted_values(new, unique_key)
-        paths = [target.file_path(f.path) for f in files
-                 if wanted is None or may_hold(stats_bounds(f.stats, schema), f.num_records, wanted)]
-        blobs = storage.read_many(paths, "key-read")
-        tables = [plain_arrow(pq.read_table(pa.BufferReader(b), columns=unique_key)) for b in blobs]
+        picked = [f for f in files if wanted is None or may_hold(stats_bounds(f.stats, schema), f.num_records, wanted)]
+        tables = read_whole([target.file_path(f.path) for f in picked], [f.size for f in picked], unique_key,
+                            hold=False, name="key-read")
         return pa.concat_tables(tables) if tables else new.select(unique_key).slice(0, 0)
     actions = target.add_actions(version)
     parts = [c[len("partition."):] for c in actions.column_names if c.startswith("partition.")]
