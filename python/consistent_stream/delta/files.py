@@ -2,6 +2,10 @@
 table) or by Spark's executors (anything that grows with a table), and described as
 :class:`DataFile` s with Delta statistics, ready for one :meth:`DeltaTableRef.commit_files`.
 
+The rows of the files the driver wrote or read whole are held for the process's next read of
+them (:data:`HELD`, :func:`read_whole`): a small batch's MERGE reads back the file the
+previous batch's MERGE wrote.
+
 Written files are invisible until a commit adds them; a crash before the commit leaves
 unreferenced files, which no reader sees (``VACUUM`` removes them). Every write goes to a
 fresh directory, so a replayed batch never overwrites a file a commit already references.
