@@ -64,6 +64,9 @@ from .errors import ConsistentStreamError
 HOST = "127.0.0.1"
 RECORD = "server.json"
 HEARTBEAT = "heartbeat"
+SPEC = "confs.json"
+"""What a server directory's server is started for: ``{"cwd", "confs", "idle_s"}``, written
+before its supervisor starts (:func:`_read_spec`)."""
 HEARTBEAT_S = 15.0
 """How often a client touches the heartbeat while it runs (seconds)."""
 IDLE_S = 1800.0
@@ -249,7 +252,7 @@ def _prune(keep: Path) -> None:
         if other == keep or not other.is_dir():
             continue
         try:
-            cwd = json.loads(Path(other, "confs.json").read_text())["cwd"]
+            cwd = _read_spec(other)[0]
         except (OSError, ValueError, KeyError):
             continue
         s = load(other)
@@ -257,10 +260,18 @@ def _prune(keep: Path) -> None:
             shutil.rmtree(other, ignore_errors=True)
 
 
+def _read_spec(d: Path) -> tuple[str, dict[str, str], float]:
+    """The working directory, confs and idle seconds server directory ``d`` was started for
+    (:data:`SPEC`). Raises OSError when it cannot be read, ValueError or KeyError when it is
+    not what :func:`_start` writes."""
+    spec = json.loads(Path(d, SPEC).read_text())
+    return spec["cwd"], spec["confs"], float(spec["idle_s"])
+
+
 def _start(d: Path, cwd: str, confs: dict, idle_s: float, timeout_s: float) -> WarmServer:
     _prune(d)
     Path(d, RECORD).unlink(missing_ok=True)
-    Path(d, "confs.json").write_text(json.dumps({"cwd": cwd, "confs": confs, "idle_s": idle_s}))
+    Path(d, SPEC).write_text(json.dumps({"cwd": cwd, "confs": confs, "idle_s": idle_s}))
     Path(d, HEARTBEAT).touch()
     import consistent_stream  # noqa: F401  (PYSPARK_PYTHON: this interpreter, which has the package)
     with open(d / "supervisor.log", "ab") as log:
@@ -340,8 +351,7 @@ def serve(d: Path) -> int:
     client touched the heartbeat for its idle time, when it dies, or on SIGTERM."""
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())   # before the server exists: never orphaned
-    spec = json.loads(Path(d, "confs.json").read_text())
-    cwd, confs, idle_s = spec["cwd"], spec["confs"], float(spec["idle_s"])
+    cwd, confs, idle_s = _read_spec(d)
     port = free_port(HOST)
     # the confs in a file of this account's only, not on the command line (the profile's
     # S3A keys may be among them): spark-submit's --properties-file

@@ -56,7 +56,7 @@ from pyspark.sql.types import StructField, StructType
 from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, consolidate_arrow, q
 from ..connect import default_parallelism
 from ..delta import DataFile, DeltaTableRef, Txn
-from ..delta.files import may_hold, new_dir, stats_bounds, wanted_values, write_arrow, write_spark
+from ..delta.files import may_hold, new_dir, read_whole, stats_bounds, wanted_values, write_arrow, write_spark
 from ..duck import UNSUPPORTED, KeyedScan
 from ..errors import CommitError
 from ..faults import fault_point
@@ -102,8 +102,9 @@ DEFAULT_POLICY = CompactionPolicy()
 OBJECT_STORE_POLICY = CompactionPolicy(max_delta_files=4)
 """The policy of a state table on an object store: a keyed read reads every delta file whose
 key range holds a changed key (a batch's keys are spread, so most of them), one GET each,
-every batch, while a delta merge of files the batch already holds (:func:`fetched_scan`'s
-``known``) costs one PUT: fewer delta files read cost fewer requests than the merges add."""
+every batch, while a delta merge of files the process already holds (:func:`fetched_scan`:
+:data:`~consistent_stream.delta.files.HELD`) costs one PUT: fewer delta files read cost fewer
+requests than the merges add."""
 DRIVER_READ_ROWS = 250_000
 """A read of whole files (no keys on the driver, an arrangement without a key, a compaction)
 holding at most this many rows runs on the driver."""
@@ -240,7 +241,6 @@ class StateStore:
         self.rebuilding = False
         self.views: Views | None = None
         self._keyed_scan: KeyedScan | None = None
-        self._held: dict[str, pa.Table] = {}   # an object store's state files the batch read or wrote: their rows
 
     # ---- the state as of the previous batch --------------------------------------------------
     def open(self, version: int | None, views: Views, *, rebuild: bool = False) -> None:
@@ -250,7 +250,6 @@ class StateStore:
         self.views = views
         self.metrics = StateMetrics()
         self._staged = {}
-        self._held = {}
         self.rebuilding = rebuild
         if version == self.version:
             return
@@ -284,7 +283,6 @@ class StateStore:
         if self._keyed_scan is not None:
             self._keyed_scan.close()
             self._keyed_scan = None
-        self._held = {}
 
     def lookup(self, arrangement: Arrangement) -> Lookup:
         """Read access to ``arrangement`` for a delta rule."""
@@ -358,8 +356,7 @@ class StateStore:
                 return found
         sizes = [f.data.size for f in files]
         if not isinstance(fs, pafs.LocalFileSystem) and max(sizes, default=0) <= WHOLE_OBJECT_BYTES:
-            return fetched_scan([self.table.file_path(f.data.path) for f in files], schema, keyed, limit,
-                                self._held)
+            return fetched_scan([self.table.file_path(f.data.path) for f in files], sizes, schema, keyed, limit)
         infos = [pafs.FileInfo(p, type=pafs.FileType.File, size=n) for p, n in zip(paths, sizes)]
         return arrow_scan(infos, schema, keyed, limit, fs)
 
@@ -533,14 +530,6 @@ class StateStore:
                 out[n] = self._append(a, c)
         return out
 
-    def _hold(self, files: list[DataFile], data: pa.Table, step: int, arrangement: Arrangement) -> None:
-        """Keep the rows of the files just written from ``data`` (``step`` rows a file) for the
-        batch's later reads of them (a compaction's), on an object store."""
-        schema = _arrow_schema(arrangement.schema)
-        if location.is_remote(self.path) and data.schema.equals(schema):
-            for i, f in enumerate(files):
-                self._held[self.table.file_path(f.path)] = data.slice(i * step, step)
-
     def _append(self, arrangement: Arrangement, change: Changelog) -> list[_File]:
         """Write a staged change: one delta file (sorted by key) from the driver, or delta
         files written by Spark. A rebuild on the driver (every read saw no state) writes its
@@ -561,9 +550,9 @@ class StateStore:
                 step = max(1, self.file_rows)
             if arrangement.key:
                 data = data.sort_by([(c, "ascending") for c in arrangement.key])
-            files = [write_arrow(self.path, rel, data.slice(i, step), {ARRANGEMENT: arrangement.name})
+            files = [write_arrow(self.path, rel, data.slice(i, step), {ARRANGEMENT: arrangement.name},
+                                 hold=location.is_remote(self.path))   # for later reads: no GET
                      for i in range(0, data.num_rows, step)]
-            self._hold(files, data, step, arrangement)
         else:
             df = self.views.sql(f"SELECT {cols_sql(arrangement.schema.fieldNames())} FROM {change.sql}")
             if arrangement.key:
@@ -632,7 +621,8 @@ class StateStore:
             data = data.sort_by([(c, "ascending") for c in arrangement.key])
         rel = f"{ARRANGEMENT}={arrangement.name}/{new_dir(level)}"
         step = max(1, self.file_rows)
-        return [write_arrow(self.path, rel, data.slice(i, step), {ARRANGEMENT: arrangement.name})
+        return [write_arrow(self.path, rel, data.slice(i, step), {ARRANGEMENT: arrangement.name},
+                            hold=location.is_remote(self.path))
                 for i in range(0, data.num_rows, step)]
 
 
@@ -655,21 +645,15 @@ def _key_filter(keys: dict | None):
     return expr
 
 
-def fetched_scan(paths: list[str], schema: pa.Schema, keys: dict | None, limit: int | None = None,
-                 known: dict | None = None) -> pa.Table | None:
+def fetched_scan(paths: list[str], sizes: list[int], schema: pa.Schema, keys: dict | None,
+                 limit: int | None = None) -> pa.Table | None:
     """:func:`arrow_scan` of files on an object store read whole: one GET a file (its size is
     known from the log, so no HEAD), every file at once (a read costs one round trip, not one
-    per file), decoded from memory. ``known``: path -> the file's rows (``schema``), for files
-    the batch already holds (read or written by it: a file never changes), and where the
-    files read are added."""
+    per file), decoded from memory; the files the process already holds (written or read
+    before: a file never changes) are not read again
+    (:func:`~consistent_stream.delta.files.read_whole`). ``sizes``: the files' bytes, from the log."""
     import pyarrow.dataset as pads
-    import pyarrow.parquet as pq
-    from .. import storage
-    known = {} if known is None else known
-    missing = [p for p in paths if p not in known]
-    for p, b in zip(missing, storage.read_many(missing, "state-read")):
-        known[p] = pq.read_table(pa.BufferReader(b), schema=schema)
-    tables = [known[p] for p in paths]
+    tables = [t.cast(schema) for t in read_whole(paths, sizes, schema.names, name="state-read")]
     data = pads.dataset(tables, schema=schema).to_table(filter=_key_filter(keys)) if tables else schema.empty_table()
     return None if limit is not None and data.num_rows > limit else data
 
