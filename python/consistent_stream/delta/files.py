@@ -125,8 +125,11 @@ class HeldFiles:
     """The rows of data files this process wrote or read whole, by the file's full path and
     size, so that the next read of the same file is not a read: a small batch's MERGE reads
     the files it rewrites (:mod:`consistent_stream.sink.rewrite`), and in a process that runs
-    one model batch after batch (a continuous model, a warm session, the benchmarks) those
-    are the files its previous batch wrote.
+    one model batch after batch (a continuous model, the benchmarks) those are the files its
+    previous batch wrote; a keyed read of state on an object store reads the delta files
+    earlier batches wrote (:func:`consistent_stream.state.arrangement.fetched_scan`). A
+    ``dbt run`` in a fresh process holds nothing yet (a warm session keeps the JVM, not
+    this).
 
     A Delta data file never changes once written (the protocol removes and adds files, it
     never rewrites one, and every name here carries a fresh UUID), so an entry is never stale,
