@@ -173,11 +173,6 @@ class HeldFiles:
             for k in [k for k in self._rows if k[0] in gone]:
                 self._bytes -= self._rows.pop(k).nbytes
 
-    def clear(self) -> None:
-        with self._lock:
-            self._rows.clear()
-            self._bytes = 0
-
 
 HELD = HeldFiles()
 """The process's :class:`HeldFiles`."""
