@@ -78,17 +78,20 @@ def _arrow(data) -> pa.Table:
 
 
 def assert_same_rows(got, expected, what: str, rtol: float = 1e-9, atol: float = 1e-12,
-                     inexact: tuple[str, ...] = (), unit: dict | None = None) -> None:
+                     inexact: tuple[str, ...] = (), unit: dict | None = None, top=None) -> None:
     """Multiset equality of two results (Arrow tables or pandas DataFrames) by the project's one
     rule (:mod:`consistent_stream.compare`): the same columns in the same order (none dropped),
     and a matching of rows in which exact columns are equal (integers, decimals, strings,
     booleans, dates, timestamps to the microsecond; a date never equals a timestamp, a string
     never a number) and floating-point columns (either side's FLOAT or DOUBLE, and
-    ``inexact``) agree within ``rtol``/``atol``."""
-    from consistent_stream.compare import FloatTolerance, compare_tables
+    ``inexact``) agree within ``rtol``/``atol``. ``top``: the results of an ORDER BY .. LIMIT
+    (a :class:`~consistent_stream.compare.TopN`), whose rows tied at the boundary are compared
+    by their ORDER BY values only."""
+    from consistent_stream.compare import FloatTolerance, compare_tables, compare_top_n
     got, expected = _arrow(got), _arrow(expected)
     assert got.column_names == expected.column_names, f"{what}: columns {got.column_names} != {expected.column_names}"
-    result = compare_tables(got, expected, tolerance=FloatTolerance(rtol, atol), inexact=inexact, unit=unit)
+    kw = dict(tolerance=FloatTolerance(rtol, atol), inexact=inexact, unit=unit)
+    result = compare_top_n(got, expected, top, **kw) if top is not None else compare_tables(got, expected, **kw)
     assert result.ok, f"{what}: the result differs: {result.describe()}"
 
 
@@ -145,8 +148,10 @@ def assert_target_equals_batch_evaluation(spark, job, label: str = "", *, at_lat
     the one a run started now would take, so an engine that stalls fails here. ``spark_rows``
     False: Spark's result is only analyzed (column types), not run, for a caller that compares
     its rows with ``verify_target`` anyway. Returns the target's rows."""
+    from consistent_stream.compare import TopN
     from consistent_stream.delta import DeltaTableRef
     from consistent_stream.oracle import batch_evaluation, duckdb_result
+    from consistent_stream.plan.topn import model_top_n
     from consistent_stream.verify import inexact_comparison
     from consistent_stream.runtime import BatchMeta
     from consistent_stream.sources import Cut
@@ -160,14 +165,16 @@ def assert_target_equals_batch_evaluation(spark, job, label: str = "", *, at_lat
                                   f"the sources are at {want}: changes were not taken in")
     cut = Cut(meta.base_cut)
     got = DeltaTable(job.target_path, version=commit.version).to_pyarrow_table()
-    evaluated = batch_evaluation(spark, job.sql, job.sources, cut, chain=True)
+    evaluated = batch_evaluation(spark, job.sql, job.sources, cut, chain=True, instant=meta.clock)
     spark_df = evaluated.frame
     inexact, unit, _ = inexact_comparison(spark_df.schema, evaluated.inexact)
-    duck = duckdb_result(job.sql, job.sources, cut, chain=True, arrow=True)
+    duck = duckdb_result(job.sql, job.sources, cut, chain=True, arrow=True, instant=meta.clock)
     assert_same_types(got.schema, spark_df.schema, duck.schema, label)
+    top = model_top_n(job.sql)
+    top = TopN(*top) if top is not None else None
     if spark_rows:
-        assert_same_rows(got, spark_df.toArrow(), f"{label} vs Spark", inexact=tuple(inexact), unit=unit)
-    assert_same_rows(got, duck, f"{label} vs DuckDB", inexact=tuple(inexact), unit=unit, **DUCKDB_TOL)
+        assert_same_rows(got, spark_df.toArrow(), f"{label} vs Spark", inexact=tuple(inexact), unit=unit, top=top)
+    assert_same_rows(got, duck, f"{label} vs DuckDB", inexact=tuple(inexact), unit=unit, top=top, **DUCKDB_TOL)
     return got.num_rows
 
 

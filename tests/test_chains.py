@@ -27,7 +27,7 @@ from consistent_stream.errors import SourceError
 from consistent_stream.job import run_job
 from consistent_stream.sources import Cut
 from helpers import assert_target_equals_batch_evaluation, job_for, model_ref as ref
-from test_properties import Sources, seeded_stream
+from change_streams import Sources, seeded_stream
 
 
 def base_sources(src: Sources, *names: str) -> list[dict]:

@@ -7,8 +7,9 @@ import os
 import pyarrow as pa
 import pytest
 
-from consistent_stream.errors import CompileError
+from consistent_stream.errors import CompileError, NoDeltaRule
 from consistent_stream.plan import compile_model
+from consistent_stream.plan.logical import explain, maintenance, walk
 from consistent_stream.sources import SourceSpec
 
 SOURCES = [SourceSpec(name="orders", relation="src.orders", location="/nonexistent/orders", source_name="src",
@@ -23,14 +24,27 @@ def compile_sql(sql):
 
 
 @pytest.mark.parametrize("sql, construct, line", [
-    ("select oid,\n  row_number() over (partition by cid order by day) as rn\nfrom src.orders", "window function", 2),
-    ("select oid from src.orders\norder by oid", "ORDER BY", 2),
-    ("select * from (select oid, cid,\n  row_number() over (partition by cid order by oid) as rn\n  from src.orders) d",
-     "ROW_NUMBER() in d", 2),
-    ("select oid, 1 as rn from src.orders union all\n"
-     "select oid, row_number() over (partition by cid order by oid) as rn from src.orders", "ROW_NUMBER()", 2),
     ("select * from (select oid, row_number() over (partition by cid) as rn from src.orders) d where rn = 1",
      "ROW_NUMBER() without ORDER BY", 1),
+    ("select oid,\n  lag(amount) over (partition by cid) as prev from src.orders", "LAG() without ORDER BY", 2),
+    ("select oid, last_value(amount) over (partition by cid\n order by day) as l from src.orders",
+     "LAST_VALUE() over a RANGE frame", 1),
+    ("select oid from src.orders\nlimit 5", "LIMIT without ORDER BY", 2),
+    ("select oid from src.orders union all select id, name from src.customers", "different numbers of columns", 1),
+    ("select oid, rand() as r from src.orders", "rand()", 1),
+    ("select oid from src.orders tablesample (10 percent)", "TABLESAMPLE", 1),
+    ("select * from src.payments", "relation", 1),
+    ("select oid, amount from src.orders group by oid", "amount", 1),
+    ("select distinct cid from src.orders order by amount limit 3", "ORDER BY", 1),
+])
+def test_sql_without_meaning_at_a_cut_names_the_construct_and_its_line(sql, construct, line):
+    with pytest.raises(CompileError) as e:
+        compile_sql(sql)
+    assert construct.lower() in str(e.value).lower(), str(e.value)
+    assert e.value.line == line, str(e.value)
+
+
+NO_RULE = [
     ("select cid, count(distinct oid, day) from src.orders group by cid", "COUNT(DISTINCT", 1),
     ("select oid from src.orders o where o.amount > (select amount from src.customers c where c.id = o.cid)",
      "scalar subquery without an aggregate", 1),
@@ -40,20 +54,21 @@ def compile_sql(sql):
      "correlated NOT IN", 2),
     ("select oid from src.orders o where o.cid in (select c.id from src.customers c) or o.oid > 3",
      "subquery here", 1),
-    ("select cid, sum(amount) / (select sum(amount) from src.orders) from src.orders group by cid",
-     "subquery in an aggregating query", 1),
-    ("select oid from src.orders limit 5", "LIMIT", 1),
-    ("select oid from src.orders union all select id, name from src.customers", "different numbers of columns", 1),
-    ("select o.oid from src.orders o\ncross join src.customers c", "without an equality", 2),
-    ("select o.oid from src.orders o join src.customers c on o.cid < c.id", "equality", 1),
-    ("select oid, rand() as r from src.orders", "rand()", 1),
-    ("select cid, stddev(amount) from src.orders group by cid", "aggregate", 1),
-    ("select * from src.payments", "relation", 1),
-    ("select oid, amount from src.orders group by oid", "amount", 1),
-])
-def test_unsupported_sql_names_the_construct_and_its_line(sql, construct, line):
-    with pytest.raises(CompileError) as e:
-        compile_sql(sql)
+    ("select cid,\n stddev(amount) from src.orders group by cid", "aggregate", 2),
+    ("select cid, sum(amount) from src.orders group by rollup(cid)", "ROLLUP", 1),
+    ("select oid, d from src.orders lateral view explode(array(day, amount)) t as d", "LATERAL VIEW", 1),
+    ("select day, count(*) from src.orders\ngroup by day having exists (select 1 from src.customers c\n"
+     "where c.id = day)", "subquery", 2),
+]
+
+
+@pytest.mark.parametrize("sql, construct, line", NO_RULE)
+def test_a_construct_without_a_delta_rule_is_recomputed_and_refused_with_incremental_only(sql, construct, line):
+    m = compile_sql(sql)
+    modes = {maintenance(n)[0] for n in walk(m.root)}
+    assert "recompute" in modes, explain(m.root, costs=True)
+    with pytest.raises(NoDeltaRule) as e:
+        compile_model(sql, SOURCES, SCHEMAS, incremental_only=True)
     assert construct.lower() in str(e.value).lower(), str(e.value)
     assert e.value.line == line, str(e.value)
 
@@ -79,24 +94,49 @@ def test_unsupported_sql_names_the_construct_and_its_line(sql, construct, line):
     "select * from src.customers c left anti join src.orders o on c.id = o.cid",
     "select oid, cid from (select *, row_number() over (partition by cid order by day desc, oid) as rn "
     "from src.orders) d where rn = 1",
+    # windows, top-N, ORDER BY, the clock, cross and theta joins, subqueries in HAVING
+    "select oid,\n  row_number() over (partition by cid order by day) as rn\nfrom src.orders",
+    "select oid from src.orders\norder by oid",
+    "select * from (select oid, cid,\n  row_number() over (partition by cid order by oid) as rn\n  from src.orders) d",
+    "select oid, 1 as rn from src.orders union all\n"
+    "select oid, row_number() over (partition by cid order by oid) as rn from src.orders",
+    "select * from (select oid, rank() over (partition by cid order by amount desc) as r from src.orders) d "
+    "where r <= 3",
+    "select oid, sum(amount) over (partition by cid order by day rows between unbounded preceding and current row) "
+    "run, avg(amount) over (partition by cid) a, lag(day, 2) over (partition by cid order by oid) p, "
+    "dense_rank() over (order by amount) dr from src.orders",
+    "select oid, cid from src.orders qualify row_number() over (partition by cid order by day desc) = 1",
+    "select cid, sum(amount) s from src.orders group by cid order by s desc limit 3",
+    "select oid from src.orders order by amount desc, oid limit 10 offset 5",
+    "select oid from src.orders union select id from src.customers order by oid limit 2",
+    "select cid, sum(amount) / (select sum(amount) from src.orders) share from src.orders group by cid",
+    "select day, count(*) from src.orders group by day having count(*) > (select count(*) from src.customers c "
+    "where c.id = day)",
+    "select o.oid from src.orders o\ncross join src.customers c",
+    "select o.oid from src.orders o join src.customers c on o.cid < c.id",
+    "select oid from src.orders where day >= date_sub(current_date(), 30)",
+    "select oid, datediff(current_date(), day) age from src.orders",
+    "select cid from src.orders group by cid having max(day) > current_date() - interval 7 days",
 ])
-def test_supported_sql_compiles(sql):
+def test_supported_sql_compiles_and_every_operator_is_incremental(sql):
     m = compile_sql(sql)
     assert m.output_columns
+    assert {maintenance(n)[0] for n in walk(m.root)} == {"incremental"}, explain(m.root, costs=True)
 
 
-def test_a_window_function_in_a_model_writes_nothing(spark, tmp_path):
+def test_a_model_refused_by_incremental_only_writes_nothing(spark, tmp_path):
     from deltalake import write_deltalake
 
     from consistent_stream.job import run_job
     from helpers import job_for
     src = tmp_path / "orders"
     write_deltalake(str(src), pa.table({"oid": [1], "cid": [1]}), configuration={"delta.enableChangeDataFeed": "true"})
-    job = job_for("window_model", "select oid, rank() over (order by cid) r from src.orders",
+    job = job_for("stddev_model", "select cid, stddev(oid) s from src.orders group by cid",
                   [{"source_name": "src", "name": "orders", "relation": "src.orders",
-                    "meta": {"location": str(src), "primary_key": ["oid"]}}], "oid", tmp_path)
-    with pytest.raises(CompileError, match="window function"):
+                    "meta": {"location": str(src), "primary_key": ["oid"]}}], "cid", tmp_path)
+    job.incremental_only = True
+    with pytest.raises(NoDeltaRule, match="aggregate STDDEV"):
         run_job(spark, job)
     assert not os.path.exists(job.target_path)
     assert not os.path.exists(job.checkpoint_location)
-    assert not spark.catalog.tableExists("tests.window_model")
+    assert not spark.catalog.tableExists("tests.stddev_model")

@@ -67,6 +67,15 @@ AGREE = {
     "row_number_null_ordering":
         "SELECT k, g, ROW_NUMBER() OVER (PARTITION BY g ORDER BY k DESC, i) AS r1, "
         "ROW_NUMBER() OVER (PARTITION BY k ORDER BY g ASC NULLS LAST, i DESC) AS r2 FROM va",
+    "window_aggregates_over_frames":
+        "SELECT k, g, i, SUM(i) OVER (PARTITION BY g ORDER BY k) AS running_peers, "
+        "SUM(p) OVER (PARTITION BY g ORDER BY k, i ROWS BETWEEN 1 PRECEDING AND CURRENT ROW) AS moving, "
+        "COUNT(*) OVER (PARTITION BY g) AS n, MIN(d) OVER (PARTITION BY g ORDER BY k ROWS BETWEEN UNBOUNDED "
+        "PRECEDING AND UNBOUNDED FOLLOWING) AS lo, MAX(i) OVER () AS hi FROM va",
+    "ranks_and_offsets":
+        "SELECT k, g, RANK() OVER (PARTITION BY g ORDER BY k) AS r, DENSE_RANK() OVER (ORDER BY g NULLS LAST) AS dr, "
+        "NTILE(3) OVER (PARTITION BY g ORDER BY k, i, p) AS nt, LAG(i) OVER (PARTITION BY g ORDER BY k, i, p) AS lg, "
+        "LEAD(p, 2, 0) OVER (PARTITION BY g ORDER BY k, i, p) AS ld FROM va",
     "decimal_division_as_avg":
         "SELECT s, n, CAST(CAST(s AS DECIMAL(25, 2)) / CAST(n AS DECIMAL(20, 0)) AS DECIMAL(19, 6)) AS avg_like, "
         "s / n AS plain, s / q AS by_decimal, q / 7 AS by_literal, -q / (n * q) AS nested, "
@@ -87,7 +96,8 @@ DECLINE = {
     "decimal_to_int_cast": "SELECT CAST(p AS INT) AS r FROM va",
     "string_number_comparison": "SELECT k FROM va WHERE g = 1",
     "relation_not_on_driver": "SELECT k FROM some_table",
-    "window_function": "SELECT k, SUM(i) OVER (PARTITION BY g ORDER BY k) AS r FROM va",
+    "window_function_of_doubles": "SELECT k, AVG(i) OVER (PARTITION BY g ORDER BY k) AS r FROM va",
+    "window_value_function": "SELECT k, FIRST_VALUE(i) OVER (PARTITION BY g ORDER BY k) AS r FROM va",
     "like": "SELECT k FROM va WHERE g LIKE 'x%'",
     "function": "SELECT upper(g) AS u FROM va",
     "spark_rounds_the_product": "SELECT CAST(p AS DECIMAL(38, 10)) * CAST(d AS DECIMAL(38, 10)) AS r FROM va",

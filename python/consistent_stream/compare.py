@@ -161,6 +161,54 @@ def compare_tables(target: pa.Table, expected: pa.Table, *, tolerance: FloatTole
     return result
 
 
+@dataclass(frozen=True)
+class TopN:
+    """The outermost ``ORDER BY .. LIMIT`` of a model: its keys as ``(output column position,
+    descending, NULLs first)`` and whether it has an OFFSET (:func:`consistent_stream.plan.topn.model_top_n`)."""
+    keys: tuple[tuple[int, bool, bool], ...]
+    offset: bool = False
+
+
+def compare_top_n(target: pa.Table, expected: pa.Table, top: TopN, **kw) -> Comparison:
+    """:func:`compare_tables` of two results of one top-N as SQL allows them to differ: rows
+    whose ORDER BY values tie at a boundary of the LIMIT (the last kept values; with an OFFSET
+    the first kept values too) may be any of the tied rows. So both sides must keep the same
+    multiset of ORDER BY values, and every row whose values are not at a boundary must match;
+    rows at a boundary are compared by their ORDER BY values only. (Keys compared exactly; a
+    floating-point key that differs in its last bits counts as another value.)"""
+    if target.column_names != expected.column_names:
+        raise ValueError(f"columns differ: target {target.column_names}, batch evaluation {expected.column_names}")
+    names = [target.column_names[i] for i, _, _ in top.keys]
+    keys = compare_tables(target.select(names), expected.select(names), **kw)
+    if not keys.ok or not expected.num_rows:
+        return keys
+
+    def key(row):
+        return tuple(canonical(v) for v in row)
+    def order(row):   # Spark's order of the keys, NULLs placed as the ORDER BY asks
+        return [(0 if nulls_first else 2, None) if row[i] is None else (1, _Reverse(row[i]) if desc else row[i])
+                for i, desc, nulls_first in top.keys]
+    rows = sorted(expected.to_pylist(), key=lambda r: order([r[c] for c in expected.column_names]))
+    pick = [rows[-1]] + ([rows[0]] if top.offset else [])
+    boundary = {key([r[c] for c in names]) for r in pick}
+
+    def inside(t: pa.Table) -> pa.Table:
+        keep = [key(k) not in boundary for k in zip(*[t.column(c).to_pylist() for c in names])]
+        return t.filter(pa.array(keep, pa.bool_())) if t.num_rows else t
+    rest = compare_tables(inside(target), inside(expected), **kw)
+    rest.rows_target, rest.rows_expected = target.num_rows, expected.num_rows
+    return rest
+
+
+@dataclass(frozen=True)
+class _Reverse:
+    """A value that sorts in descending order."""
+    v: object
+
+    def __lt__(self, other: "_Reverse") -> bool:
+        return other.v < self.v
+
+
 def _example(kind: str, names, eidx, fidx, key, vals, other, matcher) -> dict:
     row = _assemble(names, eidx, fidx, key, vals)
     out = {kind: row}

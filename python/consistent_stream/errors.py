@@ -23,6 +23,13 @@ class CompileError(ConsistentStreamError):
         super().__init__(f"{where}{construct} is not supported by consistent_stream: {detail}")
 
 
+class NoDeltaRule(CompileError):
+    """A construct Spark evaluates but no operator of the incremental compiler maintains by
+    a delta rule of its own (a LATERAL VIEW, a grouping set, a cross join, ..). The compiler
+    maintains the smallest query holding it by recomputing it (the recompute floor), unless
+    the model sets ``incremental_only: true``, which raises this error instead."""
+
+
 class SourceError(ConsistentStreamError):
     """A source changelog cannot be read (missing table, Change Data Feed off, versions gone)."""
 

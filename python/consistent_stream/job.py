@@ -39,6 +39,7 @@ from .errors import CompileError, ConfigError, ConsistentStreamError, SourceErro
 from .exec.evaluator import PlanTypes, type_plan
 from .oracle import batch_dataframe
 from .plan import compile_model, fingerprint
+from .plan.clock import uses_clock
 from .plan.expand import expand_views
 from .query import StreamingQuery, fold, no_totals, query_id, query_record
 from .runtime import BatchMeta, BatchResult, QueryRuntime, target_key
@@ -59,7 +60,8 @@ def compile_job(spark: SparkSession, job: JobSpec, cut: Cut, sources=None):
     Returns ``(compiled, output schema, plan types)``."""
     sources = sources or {s.key: open_source(s) for s in job.sources}
     schemas = {k: s.schema() for k, s in sources.items()}
-    compiled = compile_model(job.sql, job.sources, {k: [f.name for f in v.fields] for k, v in schemas.items()})
+    compiled = compile_model(job.sql, job.sources, {k: [f.name for f in v.fields] for k, v in schemas.items()},
+                             incremental_only=job.incremental_only)
     schema_key = json.dumps({k: json.loads(v.json()) for k, v in sorted(schemas.items())}, sort_keys=True)
     cached = _load_plan(job, compiled.fingerprint, schema_key)
     if cached is not None:
@@ -207,7 +209,8 @@ def _decide(job: JobSpec, target, sources: dict, cut: Cut, fp: str,
     changes = [] if full_refresh else config_change.definition_changes(job, fp)
     if not full_refresh and not changes:
         preflight.check_checkpoint_files(job)
-        if job.trigger == "available_now" and _fingerprint_is(job, fp):
+        if job.trigger == "available_now" and _fingerprint_is(job, fp) and not uses_clock(job.sql):
+            # (a model that reads the clock is up to date only when no row crossed a bound since)
             meta = _up_to_date(job, cut, target)
             if meta is not None:
                 return "none", [], meta
@@ -412,7 +415,9 @@ def _report(run: _Run, query: StreamingQuery, key) -> dict:
         c = target.latest_commit()
         meta = BatchMeta.from_commit(c)
         freshness = meta.freshness_s(c.timestamp_ms) if meta is not None else None
+    # no batch at all: a model that reads the clock, in which no row crossed a bound since
     summary = _summary(run.job, run.t0, query.results, run.cut, version, freshness, run.full_refresh, key,
+                       up_to_date=not query.results and version is not None and not query.folded["batches"],
                        folded=query.folded)
     summary["progress"] = query.progress
     if query.scaler is not None:

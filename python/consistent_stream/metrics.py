@@ -26,7 +26,9 @@ class BatchMetrics:
     ``strategy``: ``incremental`` or ``recompute``, and ``reason``: why; ``local_queries``:
     delta queries the local engine (DuckDB) ran, ``spark_queries``: those it left to Spark;
     ``changes_on_executors``: materialized changes of more than ``MAX_DRIVER_ROWS`` rows, kept
-    in files the executors wrote instead of on the driver; ``object_store_requests``: the
+    in files the executors wrote instead of on the driver; ``rows_recomputed``: rows the
+    rules that recompute evaluated again (a window's touched partitions, a temporal
+    operator's rows whose bound moved, a recomputed block's inputs); ``object_store_requests``: the
     object-store requests the batch made, counted by the clients
     (:meth:`consistent_stream.location.RequestCounter.since`: total, by method, by what)."""
     phases: dict = field(default_factory=dict)
@@ -40,6 +42,7 @@ class BatchMetrics:
     local_queries: int = 0
     spark_queries: int = 0
     changes_on_executors: int = 0
+    rows_recomputed: int = 0
     object_store_requests: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:

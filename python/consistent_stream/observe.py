@@ -70,7 +70,9 @@ class ModelStatus:
     source, the upstream transactions seen in part that hold back its cut (a Kafka source's
     :meth:`~consistent_stream.sources.kafka.KafkaReader.stalled`: id, age_s, end_seen,
     missing); ``last_batch_requests``: that batch's object-store requests before its commit
-    (0 on local disk, None when its version did not record them)."""
+    (0 on local disk, None when its version did not record them); ``last_batch_recomputed``:
+    the rows that batch evaluated again (window partitions it touched, recomputed blocks; None
+    when its version did not record them)."""
     model: str
     target_path: str
     target_version: int | None
@@ -83,6 +85,7 @@ class ModelStatus:
     last_batch_changes: int | None = None
     last_batch_s: float | None = None
     last_batch_requests: int | None = None
+    last_batch_recomputed: int | None = None
     error: str | None = None
     waiting: dict = field(default_factory=dict)
 
@@ -144,6 +147,8 @@ def model_status(job: JobSpec, now_ms: int | None = None) -> ModelStatus:
                                                                                                 meta)
             if "requests_before_commit" in commit.metadata:
                 status.last_batch_requests = meta.requests_before_commit
+            if "rows_recomputed" in commit.metadata:
+                status.last_batch_recomputed = meta.rows_recomputed
         for spec in job.sources:
             source = open_source(spec)
             latest, at = source.latest_position(), int(meta.cut.get(spec.key, -1))
@@ -221,7 +226,9 @@ def plot_history(job: JobSpec, out_png: str, limit: int = 1000) -> list[VersionP
 
 def explain_model(job: JobSpec) -> str:
     """The incremental plan of ``job`` as its checkpoint holds it: one operator a line (as
-    :func:`consistent_stream.plan.logical.explain`), each stateful one followed by its
+    :func:`consistent_stream.plan.logical.explain`), each ending with how it is maintained,
+    ``incremental`` or ``recompute``, and what a batch reads
+    (:func:`~consistent_stream.plan.logical.maintenance`); each stateful one followed by its
     arrangements: name, key, stored columns, and rows and files in the state version the
     target's last batch recorded. Raises ConsistentStreamError when the model has no
     checkpointed plan yet."""
@@ -236,7 +243,7 @@ def explain_model(job: JobSpec) -> str:
     if plan is None:
         raise ConsistentStreamError(f"model {job.model}: no plan at {plan_path}; run the model first")
     columns = {k: [f["name"] for f in v["fields"]] for k, v in json.loads(plan["source_schemas"]).items()}
-    root = compile_model(job.sql, job.sources, columns).root
+    root = compile_model(job.sql, job.sources, columns, incremental_only=job.incremental_only).root
     types = PlanTypes.from_json(plan["types"])
     rows: dict[str, tuple[int, int]] = {}
     target = DeltaTableRef(job.target_path)
@@ -254,7 +261,7 @@ def explain_model(job: JobSpec) -> str:
     by_op: dict[str, list] = {}   # arrangement "<operator id>_<role>", operator id "<nn>_<kind>"
     for name, a in sorted(types.arrangements.items()):
         by_op.setdefault("_".join(name.split("_", 2)[:2]), []).append(a)
-    tree = explain(root).split("\n")
+    tree = explain(root, costs=True).split("\n")
     ops = [n.id for n in _preorder(root)]
     for line, op in zip(tree, ops):
         lines.append(line)

@@ -18,6 +18,7 @@ import sqlglot
 from sqlglot import exp
 
 from .connect import sql_over
+from .plan.clock import Instant, bind
 from .plan.inexact import inexact_columns
 from .sources import Cut, SourceSpec
 from .sources.formats import analysis_dataframe, snapshot_arrow, snapshot_dataframe
@@ -73,27 +74,30 @@ class BatchEvaluation:
 
 
 def batch_dataframe(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False,
-                    analysis: bool = False):
+                    analysis: bool = False, instant: Instant | None = None):
     """The model's SQL evaluated by Spark over the sources at ``cut`` (a lazy DataFrame);
     with ``chain``, upstream models recomputed at base cut ``cut`` (module docstring); with
     ``analysis``, over frames that only have the sources' columns and types
-    (:func:`.sources.formats.analysis_dataframe`): for its schema, never its rows."""
-    return batch_evaluation(spark, sql, sources, cut, chain=chain, analysis=analysis).frame
+    (:func:`.sources.formats.analysis_dataframe`): for its schema, never its rows;
+    ``instant``: what the clock's calls return (:mod:`.plan.clock`; None: Spark's now)."""
+    return batch_evaluation(spark, sql, sources, cut, chain=chain, analysis=analysis, instant=instant).frame
 
 
 def batch_evaluation(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False,
-                     analysis: bool = False) -> BatchEvaluation:
+                     analysis: bool = False, instant: Instant | None = None) -> BatchEvaluation:
     """:func:`batch_dataframe` with the columns computed from floating point
-    (:class:`BatchEvaluation`).
+    (:class:`BatchEvaluation`). An upstream model of a chain is recomputed at the same
+    ``instant``.
 
     The snapshots reach the query through :func:`consistent_stream.connect.sql_over`, so
     nothing is left in the caller's session (classic or Connect)."""
+    sql = bind(sql, instant)
     mapping, types, upstream_inexact, frames = {}, {}, {}, {}
     for s in sources:
         relation = ".".join(s.relation_parts)
         if chain and s.format == MODEL_FORMAT:
             up = _upstream(s)
-            evaluated = batch_evaluation(spark, up.sql, up.sources, cut, chain=True)
+            evaluated = batch_evaluation(spark, up.sql, up.sources, cut, chain=True, instant=instant)
             df, name = evaluated.frame, f"__cs_chain_{s.name}"
             upstream_inexact[relation] = set(evaluated.inexact)
         elif analysis:
@@ -109,29 +113,33 @@ def batch_evaluation(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, ch
                            inexact_columns(sql, types, upstream_inexact))
 
 
-def duckdb_result(sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False, arrow: bool = False):
+def duckdb_result(sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False, arrow: bool = False,
+                  instant: Instant | None = None):
     """The model's SQL evaluated by DuckDB over the sources at ``cut``, as a pandas DataFrame
     (``arrow``: a pyarrow Table, DuckDB's own types); with ``chain``, upstream models
-    recomputed (by DuckDB) at base cut ``cut``."""
+    recomputed (by DuckDB) at base cut ``cut``; ``instant``: what the clock's calls return."""
     import duckdb
 
     con = duckdb.connect()
     try:
-        query = _duckdb_sql(con, sql, sources, cut, chain)
+        query = _duckdb_sql(con, sql, sources, cut, chain, instant)
         return con.sql(query).to_arrow_table() if arrow else con.execute(query).df()
     finally:
         con.close()
 
 
-def _duckdb_sql(con, sql: str, sources: list[SourceSpec], cut: Cut, chain: bool) -> str:
+def _duckdb_sql(con, sql: str, sources: list[SourceSpec], cut: Cut, chain: bool,
+                instant: Instant | None = None) -> str:
     """``sql`` in DuckDB's dialect over relations registered in ``con`` (upstream models of a
-    chain as views of their own SQL)."""
+    chain as views of their own SQL), its clock bound to ``instant``."""
+    sql = bind(sql, instant)
     mapping = {}
     for s in sources:
         if chain and s.format == MODEL_FORMAT:
             up = _upstream(s)
             name = f"__cs_chain_{s.name}"   # one cut: the same model is the same relation
-            con.execute(f'CREATE OR REPLACE TEMP VIEW "{name}" AS {_duckdb_sql(con, up.sql, up.sources, cut, True)}')
+            con.execute(f'CREATE OR REPLACE TEMP VIEW "{name}" AS '
+                        f'{_duckdb_sql(con, up.sql, up.sources, cut, True, instant)}')
         else:
             v = _position(s, cut)
             name = view_name(s, v)

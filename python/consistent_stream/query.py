@@ -52,6 +52,7 @@ from pyspark.sql import SparkSession
 
 from . import checkpoint
 from .errors import CommitError
+from .plan.clock import Instant
 from .runtime import BatchMeta, BatchResult, QueryRuntime
 from .sources import Cut
 from .sources.backlog import BacklogPlanner
@@ -87,10 +88,12 @@ def query_id(job: JobSpec) -> str | None:
 class ResumePoint:
     """Where a run of a query goes on from: the next batch's id and start cut, and ``replay``,
     the planned end cut of that batch when its state was committed but its target was not
-    (None otherwise)."""
+    (None otherwise), with the instant that batch had (``instant``: a replay evaluates
+    exactly what the first attempt did)."""
     batch_id: int
     start: Cut
     replay: Cut | None = None
+    instant: Instant | None = None
 
 
 def resume_point(job: JobSpec, runtime: QueryRuntime, app_id: str, keys) -> ResumePoint:
@@ -117,7 +120,7 @@ def resume_point(job: JobSpec, runtime: QueryRuntime, app_id: str, keys) -> Resu
             f"{job.model}")
     log.info("%s: batch %d was committed to the state but not to the target (the run before stopped between "
              "the two commits): replayed at its planned cut %s", job.model, batch_id, planned["end"])
-    return ResumePoint(batch_id, start, Cut.from_json(planned["end"]))
+    return ResumePoint(batch_id, start, Cut.from_json(planned["end"]), Instant.from_json(planned.get("instant")))
 
 
 class StreamingQuery:
@@ -141,6 +144,7 @@ class StreamingQuery:
         self.folded = no_totals()
         self.progress: list[dict] = []
         self._next: ResumePoint | None = None
+        self._clock_checked = False   # a batch at the same cut was tried for the clock (models that read it)
 
     # ---- planning ----------------------------------------------------------------------------
     def next_batch(self, upto: Cut) -> tuple[int, Cut, Cut] | None:
@@ -157,13 +161,22 @@ class StreamingQuery:
             end = {k: max(int(v), int(current.get(k, INITIAL))) for k, v in end.items()}
             if end != current:
                 return p.batch_id, p.start, Cut(end)
+        if self.runtime.reads_clock and not self._clock_checked and self.runtime.last is not None:
+            # the sources did not move, but time did: a batch at the same cut, committed only
+            # when a row crossed a bound of a temporal filter
+            self._clock_checked = True
+            return p.batch_id, p.start, p.start
         return None
 
     # ---- one micro-batch ---------------------------------------------------------------------
     def run_batch(self, batch_id: int, start: Cut, end: Cut) -> BatchResult:
         """Process one batch (the exactly-once protocol), then what follows a committed one."""
         t0 = time.time()
-        result = process_batch(self.runtime, self.record.id, batch_id, start, end)
+        replay = self._next is not None and self._next.replay is not None and self._next.batch_id == batch_id
+        result = process_batch(self.runtime, self.record.id, batch_id, start, end,
+                               self._next.instant if replay else None)
+        if result.noop:   # the clock moved, no row crossed a bound: the batch id is not used
+            return result
         self._next = ResumePoint(batch_id + 1, end)
         self.progress.append({"batchId": batch_id, "numInputRows": result.changes_read,
                               "durationMs": {"triggerExecution": int((time.time() - t0) * 1000)},
@@ -214,11 +227,13 @@ class StreamingQuery:
             if wait > 0:
                 time.sleep(wait)
             upto = Cut(latest_cut(list(self.sources.values())))
+            self._clock_checked = False
 
 
-def process_batch(runtime: QueryRuntime, app_id: str, batch_id: int, start: Cut, end: Cut) -> BatchResult:
+def process_batch(runtime: QueryRuntime, app_id: str, batch_id: int, start: Cut, end: Cut,
+                  instant: Instant | None = None) -> BatchResult:
     """One micro-batch of ``runtime``'s query (a seam for tests that slow a batch down)."""
-    return runtime.process_batch(app_id, batch_id, start, end)
+    return runtime.process_batch(app_id, batch_id, start, end, instant)
 
 
 class Scaling:

@@ -51,6 +51,7 @@ from .faults import fault_point
 from .metrics import BatchMetrics, Phases, counted_jobs
 from .settings import spark_confs
 from .plan import CompiledModel
+from .plan.clock import Instant, plan_reads_clock
 from .exec.evaluator import BatchEvaluator, PlanTypes
 from .exec.local import LocalEngine, Translations, session_supported
 from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, multiplicities, sink_changes
@@ -82,7 +83,11 @@ class BatchMeta:
     batch was computed: ``changes_read`` source change rows (snapshot rows when recomputed),
     from ``started_ms`` (ms since epoch; 0 in commits of older versions) to the commit, with
     ``requests_before_commit`` object-store requests (:data:`location.REQUESTS`, the target's
-    commit itself not included: 0 on local disk)."""
+    commit itself not included: 0 on local disk); ``instant``: the batch's instant
+    (:class:`~consistent_stream.plan.clock.Instant` as JSON), which ``current_date()`` and the
+    other clock calls of the model return in this version; ``rows_recomputed``: the rows its
+    recomputing rules evaluated again (touched window partitions, rows a moving clock
+    re-filtered, recomputed blocks' inputs)."""
     app_id: str
     batch_id: int
     model: str
@@ -99,12 +104,20 @@ class BatchMeta:
     changes_read: int = 0
     started_ms: int = 0
     requests_before_commit: int = 0
+    instant: dict = field(default_factory=dict)
+    rows_recomputed: int = 0
+
+    @property
+    def clock(self) -> Instant | None:
+        """The batch's instant (None in commits of releases that recorded none)."""
+        return Instant.from_json(self.instant)
 
     def to_metadata(self) -> dict:
         d = asdict(self)
-        for k in ("batch_id", "source_commit_ms", "changes_read", "started_ms", "requests_before_commit"):
+        for k in ("batch_id", "source_commit_ms", "changes_read", "started_ms", "requests_before_commit",
+                  "rows_recomputed"):
             d[k] = str(d[k])
-        for k in ("cut_lsn", "cut_offsets"):
+        for k in ("cut_lsn", "cut_offsets", "instant"):
             if not d[k]:
                 d.pop(k)
         if self.state_version is None:
@@ -139,7 +152,8 @@ class BatchMeta:
                          base_cut=js(m.get("base_cut"), {}) or js(m["cut"], {}),
                          unique_key=js(m.get("unique_key"), None),
                          changes_read=int(m.get("changes_read", 0)), started_ms=int(m.get("started_ms", 0)),
-                         requests_before_commit=int(m.get("requests_before_commit", 0)))
+                         requests_before_commit=int(m.get("requests_before_commit", 0)),
+                         instant=js(m.get("instant"), {}), rows_recomputed=int(m.get("rows_recomputed", 0)))
 
 
 @dataclass
@@ -150,6 +164,7 @@ class _Batch:
     start: Cut
     end: Cut
     first: bool = False
+    instant: Instant | None = None   # the batch's instant: what the clock's calls return
     on_driver: bool = False   # a rebuild small enough to run on the driver
     source_rows: int | None = None   # the sources' rows at ``end``, once counted
     prev: "BatchMeta | None" = None
@@ -189,6 +204,14 @@ class BatchResult:
     seconds: float
     cut: dict
     metrics: BatchMetrics = field(default_factory=BatchMetrics)
+    noop: bool = False
+    """A batch of a model that reads the clock, at the cut of the batch before, in which no
+    row crossed a bound: nothing was committed, and its batch id is not used."""
+
+
+def wall_clock_micros() -> int:
+    """Now, in microseconds since the epoch: a batch's instant."""
+    return time.time_ns() // 1000
 
 
 def target_key(job: JobSpec, compiled: CompiledModel, output_schema: StructType) -> list[str] | None:
@@ -229,6 +252,8 @@ class QueryRuntime:
                                 properties=state_properties(retention_of(job)), table=state,
                                 policy=OBJECT_STORE_POLICY if location.is_remote(job.state_root) else None)
         self.translations = Translations(job.local_sql_path)   # the local engine's, kept across runs
+        self.reads_clock = plan_reads_clock(compiled.root)
+        self._time_zone: str | None = None
         self.last: BatchMeta | None = None   # the newest committed batch, once known
         self.parallelism: int | None = None  # set by the autoscaler between batches (None: the engine's defaults)
         # called before each commit: raises when the run lost the model's writer lock (an
@@ -251,37 +276,45 @@ class QueryRuntime:
         return self.last
 
     # ---- one batch ---------------------------------------------------------------------------
-    def process_batch(self, app_id: str, batch_id: int, start: Cut, end: Cut) -> BatchResult:
+    def process_batch(self, app_id: str, batch_id: int, start: Cut, end: Cut,
+                      instant: Instant | None = None) -> BatchResult:
+        """Batch ``batch_id`` of query ``app_id`` over ``(start, end]`` at ``instant`` (a
+        replay's recorded one; None: now)."""
         t0 = time.time()
         requests = location.REQUESTS.snapshot()
         with counted_jobs(self.spark, f"{self.job.model} batch {batch_id}") as jobs:
-            result = self._process(app_id, batch_id, start, end, t0, requests)
+            result = self._process(app_id, batch_id, start, end, t0, requests, instant)
             n = jobs()
             result.metrics.spark_jobs = None if n is None else result.metrics.spark_jobs + n
         m = result.metrics
         m.object_store_requests = location.REQUESTS.since(requests)
-        if not result.skipped:
+        if not result.skipped and not result.noop:
             log.info("%s: batch %d committed target version %s (%s%s): %d changes read, %d rows written, "
                      "%.2fs, %s Spark jobs, %d delta queries local / %d on Spark, %d state rows read, "
-                     "%d target rows rewritten, %d object-store requests, %sphases %s",
+                     "%d rows recomputed, %d target rows rewritten, %d object-store requests, %sphases %s",
                      self.job.model, batch_id, result.target_version, m.strategy,
                      f": {m.reason}" if m.reason else "", result.changes_read, result.rows_written,
-                     result.seconds, "?" if m.spark_jobs is None else m.spark_jobs, m.local_queries, m.spark_queries, m.state_rows_read,
-                     m.target_rows_rewritten, m.object_store_requests["total"],
+                     result.seconds, "?" if m.spark_jobs is None else m.spark_jobs, m.local_queries, m.spark_queries,
+                     m.state_rows_read, m.rows_recomputed, m.target_rows_rewritten, m.object_store_requests["total"],
                      f"{m.changes_on_executors} changes too large for the driver written by the executors, "
                      if m.changes_on_executors else "", m.phases)
         return result
 
     def _process(self, app_id: str, batch_id: int, start: Cut, end: Cut, t0: float,
-                 requests: collections.Counter) -> BatchResult:
+                 requests: collections.Counter, instant: Instant | None) -> BatchResult:
         if self._replayed(app_id, batch_id):
             log.info("%s: batch %d already committed (target txn %d); replay skipped", self.job.model, batch_id,
                      self.target.txn_version(app_id))
             return BatchResult(batch_id, True, 0, 0, None, time.time() - t0, end.versions, BatchMetrics())
-        b = self._start(app_id, batch_id, start, end)
+        b = self._start(app_id, batch_id, start, end, instant)
         b.requests = requests
         try:
             e = self._steps_1_to_3(b, t0)
+            if start == end and not b.first and e.out is not None and e.out.is_empty:
+                self._close(e)   # the clock moved, and no row crossed a bound: nothing to commit
+                log.info("%s: the clock moved to %s and no row crossed a bound: up to date", self.job.model,
+                         b.instant.local().isoformat())
+                return BatchResult(batch_id, True, 0, 0, None, time.time() - t0, end.versions, b.metrics, noop=True)
             version, written, rewritten, meta = self._commit(e)     # steps 4-5
         finally:
             b.views.drop()
@@ -292,6 +325,12 @@ class QueryRuntime:
         m.phases = b.phases.times
         return BatchResult(batch_id, False, e.meta.changes_read, written, version, time.time() - t0, end.versions, m)
 
+    def time_zone(self) -> str:
+        """The session time zone, which decides ``current_date()`` (read once per run)."""
+        if self._time_zone is None:
+            self._time_zone = str(self.spark.conf.get("spark.sql.session.timeZone", None) or "UTC")
+        return self._time_zone
+
     def _replayed(self, app_id: str, batch_id: int) -> bool:
         """Whether the target already holds batch ``batch_id`` of ``app_id`` (a replay)."""
         done = self.target.txn_version(app_id) if self.target.exists() else None
@@ -300,9 +339,11 @@ class QueryRuntime:
             done = self.target.txn_version(app_id)
         return done is not None and done >= batch_id
 
-    def _start(self, app_id: str, batch_id: int, start: Cut, end: Cut) -> "_Batch":
-        """The batch, checked to follow the target's newest batch, with its views."""
+    def _start(self, app_id: str, batch_id: int, start: Cut, end: Cut, instant: Instant | None) -> "_Batch":
+        """The batch, checked to follow the target's newest batch, with its views and its
+        instant (``instant``, a replay's; else now, in the session's time zone)."""
         b = _Batch(app_id, batch_id, start, end)
+        b.instant = instant or Instant(wall_clock_micros(), self.time_zone())
         b.first = start.is_initial()
         b.prev = None if b.first else self.previous(app_id, batch_id - 1)
         if b.prev is not None and b.prev.cut != start.versions:
@@ -335,7 +376,7 @@ class QueryRuntime:
                          strategy=b.metrics.strategy,
                          cut_lsn=described.get("cut_lsn", {}), cut_offsets=described.get("cut_offsets", {}),
                          base_cut=base_cut(list(self.sources.values()), end.versions), unique_key=self.key,
-                         changes_read=read, started_ms=int(t0 * 1000))
+                         changes_read=read, started_ms=int(t0 * 1000), instant=b.instant.to_json())
         return self._evaluate(b, changes, rebuild, meta)       # step 3
 
     def _read_changes(self, b: "_Batch") -> tuple[dict, int, dict]:
@@ -404,7 +445,8 @@ class QueryRuntime:
         local = (LocalEngine(threads=self.parallelism, translations=self.translations)
                  if job.local_engine == "duckdb" and not executors and session_supported(spark) else None)
         ev = BatchEvaluator(spark, self.store, changes, b.views, rebuild=executors, first=rebuild, scratch=scratch,
-                            types=self.types, local=local, parallelism=self.parallelism)
+                            types=self.types, local=local, parallelism=self.parallelism, instant=b.instant,
+                            previous_instant=b.prev.clock if b.prev is not None else None)
         e = _Evaluated(b, rebuild, meta, ev, local)
         try:
             with spark_confs(spark, {} if executors else INCREMENTAL_CONFS):
@@ -429,10 +471,12 @@ class QueryRuntime:
             # the state first, the target last: the target's commit is the batch's commit point
             self.fence()
             state_version = self.store.commit(b.txn, {"app_id": b.app_id, "batch_id": str(b.batch_id),
-                                                      "start": b.start.versions, "end": b.end.versions})
+                                                      "start": b.start.versions, "end": b.end.versions,
+                                                      "instant": b.instant.to_json()})
             fault_point("state_committed")
             meta = BatchMeta(**{**asdict(e.meta), "state_version": state_version,
-                                "requests_before_commit": location.REQUESTS.since(b.requests)["total"]})
+                                "requests_before_commit": location.REQUESTS.since(b.requests)["total"],
+                                "rows_recomputed": e.ev.rows_recomputed})
             b.phases.mark("commit_state")
             self.fence()
             version, written, rewritten = self._commit_target(e.out, e.rebuild, b.txn, meta, b.views)
@@ -449,6 +493,7 @@ class QueryRuntime:
         e.ev.close()
         self.store.end_batch()
         b.metrics.local_queries, b.metrics.spark_queries = e.ev.local_queries, e.ev.spark_queries
+        b.metrics.rows_recomputed = e.ev.rows_recomputed
         b.metrics.changes_on_executors = e.ev.changes_on_executors
         if e.local is not None:
             e.local.close()

@@ -164,7 +164,8 @@ class JobSpec:
     rebuild runs on the driver, not on the executors (0: never); ``local_engine``: where
     change-sized delta queries over driver-side relations run, ``duckdb`` (in-process, exact
     or not at all, see :mod:`consistent_stream.exec.local`) or ``spark`` (always as Spark
-    jobs).
+    jobs); ``incremental_only``: a query block without a delta rule is a compile error
+    instead of being recomputed (:mod:`consistent_stream.plan.recompute`).
     ``log_retention_hours``, ``deleted_file_retention_hours``, ``state_retention_versions``,
     ``checkpoint_interval``: what table maintenance keeps (:mod:`.sink.maintenance`).
     ``on_configuration_change``, ``on_schema_change``: what a run does when the definition
@@ -194,6 +195,7 @@ class JobSpec:
     max_batch_rows: int = MAX_BATCH_ROWS
     driver_rebuild_rows: int = DRIVER_REBUILD_ROWS
     local_engine: str = "duckdb"
+    incremental_only: bool = False
     log_retention_hours: float = LOG_RETENTION_HOURS
     deleted_file_retention_hours: float = DELETED_FILE_RETENTION_HOURS
     state_retention_versions: int = STATE_RETENTION_VERSIONS
@@ -278,6 +280,12 @@ class JobSpec:
         batch_rows = _number(config, "max_batch_rows", MAX_BATCH_ROWS, int, model_name, low=1)
         driver_rows = _number(config, "driver_rebuild_rows", DRIVER_REBUILD_ROWS, int, model_name, low=0)
         local_engine = str(config.get("local_engine") or "duckdb").lower()
+        incremental_only = config.get("incremental_only")
+        if isinstance(incremental_only, str) and incremental_only.lower() in ("true", "false"):
+            incremental_only = incremental_only.lower() == "true"
+        if incremental_only is not None and not isinstance(incremental_only, bool):
+            raise ConfigError(f"model {model_name}: config incremental_only must be true or false, "
+                              f"got {incremental_only!r}")
         retention = dict(
             log_retention_hours=_number(config, "log_retention_hours", LOG_RETENTION_HOURS, float, model_name, low=0.0),
             deleted_file_retention_hours=_number(config, "deleted_file_retention_hours", DELETED_FILE_RETENTION_HOURS,
@@ -313,5 +321,5 @@ class JobSpec:
                        unique_key=unique_key, target_path=target, checkpoint_location=ckpt,
                        partition_by=partition_by, trigger=trigger, recompute_threshold=threshold,
                        state_file_rows=file_rows, max_batch_rows=batch_rows, driver_rebuild_rows=driver_rows,
-                       local_engine=local_engine, contract=contract, constraints=constraints, docs=docs,
+                       local_engine=local_engine, incremental_only=bool(incremental_only), contract=contract, constraints=constraints, docs=docs,
                        autoscale=autoscale, **retention, **policies)

@@ -15,6 +15,11 @@ none, or the few whose floating-point values differ in their last bits) are matc
 driver with the tolerance, up to ``DRIVER_MATCH_ROWS`` of them; past that, Spark pairs them
 within each group of equal exact columns in the order of their floating-point values (exact
 where a group holds one row a side, as it does under a unique key) and checks each pair.
+
+The SQL runs with the clock's calls returning the instant the version recorded
+(:mod:`consistent_stream.plan.clock`). A model whose outermost query is an ``ORDER BY ..
+LIMIT`` that differs from batch evaluation is compared again as SQL allows: rows tied at the
+LIMIT's boundary by their ORDER BY values only (:func:`~consistent_stream.compare.compare_top_n`).
 """
 from __future__ import annotations
 
@@ -28,10 +33,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DecimalType, DoubleType, FloatType, IntegralType, StructType
 
 from . import location
-from .compare import Comparison, FloatTolerance, compare_tables
+from .compare import Comparison, FloatTolerance, TopN, compare_tables, compare_top_n
 from .delta import DeltaTableRef
 from .errors import ConsistentStreamError
 from .oracle import batch_evaluation
+from .plan.clock import Instant
+from .plan.topn import model_top_n
 from .sources import Cut
 from .spec import JobSpec
 from .storage import replace_text
@@ -129,11 +136,17 @@ def verify_target(spark: SparkSession, target_path: str, examples: int = 5, vers
     location.apply_to_spark(spark, [target_path, job.checkpoint_location, *[s.location for s in job.sources]])
     cut = Cut.from_json(meta["cut"])
     base = Cut.from_json(meta.get("base_cut") or meta["cut"])
-    evaluated = batch_evaluation(spark, job.sql, job.sources, base, chain=True)
+    instant = Instant.from_json(json.loads(meta["instant"]) if isinstance(meta.get("instant"), str)
+                                else meta.get("instant"))
+    evaluated = batch_evaluation(spark, job.sql, job.sources, base, chain=True, instant=instant)
     expected = evaluated.frame
     got = target.read_snapshot(spark, commit.version).select(*[f"`{c}`" for c in expected.columns])
     inexact, units, exact_from_floats = inexact_comparison(expected.schema, evaluated.inexact)
     result = compare_frames(got, expected, tolerance=tolerance, inexact=inexact, unit=units, examples=examples)
+    top = model_top_n(job.sql)
+    if not result.ok and top is not None:   # an ORDER BY .. LIMIT: rows tied at the boundary may differ
+        result = compare_top_n(got.toArrow(), expected.toArrow(), TopN(*top), tolerance=tolerance, inexact=inexact,
+                               unit=units, examples=examples)
     return VerifyResult(model=job.model, target_version=commit.version, batch_id=int(meta.get("batch_id", -1)),
                         cut=cut.versions, base_cut=base.versions, rows_target=result.rows_target,
                         rows_expected=result.rows_expected, missing=result.missing, unexpected=result.unexpected,

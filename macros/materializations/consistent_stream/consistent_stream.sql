@@ -28,6 +28,7 @@
       'autoscale': config.get('autoscale', none),
       'state_file_rows': config.get('state_file_rows', none),
       'local_engine': config.get('local_engine', none),
+      'incremental_only': config.get('incremental_only', none),
       'log_retention_hours': config.get('log_retention_hours', none),
       'deleted_file_retention_hours': config.get('deleted_file_retention_hours', none),
       'state_retention_versions': config.get('state_retention_versions', none),

@@ -43,13 +43,19 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
 from .. import settings, storage
-from ..changelog import WEIGHT, Changelog, Views, consolidate_sql, q
+from ..changelog import WEIGHT, Changelog, Views, cols_sql, consolidate_sql, q
 from ..operators.aggregate import AggregateSpec, aggregate_delta
 from ..operators.dedup import dedup_delta
 from ..operators.join import JoinSide, join_delta
 from ..operators.keyed import RelationLookup
 from ..operators.linear import filter_sql, project_sql, reweight_sql, union_sql
-from ..plan.logical import Aggregate, Dedup, Filter, Join, Node, Project, Reweight, Scan, Union, plain_column, walk
+from ..operators.recompute import RecomputeInput, recompute_delta
+from ..operators.temporal import temporal_delta
+from ..operators.window import window_delta
+from ..plan.clock import Instant, bind, clock_values, uses_clock
+from ..plan.keys import unique_keys
+from ..plan.logical import (Aggregate, Dedup, Filter, Join, Node, Project, Recompute, Reweight, Scan, TemporalFilter,
+                            TemporalProject, Union, Window, plain_column, walk)
 from ..settings import small_query_confs
 from ..state import Arrangement, StateStore
 from .local import LocalEngine, TooLarge
@@ -138,14 +144,19 @@ class BatchEvaluator:
     ``__weight``); ``rebuild``: the state is rebuilt from these (snapshot) changelogs;
     ``first``: no earlier version of the output exists; ``scratch``: a directory for changes
     kept on the executors (removed by :meth:`close`); ``types``: the plan's types (None only
-    for :func:`type_plan`'s dry run, which runs no Spark job).
+    for :func:`type_plan`'s dry run, which runs no Spark job); ``instant`` and
+    ``previous_instant``: this batch's and the previous batch's instant, which the clock's
+    calls are bound to (:mod:`consistent_stream.plan.clock`).
     """
 
     def __init__(self, spark: SparkSession, store: StateStore | None, sources: dict[str, Changelog], views: Views, *,
                  rebuild: bool, first: bool, scratch: str, types: PlanTypes | None,
                  max_driver_rows: int | None = None, local: LocalEngine | None = None,
-                 parallelism: int | None = None):
+                 parallelism: int | None = None, instant: Instant | None = None,
+                 previous_instant: Instant | None = None):
         self.spark, self.store, self.sources, self.views = spark, store, sources, views
+        self.instant, self.previous_instant = instant, previous_instant
+        self.rows_recomputed = 0   # rows of touched partitions and recomputed blocks evaluated again
         self.parallelism = parallelism
         self.rebuild, self.first, self.scratch, self.types = rebuild, first, scratch, types
         self.dry = types is None
@@ -297,7 +308,115 @@ class BatchEvaluator:
             return self._lazy(node, dedup_delta(rows, st.old("rows"), node.partition, node.order), cols)
         if isinstance(node, Aggregate):
             return self._aggregate(node)
+        if isinstance(node, Window):
+            return self._window(node)
+        if isinstance(node, (TemporalFilter, TemporalProject)):
+            return self._temporal(node)
+        if isinstance(node, Recompute):
+            return self._recompute(node)
         raise TypeError(f"no delta rule for {type(node).__name__}")
+
+    def _bag(self, node: Node) -> bool:
+        """Whether ``node``'s output may hold a row more than once (no unique key)."""
+        return not unique_keys(node)
+
+    def _counted(self, *changes: Changelog | None) -> None:
+        """Count the rows a recomputing rule evaluated again (``rows_recomputed``)."""
+        self.rows_recomputed += sum((c.rows or 0) for c in changes if c is not None)
+
+    def _window(self, node: Window) -> Changelog:
+        st = _OperatorState(self, node.id)
+        child = self.delta(node.child)
+        rows = self._input(st, "rows", child, list(node.partition))
+        calls = [(c.name, node.call_sql(c)) for c in node.calls]
+        out, before = window_delta(rows, st.old("rows"), list(node.partition), calls,
+                                   node.keep.sql() if node.keep is not None else None, self._bag(node.child))
+        if out is not None:
+            self._counted(rows, before)
+        ch = self._lazy(node, out, list(node.columns) + [WEIGHT])
+        ch.consolidated = out is not None
+        return ch
+
+    def _clock_moved(self, *sqls: str) -> bool:
+        """Whether the clock calls of the expressions ``sqls`` take other values at this
+        batch's instant than at the previous batch's (False on a first batch; True in the dry
+        run, which builds every term)."""
+        if self.dry:
+            return True
+        if self.first or self.previous_instant is None:
+            return False
+        return any(clock_values(s, self.previous_instant) != clock_values(s, self.instant) for s in sqls)
+
+    def _temporal(self, node: TemporalFilter | TemporalProject) -> Changelog:
+        st = _OperatorState(self, node.id)
+        child = self.delta(node.child)
+        data = child.data_columns
+        key_col = f"{node.id}__tk"
+        time_key = getattr(node, "time_key", None)
+        extra = [(key_col, time_key)] if time_key else []
+        self._input(st, "rows", child, [key_col] if time_key else [], extra)
+        if isinstance(node, TemporalFilter):
+            texts = [node.predicate]
+            out_cols = list(node.columns)
+
+            def at(i):
+                pred = bind(node.predicate, i)
+                return lambda rel: f"SELECT {cols_sql(out_cols)}, {q(WEIGHT)} FROM {rel} WHERE {pred}"
+        else:
+            texts = [e for e in node.exprs if uses_clock(e)]
+            out_cols = list(node.columns)
+
+            def at(i):
+                exprs = [bind(e, i) for e in node.exprs]
+                return lambda rel: project_sql(rel, out_cols, exprs)
+        old = None
+        lookup = st.old("rows")
+        if self._clock_moved(*texts) and not lookup.empty:
+            ranges = self._crossing(node) if time_key and not self.dry else None
+            old = lookup.read_range(key_col, ranges) if ranges is not None else lookup.read(None)
+            old = None if old.is_empty else old
+            self._counted(old)
+        now, before = at(self.instant), at(self.previous_instant)
+        return self._lazy(node, temporal_delta(child, old, now, before, out_cols), list(node.columns) + [WEIGHT])
+
+    def _crossing(self, node: TemporalFilter) -> list[tuple[object, object]] | None:
+        """The ranges of the time key a row must lie in for the filter's verdict to move
+        between the two instants: per bound, its values at both; None when one is NULL (every
+        row is read)."""
+        sel = ", ".join(f"{bind(b, i)} AS `b{n}_{k}`" for n, b in enumerate(node.bounds)
+                        for k, i in enumerate((self.previous_instant, self.instant)))
+        row = self.views.sql(f"SELECT {sel}").toArrow().to_pylist()[0]
+        ranges = []
+        for n in range(len(node.bounds)):
+            a, b = row[f"b{n}_0"], row[f"b{n}_1"]
+            if a is None or b is None:
+                return None
+            try:
+                ranges.append((min(a, b), max(a, b)))
+            except TypeError:
+                return None
+        return ranges
+
+    def _recompute(self, node: Recompute) -> Changelog:
+        st = _OperatorState(self, node.id)
+        deltas = [self.delta(c) for c in node.inputs]
+        staged = [self._input(st, f"in{i}", d, []) for i, d in enumerate(deltas)]
+        sql_now = bind(node.sql, self.instant)
+        sql_before = bind(node.sql, self.previous_instant) if self.previous_instant is not None else sql_now
+        moved = self._clock_moved(node.sql)
+        if all(d.is_empty for d in deltas) and not moved and not self.first:
+            return self._empty(node.id)
+        inputs = []
+        for i, (d, child, cols) in enumerate(zip(staged, node.inputs, node.input_columns)):
+            lookup = st.old(f"in{i}")
+            old = None if lookup.empty else lookup.read(None)
+            old = None if old is None or old.is_empty else old
+            self._counted(d, old)
+            inputs.append(RecomputeInput(d, old, cols, self._bag(child)))
+        out = recompute_delta(inputs, sql_now, None if self.first else sql_before, list(node.columns), self.first)
+        ch = self._lazy(node, out, list(node.columns) + [WEIGHT])
+        ch.consolidated = out is not None
+        return ch
 
     def _input(self, st: _OperatorState, role: str, child: Changelog, key: list[str],
                extra: list[tuple[str, str]] = ()) -> Changelog:

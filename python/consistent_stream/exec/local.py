@@ -22,8 +22,9 @@ schemas (``qualify`` + ``annotate_types``), and it must pass :func:`check`:
 * operators: SELECT/JOIN (inner, outer, cross)/WHERE/GROUP BY/HAVING/UNION, column
   references, literals, ``+ - * /`` and unary minus, comparisons, ``<=>``, AND/OR/NOT, IS
   [NOT] NULL, IN (list), BETWEEN, CASE, IF, COALESCE, GREATEST, LEAST (both skip NULLs in
-  both engines), SUM, COUNT, MIN, MAX, ROW_NUMBER() OVER (PARTITION BY .. ORDER BY ..)
-  (sqlglot writes Spark's NULL ordering explicitly), CAST;
+  both engines), SUM, COUNT, MIN, MAX, the window functions ROW_NUMBER, RANK, DENSE_RANK,
+  NTILE, LAG, LEAD and SUM, COUNT, MIN, MAX over a window, with its frame (sqlglot writes
+  Spark's NULL ordering explicitly), CAST;
 * decimal arithmetic that Spark computes without loss of precision (Spark's
   ``DecimalPrecision`` rules: a result wider than 38 digits only loses scale when its scale
   exceeds 6; such a query falls back); a decimal division runs as :class:`SparkDivision`,
@@ -370,7 +371,14 @@ def _allowed():
             exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE,
             exp.NullSafeEQ, exp.And, exp.Or, exp.Not, exp.Is, exp.In, exp.Between, exp.Case, exp.If,
             exp.Coalesce, exp.Greatest, exp.Least, exp.Cast, exp.TryCast, exp.Sum, exp.Count, exp.Min, exp.Max,
-            exp.Window, exp.RowNumber, exp.Order, exp.Ordered)
+            exp.Window, exp.WindowSpec) + _window_functions() + (exp.Order, exp.Ordered)
+
+
+def _window_functions():
+    """The window functions both engines compute alike (given the same total order of a
+    partition's rows, which every window of a plan has or needs none)."""
+    from sqlglot import exp
+    return (exp.RowNumber, exp.Rank, exp.DenseRank, exp.Ntile, exp.Lag, exp.Lead)
 
 
 def check(tree, schema: dict[str, dict[str, str]]):
@@ -389,7 +397,8 @@ def check(tree, schema: dict[str, dict[str, str]]):
             raise NotLocal("semi/anti join")
         if isinstance(node, (exp.Sum, exp.Count, exp.Min, exp.Max)) and node.find(exp.Distinct):
             raise NotLocal("DISTINCT aggregate")
-        if isinstance(node, exp.Window) and not isinstance(node.this, exp.RowNumber):
+        if isinstance(node, exp.Window) and not isinstance(node.this, _window_functions() + (exp.Sum, exp.Count,
+                                                                                         exp.Min, exp.Max)):
             raise NotLocal(f"window function {node.this.sql('spark')[:40]}")
     try:
         typed = qualify(tree.copy(), schema=schema, dialect="spark", validate_qualify_columns=True,

@@ -17,13 +17,18 @@ class Lookup(Protocol):
     ``read(keys)``: its rows whose key columns equal one of ``keys`` (columns named like the
     arrangement's keys; NULLs equal when ``null_safe``; all rows when ``keys`` is None),
     possibly with rows of other keys too and not consolidated (every rule is correct on such
-    a superset: rows of untouched keys cancel). Columns: the arrangement's.
+    a superset: rows of untouched keys cancel); ``read_range(column, ranges)`` likewise for
+    the rows whose ``column`` lies in a range. Columns: the arrangement's.
     """
 
     @property
     def empty(self) -> bool: ...
 
     def read(self, keys: KeySet | None, null_safe: bool = True) -> Changelog: ...
+
+    def read_range(self, column: str, ranges: list[tuple[object, object]]) -> Changelog:
+        """Its rows whose ``column`` may lie in one of the inclusive ``ranges`` (a superset)."""
+        ...
 
 
 class RelationLookup:
@@ -42,6 +47,9 @@ class RelationLookup:
         sql = f"SELECT * FROM {self.rows.sql} s LEFT SEMI JOIN {keys.relation()} k ON " + \
             key_condition("s", self.key, "k", keys.columns, null_safe)
         return Changelog.of_query(self.rows.views, sql, self.rows.columns)
+
+    def read_range(self, column: str, ranges: list[tuple[object, object]]) -> Changelog:
+        return self.rows
 
 
 def key_condition(a: str, a_cols: list[str], b: str, b_cols: list[str], null_safe: bool) -> str:

@@ -1,15 +1,18 @@
 """Compile a model's SQL (Spark dialect) into a logical plan of incremental operators.
 
 Supported: SELECT with any deterministic Spark scalar expression, WHERE, CTEs and derived
-tables; INNER, LEFT, RIGHT and FULL OUTER joins on at least one equality plus any residual
-predicate (comma joins with the equality in WHERE too); semi and anti joins from
-``[NOT] EXISTS``, ``IN``, ``NOT IN`` (with its NULL rules) and ``LEFT SEMI/ANTI JOIN``;
-scalar subqueries (uncorrelated, or correlated by equalities: decorrelated to a join with
-the subquery grouped by its correlated columns); GROUP BY with SUM, COUNT, COUNT(*), AVG,
-MIN, MAX, their DISTINCT forms and FILTER clauses, HAVING; SELECT DISTINCT; UNION [ALL],
-INTERSECT [ALL], EXCEPT [ALL]; ``ROW_NUMBER() OVER (PARTITION BY .. ORDER BY ..)`` filtered
-to 1 by the enclosing query (dedup). Everything else raises CompileError naming the
-construct and its line before anything is written.
+tables; INNER, LEFT, RIGHT and FULL OUTER joins on equalities plus any residual predicate
+(comma joins with the equality in WHERE too, in any FROM order), cross and theta joins;
+semi and anti joins from ``[NOT] EXISTS``, ``IN``, ``NOT IN`` (with its NULL rules) and
+``LEFT SEMI/ANTI JOIN``; scalar subqueries (uncorrelated, or correlated by equalities:
+decorrelated to a join with the subquery grouped by its correlated columns), also in an
+aggregating query's SELECT list and HAVING; GROUP BY with SUM, COUNT, COUNT(*), AVG, MIN,
+MAX, their DISTINCT forms and FILTER clauses, HAVING; SELECT DISTINCT; UNION [ALL],
+INTERSECT [ALL], EXCEPT [ALL]; window functions (:mod:`.windows`), QUALIFY, ORDER BY ..
+LIMIT (:mod:`.topn`); the clock (:mod:`.clock`). A query block with a construct that has no
+delta rule is recomputed (:mod:`.recompute`). What has no meaning at a cut (rand(), LIMIT
+without ORDER BY) raises CompileError naming the construct and its line before anything is
+written.
 
 The passes, in order (each module's docstring has an example):
 
@@ -18,8 +21,11 @@ The passes, in order (each module's docstring has an example):
 2. :mod:`.lower`: lower the query to the logical plan (:mod:`.logical`), applying the rules
    :mod:`.joins` (joins and predicate pushdown), :mod:`.subqueries` (decorrelation of
    EXISTS, IN and scalar subqueries into joins), :mod:`.dedup` (ROW_NUMBER() = 1) and
-   :mod:`.setops` (UNION, INTERSECT, EXCEPT, DISTINCT), over the shared context of
-   :mod:`.scope` and the expression helpers of :mod:`.expressions`;
+   :mod:`.setops` (UNION, INTERSECT, EXCEPT, DISTINCT), :mod:`.windows` (window functions),
+   :mod:`.topn` (ORDER BY .. LIMIT) and :mod:`.recompute` (the floor), over the shared
+   context of :mod:`.scope` and the expression helpers of :mod:`.expressions`; then the
+   rank filters become top-Ns (:func:`.windows.keep_ranks`) and the operators that read the
+   clock temporal ones (:func:`.clock.temporal_operators`);
 3. :func:`.keys.output_unique_key`: infer the output's unique key;
 4. :func:`.prune.prune_columns`: drop the columns nothing above reads;
 5. :func:`.logical.assign_ids`: number the operators (state tables are named by them).
@@ -55,14 +61,17 @@ class CompiledModel:
     """The sources' schemas the plan was typed for (set by ``job.compile_job``)."""
 
 
-def compile_model(sql: str, sources: list[SourceSpec], schemas: dict[str, list[str]]) -> CompiledModel:
-    """Compile ``sql`` over ``sources`` (whose columns are ``schemas[source.key]``).
+def compile_model(sql: str, sources: list[SourceSpec], schemas: dict[str, list[str]],
+                  incremental_only: bool = False) -> CompiledModel:
+    """Compile ``sql`` over ``sources`` (whose columns are ``schemas[source.key]``). A query
+    block without a delta rule is maintained by recomputing it, unless ``incremental_only``.
 
-    Raises CompileError (construct + line) for anything outside the supported SQL.
+    Raises CompileError (construct + line) for anything outside the supported SQL, and
+    NoDeltaRule (a CompileError) for a block without a delta rule with ``incremental_only``.
     """
     by_relation = {s.relation_parts: s for s in sources}
     ast = resolve(parse(sql), by_relation, schemas, sql)
-    root, outputs = lower(ast, by_relation, schemas, sql)
+    root, outputs = lower(ast, by_relation, schemas, sql, incremental_only)
     unique_key = output_unique_key(root)
     prune_columns(root)
     assign_ids(root)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from sqlglot import exp
 
-from .parse import err
+from .parse import err, no_rule
 
 SCALAR_VALUE = "cs_column"
 """Key of the mark a planned scalar subquery carries in its sqlglot ``meta``: the internal
@@ -23,6 +23,12 @@ column holding its value (written by :func:`.subqueries.plan_scalar_subqueries`,
 :func:`translate`). A mark on the node rather than a mapping beside the AST because it must
 survive the copies :func:`translate` makes, and a CTE's AST is planned once per reference, so
 it cannot be rewritten in place."""
+
+
+WINDOW_VALUE = "cs_window"
+"""Key of the mark a planned window expression carries in its sqlglot ``meta``: the internal
+column holding its value (written by :func:`.windows.plan_windows`, read by
+:func:`translate`), for the same reason as :data:`SCALAR_VALUE`."""
 
 
 def conjuncts(e: exp.Expression) -> Iterator[exp.Expression]:
@@ -54,9 +60,21 @@ def aliases(e: exp.Expression) -> set[str]:
     return {c.table.lower() for c in own_columns(e)}
 
 
+def window_of(node: exp.Expression) -> exp.Window | None:
+    """The window ``node`` is the function of (``SUM(x)`` in ``SUM(x) OVER (..)``, also under
+    IGNORE/RESPECT NULLS), else None."""
+    p = node.parent
+    while isinstance(p, (exp.IgnoreNulls, exp.RespectNulls)):
+        p = p.parent
+    if isinstance(p, exp.Window) and p.this is not None and (p.this is node or p.this.find(type(node)) is node):
+        return p
+    return None
+
+
 def has_aggregate(e: exp.Expression) -> bool:
-    """Whether ``e`` holds an aggregate outside nested subqueries."""
-    return next(own(e, exp.AggFunc), None) is not None
+    """Whether ``e`` holds an aggregate outside nested subqueries (the function of a window,
+    ``SUM(x) OVER (..)``, is not one; an aggregate in a window's arguments is)."""
+    return any(window_of(a) is None for a in own(e, exp.AggFunc))
 
 
 def from_relations(sel: exp.Select) -> list[exp.Expression]:
@@ -70,12 +88,14 @@ def translate(e: exp.Expression, scope: dict[tuple[str, str], str], sql: str) ->
     ``(alias, column)`` -> internal name) and scalar subqueries already planned replaced by
     their value column (:data:`SCALAR_VALUE`). ``e`` itself is not changed.
 
-    Raises CompileError (located in ``sql``) for a column outside ``scope`` and for any other
-    subquery.
+    Raises CompileError (located in ``sql``) for a column outside ``scope``, NoDeltaRule for
+    any other subquery.
     """
     def fn(n):
         if isinstance(n, exp.Subquery) and SCALAR_VALUE in n.meta:
             return exp.column(n.meta[SCALAR_VALUE], quoted=True)
+        if isinstance(n, exp.Window) and WINDOW_VALUE in n.meta:
+            return exp.column(n.meta[WINDOW_VALUE], quoted=True)
         if isinstance(n, exp.Column):
             key = (n.table.lower(), n.name.lower())
             if key not in scope:
@@ -83,8 +103,49 @@ def translate(e: exp.Expression, scope: dict[tuple[str, str], str], sql: str) ->
                           "supported in WHERE conditions of EXISTS, IN and scalar subqueries)", n, sql)
             return exp.column(scope[key], quoted=True)
         if isinstance(n, (exp.Subquery, exp.Exists)) or (isinstance(n, exp.In) and n.args.get("query")):
-            raise err("subquery here", "subqueries are supported as WHERE conditions ([NOT] EXISTS, "
+            raise no_rule("subquery here", "subqueries are supported as WHERE conditions ([NOT] EXISTS, "
                       "[NOT] IN) and as scalar values in WHERE and in the SELECT list of a query "
                       "without GROUP BY", n, sql)
         return n
     return e.copy().transform(fn).sql(dialect="spark")
+
+
+def factor_or(e: exp.Expression) -> list[exp.Expression]:
+    """The conjuncts of ``e`` with the conjuncts common to every branch of an OR taken out of
+    it, as Spark's optimizer does (``(a AND b) OR (a AND c)`` -> ``a``, ``b OR c``), so that a
+    join equality written in each branch (TPC-H Q19) is a join key. Conjuncts are compared as
+    expressions (sqlglot equality); an OR is factored when its common conjuncts hold an
+    equality between two relations, and stays as it is otherwise.
+
+    >>> import sqlglot
+    >>> [c.sql() for c in factor_or(sqlglot.parse_one("(a.k = b.k AND a.x > 1) OR (b.k = a.k AND a.k = b.k AND a.y < 2)"))]
+    ['a.k = b.k', 'a.x > 1 OR (b.k = a.k AND a.y < 2)']
+    """
+    out: list[exp.Expression] = []
+    for c in conjuncts(e):
+        inner = c
+        while isinstance(inner, exp.Paren):
+            inner = inner.this
+        if not isinstance(inner, exp.Or):
+            out.append(c)
+            continue
+        branches = [list(conjuncts(b)) for b in _disjuncts(inner)]
+        common = [x for x in branches[0] if all(any(x == y for y in b) for b in branches[1:])]
+        if not any(isinstance(x, exp.EQ) and len(aliases(x)) > 1 for x in common):
+            out.append(c)
+            continue
+        rest = [[y for y in b if all(y != x for x in common)] for b in branches]
+        out += [x.copy() for x in common]
+        if all(rest):   # a branch left with nothing is TRUE: so is the OR
+            out.append(exp.or_(*[exp.and_(*[y.copy() for y in r]) for r in rest]))
+    return out
+
+
+def _disjuncts(e: exp.Expression) -> Iterator[exp.Expression]:
+    if isinstance(e, exp.Or):
+        yield from _disjuncts(e.this)
+        yield from _disjuncts(e.expression)
+    elif isinstance(e, exp.Paren):
+        yield from _disjuncts(e.this)
+    else:
+        yield e

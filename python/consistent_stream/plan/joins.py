@@ -4,7 +4,11 @@ WHERE conditions on one relation are pushed into it (not into the null-supplying
 outer join); equalities between the two sides of a join become its keys (for inner joins
 also those written in WHERE: comma joins); other ON conditions are the join's residual,
 except those on the null-supplying side alone, which are pushed into that side. RIGHT joins
-are planned as mirrored LEFT joins; LEFT SEMI/ANTI joins hide their right side.
+are planned as mirrored LEFT joins; LEFT SEMI/ANTI joins hide their right side. Inner joins
+listed in an order that leaves a relation without an equality to the ones before it are
+reordered by their equalities (:func:`_reordered`); a join without any equality is a cross
+or theta join, on one constant key. A condition that reads the clock is a filter above an
+inner join.
 
 Example::
 
@@ -23,9 +27,10 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from .clock import uses_clock
 from .expressions import aliases, conjuncts, translate
 from .logical import Filter, Join, Node
-from .parse import err
+from .parse import err, no_rule
 from .scope import Lowering, Rel
 
 
@@ -38,11 +43,15 @@ def plan_from_clause(lw: Lowering, joins: list[exp.Join], rels: list[Rel],
     joins from them. Returns the joined node, its scope (semi and anti joins' right sides not
     visible) and the conjuncts left for a Filter above the joins.
 
-    Raises CompileError for JOIN .. USING, a join without an equality between its sides and a
-    subquery in a join condition.
+    Inner joins whose FROM order leaves a relation without an equality to the ones before it
+    are reordered (:func:`_reordered`).
+
+    Raises CompileError for JOIN .. USING and a subquery in a join condition.
     """
     null_supplied, hidden = _join_sides(lw, joins, rels)
     where_conj = _push_down(lw, where_conj, rels, null_supplied)
+    if not _connected(joins, rels, where_conj):
+        joins, rels, where_conj = _reordered(joins, rels, where_conj)
     scope: dict[tuple[str, str], str] = {}
     for k, v in rels[0].cols.items():
         scope[(rels[0].alias.lower(), k)] = v
@@ -54,6 +63,46 @@ def plan_from_clause(lw: Lowering, joins: list[exp.Join], rels: list[Rel],
             scope.update({(r.alias.lower(), k): v for k, v in r.cols.items()})
             left_aliases.add(r.alias.lower())
     return current, scope, where_conj
+
+
+def _inner(j: exp.Join) -> bool:
+    return (j.side or "") == "" and (j.kind or "").upper() not in ("SEMI", "ANTI")
+
+
+def _connects(c: exp.Expression, left: set[str], right: str) -> bool:
+    return equi(c, left, right) is not None
+
+
+def _connected(joins: list[exp.Join], rels: list[Rel], where_conj: list[exp.Expression]) -> bool:
+    """Whether every join, in FROM order, has an equality with the relations before it (in
+    its ON, or for an inner join in WHERE): the plan then joins in that order."""
+    left = {rels[0].alias.lower()}
+    for j, r in zip(joins, rels[1:]):
+        on = list(conjuncts(j.args["on"])) if j.args.get("on") else []
+        if not any(_connects(c, left, r.alias.lower()) for c in on + (where_conj if _inner(j) else [])):
+            return False
+        left.add(r.alias.lower())
+    return True
+
+
+def _reordered(joins: list[exp.Join], rels: list[Rel], where_conj: list[exp.Expression]):
+    """Inner joins whose FROM order leaves a relation without an equality to those before it
+    (``FROM part, supplier, partsupp WHERE p_partkey = ps_partkey AND s_suppkey = ps_suppkey``)
+    in an order where each joins the ones before on an equality, as Spark's optimizer reorders
+    them: repeatedly the first relation in FROM order that has one; when none has, the next in
+    FROM order (a cross join). The ON conditions of inner joins are WHERE conditions, so they
+    join the WHERE conjuncts. Returns ``(joins, rels, where_conj)``; unchanged when a join is
+    not inner (an outer, semi or anti join fixes the order)."""
+    if not all(_inner(j) for j in joins):
+        return joins, rels, where_conj
+    conds = list(where_conj) + [c for j in joins if j.args.get("on") for c in conjuncts(j.args["on"])]
+    order, left, todo = [rels[0]], {rels[0].alias.lower()}, list(rels[1:])
+    while todo:
+        r = next((r for r in todo if any(_connects(c, left, r.alias.lower()) for c in conds)), todo[0])
+        todo.remove(r)
+        order.append(r)
+        left.add(r.alias.lower())
+    return [exp.Join(this=exp.table_(r.alias)) for r in order[1:]], order, conds
 
 
 def _join_sides(lw: Lowering, joins: list[exp.Join], rels: list[Rel]) -> tuple[set[str], set[str]]:
@@ -103,7 +152,11 @@ def plan_join(lw: Lowering, j: exp.Join, r: Rel, current: Node, scope: dict[tupl
     null-supplying side alone is pushed into that side. Returns the Join and the WHERE
     conjuncts left.
 
-    Raises CompileError for a join without an equality and for a subquery in ON.
+    A join without an equality (a cross or theta join) joins every pair of rows on one
+    constant key, its condition the residual: each side's change meets the other side's whole
+    state.
+
+    Raises CompileError for a subquery in ON.
     """
     ra = r.alias.lower()
     rscope = {(ra, k): v for k, v in r.cols.items()}
@@ -112,7 +165,7 @@ def plan_join(lw: Lowering, j: exp.Join, r: Rel, current: Node, scope: dict[tupl
     inner = side == "" and kind not in ("SEMI", "ANTI")
     lkeys, rkeys, residual = [], [], []
     for c in on + (where_conj if inner else []):
-        pair = equi(c, left_aliases, ra)
+        pair = None if uses_clock(c) else equi(c, left_aliases, ra)
         if pair is not None:
             lkeys.append(translate(pair[0], scope, lw.sql))
             rkeys.append(translate(pair[1], rscope, lw.sql))
@@ -120,12 +173,16 @@ def plan_join(lw: Lowering, j: exp.Join, r: Rel, current: Node, scope: dict[tupl
                 where_conj = [w for w in where_conj if w is not c]
         elif any(c is o for o in on):
             if c.find(exp.Subquery, exp.Exists):
-                raise err("subquery in a join condition", "move it to WHERE", c, lw.sql)
+                raise no_rule("subquery in a join condition", "move it to WHERE", c, lw.sql)
+            if uses_clock(c):   # a temporal filter: above an inner join, where it means the same
+                if not inner:
+                    raise no_rule("current_date()/current_timestamp() in an outer join's condition",
+                                  "filter the joined side in a derived table instead", c, lw.sql)
+                where_conj = where_conj + [c]
+                continue
             residual.append(c)
-    if not lkeys:
-        raise err("join without an equality condition", "every join needs at least one "
-                  "`left_column = right_column` condition (cross and theta joins are not maintained)",
-                  j, lw.sql)
+    if not lkeys:   # a cross join (and a theta join: its condition the residual): one key for all rows
+        lkeys, rkeys = ["1"], ["1"]
     left_node, right_node = current, r.node
     if side == "LEFT" and kind not in ("SEMI", "ANTI"):
         pushed = [c for c in residual if aliases(c) <= {ra}]

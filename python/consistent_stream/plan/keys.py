@@ -11,14 +11,18 @@ dedup partitions and joins:
 * left/full outer join: ``kl + kr`` (a NULL-padded row is the only row of its left row),
   and ``kl`` alone for a left join whose right join key covers a key of the right;
 * semi and anti joins, filters: the left input's keys; projections: keys whose columns are
-  passed through unchanged; UNION ALL and INTERSECT/EXCEPT ALL: none (bags).
+  passed through unchanged; UNION ALL and INTERSECT/EXCEPT ALL: none (bags);
+* windows: the input's keys, and for a top-N by ROW_NUMBER the partition with the row
+  number (the partition alone when it keeps one row); a recomputed block: its GROUP BY
+  columns when it outputs them all (:attr:`.logical.Recompute.keys`).
 
 The empty key means "at most one row" (a global aggregate). The target's merge uses the
 smallest inferred key when the model sets no ``unique_key``; a view without one is a bag.
 """
 from __future__ import annotations
 
-from .logical import Aggregate, Dedup, Filter, Join, Node, Project, Reweight, Scan, Union, plain_column
+from .logical import (Aggregate, Dedup, Filter, Join, Node, Project, Recompute, Reweight, Scan, TemporalFilter,
+                      TemporalProject, Union, Window, plain_column)
 
 Key = frozenset
 
@@ -41,7 +45,7 @@ def unique_keys(node: Node) -> list[Key]:
         return []
     if isinstance(node, Filter):
         return unique_keys(node.child)
-    if isinstance(node, Project):
+    if isinstance(node, (Project, TemporalProject)):
         renamed: dict[str, str] = {}
         for c, e in zip(node.columns, node.exprs):
             src = plain_column(e)
@@ -74,7 +78,20 @@ def unique_keys(node: Node) -> list[Key]:
         if node.kind == "inner" and any(kl <= plain_l for kl in left):
             keys += right
         return _minimal(keys)
-    if isinstance(node, (Union, Reweight)):
+    if isinstance(node, (TemporalFilter,)):
+        return unique_keys(node.child)
+    if isinstance(node, Window):
+        keys = unique_keys(node.child)
+        if node.keep is not None:
+            call = next(c for c in node.calls if c.name == node.keep.column)
+            if call.func.upper() == "ROW_NUMBER()":   # one row per partition and row number
+                keys.append(Key(node.partition) | {call.name})
+                if node.keep.hi is not None and node.keep.hi <= node.keep.lo:
+                    keys.append(Key(node.partition))
+        return _minimal(keys)
+    if isinstance(node, Recompute):
+        return [Key(k) for k in node.keys]
+    if isinstance(node, (Union, Reweight, TemporalProject)):
         return []
     raise TypeError(f"unique keys of {type(node).__name__}")
 

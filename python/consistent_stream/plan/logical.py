@@ -150,6 +150,126 @@ class Reweight(Node):
         return [self.child]
 
 
+@dataclass(frozen=True)
+class WindowCall:
+    """One window function of a :class:`Window`: output column ``name`` =
+    ``func OVER (PARTITION BY <the node's partition> ORDER BY order [tie-breakers] frame)``.
+
+    ``func``: the function over the child's columns in Spark SQL (``ROW_NUMBER()``,
+    ``SUM(`x`)``, ``LAG(`x`, 1)``, ``FIRST_VALUE(`x`) IGNORE NULLS``); ``order``: its ORDER BY
+    (child columns); ``frame``: its frame clause as written (``ROWS BETWEEN 1 PRECEDING AND
+    CURRENT ROW``), None for the default; ``tiebreak``: the function's result depends on the
+    order of rows whose ORDER BY values tie (ROW_NUMBER, NTILE, LAG, LEAD, FIRST_VALUE and
+    ROWS frames), so the ORDER BY is completed with every other child column ascending (as
+    :class:`Dedup` breaks ties), which makes the result one of the answers Spark may give,
+    always the same one."""
+    name: str
+    func: str
+    order: tuple[SortKey, ...] = ()
+    frame: str | None = None
+    tiebreak: bool = False
+
+
+@dataclass(frozen=True)
+class RankRange:
+    """A top-N: keep only the rows whose rank column ``column`` (a ``ROW_NUMBER``, ``RANK`` or
+    ``DENSE_RANK`` call of the same Window) lies in ``[lo, hi]`` (``hi`` None: no upper
+    bound)."""
+    column: str
+    lo: int = 1
+    hi: int | None = None
+
+    def sql(self) -> str:
+        """The predicate over the rank column."""
+        c = "`" + self.column + "`"
+        return f"{c} >= {self.lo}" + (f" AND {c} <= {self.hi}" if self.hi is not None else "")
+
+
+@dataclass(eq=False)
+class Window(Node):
+    """Window functions ``calls`` over the partitions of ``partition`` (child columns; empty:
+    the whole input is one partition), optionally keeping only a rank range (``keep``: a
+    top-N per partition, ``ORDER BY .. LIMIT``). Output: the child's columns, then one column
+    per call (the rows ``keep`` drops are not in the output)."""
+    child: Node = None
+    partition: list[str] = field(default_factory=list)
+    calls: list[WindowCall] = field(default_factory=list)
+    keep: RankRange | None = None
+
+    @property
+    def children(self):
+        return [self.child]
+
+    def call_sql(self, call: WindowCall, columns: list[str] | None = None) -> str:
+        """``call`` as a Spark SQL window expression; its tie-breakers are the child's
+        ``columns`` (default: the child's columns) outside the partition and the ORDER BY."""
+        q = (lambda c: "`" + c.replace("`", "``") + "`")
+        keys = [f"{q(k.column)} {'DESC' if k.descending else 'ASC'} NULLS {'FIRST' if k.effective_nulls_first else 'LAST'}"
+                for k in call.order]
+        if call.tiebreak:
+            ordered = {k.column for k in call.order} | set(self.partition)
+            keys += [f"{q(c)} ASC NULLS FIRST" for c in (columns or self.child.columns) if c not in ordered]
+        over = []
+        if self.partition:
+            over.append("PARTITION BY " + ", ".join(q(p) for p in self.partition))
+        if keys:
+            over.append("ORDER BY " + ", ".join(keys))
+        if call.frame:
+            over.append(call.frame)
+        return f"{call.func} OVER ({' '.join(over)})"
+
+
+@dataclass(eq=False)
+class Recompute(Node):
+    """The floor under the compiler, DBSP's ``D . Q . I``: ``sql`` (a Spark SQL query) is
+    evaluated over the whole of its ``inputs`` each batch that changes one of them (or moves
+    the clock it reads) and differenced against its result over their previous contents.
+    ``sql`` reads input ``i`` as the relation named ``names[i]``, whose columns are
+    ``input_columns[i]`` (``(name in sql, input column)`` pairs); its result's columns are
+    ``columns``, by position. ``reason``: the construct without a delta rule."""
+    inputs: list[Node] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    input_columns: list[list[tuple[str, str]]] = field(default_factory=list)
+    sql: str = ""
+    reason: str = ""
+    keys: list[list[str]] = field(default_factory=list)
+    """Unique keys of the result (output columns), when its SQL shows them (GROUP BY)."""
+
+    @property
+    def children(self):
+        return list(self.inputs)
+
+
+@dataclass(eq=False)
+class TemporalFilter(Node):
+    """A filter whose ``predicate`` reads the clock (``current_date()``, ``current_timestamp()``
+    ..., bound to each batch's instant): rows enter and leave as time passes. ``time_key``: a
+    child-column expression such that the predicate of a row can only change between two
+    instants if its time key lies between the ``bounds`` (clock-only expressions) at those
+    instants; None when the predicate has no such form (then a moving clock re-reads every
+    row)."""
+    child: Node = None
+    predicate: str = ""
+    time_key: str | None = None
+    bounds: list[str] = field(default_factory=list)
+
+    @property
+    def children(self):
+        return [self.child]
+
+
+@dataclass(eq=False)
+class TemporalProject(Node):
+    """A projection whose ``exprs`` read the clock: when the clock's values move, every row's
+    output is computed again."""
+    child: Node = None
+    exprs: list[str] = field(default_factory=list)
+
+    @property
+    def children(self):
+        return [self.child]
+
+
 def plain_column(expr: str) -> str | None:
     """``name`` when the plan expression (Spark SQL) is just the backticked column ``name``."""
     if expr.startswith("`") and expr.endswith("`") and expr.count("`") == 2:
@@ -171,8 +291,45 @@ def assign_ids(root: Node) -> None:
         n.id = f"{i:02d}_{type(n).__name__.lower()}"
 
 
-def explain(node: Node, indent: int = 0) -> str:
-    """Readable plan tree, one operator a line."""
+def maintenance(node: Node) -> tuple[str, str]:
+    """How ``node`` is maintained: ``("incremental", what a batch reads)`` when its delta rule
+    costs the change (and the state at the keys, partitions or ranges it touches), or
+    ``("recompute", what it reads)`` for the floor (:class:`Recompute`) and for rules that read
+    a whole input each batch."""
+    if isinstance(node, Scan):
+        return "incremental", "the source's changes"
+    if isinstance(node, (Filter, Project, Union, Reweight)):
+        return "incremental", "the change only (linear, no state)"
+    if isinstance(node, Join):
+        if not node.left_keys or all(k == "1" for k in node.left_keys):
+            return "incremental", "each side's change against the other side's whole state (a cross join)"
+        return "incremental", "each side's change and the other side's state at the changed keys"
+    if isinstance(node, Aggregate):
+        if not node.group_exprs:
+            return "incremental", "the change and the one group's state"
+        return "incremental", "the change and the state of the groups it touches"
+    if isinstance(node, Dedup):
+        return "incremental", "the state of the partitions the change touches"
+    if isinstance(node, Window):
+        what = (f"the state of the partitions the change touches (PARTITION BY {', '.join(node.partition)})"
+                if node.partition else "the whole input each batch it changes (no PARTITION BY: one partition)")
+        if node.keep is not None:
+            what += f", keeping ranks {node.keep.lo}..{node.keep.hi if node.keep.hi is not None else ''}"
+        return "incremental", what
+    if isinstance(node, TemporalFilter):
+        if node.time_key is not None:
+            return "incremental", f"the change, and when the clock moves the rows whose {node.time_key} crosses a bound"
+        return "incremental", "the change, and every input row when the clock's value moves"
+    if isinstance(node, TemporalProject):
+        return "incremental", "the change, and every input row when the clock's value moves"
+    if isinstance(node, Recompute):
+        return "recompute", f"its whole inputs each batch that changes them ({node.reason})"
+    return "incremental", ""
+
+
+def explain(node: Node, indent: int = 0, costs: bool = False) -> str:
+    """Readable plan tree, one operator a line; ``costs``: each line ends with how the operator
+    is maintained and what a batch reads (:func:`maintenance`)."""
     pad = "  " * indent
     if isinstance(node, Scan):
         head = f"Scan {node.source.key} {node.source_columns}"
@@ -193,6 +350,19 @@ def explain(node: Node, indent: int = 0) -> str:
         head = f"Dedup first by ({order}) per {node.partition}"
     elif isinstance(node, Reweight):
         head = f"Reweight by {node.count}"
+    elif isinstance(node, Window):
+        head = "Window " + ", ".join(f"{node.call_sql(c)} AS {c.name}" for c in node.calls)
+        if node.keep is not None:
+            head += f" keep {node.keep.sql()}"
+    elif isinstance(node, Recompute):
+        head = f"Recompute ({node.reason}) over {node.names}"
+    elif isinstance(node, TemporalFilter):
+        head = f"TemporalFilter {node.predicate}" + (f" (time key {node.time_key})" if node.time_key else "")
+    elif isinstance(node, TemporalProject):
+        head = "TemporalProject " + ", ".join(f"{e} AS {c}" for c, e in zip(node.columns, node.exprs))
     else:
         head = type(node).__name__
-    return "\n".join([f"{pad}{node.id} {head}"] + [explain(c, indent + 1) for c in node.children])
+    if costs:
+        mode, reads = maintenance(node)
+        head += f"  [{mode}: reads {reads}]"
+    return "\n".join([f"{pad}{node.id} {head}"] + [explain(c, indent + 1, costs) for c in node.children])

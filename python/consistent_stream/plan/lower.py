@@ -27,42 +27,65 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from ..errors import NoDeltaRule
 from ..sources import SourceSpec
-from .dedup import check_ranks_filtered, plan_dedup, take_rank_filters
-from .expressions import conjuncts, has_aggregate, own, translate
+from .clock import temporal_operators, uses_clock
+from .dedup import check_ranks_filtered, is_dedup, plan_dedup, take_rank_filters
+from .expressions import SCALAR_VALUE, WINDOW_VALUE, factor_or, has_aggregate, own, translate, window_of
 from .joins import plan_from_clause
+from .keys import unique_keys
 from .logical import Aggregate, AggCall, Filter, Node, Project, Scan
-from .parse import AGGREGATES, err
+from .parse import AGGREGATES, err, no_rule
+from .recompute import check_block, plan_recompute
 from .scope import Lowering, Rel, output_names, with_ctes
 from .setops import distinct, plan_set_operation
 from .subqueries import plan_scalar_subqueries, plan_subquery_predicate, subquery_predicate
+from .topn import limit_of, order_keys, top_n
+from .windows import keep_ranks, plan_windows, query_windows
 
 
 def lower(ast: exp.Expression, sources: dict[tuple[str, ...], SourceSpec], schemas: dict[str, list[str]],
-          sql: str) -> tuple[Node, list[tuple[str, str]]]:
+          sql: str, incremental_only: bool = False) -> tuple[Node, list[tuple[str, str]]]:
     """The logical plan of the model ``ast`` (qualified, over ``sources`` by their lower-case
     name parts, with columns ``schemas[source.key]``; ``sql``: its text, for error positions)
     and its outputs ``[(name, internal column)]``; the plan is neither pruned nor numbered.
+    A query block without a delta rule is recomputed (:mod:`.recompute`), unless
+    ``incremental_only``.
 
-    Raises CompileError (located in ``sql``) for every construct the rules do not maintain.
+    Raises CompileError (located in ``sql``) for every construct the rules do not maintain:
+    NoDeltaRule for those the recompute floor would maintain, with ``incremental_only``.
     """
-    lw = Lowering(sql=sql, sources=sources, schemas=schemas)
+    lw = Lowering(sql=sql, sources=sources, schemas=schemas, incremental_only=incremental_only)
     root, outputs = plan_query(lw, ast, {}, top=True)
     check_ranks_filtered(lw)
-    return root, outputs
+    keep_ranks(root)
+    return temporal_operators(root), outputs
 
 
 def plan_query(lw: Lowering, q: exp.Expression, outer_ctes: dict[str, exp.Expression],
                top: bool = False) -> tuple[Node, list[tuple[str, str]]]:
     """A SELECT (:func:`plan_select`) or a set operation of queries
-    (:func:`.setops.plan_set_operation`), also in parentheses, with the CTEs ``outer_ctes``
-    in scope: its node and outputs ``[(name, internal column)]``. ``top``: ``q`` is the model
-    itself, whose outputs keep their names."""
+    (:func:`.setops.plan_set_operation`, with its ORDER BY .. LIMIT: :mod:`.topn`), also in
+    parentheses, with the CTEs ``outer_ctes`` in scope: its node and outputs ``[(name,
+    internal column)]``. ``top``: ``q`` is the model itself, whose outputs keep their names.
+    A block without a delta rule is planned by :func:`.recompute.plan_recompute` (unless
+    ``lw.incremental_only``)."""
     if isinstance(q, exp.Subquery):
         q = q.this
-    if not isinstance(q, exp.SetOperation):
-        return plan_select(lw, q, outer_ctes, top)
-    return plan_set_operation(lw, q, outer_ctes, top, plan_query)
+    try:
+        if not isinstance(q, exp.SetOperation):
+            return plan_select(lw, q, outer_ctes, top)
+        node, outs = plan_set_operation(lw, q, outer_ctes, top, plan_query)
+        limit = limit_of(q, lw.sql) if q.args.get("order") is not None else None
+        if limit is not None:
+            keys, _ = order_keys(lw, q, outs, None)
+            node = top_n(lw, node, keys, limit[0], limit[1], [c for _, c in outs])
+        return node, outs
+    except NoDeltaRule as e:
+        if lw.incremental_only:
+            raise
+        return plan_recompute(lw, q, with_ctes(q, outer_ctes) if not isinstance(q, exp.Select) else outer_ctes,
+                              top, e, plan_relation)
 
 
 def plan_select(lw: Lowering, sel: exp.Expression, outer_ctes: dict[str, exp.Expression],
@@ -71,10 +94,12 @@ def plan_select(lw: Lowering, sel: exp.Expression, outer_ctes: dict[str, exp.Exp
     ``[(name, internal column)]`` (see the module docstring for the order of the steps).
 
     Raises CompileError for anything else than a SELECT, a SELECT without FROM, two relations
-    with one alias, and what the steps reject.
+    with one alias, and what the steps reject (NoDeltaRule for a construct without a delta
+    rule, :func:`.recompute.check_block`).
     """
     if not isinstance(sel, exp.Select):
         raise err(type(sel).__name__.upper(), "only SELECT is supported here", sel, lw.sql)
+    check_block(sel, lw.sql)
     ctes = with_ctes(sel, outer_ctes)
     from_ = sel.args.get("from") or sel.args.get("from_")
     if from_ is None:
@@ -88,7 +113,7 @@ def plan_select(lw: Lowering, sel: exp.Expression, outer_ctes: dict[str, exp.Exp
         raise err("duplicate table alias", "give every relation in FROM its own alias", sel, lw.sql)
 
     where = sel.args.get("where")
-    where_conj = list(conjuncts(where.this)) if where else []
+    where_conj = factor_or(where.this) if where else []
     where_conj = take_rank_filters(lw, where_conj, rels)
     sub_conj = [c for c in where_conj if subquery_predicate(c) is not None]
     where_conj = [c for c in where_conj if subquery_predicate(c) is None]
@@ -106,24 +131,53 @@ def plan_select(lw: Lowering, sel: exp.Expression, outer_ctes: dict[str, exp.Exp
         current = Filter(columns=current.columns, child=current,
                          predicate=" AND ".join(translate(c, scope, lw.sql) for c in where_conj))
 
-    windows = [e for e in select_exprs if e.find(exp.Window)]
-    if windows:
+    windows = query_windows(sel)
+    if windows and is_dedup(sel, windows, top):
         return plan_dedup(lw, sel, current, scope, windows, top)
+    unique = unique_keys(current)
     if has_agg:
-        current, post_scope = plan_aggregate(lw, current, scope, group, select_exprs, having)
+        post_items = list(select_exprs) + ([having.this] if having is not None else [])
+        later = [sel.args[k] for k in ("qualify", "order") if sel.args.get(k) is not None]
+        current, post = plan_aggregate(lw, current, scope, group, post_items + later)
+        current = plan_post_subqueries(lw, post_items, current, post, ctes)
         if having is not None:
             current = Filter(columns=current.columns, child=current,
-                             predicate=translate_post(having.this, post_scope, lw.sql))
-        exprs = [translate_post(e.unalias() if isinstance(e, exp.Alias) else e, post_scope, lw.sql)
-                 for e in select_exprs]
+                             predicate=translate_post(having.this, post, lw.sql))
+        tr = lambda e: translate_post(e, post, lw.sql)  # noqa: E731
+        unique = [frozenset(post.groups_columns)]
     else:
-        exprs = [translate(e.unalias() if isinstance(e, exp.Alias) else e, scope, lw.sql) for e in select_exprs]
-
+        tr = lambda e: translate(e, scope, lw.sql)  # noqa: E731
+    if windows:
+        current = plan_windows(lw, current, windows, tr, unique)
+    qualify = sel.args.get("qualify")
+    if qualify is not None:
+        current = Filter(columns=current.columns, child=current,
+                         predicate=tr(_with_aliases(qualify.this, select_exprs)))
+    exprs = [tr(e.unalias() if isinstance(e, exp.Alias) else e) for e in select_exprs]
     lowered, internal = output_names(lw, sel, select_exprs, top)
-    node = Project(columns=internal, child=current, exprs=exprs)
+    limit = limit_of(sel, lw.sql) if sel.args.get("order") is not None else None
+    hidden: list[tuple[str, str]] = []
+    if limit is not None:
+        keys, hidden = order_keys(lw, sel, list(zip(lowered, internal)),
+                                  None if sel.args.get("distinct") else tr)
+    node = Project(columns=internal + [c for c, _ in hidden], child=current, exprs=exprs + [e for _, e in hidden])
     if sel.args.get("distinct"):
         node = distinct(node)
+    if limit is not None:
+        node = top_n(lw, node, keys, limit[0], limit[1], internal)
     return node, list(zip(lowered, internal))
+
+
+def _with_aliases(e: exp.Expression, select_exprs: list[exp.Expression]) -> exp.Expression:
+    """A copy of ``e`` (QUALIFY's condition) with each reference to a SELECT-list alias
+    replaced by a copy of the aliased expression (a window keeps its mark)."""
+    aliased = {s.alias.lower(): s.this for s in select_exprs if isinstance(s, exp.Alias)}
+
+    def fn(n):
+        if isinstance(n, exp.Column) and not n.table and n.name.lower() in aliased:
+            return aliased[n.name.lower()].copy()
+        return n
+    return e.copy().transform(fn)
 
 
 def plan_relation(lw: Lowering, rel: exp.Expression, ctes: dict[str, exp.Expression],
@@ -162,32 +216,48 @@ class AggregateOutputs:
     groups: list[tuple[exp.Expression, str]]
     aggs: dict[exp.Expression, str]
 
+    @property
+    def groups_columns(self) -> list[str]:
+        return [name for _, name in self.groups]
+
+    def scope(self) -> dict[tuple[str, str], str]:
+        """The columns of the aggregate's input that its output still has (the GROUP BY
+        columns), by ``(alias, column)``: what a correlated subquery above it may read."""
+        return {(g.table.lower(), g.name.lower()): name for g, name in self.groups if isinstance(g, exp.Column)}
+
 
 def plan_aggregate(lw: Lowering, child: Node, scope: dict[tuple[str, str], str], group: exp.Group | None,
-                   select_exprs: list[exp.Expression], having: exp.Having | None) -> tuple[Aggregate, AggregateOutputs]:
+                   exprs: list[exp.Expression]) -> tuple[Aggregate, AggregateOutputs]:
     """GROUP BY over ``child`` (whose columns are ``scope``): one AggCall per distinct
-    aggregate of the select list and HAVING. A FILTER (WHERE c) clause becomes the argument
+    aggregate of ``exprs`` (the select list, HAVING, QUALIFY and ORDER BY; not the window
+    functions, computed above the Aggregate). A FILTER (WHERE c) clause becomes the argument
     ``CASE WHEN c THEN x END`` (COUNT(*) counts ``CASE WHEN c THEN 1 END``); DISTINCT picks
     the value-multiset form. Returns the Aggregate and its outputs.
 
-    Raises CompileError for a subquery in the select list or HAVING, nested aggregates and
-    an aggregate of several arguments.
+    Raises CompileError for nested aggregates and an aggregate of several arguments,
+    NoDeltaRule for a GROUP BY or an aggregate that reads the clock.
     """
     group_exprs = list(group.expressions) if group is not None else []
+    for g in group_exprs:
+        if uses_clock(g):
+            raise no_rule("current_date()/current_timestamp() in GROUP BY", "no delta rule yet", g, lw.sql)
     gnames = [lw.names.new(f"__g_{g.alias_or_name or 'expr'}") for g in group_exprs]
     aggs: list[AggCall] = []
     agg_map: dict[exp.Expression, str] = {}
-    exprs_to_scan = list(select_exprs) + ([having.this] if having is not None else [])
-    for e in exprs_to_scan:
-        if e.find(exp.Subquery, exp.Exists):
-            raise err("subquery in an aggregating query's SELECT or HAVING", "compute it in a CTE "
-                      "and join it", e.find(exp.Subquery, exp.Exists), lw.sql)
+    for e in exprs:
         for a in own(e, exp.AggFunc):
+            if window_of(a) is not None:
+                continue
             holder = a.parent if isinstance(a.parent, exp.Filter) else a
             if holder in agg_map:
                 continue
-            if a.find_ancestor(exp.AggFunc) is not None:
+            outer = a.find_ancestor(exp.AggFunc)
+            while outer is not None and window_of(outer) is not None:
+                outer = outer.find_ancestor(exp.AggFunc)
+            if outer is not None:
                 raise err("nested aggregate", "aggregates cannot contain aggregates", a, lw.sql)
+            if uses_clock(holder):
+                raise no_rule("current_date()/current_timestamp() in an aggregate", "no delta rule yet", a, lw.sql)
             func = AGGREGATES[type(a)]
             arg = a.this
             is_distinct = isinstance(arg, exp.Distinct)
@@ -212,19 +282,39 @@ def plan_aggregate(lw: Lowering, child: Node, scope: dict[tuple[str, str], str],
     return node, AggregateOutputs(groups=list(zip(group_exprs, gnames)), aggs=agg_map)
 
 
+def plan_post_subqueries(lw: Lowering, exprs: list[exp.Expression], current: Node, post: AggregateOutputs,
+                         ctes: dict[str, exp.Expression]) -> Node:
+    """The scalar subqueries of an aggregating query's SELECT list and HAVING (``exprs``),
+    joined onto its Aggregate ``current`` (:func:`.subqueries.plan_scalar_subqueries`): an
+    uncorrelated one on every group, one correlated by GROUP BY columns on its group (TPC-H
+    Q11's ``HAVING sum(..) > (SELECT sum(..) * 0.0001 ..)``). Returns the node."""
+    if not any(e.find(exp.Subquery) for e in exprs):
+        return current
+    node, _ = plan_scalar_subqueries(lw, exprs, current, post.scope(), ctes, plan_query)
+    return node
+
+
 def translate_post(e: exp.Expression, post: AggregateOutputs, sql: str) -> str:
     """Spark SQL text of ``e`` (HAVING or a select-list item of an aggregating query) over
     the Aggregate's outputs ``post``: GROUP BY expressions and aggregates replaced by their
-    columns.
+    columns, planned scalar subqueries and windows by their value columns.
 
-    Raises CompileError (located in ``sql``) for a column outside GROUP BY and aggregates.
+    Raises CompileError (located in ``sql``) for a column outside GROUP BY and aggregates,
+    NoDeltaRule for an EXISTS or IN subquery there.
     """
     def fn(n):
+        if isinstance(n, exp.Subquery) and SCALAR_VALUE in n.meta:
+            return exp.column(n.meta[SCALAR_VALUE], quoted=True)
+        if isinstance(n, exp.Window) and WINDOW_VALUE in n.meta:
+            return exp.column(n.meta[WINDOW_VALUE], quoted=True)
         for g, name in post.groups:
             if n == g:
                 return exp.column(name, quoted=True)
         if isinstance(n, (exp.AggFunc, exp.Filter)) and n in post.aggs:
             return exp.column(post.aggs[n], quoted=True)
+        if isinstance(n, (exp.Subquery, exp.Exists)):
+            raise no_rule("subquery in an aggregating query's SELECT or HAVING", "this form has no delta "
+                          "rule yet (scalar subqueries do)", n, sql)
         if isinstance(n, exp.Column):
             raise err(f"column {n.sql(dialect='spark')}", "must appear in GROUP BY or inside an aggregate",
                       n, sql)

@@ -10,10 +10,10 @@ naming the construct and, when known, its line and column (:func:`position`).
 Example::
 
     select oid from src.orders
-    order by oid
+    limit 10
 
-raises ``CompileError: line 2, col 12: ORDER BY is not supported by consistent_stream: a
-materialized view has no row order; sort when you read it``.
+raises ``CompileError: line 2, col 5: LIMIT without ORDER BY is not supported by
+consistent_stream: which rows it keeps is up to the engine, ..``.
 """
 from __future__ import annotations
 
@@ -25,32 +25,20 @@ from sqlglot import exp
 from sqlglot.errors import OptimizeError, ParseError
 from sqlglot.optimizer.qualify import qualify
 
-from ..errors import CompileError
+from ..errors import CompileError, NoDeltaRule
 from ..sources import SourceSpec
 
 AGGREGATES: dict[type, str] = {exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max", exp.Count: "count"}
 """The supported aggregate functions and their names in :class:`~.logical.AggCall`."""
 
-# constructs with their readable names; any of these anywhere in the query is rejected
-_UNSUPPORTED: list[tuple[type, str, str]] = [
-    (exp.Order, "ORDER BY", "a materialized view has no row order; sort when you read it"),
-    (exp.Limit, "LIMIT", "a top-N view is not maintained incrementally yet"),
-    (exp.Offset, "OFFSET", "not maintained incrementally"),
-    (exp.Lateral, "LATERAL VIEW", "not supported"),
-    (exp.Pivot, "PIVOT", "not supported"),
-    (exp.Qualify, "QUALIFY", "filter ROW_NUMBER() = 1 in an enclosing query instead"),
-    (exp.Cube, "CUBE", "not supported"),
-    (exp.Rollup, "ROLLUP", "not supported"),
-    (exp.GroupingSets, "GROUPING SETS", "not supported"),
-    (exp.TableSample, "TABLESAMPLE", "a sample has no incremental meaning"),
+# constructs with no meaning at a cut: rejected anywhere in the query
+_NONDETERMINISTIC: list[tuple[type, str, str]] = [
+    (exp.TableSample, "TABLESAMPLE", "a sample has no incremental meaning: every evaluation draws another"),
     (exp.Rand, "rand()", "non-deterministic functions have no meaning at a cut"),
-    (exp.CurrentTimestamp, "current_timestamp()", "non-deterministic functions have no meaning at a cut"),
-    (exp.CurrentDate, "current_date()", "non-deterministic functions have no meaning at a cut"),
     (exp.Uuid, "uuid()", "non-deterministic functions have no meaning at a cut"),
 ]
-_NONDETERMINISTIC_NAMES = {"rand", "random", "randn", "uuid", "now", "current_timestamp", "current_date",
-                           "monotonically_increasing_id", "spark_partition_id", "shuffle", "input_file_name"}
-
+_NONDETERMINISTIC_NAMES = {"rand", "random", "randn", "uuid", "monotonically_increasing_id", "spark_partition_id",
+                           "shuffle", "input_file_name", "rand_str", "randstr", "uniform", "try_aes_decrypt"}
 
 def position(node: exp.Expression, sql: str) -> tuple[int | None, int | None]:
     """``(line, col)`` (1-based) of ``node`` in ``sql``: from the parser's positions of the
@@ -82,6 +70,13 @@ def err(construct: str, detail: str, node: exp.Expression | None, sql: str) -> C
     return CompileError(construct, detail, line, col)
 
 
+def no_rule(construct: str, detail: str, node: exp.Expression | None, sql: str) -> NoDeltaRule:
+    """The NoDeltaRule for ``construct`` (see :func:`err`): maintained by recomputing the
+    query holding it, or an error with ``incremental_only: true``."""
+    line, col = position(node, sql) if node is not None else (None, None)
+    return NoDeltaRule(construct, detail, line, col)
+
+
 def parse(sql: str) -> exp.Expression:
     """The AST of the model ``sql``: exactly one query (a SELECT or a set operation of
     queries) in which :func:`reject_unsupported` found nothing.
@@ -106,33 +101,23 @@ def parse(sql: str) -> exp.Expression:
 
 
 def reject_unsupported(ast: exp.Expression, sql: str) -> None:
-    """Raise CompileError at the first node of ``ast`` (parsed from ``sql``) that is not
-    maintained incrementally: the constructs of ``_UNSUPPORTED`` (ORDER BY outside a window,
-    LIMIT, QUALIFY, ..), non-deterministic functions, window functions other than ROW_NUMBER(),
-    aggregates outside :data:`AGGREGATES`, DISTINCT in aggregates of several arguments and
-    DISTINCT ON."""
+    """Raise CompileError at the first node of ``ast`` (parsed from ``sql``) that has no
+    meaning at a cut: a non-deterministic function or a TABLESAMPLE (every evaluation gives
+    another answer, so no version could equal the SQL at its cut), and ``LIMIT`` without
+    ``ORDER BY`` (which rows it keeps is up to the engine). Constructs that are deterministic
+    but have no delta rule are found per query block by :func:`.recompute.check_block`."""
     for node in ast.walk():
-        if isinstance(node, exp.Distinct) and isinstance(node.parent, exp.AggFunc):
-            if type(node.parent) not in AGGREGATES or len(node.expressions) != 1:
-                raise err(f"{type(node.parent).__name__.upper()}(DISTINCT ..)",
-                          "DISTINCT is supported in COUNT, SUM, AVG, MIN and MAX of one argument",
-                          node.parent, sql)
-        if isinstance(node, exp.Distinct) and node.args.get("on"):
-            raise err("DISTINCT ON", "not supported; use ROW_NUMBER() .. = 1 (dedup_before_join)", node, sql)
-        for typ, name, hint in _UNSUPPORTED:
-            if isinstance(node, typ) and not (isinstance(node, exp.Order) and isinstance(node.parent, exp.Window)):
+        for typ, name, hint in _NONDETERMINISTIC:
+            if isinstance(node, typ):
                 raise err(name, hint, node, sql)
-        if isinstance(node, exp.Window) and not isinstance(node.this, exp.RowNumber):
-            fname = node.this.sql_name() if isinstance(node.this, exp.Func) else type(node.this).__name__
-            raise err(f"window function {fname.upper()}()", "only ROW_NUMBER() OVER (PARTITION BY .. ORDER BY ..) "
-                      "filtered to = 1 by an enclosing query is maintained (dedup); use GROUP BY "
-                      "aggregates for the rest", node, sql)
         if isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC_NAMES:
             raise err(f"{node.name}()", "non-deterministic functions have no meaning at a cut", node, sql)
-        if isinstance(node, exp.AggFunc) and type(node) not in AGGREGATES:
-            raise err(f"aggregate {node.sql_name() if hasattr(node, 'sql_name') else type(node).__name__}",
-                      "supported aggregates: SUM, COUNT, COUNT(*), AVG, MIN, MAX (also with DISTINCT "
-                      "and FILTER)", node, sql)
+        if isinstance(node, exp.Distinct) and node.args.get("on"):
+            raise err("DISTINCT ON", "not Spark SQL; use ROW_NUMBER() .. = 1 (dedup_before_join)", node, sql)
+        if isinstance(node, exp.Limit) and isinstance(node.parent, (exp.Select, exp.SetOperation)) \
+                and not node.parent.args.get("order"):
+            raise err("LIMIT without ORDER BY", "which rows it keeps is up to the engine, so no version could "
+                      "equal the SQL; add an ORDER BY that says which rows to keep", node, sql)
 
 
 def check_relations(ast: exp.Expression, relations: Collection[tuple[str, ...]], sql: str) -> None:

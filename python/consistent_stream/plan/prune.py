@@ -10,8 +10,11 @@ Needs a compiled plan whose expressions are Spark SQL over backticked internal c
 * a join needs its keys and residual from each side (a semi or anti join's right side only
   those), and reads each side through a projection to exactly that;
 * an aggregate needs its group and argument expressions; a dedup needs all of its input (its
-  ties are broken by every column); a union (by position) keeps the same positions on both
-  sides; a reweight needs its count.
+  ties are broken by every column); a window its partition, its calls' arguments and orders
+  (a call nothing reads is dropped; ties are broken by the columns that are left: rows equal
+  in all of them are equal in the output too); a recomputed block every column it reads of
+  its inputs; a union (by position) keeps the same positions on both sides; a reweight needs
+  its count.
 
 The output keeps every column. Multiplicities never change: dropping a column only merges
 rows of a Z-set, whose weights add.
@@ -24,7 +27,8 @@ from __future__ import annotations
 import sqlglot
 from sqlglot import exp
 
-from .logical import Aggregate, Dedup, Filter, Join, Node, Project, Reweight, Scan, Union, plain_column
+from .logical import (Aggregate, Dedup, Filter, Join, Node, Project, Recompute, Reweight, Scan, TemporalFilter,
+                      TemporalProject, Union, Window, plain_column)
 
 
 def referenced(sql: str | None) -> set[str]:
@@ -95,6 +99,28 @@ def _prune(node: Node, needed: set[str], keep_all: bool = False) -> None:
             if isinstance(side, Project) and len(side.columns) != len(positions):
                 raise AssertionError("union side pruned to other positions")
         node.columns = [node.columns[i] for i in positions]
+    elif isinstance(node, TemporalFilter):
+        _prune(node.child, needed | referenced(node.predicate), keep_all)
+        node.columns = list(node.child.columns)
+    elif isinstance(node, TemporalProject):
+        keep = [(c, e) for c, e in zip(node.columns, node.exprs) if keep_all or c in needed]
+        node.columns, node.exprs = [c for c, _ in keep], [e for _, e in keep]
+        need = set()
+        for _, e in keep:
+            need |= referenced(e)
+        _prune(node.child, need)
+    elif isinstance(node, Window):
+        calls = [c for c in node.calls if keep_all or c.name in needed
+                 or (node.keep is not None and c.name == node.keep.column)]
+        need = (needed & set(node.child.columns)) | set(node.partition)
+        for c in calls:
+            need |= {k.column for k in c.order} | referenced(c.func)
+        _prune(node.child, need)
+        node.calls = calls
+        node.columns = list(node.child.columns) + [c.name for c in calls]
+    elif isinstance(node, Recompute):
+        for child, cols in zip(node.inputs, node.input_columns):
+            _prune(child, {internal for _, internal in cols})
     elif isinstance(node, Reweight):
         _prune(node.child, needed | {node.count})
         node.columns = [c for c in node.child.columns if c != node.count]

@@ -50,14 +50,16 @@ class Lowering:
     lower-case name parts; ``schemas[source.key]``: their columns; ``names``: the internal
     column names handed out so far. ``rank_columns`` and ``rank_filtered`` are the registry
     of ROW_NUMBER() columns (:mod:`.dedup`): every ROW_NUMBER() output planned as a dedup
-    (internal name -> its window expression) and those an enclosing query filters to 1.
+    (internal name -> its :class:`~.dedup.Ranked`) and those a query read through its FROM
+    clause. ``incremental_only``: a query without a delta rule is an error, not recomputed.
     """
     sql: str
     sources: dict[tuple[str, ...], SourceSpec]
     schemas: dict[str, list[str]]
     names: Names = field(default_factory=Names)
-    rank_columns: dict[str, exp.Expression] = field(default_factory=dict)
+    rank_columns: dict[str, object] = field(default_factory=dict)
     rank_filtered: set[str] = field(default_factory=set)
+    incremental_only: bool = False
 
 
 PlanQuery = Callable[[Lowering, exp.Expression, dict], tuple[Node, list[tuple[str, str]]]]

@@ -34,10 +34,11 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from .clock import uses_clock
 from .expressions import SCALAR_VALUE, aliases, conjuncts, from_relations, own_columns, translate
 from .joins import equi
 from .logical import Aggregate, AggCall, Filter, Join, Node, Project
-from .parse import err
+from .parse import err, no_rule
 from .scope import Lowering, PlanQuery, quote, with_ctes
 
 
@@ -75,7 +76,7 @@ def decorrelate(sub: exp.Expression, outer_scope: dict[tuple[str, str], str],
             continue
         if not (al - inner) <= outer:
             raise err(f"column reference in {c.sql(dialect='spark')}", "not visible here", c, sql)
-        pair = equi(c, inner, outer)
+        pair = None if uses_clock(c) else equi(c, inner, outer)
         if pair is not None:
             eqs.append(pair)
         else:
@@ -95,8 +96,8 @@ def plan_subquery_predicate(lw: Lowering, c: exp.Expression, current: Node, scop
     and q holds no NULL; q's row and NULL counts come from a global aggregate joined to every
     row. Returns the node with ``current``'s columns.
 
-    Raises CompileError for IN of several columns, a correlated subquery with aggregates and
-    a correlated NOT IN.
+    Raises NoDeltaRule for IN of several columns, a correlated subquery with aggregates and a
+    correlated NOT IN (the query holding it is recomputed).
     """
     negated, pred = subquery_predicate(c)
     if isinstance(pred, exp.Exists):
@@ -104,15 +105,18 @@ def plan_subquery_predicate(lw: Lowering, c: exp.Expression, current: Node, scop
     else:
         sub, in_expr = pred.args["query"].this, pred.this
         if isinstance(in_expr, exp.Tuple):
-            raise err("IN with several columns", "compare one column, or use EXISTS", pred, lw.sql)
+            raise no_rule("IN with several columns", "compare one column, or use EXISTS", pred, lw.sql)
     sub_ctes = with_ctes(sub, ctes)
     new, eqs, other = decorrelate(sub, scope, lw.sql)
     correlated = bool(eqs or other)
+    if any(uses_clock(o) for o in other):
+        raise no_rule("current_date()/current_timestamp() in a correlated condition", "no delta rule yet",
+                      pred, lw.sql)
     if correlated and (new.args.get("group") or any(e.find(exp.AggFunc) for e in new.expressions)):
-        raise err("correlated subquery with aggregates", "only scalar subqueries may aggregate; "
+        raise no_rule("correlated subquery with aggregates", "only scalar subqueries may aggregate; "
                   "rewrite as a join with a derived table", pred, lw.sql)
     if negated and in_expr is not None and correlated:
-        raise err("correlated NOT IN", "use NOT EXISTS (NOT IN's NULL rules make it a different "
+        raise no_rule("correlated NOT IN", "use NOT EXISTS (NOT IN's NULL rules make it a different "
                   "query)", pred, lw.sql)
     # the subquery's columns the conditions need, as outputs __c0, __c1, ..
     inner_aliases = {r.alias_or_name.lower() for r in from_relations(sub)} if isinstance(sub, exp.Select) else set()
@@ -176,8 +180,9 @@ def plan_scalar_subqueries(lw: Lowering, exprs: list[exp.Expression], current: N
     without a group gets the aggregate's value over no rows (COUNT 0, others NULL), which
     avoids the classic COUNT bug of this decorrelation.
 
-    Raises CompileError for a scalar subquery of several columns, one that is not an
-    aggregate without GROUP BY, and one correlated by other conditions than equalities.
+    Raises CompileError for a scalar subquery of several columns; NoDeltaRule for one that is
+    not an aggregate without GROUP BY (its one row is checked when it runs, as Spark checks
+    it) and one correlated by other conditions than equalities.
     """
     scope = dict(scope)
     for e in exprs:
@@ -196,13 +201,13 @@ def _scalar_subquery(lw: Lowering, sq: exp.Subquery, current: Node, scope: dict[
     if not isinstance(sub, exp.Select) or len(sub.expressions) != 1:
         raise err("scalar subquery", "a scalar subquery selects exactly one value", sq, lw.sql)
     if sub.args.get("group") or not sub.expressions[0].find(exp.AggFunc):
-        raise err("scalar subquery without an aggregate", "it must return one row: select an "
+        raise no_rule("scalar subquery without an aggregate", "it must return one row: select an "
                   "aggregate without GROUP BY (or rewrite as a join)", sq, lw.sql)
     sub_ctes = with_ctes(sub, ctes)
     value = sub.expressions[0].unalias()
     new, eqs, other = decorrelate(sub, scope, lw.sql)
     if other:
-        raise err("correlated scalar subquery condition", "only equalities with the outer query "
+        raise no_rule("correlated scalar subquery condition", "only equalities with the outer query "
                   f"are supported, not {other[0].sql(dialect='spark')}", other[0], lw.sql)
     keys = [exp.alias_(i.copy(), f"__k{n}") for n, (i, _) in enumerate(eqs)]
     new.set("expressions", keys + [exp.alias_(value.copy(), "__v"), exp.alias_(exp.true(), "__present")])

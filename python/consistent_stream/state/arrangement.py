@@ -216,6 +216,11 @@ class Lookup:
     def read(self, keys: KeySet | None, null_safe: bool = True) -> Changelog:
         return self.store.read(self.arrangement, keys, null_safe)
 
+    def read_range(self, column: str, ranges: list[tuple[object, object]]) -> Changelog:
+        """Its rows whose ``column`` may lie in one of ``ranges`` (inclusive ``(lo, hi)``
+        Python values): the rows of the files whose statistics meet one of them."""
+        return self.store.read_range(self.arrangement, column, ranges)
+
 
 class StateStore:
     """All arrangements of one query: keyed reads as of the previous batch, staged changes,
@@ -314,8 +319,26 @@ class StateStore:
         driver keeping the rows at the keys (up to ``DRIVER_MATCH_ROWS`` of them); whole files
         of at most ``DRIVER_READ_ROWS`` rows: read on the driver; otherwise Spark's executors
         read the files and a semi join keeps the rows at the keys."""
+        return self._read(arrangement, self._pick(arrangement, keys, null_safe), keys, null_safe)
+
+    def read_range(self, arrangement: Arrangement, column: str, ranges: list[tuple[object, object]]) -> Changelog:
+        """Rows of ``arrangement`` as of the previous batch in the files whose min/max
+        statistics of ``column`` meet one of the inclusive ``ranges`` (a file without
+        statistics for it, or whose values do not compare with the range's, is read); counted
+        as state rows read like a keyed read."""
+        def meets(f: _File) -> bool:
+            a, b = f.lo.get(column), f.hi.get(column)
+            if a is None or b is None:
+                return f.nulls.get(column) != f.rows   # (a file of NULLs holds no value in a range)
+            try:
+                return any(not (b < lo or a > hi) for lo, hi in ranges)
+            except TypeError:
+                return True
+        return self._read(arrangement, [f for f in self.files_of(arrangement.name) if meets(f)], None, True)
+
+    def _read(self, arrangement: Arrangement, files: list[_File], keys: KeySet | None, null_safe: bool) -> Changelog:
+        """:meth:`read` of the picked ``files``."""
         schema = arrangement.schema
-        files = self._pick(arrangement, keys, null_safe)
         rows = sum(f.rows for f in files)
         self.metrics.rows_read += rows
         self.metrics.files_read += len(files)
@@ -442,7 +465,8 @@ class StateStore:
         """The batch of query ``app_id`` this state holds beyond batch ``after - 1`` (the state
         one batch ahead of the target: its txn version is at least ``after``), and what its
         commit recorded of the batch (``start`` and ``end``: the planned cut, as the runtime
-        writes them; None when the commit records none). None in the common case, known from
+        writes them, and ``instant``, the batch's instant ({} when not recorded); None when
+        the commit records no cut). None in the common case, known from
         the state's txn alone (no commit read): the state holds no later batch of that query.
         Else read from the state's newest commits (maintenance may have committed after it)."""
         if not self.arrangements or not self.table.exists():
@@ -457,7 +481,7 @@ class StateStore:
                 if start is None or end is None:
                     return done, None
                 js = (lambda v: json.loads(v) if isinstance(v, str) else v)
-                return done, {"start": js(start), "end": js(end)}
+                return done, {"start": js(start), "end": js(end), "instant": js(c.metadata.get("instant") or "{}")}
         return done, None
 
     def commit(self, txn: Txn, metadata: dict) -> int | None:

@@ -1,0 +1,130 @@
+"""Benchmark: the 22 TPC-H queries as written (``models/tpch``), each a consistent_stream model,
+after a 0.1 % refresh: an incremental run against the same SQL as a dbt ``table``.
+
+    .venv/bin/python benchmarks/tpch_models.py --sf 1 [--models q03 q10] [--rounds 1]
+
+One process, a SparkSession that sets no tuning (as ``refresh_vs_full.py``: Spark's defaults,
+``spark.driver.memory`` only from ``--memory-from-sf`` on). TPC-H is generated as Delta tables
+under ``benchmarks/.data``, every model is built (its first run), then ``--rounds`` refresh
+rounds are applied (RF1 + RF2 + updates, 0.1 % of the orders each, the project's
+``tpch.refresh``) and after each one every model runs incrementally and is verified against
+batch evaluation at its recorded cut (``consistent-stream verify``). After the last round each
+query also runs as a dbt ``table`` would (CREATE TABLE .. USING parquet AS <the SQL> over the
+sources' snapshots).
+
+Prints one JSON line per query (``incremental_s``: the run of the last round, a ``dbt run``'s
+engine call, its batch's metrics: Spark jobs, delta queries local and on Spark, state rows read,
+rows recomputed, target rows rewritten, phases; ``table_model_s``;
+``ratio_table_to_incremental``; ``verified``; the plan's operators and how each is maintained)
+and a summary line with the queries under ``--target-ratio`` (5).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+DATA = REPO / "benchmarks" / ".data"
+MODELS = REPO / "models" / "tpch" / "models"
+
+
+def _operators(root) -> list[str]:
+    """The plan's stateful operators and recomputes, each with how it is maintained."""
+    from consistent_stream.plan.logical import Filter, Project, Scan, Union, maintenance, walk
+    out = []
+    for n in walk(root):
+        if isinstance(n, (Scan, Filter, Project, Union)):
+            continue
+        mode, reads = maintenance(n)
+        out.append(f"{n.id}: {mode}, reads {reads}")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sf", type=float, default=1.0)
+    ap.add_argument("--models", nargs="*", default=None, help="query models (default: all 22)")
+    ap.add_argument("--rounds", type=int, default=1, help="refresh rounds of 0.1 %% each before the measured run")
+    ap.add_argument("--driver-memory", default="8g", help="spark.driver.memory from --memory-from-sf on")
+    ap.add_argument("--memory-from-sf", type=float, default=10.0)
+    ap.add_argument("--target-ratio", type=float, default=5.0)
+    ap.add_argument("--keep-data", action="store_true", help="reuse the generated data of an earlier run")
+    args = ap.parse_args()
+
+    import shutil
+
+    from refresh_vs_full import _run, _session, _settle, _table_model_seconds
+
+    from consistent_stream.job import compile_job
+    from consistent_stream.sources import Cut
+    from consistent_stream.tpch.generate import generate
+    from consistent_stream.tpch.refresh import refresh_round
+    from consistent_stream.verify import verify_target
+    from helpers import job_for, render_model, tpch_sources
+
+    root = DATA / f"tpch_models_sf{args.sf:g}"
+    if not args.keep_data:
+        shutil.rmtree(root, ignore_errors=True)
+    spark = _session(args.driver_memory if args.sf >= args.memory_from_sf else None, root / "warehouse")
+    t0 = time.time()
+    if not (root / "data").exists():
+        generate(args.sf, root / "data")
+    gen_s = time.time() - t0
+    names = args.models or sorted(p.stem for p in MODELS.glob("q*.sql"))
+    jobs, initial = [], {}
+    for name in names:
+        sql, config, used, _ = render_model(MODELS / f"{name}.sql")
+        job = job_for(name, sql, tpch_sources(str(root / "data"), used), config.get("unique_key"), root,
+                      schema="bench")
+        jobs.append(job)
+        _settle()
+        initial[name] = _run(spark, job, full_refresh=True)["seconds"]
+    results: dict[str, dict] = {}
+    for r in range(1, args.rounds + 1):
+        t0 = time.time()
+        refresh_round(root / "data", r)
+        rf_s = time.time() - t0
+        for job in jobs:
+            _settle()
+            results[job.model] = _run(spark, job)
+            results[job.model]["refresh_round_s"] = rf_s
+    out = []
+    for job in jobs:
+        inc = results[job.model]
+        ver = verify_target(spark, job.target_path)
+        _settle()
+        table_s = _table_model_seconds(spark, job)
+        m = inc["metrics"][0] if inc["metrics"] else {}
+        compiled, _, _ = compile_job(spark, job, Cut({}))
+        rec = {
+            "sf": args.sf, "model": job.model, "incremental_s": inc["seconds"], "table_model_s": round(table_s, 3),
+            "ratio_table_to_incremental": round(table_s / inc["seconds"], 2) if inc["seconds"] else None,
+            "batches": inc["batches"], "incremental_batch_s": m.get("seconds"), "strategy": m.get("strategy"),
+            "spark_jobs_per_batch": m.get("spark_jobs"),
+            "delta_queries": {"local": m.get("local_queries"), "spark": m.get("spark_queries")},
+            "state_rows_read": m.get("state_rows_read"), "rows_recomputed": m.get("rows_recomputed"),
+            "target_rows_rewritten": m.get("target_rows_rewritten"), "source_rows_changed": inc["changes_read"],
+            "target_rows_written": inc["rows_written"], "phases": m.get("phases"), "verified": ver.ok,
+            "initial_build_s": initial[job.model], "generate_s": round(gen_s, 1),
+            "refresh_round_s": round(inc.get("refresh_round_s", 0.0), 1),
+            "operators": _operators(compiled.root),
+        }
+        out.append(rec)
+        print(json.dumps(rec), flush=True)
+    below = [r["model"] for r in out if (r["ratio_table_to_incremental"] or 0) < args.target_ratio]
+    print(json.dumps({"summary": {
+        "sf": args.sf, "queries": len(out), "verified": sum(1 for r in out if r["verified"]),
+        "target_ratio": args.target_ratio, "below_target": below,
+        "ratios": {r["model"]: r["ratio_table_to_incremental"] for r in out},
+        "incremental_s": {r["model"]: r["incremental_s"] for r in out},
+        "table_model_s": {r["model"]: r["table_model_s"] for r in out}}}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
