@@ -86,3 +86,28 @@ def test_verify_checks_any_retained_version(project, capsys):
     assert json.loads(out.splitlines()[0])["rows_target"] == 2          # groups a, b before the insert
     code, _, err = _run(capsys, "verify", "m", "--project-dir", root, "--version", "7")
     assert code == 2 and "has versions 0..1, not 7" in err
+
+
+def test_explain_says_how_each_operator_is_maintained_and_status_counts_rows_recomputed(spark, tmp_path, capsys):
+    """A top-N per group over a window (incremental: touched partitions) beside a block
+    without a delta rule (a median: recomputed); ``explain`` names each operator's mode and
+    what a batch reads, ``status`` the last batch's rows recomputed."""
+    sc = Scenario(spark, tmp_path / "data", {"t": pa.table({"k": [1, 2, 3, 4], "g": ["a", "a", "b", "b"],
+                                                            "v": [10, 20, 30, 40]})}, {"t": ["k"]})
+    sql = ("with ranked as (select g, k, v from src.t qualify row_number() over (partition by g order by v desc) <= 1), "
+           "med as (select g, median(v) as m from src.t group by g) "
+           "select r.g, r.k, r.v, med.m from ranked r join med on r.g = med.g")
+    job = sc.job(sql, "g")
+    job.model = "mixed"
+    run_job(spark, job, full_refresh=True)
+    sc.insert("t", pa.table({"k": [5], "g": ["a"], "v": [50]}))
+    run_job(spark, job)
+    record_model(str(tmp_path), job)
+    code, out, _ = _run(capsys, "explain", "mixed", "--project-dir", str(tmp_path))
+    ops = [line for line in out.splitlines() if line.strip()[:2].isdigit()]
+    assert code == 0 and ops and all("[incremental: reads " in line or "[recompute: reads " in line for line in ops)
+    window = next(line for line in ops if " Window " in line)
+    assert "[incremental: reads the state of the partitions the change touches" in window and "keeping ranks 1..1" in window
+    assert "[recompute: reads its whole inputs" in next(line for line in ops if " Recompute " in line)
+    code, out, _ = _run(capsys, "status", "mixed", "--project-dir", str(tmp_path), "--json")
+    assert json.loads(out)["last_batch_recomputed"] > 0
