@@ -165,10 +165,12 @@ def assert_target_equals_batch_evaluation(spark, job, label: str = "", *, at_lat
                                   f"the sources are at {want}: changes were not taken in")
     cut = Cut(meta.base_cut)
     got = DeltaTable(job.target_path, version=commit.version).to_pyarrow_table()
-    evaluated = batch_evaluation(spark, job.sql, job.sources, cut, chain=True, instant=meta.clock)
+    evaluated = batch_evaluation(spark, job.sql, job.sources, cut, chain=True, instant=meta.clock,
+                                 upstream_instants=meta.upstream_clocks)
     spark_df = evaluated.frame
     inexact, unit, _ = inexact_comparison(spark_df.schema, evaluated.inexact)
-    duck = duckdb_result(job.sql, job.sources, cut, chain=True, arrow=True, instant=meta.clock)
+    duck = duckdb_result(job.sql, job.sources, cut, chain=True, arrow=True, instant=meta.clock,
+                         upstream_instants=meta.upstream_clocks)
     assert_same_types(got.schema, spark_df.schema, duck.schema, label)
     top = model_top_n(job.sql)
     top = TopN(*top) if top is not None else None

@@ -209,3 +209,41 @@ def test_verify_recomputes_the_chain(spark):
         assert Cut(res.base_cut).versions["src.a"] == DeltaTableRef(src.path("a")).latest_version()
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_chain_over_a_temporal_model_is_checked_at_each_models_own_instant(spark, monkeypatch):
+    """An upstream that reads the clock (the rows of ``a`` dated within 40 days of today) and
+    a mart over it that runs 20 days after it: the mart's versions record the instant of the
+    upstream version they read, and the whole chain equals batch evaluation with each model at
+    its own instant (the upstream's rows as of its run, not as of the mart's)."""
+    import datetime
+
+    from consistent_stream import runtime
+    from consistent_stream.runtime import BatchMeta
+    now = {"t": datetime.datetime(2024, 1, 20, tzinfo=datetime.timezone.utc)}
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    monkeypatch.setattr(runtime, "wall_clock_micros", lambda: (now["t"] - epoch) // datetime.timedelta(microseconds=1))
+    root = Path(tempfile.mkdtemp(prefix="chain_temporal_"))
+    try:
+        src = Sources(root, seeded_stream(31))
+        specs = build(spark, root, src, {
+            "recent": "select id, k, d from src.a where d >= date_sub(current_date(), 40)",
+            "recent_by_k": "select k, count(*) as n, max(d) as last_d from tests.recent group by k"})
+        jobs = {}
+        for name, (sql, bases, refs) in specs.items():
+            jobs[name] = make_job(root, name, sql, bases, refs)
+            run_job(spark, jobs[name], full_refresh=True)
+        check(spark, jobs.values(), "initial")
+        recent, by_k = jobs.values()
+        for step, days in enumerate((5, 30, 45)):
+            for op in random_ops(random.Random(step), 2, "a"):
+                src.apply(op)
+            now["t"] += datetime.timedelta(days=days)
+            run_job(spark, recent)
+            now["t"] += datetime.timedelta(days=20)   # the mart runs later: rows crossed the bound since
+            run_job(spark, by_k)
+            check(spark, jobs.values(), f"step {step + 1}")
+        up, down = (BatchMeta.from_commit(DeltaTableRef(j.target_path).latest_commit()) for j in jobs.values())
+        assert down.upstream_clocks == {"recent": up.clock}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

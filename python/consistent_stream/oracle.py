@@ -84,10 +84,11 @@ def batch_dataframe(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, cha
 
 
 def batch_evaluation(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False,
-                     analysis: bool = False, instant: Instant | None = None) -> BatchEvaluation:
+                     analysis: bool = False, instant: Instant | None = None,
+                     upstream_instants: dict[str, Instant] | None = None) -> BatchEvaluation:
     """:func:`batch_dataframe` with the columns computed from floating point
-    (:class:`BatchEvaluation`). An upstream model of a chain is recomputed at the same
-    ``instant``.
+    (:class:`BatchEvaluation`). An upstream model of a chain is recomputed at the instant its
+    version was computed at (``upstream_instants``, by model name; else ``instant``).
 
     The snapshots reach the query through :func:`consistent_stream.connect.sql_over`, so
     nothing is left in the caller's session (classic or Connect)."""
@@ -97,7 +98,9 @@ def batch_evaluation(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, ch
         relation = ".".join(s.relation_parts)
         if chain and s.format == MODEL_FORMAT:
             up = _upstream(s)
-            evaluated = batch_evaluation(spark, up.sql, up.sources, cut, chain=True, instant=instant)
+            ups = upstream_instants or {}
+            evaluated = batch_evaluation(spark, up.sql, up.sources, cut, chain=True,
+                                         instant=ups.get(s.name, instant), upstream_instants=ups)
             df, name = evaluated.frame, f"__cs_chain_{s.name}"
             upstream_inexact[relation] = set(evaluated.inexact)
         elif analysis:
@@ -114,32 +117,35 @@ def batch_evaluation(spark, sql: str, sources: list[SourceSpec], cut: Cut, *, ch
 
 
 def duckdb_result(sql: str, sources: list[SourceSpec], cut: Cut, *, chain: bool = False, arrow: bool = False,
-                  instant: Instant | None = None):
+                  instant: Instant | None = None, upstream_instants: dict[str, Instant] | None = None):
     """The model's SQL evaluated by DuckDB over the sources at ``cut``, as a pandas DataFrame
     (``arrow``: a pyarrow Table, DuckDB's own types); with ``chain``, upstream models
-    recomputed (by DuckDB) at base cut ``cut``; ``instant``: what the clock's calls return."""
+    recomputed (by DuckDB) at base cut ``cut``; ``instant`` and ``upstream_instants``: what
+    the clock's calls return (:func:`batch_evaluation`)."""
     import duckdb
 
     con = duckdb.connect()
     try:
-        query = _duckdb_sql(con, sql, sources, cut, chain, instant)
+        query = _duckdb_sql(con, sql, sources, cut, chain, instant, upstream_instants or {})
         return con.sql(query).to_arrow_table() if arrow else con.execute(query).df()
     finally:
         con.close()
 
 
 def _duckdb_sql(con, sql: str, sources: list[SourceSpec], cut: Cut, chain: bool,
-                instant: Instant | None = None) -> str:
+                instant: Instant | None = None, upstream_instants: dict | None = None) -> str:
     """``sql`` in DuckDB's dialect over relations registered in ``con`` (upstream models of a
-    chain as views of their own SQL), its clock bound to ``instant``."""
+    chain as views of their own SQL), its clock bound to ``instant`` (an upstream's to its
+    own, ``upstream_instants``)."""
     sql = bind(sql, instant)
+    ups = upstream_instants or {}
     mapping = {}
     for s in sources:
         if chain and s.format == MODEL_FORMAT:
             up = _upstream(s)
             name = f"__cs_chain_{s.name}"   # one cut: the same model is the same relation
             con.execute(f'CREATE OR REPLACE TEMP VIEW "{name}" AS '
-                        f'{_duckdb_sql(con, up.sql, up.sources, cut, True, instant)}')
+                        f'{_duckdb_sql(con, up.sql, up.sources, cut, True, ups.get(s.name, instant), ups)}')
         else:
             v = _position(s, cut)
             name = view_name(s, v)

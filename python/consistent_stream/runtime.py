@@ -51,7 +51,7 @@ from .faults import fault_point
 from .metrics import BatchMetrics, Phases, counted_jobs
 from .settings import spark_confs
 from .plan import CompiledModel
-from .plan.clock import Instant, plan_reads_clock
+from .plan.clock import Instant, commit_instants, plan_reads_clock
 from .exec.evaluator import BatchEvaluator, PlanTypes
 from .exec.local import LocalEngine, Translations, session_supported
 from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, multiplicities, sink_changes
@@ -85,9 +85,11 @@ class BatchMeta:
     ``requests_before_commit`` object-store requests (:data:`location.REQUESTS`, the target's
     commit itself not included: 0 on local disk); ``instant``: the batch's instant
     (:class:`~consistent_stream.plan.clock.Instant` as JSON), which ``current_date()`` and the
-    other clock calls of the model return in this version; ``rows_recomputed``: the rows its
-    recomputing rules evaluated again (touched window partitions, rows a moving clock
-    re-filtered, recomputed blocks' inputs)."""
+    other clock calls of the model return in this version, and ``upstream_instants`` those of
+    the upstream models' versions it read (model name -> instant, through the chain: what
+    ``verify`` of a chain evaluates each at); ``rows_recomputed``: the rows its recomputing
+    rules evaluated again (touched window partitions, rows a moving clock re-filtered,
+    recomputed blocks' inputs)."""
     app_id: str
     batch_id: int
     model: str
@@ -106,18 +108,25 @@ class BatchMeta:
     requests_before_commit: int = 0
     instant: dict = field(default_factory=dict)
     rows_recomputed: int = 0
+    upstream_instants: dict = field(default_factory=dict)
 
     @property
     def clock(self) -> Instant | None:
         """The batch's instant (None in commits of releases that recorded none)."""
-        return Instant.from_json(self.instant)
+        return commit_instants(asdict(self))[0]
+
+    @property
+    def upstream_clocks(self) -> dict[str, Instant]:
+        """The instants the upstream models' versions this batch read were computed at, by
+        model name (through the whole chain)."""
+        return commit_instants(asdict(self))[1]
 
     def to_metadata(self) -> dict:
         d = asdict(self)
         for k in ("batch_id", "source_commit_ms", "changes_read", "started_ms", "requests_before_commit",
                   "rows_recomputed"):
             d[k] = str(d[k])
-        for k in ("cut_lsn", "cut_offsets", "instant"):
+        for k in ("cut_lsn", "cut_offsets", "instant", "upstream_instants"):
             if not d[k]:
                 d.pop(k)
         if self.state_version is None:
@@ -153,7 +162,8 @@ class BatchMeta:
                          unique_key=js(m.get("unique_key"), None),
                          changes_read=int(m.get("changes_read", 0)), started_ms=int(m.get("started_ms", 0)),
                          requests_before_commit=int(m.get("requests_before_commit", 0)),
-                         instant=js(m.get("instant"), {}), rows_recomputed=int(m.get("rows_recomputed", 0)))
+                         instant=js(m.get("instant"), {}), rows_recomputed=int(m.get("rows_recomputed", 0)),
+                         upstream_instants=js(m.get("upstream_instants"), {}))
 
 
 @dataclass
@@ -376,8 +386,18 @@ class QueryRuntime:
                          strategy=b.metrics.strategy,
                          cut_lsn=described.get("cut_lsn", {}), cut_offsets=described.get("cut_offsets", {}),
                          base_cut=base_cut(list(self.sources.values()), end.versions), unique_key=self.key,
-                         changes_read=read, started_ms=int(t0 * 1000), instant=b.instant.to_json())
+                         changes_read=read, started_ms=int(t0 * 1000), instant=b.instant.to_json(),
+                         upstream_instants=self._upstream_instants(end))
         return self._evaluate(b, changes, rebuild, meta)       # step 3
+
+    def _upstream_instants(self, end: Cut) -> dict:
+        """The instants of the upstream models' versions at ``end`` (see :class:`BatchMeta`)."""
+        out: dict = {}
+        for key, src in self.sources.items():
+            if hasattr(src, "instants") and end.versions.get(key, -1) >= 0:
+                for name, instant in src.instants(end.versions[key]).items():
+                    out.setdefault(name, instant)
+        return out
 
     def _read_changes(self, b: "_Batch") -> tuple[dict, int, dict]:
         """Step 1: every source's change in the batch's range, on the driver; returns the

@@ -37,7 +37,7 @@ from .compare import Comparison, FloatTolerance, TopN, compare_tables, compare_t
 from .delta import DeltaTableRef
 from .errors import ConsistentStreamError
 from .oracle import batch_evaluation
-from .plan.clock import Instant
+from .plan.clock import commit_instants
 from .plan.topn import model_top_n
 from .sources import Cut
 from .spec import JobSpec
@@ -136,9 +136,9 @@ def verify_target(spark: SparkSession, target_path: str, examples: int = 5, vers
     location.apply_to_spark(spark, [target_path, job.checkpoint_location, *[s.location for s in job.sources]])
     cut = Cut.from_json(meta["cut"])
     base = Cut.from_json(meta.get("base_cut") or meta["cut"])
-    instant = Instant.from_json(json.loads(meta["instant"]) if isinstance(meta.get("instant"), str)
-                                else meta.get("instant"))
-    evaluated = batch_evaluation(spark, job.sql, job.sources, base, chain=True, instant=instant)
+    instant, upstream_instants = commit_instants(meta)
+    evaluated = batch_evaluation(spark, job.sql, job.sources, base, chain=True, instant=instant,
+                                 upstream_instants=upstream_instants)
     expected = evaluated.frame
     got = target.read_snapshot(spark, commit.version).select(*[f"`{c}`" for c in expected.columns])
     inexact, units, exact_from_floats = inexact_comparison(expected.schema, evaluated.inexact)

@@ -103,6 +103,19 @@ class Instant:
         return Instant(int(d["micros"]), str(d.get("time_zone") or "UTC"))
 
 
+def commit_instants(metadata: dict) -> tuple[Instant | None, dict[str, Instant]]:
+    """From a target commit's consistent_stream metadata (values decoded or JSON text): the
+    batch's instant and those of the upstream models' versions it read, by model name (None
+    and {} in commits that recorded none)."""
+    import json
+
+    def decoded(v):
+        return json.loads(v) if isinstance(v, str) else v
+    ups = decoded(metadata.get("upstream_instants")) or {}
+    return (Instant.from_json(decoded(metadata.get("instant"))),
+            {name: Instant.from_json(i) for name, i in ups.items() if i})
+
+
 def _zone(name: str) -> datetime.tzinfo:
     """A Spark session time zone as a tzinfo: an IANA region, ``UTC``/``Z``, or an offset
     (``+01:00``, ``GMT+1``, ``UTC-05:30``)."""

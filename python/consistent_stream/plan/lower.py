@@ -1,13 +1,16 @@
 """Pass 2: lower a qualified query AST (:func:`.parse.resolve`) to the logical plan
-(:mod:`.logical`), applying the rules of :mod:`.joins`, :mod:`.subqueries`, :mod:`.dedup`
-and :mod:`.setops` on the way.
+(:mod:`.logical`), applying the rules of :mod:`.joins`, :mod:`.subqueries`, :mod:`.dedup`,
+:mod:`.setops`, :mod:`.windows`, :mod:`.topn` and :mod:`.recompute` on the way.
 
 A SELECT is lowered as: its relations (sources are Scans of the columns the query uses,
-CTEs and derived tables are lowered recursively), the joins with WHERE pushdown, the
-subquery predicates, the scalar subqueries, the remaining WHERE as a Filter, then either a
-dedup (ROW_NUMBER()), or an Aggregate (GROUP BY, aggregates, HAVING) and a Project of the
-select list, and DISTINCT. Every column of the plan has an internal name, unique in the
-plan; the model's own outputs keep their names.
+CTEs and derived tables are lowered recursively), the joins with WHERE pushdown (OR-ed
+conditions' common conjuncts factored out first), the subquery predicates, the scalar
+subqueries, the remaining WHERE as a Filter, then either a dedup (ROW_NUMBER() = 1), or an
+Aggregate (GROUP BY, aggregates, HAVING and the scalar subqueries these hold), the window
+functions, QUALIFY, a Project of the select list, DISTINCT and ORDER BY .. LIMIT (a top-N;
+ORDER BY alone is dropped). A query block holding a construct without a delta rule
+(NoDeltaRule) is planned by the recompute floor instead. Every column of the plan has an
+internal name, unique in the plan; the model's own outputs keep their names.
 
 Example::
 

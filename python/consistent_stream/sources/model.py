@@ -109,6 +109,16 @@ class ModelSource(DeltaSource):
                               f"changed by another writer. Run dbt run --full-refresh -s {self.spec.name}+")
         return {k: int(v) for k, v in cut.items()}
 
+    def instants(self, position: int) -> dict[str, dict]:
+        """The instants (:class:`~consistent_stream.plan.clock.Instant` as JSON) version
+        ``position`` was computed at: its own, by the upstream's name, and those it recorded
+        for its own upstream models (empty for versions of releases that recorded none)."""
+        m = self.metadata(position)
+        out = dict(m.get("upstream_instants") or {})
+        if m.get("instant"):
+            out[self.spec.name] = m["instant"]
+        return out
+
     def versions_newest_first(self, below: int):
         """Versions ``below``, ``below - 1``, ... 0 of the upstream, lazily."""
         return range(below, -1, -1)
