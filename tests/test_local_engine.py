@@ -76,6 +76,17 @@ AGREE = {
         "SELECT k, g, RANK() OVER (PARTITION BY g ORDER BY k) AS r, DENSE_RANK() OVER (ORDER BY g NULLS LAST) AS dr, "
         "NTILE(3) OVER (PARTITION BY g ORDER BY k, i, p) AS nt, LAG(i) OVER (PARTITION BY g ORDER BY k, i, p) AS lg, "
         "LEAD(p, 2, 0) OVER (PARTITION BY g ORDER BY k, i, p) AS ld FROM va",
+    "decimal_literals_are_decimals":
+        "SELECT k, 0.2 * p AS fifth, CASE WHEN i IS NULL THEN 0.2 * NULL ELSE p END AS c, 100.00 * p AS pct, "
+        "p - 0.5 AS less FROM va",
+    "decimal_literal_division":
+        "SELECT CAST(s / 7.0 AS DECIMAL(30, 6)) AS per_week, q * 0.0001000000 AS tiny, s / 2.5 AS halves FROM vd",
+    "like_and_date_arithmetic":
+        "SELECT k, s LIKE 'x%' AS lx, s NOT LIKE '_z' AS nz FROM vb WHERE dt >= DATE '2019-04-14' - INTERVAL '90' DAY "
+        "AND dt < DATE '2019-01-31' + INTERVAL '1' MONTH + INTERVAL '1' YEAR OR dt IS NULL",
+    "extract_date_fields":
+        "SELECT k, EXTRACT(YEAR FROM dt) AS y, EXTRACT(MONTH FROM dt) AS m, EXTRACT(DAY FROM dt) AS d, "
+        "EXTRACT(QUARTER FROM dt) AS q FROM vb",
     "decimal_division_as_avg":
         "SELECT s, n, CAST(CAST(s AS DECIMAL(25, 2)) / CAST(n AS DECIMAL(20, 0)) AS DECIMAL(19, 6)) AS avg_like, "
         "s / n AS plain, s / q AS by_decimal, q / 7 AS by_literal, -q / (n * q) AS nested, "
@@ -98,7 +109,10 @@ DECLINE = {
     "relation_not_on_driver": "SELECT k FROM some_table",
     "window_function_of_doubles": "SELECT k, AVG(i) OVER (PARTITION BY g ORDER BY k) AS r FROM va",
     "window_value_function": "SELECT k, FIRST_VALUE(i) OVER (PARTITION BY g ORDER BY k) AS r FROM va",
-    "like": "SELECT k FROM va WHERE g LIKE 'x%'",
+    "like_with_an_escape": "SELECT k FROM va WHERE g LIKE 'x\\\\%'",
+    "like_of_a_number": "SELECT k FROM va WHERE k LIKE '1%'",
+    "day_of_week": "SELECT k, EXTRACT(DAYOFWEEK FROM dt) AS w FROM vb",
+    "interval_of_hours": "SELECT k FROM vb WHERE dt < DATE '2019-01-31' + INTERVAL '3' HOUR",
     "function": "SELECT upper(g) AS u FROM va",
     "spark_rounds_the_product": "SELECT CAST(p AS DECIMAL(38, 10)) * CAST(d AS DECIMAL(38, 10)) AS r FROM va",
     "distinct_aggregate": "SELECT COUNT(DISTINCT g) AS n FROM va",

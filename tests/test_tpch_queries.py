@@ -10,19 +10,16 @@ supplier balances, partsupp costs and quantities), so that every query's change 
 """
 from __future__ import annotations
 
-import random
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable
 
 from consistent_stream.job import run_job
 from consistent_stream.plan import compile_model
 from consistent_stream.plan.logical import maintenance, walk
 from consistent_stream.sources import SourceSpec
 from consistent_stream.tpch.generate import SCHEMAS, generate
-from consistent_stream.tpch.refresh import refresh_round
+from consistent_stream.tpch.refresh import refresh_round, update_dimensions
 from helpers import REPO, assert_target_equals_batch_evaluation, job_for, render_model, tpch_sources
 
 ROUNDS = 5
@@ -43,26 +40,6 @@ def test_every_tpch_query_compiles_as_written_and_every_operator_is_incremental(
         assert modes == {"incremental"}, f"{path.stem}: {modes}"
 
 
-def dimension_updates(data: Path, round_no: int) -> None:
-    """Updates of the tables TPC-H's refresh leaves alone: a few parts' price and size, a few
-    suppliers' balance and a few partsupp rows' cost and quantity (one commit each)."""
-    rnd = random.Random(f"dimension-updates:{round_no}")
-
-    def update(table: str, key: str, n: int, values) -> None:
-        dt = DeltaTable(str(data / table))
-        keys = sorted(dt.to_pyarrow_table(columns=[key]).column(key).to_pylist())
-        picked = rnd.sample(keys, n)
-        dt.update(updates=values(), predicate=f"{key} IN ({', '.join(map(str, picked))})")
-    update("part", "p_partkey", 5, lambda: {"p_retailprice": f"CAST('{Decimal(rnd.randint(90000, 200000)) / 100}' "
-                                                             f"AS DECIMAL(15, 2))",
-                                           "p_size": str(rnd.choice([15, 14, 23, 49, 3]))})
-    update("supplier", "s_suppkey", 3, lambda: {"s_acctbal": f"CAST('{Decimal(rnd.randint(-99999, 999999)) / 100}' "
-                                                             f"AS DECIMAL(15, 2))"})
-    update("partsupp", "ps_partkey", 5, lambda: {"ps_supplycost": f"CAST('{Decimal(rnd.randint(100, 100000)) / 100}' "
-                                                                  f"AS DECIMAL(15, 2))",
-                                                 "ps_availqty": str(rnd.randint(1, 9999))})
-
-
 @pytest.fixture(scope="module")
 def tpch(tmp_path_factory):
     root = tmp_path_factory.mktemp("tpch_queries")
@@ -81,7 +58,7 @@ def test_the_22_tpch_queries_equal_batch_evaluation_after_every_refresh_round(sp
         jobs.append(job)
     for r in range(1, ROUNDS + 1):
         refresh_round(tpch / "data", r)
-        dimension_updates(tpch / "data", r)
+        update_dimensions(tpch / "data", r)
         for job in jobs:
             summary = run_job(spark, job)
             assert summary["batches"] == 1, summary

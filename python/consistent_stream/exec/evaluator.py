@@ -350,21 +350,19 @@ class BatchEvaluator:
     def _temporal(self, node: TemporalFilter | TemporalProject) -> Changelog:
         st = _OperatorState(self, node.id)
         child = self.delta(node.child)
-        data = child.data_columns
         key_col = f"{node.id}__tk"
         time_key = getattr(node, "time_key", None)
         extra = [(key_col, time_key)] if time_key else []
         self._input(st, "rows", child, [key_col] if time_key else [], extra)
+        out_cols = list(node.columns)
         if isinstance(node, TemporalFilter):
             texts = [node.predicate]
-            out_cols = list(node.columns)
 
             def at(i):
                 pred = bind(node.predicate, i)
                 return lambda rel: f"SELECT {cols_sql(out_cols)}, {q(WEIGHT)} FROM {rel} WHERE {pred}"
         else:
             texts = [e for e in node.exprs if uses_clock(e)]
-            out_cols = list(node.columns)
 
             def at(i):
                 exprs = [bind(e, i) for e in node.exprs]
@@ -401,11 +399,8 @@ class BatchEvaluator:
         st = _OperatorState(self, node.id)
         deltas = [self.delta(c) for c in node.inputs]
         staged = [self._input(st, f"in{i}", d, []) for i, d in enumerate(deltas)]
-        sql_now = bind(node.sql, self.instant)
-        sql_before = bind(node.sql, self.previous_instant) if self.previous_instant is not None else sql_now
-        moved = self._clock_moved(node.sql)
-        if all(d.is_empty for d in deltas) and not moved and not self.first:
-            return self._empty(node.id)
+        if all(d.is_empty for d in deltas) and not self._clock_moved(node.sql) and not self.first:
+            return self._empty(node.id)   # Q of unchanged inputs at unchanged clock values: no change
         inputs = []
         for i, (d, child, cols) in enumerate(zip(staged, node.inputs, node.input_columns)):
             lookup = st.old(f"in{i}")
@@ -413,7 +408,8 @@ class BatchEvaluator:
             old = None if old is None or old.is_empty else old
             self._counted(d, old)
             inputs.append(RecomputeInput(d, old, cols, self._bag(child)))
-        out = recompute_delta(inputs, sql_now, None if self.first else sql_before, list(node.columns), self.first)
+        before = None if self.first else bind(node.sql, self.previous_instant)
+        out = recompute_delta(inputs, bind(node.sql, self.instant), before, list(node.columns))
         ch = self._lazy(node, out, list(node.columns) + [WEIGHT])
         ch.consolidated = out is not None
         return ch

@@ -21,7 +21,10 @@ schemas (``qualify`` + ``annotate_types``), and it must pass :func:`check`:
   may sum in different orders; no timestamps: time zones);
 * operators: SELECT/JOIN (inner, outer, cross)/WHERE/GROUP BY/HAVING/UNION, column
   references, literals, ``+ - * /`` and unary minus, comparisons, ``<=>``, AND/OR/NOT, IS
-  [NOT] NULL, IN (list), BETWEEN, CASE, IF, COALESCE, GREATEST, LEAST (both skip NULLs in
+  [NOT] NULL, IN (list), BETWEEN, LIKE with a string pattern without backslashes, a DATE
+  literal plus or minus an interval of days, weeks, months or years (folded to the DATE Spark
+  computes), EXTRACT of the year, quarter, month or day of a DATE, CASE, IF, COALESCE,
+  GREATEST, LEAST (both skip NULLs in
   both engines), SUM, COUNT, MIN, MAX, the window functions ROW_NUMBER, RANK, DENSE_RANK,
   NTILE, LAG, LEAD and SUM, COUNT, MIN, MAX over a window, with its frame (sqlglot writes
   Spark's NULL ordering explicitly), CAST;
@@ -390,7 +393,13 @@ def check(tree, schema: dict[str, dict[str, str]]):
     from sqlglot.optimizer.annotate_types import annotate_types
     from sqlglot.optimizer.qualify import qualify
     allowed = _allowed()
+    tree = _folded_date_arithmetic(tree.copy())
     for node in tree.walk():
+        if isinstance(node, exp.Like) and _plain_pattern(node):
+            continue
+        if isinstance(node, exp.Extract) and node.name.upper() in _EXTRACT_UNITS or (
+                isinstance(node, exp.Var) and isinstance(node.parent, exp.Extract)):
+            continue
         if not isinstance(node, allowed):
             raise NotLocal(f"{type(node).__name__} ({node.sql('spark')[:80]})")
         if isinstance(node, exp.Join) and (node.args.get("kind") or "").upper() in ("SEMI", "ANTI"):
@@ -403,7 +412,8 @@ def check(tree, schema: dict[str, dict[str, str]]):
     try:
         typed = qualify(tree.copy(), schema=schema, dialect="spark", validate_qualify_columns=True,
                         quote_identifiers=False)
-        typed = annotate_types(typed, schema=schema, dialect="spark")
+        typed = annotate_types(_typed_decimal_literals(typed), schema=schema, dialect="spark")
+        _mark_derived_columns(typed)
     except Exception as e:  # sqlglot raises several error types for a query it cannot resolve
         raise NotLocal(f"sqlglot cannot type it: {e}") from None
     for node in typed.walk():
@@ -423,6 +433,10 @@ def check(tree, schema: dict[str, dict[str, str]]):
             _same_family(node, [node.this, node.expression])
         elif isinstance(node, exp.In):
             _same_family(node, [node.this, *node.expressions])
+        elif isinstance(node, exp.Like):
+            _same_family(node, [node.this, node.expression])
+        elif isinstance(node, exp.Extract) and _family(node.expression) != "date":
+            raise NotLocal(f"EXTRACT from a {_family(node.expression)}: {node.sql('spark')[:80]}")
         elif isinstance(node, exp.Between):
             _same_family(node, [node.this, node.args["low"], node.args["high"]])
     divs = list(typed.find_all(exp.Div))  # outer divisions before the ones inside them
@@ -439,6 +453,98 @@ def check(tree, schema: dict[str, dict[str, str]]):
             exp.Cast(this=node.this, to=exp.DataType.build(f"DECIMAL({sig[0]}, {sig[1]})")),
             exp.Cast(this=node.expression, to=exp.DataType.build(f"DECIMAL({sig[2]}, {sig[3]})"))]))
     return typed, set(sigs)
+
+
+_EXTRACT_UNITS = ("YEAR", "QUARTER", "MONTH", "DAY")
+"""Fields of a DATE both engines extract alike (not the day of the week: Sunday is 1 in
+Spark, 0 in DuckDB)."""
+_INTERVAL_UNITS = {"DAY": "days", "DAYS": "days", "WEEK": "weeks", "WEEKS": "weeks", "MONTH": "months",
+                   "MONTHS": "months", "YEAR": "years", "YEARS": "years"}
+
+
+def _folded_date_arithmetic(tree):
+    """``tree`` with each ``DATE 'yyyy-mm-dd' ± INTERVAL 'n' <DAY|WEEK|MONTH|YEAR>`` replaced by
+    the DATE Spark computes (a month or year added as Spark's ``add_months``: a day past the
+    new month's end is its last day), where DuckDB would compute a TIMESTAMP. Other interval
+    arithmetic is left alone (and runs on Spark)."""
+    import datetime
+
+    from sqlglot import exp
+
+    def date_literal(n):
+        return (isinstance(n, exp.Cast) and n.args["to"].this == exp.DataType.Type.DATE
+                and isinstance(n.this, exp.Literal) and n.this.is_string and _DATE_LITERAL.match(n.this.this))
+
+    def fn(node):
+        if not isinstance(node, (exp.Add, exp.Sub)) or not date_literal(node.this):
+            return node
+        iv = node.expression
+        unit = iv.args.get("unit").name.upper() if isinstance(iv, exp.Interval) and iv.args.get("unit") else None
+        amount = iv.this.this if isinstance(iv, exp.Interval) and isinstance(iv.this, exp.Literal) else None
+        if unit not in _INTERVAL_UNITS or amount is None or not str(amount).lstrip("-").isdigit():
+            return node
+        n = int(amount) * (-1 if isinstance(node, exp.Sub) else 1)
+        d = datetime.date.fromisoformat(node.this.this.this)
+        kind = _INTERVAL_UNITS[unit]
+        if kind in ("days", "weeks"):
+            d = d + datetime.timedelta(**{kind: n})
+        else:
+            months = d.year * 12 + d.month - 1 + (n * 12 if kind == "years" else n)
+            y, m = divmod(months, 12)
+            last = (datetime.date(y + (m + 1) // 12, (m + 1) % 12 + 1, 1) - datetime.timedelta(days=1)).day
+            d = datetime.date(y, m + 1, min(d.day, last))
+        return exp.cast(exp.Literal.string(d.isoformat()), "date")
+    while True:   # innermost first: DATE 'x' + INTERVAL .. + INTERVAL ..
+        folded = tree.transform(fn)
+        if folded == tree:
+            return folded
+        tree = folded
+
+
+def _plain_pattern(node) -> bool:
+    """Whether a LIKE compares with a string literal without backslashes (Spark's escape
+    character; DuckDB has none by default): then both engines match alike."""
+    from sqlglot import exp
+    pattern = node.expression
+    return isinstance(pattern, exp.Literal) and pattern.is_string and "\\" not in pattern.this \
+        and not node.args.get("escape")
+
+
+def _mark_derived_columns(tree) -> None:
+    """Mark each column that reads a derived table's output with the expression computing it
+    (``meta["cs_source"]``): its decimal type is that expression's (:func:`_dec`), which
+    sqlglot's typing leaves without precision and scale after a division."""
+    from sqlglot import exp
+    outputs = {}
+    for sub in tree.find_all(exp.Subquery):
+        inner = sub.this
+        if sub.alias and isinstance(inner, exp.Select):
+            for e in inner.expressions:
+                outputs[(sub.alias.lower(), e.alias_or_name.lower())] = e.unalias() if isinstance(e, exp.Alias) else e
+    for col in tree.find_all(exp.Column):
+        src = outputs.get((col.table.lower(), col.name.lower()))
+        if src is not None:
+            col.meta["cs_source"] = src
+
+
+def _typed_decimal_literals(tree):
+    """``tree`` with each numeric literal that has a decimal point and no exponent cast to the
+    DECIMAL Spark reads it as (``0.2`` DECIMAL(1, 1), ``100.00`` DECIMAL(5, 2)): sqlglot types
+    it DOUBLE, which would make every expression over it look like floating point. The cast
+    changes no value in either engine (DuckDB reads the literal as a DECIMAL too); the
+    operations' types are Spark's by :func:`_dec`."""
+    from sqlglot import exp
+
+    def fn(node):
+        if not isinstance(node, exp.Literal) or node.is_string or isinstance(node.parent, exp.Cast):
+            return node
+        digits = node.this.lstrip("-")
+        if "." not in digits or "e" in digits.lower():
+            return node
+        whole, _, frac = digits.partition(".")
+        p = max(1, len(whole.lstrip("0")) + len(frac), len(frac))
+        return exp.Cast(this=node.copy(), to=exp.DataType.build(f"DECIMAL({p}, {len(frac)})"))
+    return tree.transform(fn)
 
 
 def _type(node):
@@ -556,6 +662,9 @@ def _dec(node) -> tuple[int, int] | None:
     if isinstance(node, exp.Sum):
         d = _dec(node.this)
         return None if d is None else (min(38, d[0] + 10), d[1])
+    if isinstance(node, exp.Column) and "cs_source" in node.meta and _type(node).this.name == "DECIMAL" \
+            and not _type(node).expressions:
+        return _dec(node.meta["cs_source"])   # a derived table's output: its expression's type
     if isinstance(node, (exp.Coalesce, exp.Case, exp.If, exp.Greatest, exp.Least)):
         decs = [d for d in (_dec(b) for b in _branches(node)) if d is not None]
         if not decs:
@@ -577,10 +686,16 @@ def _check_cast(node) -> None:
         if _DATE_LITERAL.match(src.this):
             return
         raise NotLocal(f"date literal {src.this!r}")
+    if isinstance(src, exp.Literal) and not src.is_string and "e" not in src.this.lower() and to.this.name == "DECIMAL":
+        return   # a number literal to a DECIMAL: exact, or rounded HALF_UP to a smaller scale in both
+    t_name = to.this.name
+    if isinstance(src, (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg, exp.Paren)) and t_name == "DECIMAL" \
+            and _dec(src) is not None:
+        return   # decimal arithmetic (Spark's type, :func:`_dec`) to a DECIMAL: as below
     st = _type(src)
     if st.sql("spark") == to.sql("spark"):
         return
-    s_name, t_name = st.this.name, to.this.name
+    s_name = st.this.name
     if s_name in _INT_DIGITS and t_name in _INT_DIGITS and _INT_DIGITS[t_name] >= _INT_DIGITS[s_name]:
         return
     d_src = _dec(src) if s_name in _INT_DIGITS or s_name == "DECIMAL" else None

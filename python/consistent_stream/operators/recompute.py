@@ -57,18 +57,17 @@ def _query(sql: str, relations: list[str], columns: list[str], weight: int) -> s
     return f"SELECT {cols_sql(columns)}, CAST({weight} AS BIGINT) AS {W} FROM ({body}) AS `__q`({cols_sql(columns)})"
 
 
-def recompute_delta(inputs: list[RecomputeInput], sql_now: str, sql_before: str | None, columns: list[str],
-                    first: bool) -> str | None:
-    """The block's change as a SELECT (``columns`` + ``__weight``, consolidated), or None when
-    known to be empty. ``sql_now``/``sql_before``: ``Q`` bound to this batch's and the
-    previous batch's instant; ``first``: no earlier version exists."""
-    if all(i.delta.is_empty for i in inputs) and sql_now == sql_before and not first:
-        return None
+def recompute_delta(inputs: list[RecomputeInput], sql_now: str, sql_before: str | None,
+                    columns: list[str]) -> str:
+    """The block's change as a SELECT (``columns`` + ``__weight``, consolidated).
+    ``sql_now``/``sql_before``: ``Q`` bound to this batch's and the previous batch's instant
+    (None: no earlier version exists, the first batch). The caller skips a batch that changes
+    no input and moves no clock value ``Q`` reads (its change is empty)."""
     new = [_relation([r for r in ((i.old.sql if i.old is not None else None),
                                   (None if i.delta.is_empty else i.delta.sql)) if r], i) for i in inputs]
     parts = [_query(sql_now, new, columns, 1)]
-    if not first:
+    if sql_before is not None:
         old = [_relation([i.old.sql] if i.old is not None else [], i) for i in inputs]
-        parts.append(_query(sql_before or sql_now, old, columns, -1))
+        parts.append(_query(sql_before, old, columns, -1))
     both = " UNION ALL ".join(f"SELECT * FROM ({p})" for p in parts)
     return consolidate_sql(f"({both})", columns)

@@ -35,6 +35,9 @@ reproducible. Rules that keep the stream meaningful over many rounds:
 * deletes and updates only pick orders live at the start of the round, and updates
   never pick an order deleted in the same round: a deleted order is never touched again.
 
+:func:`update_dimensions` changes the tables a round leaves alone (``part``, ``supplier``,
+``partsupp``), so that every TPC-H query's inputs change.
+
 Each commit carries custom commit metadata ``tpch_refresh_round``,
 ``tpch_refresh_seed`` and ``tpch_refresh_op`` (visible in ``DeltaTable.history()``).
 
@@ -65,6 +68,7 @@ __all__ = [
     "is_refresh_orderkey",
     "refresh_round",
     "refresh_size",
+    "update_dimensions",
 ]
 
 # TPC-H constants (spec 4.2.3 / dbgen).
@@ -576,3 +580,34 @@ def _commit_round(orders, lineitem, customer, plan: _RoundPlan, round_no: int,
               {"c_acctbal": "s.c_acctbal"})
     record(customer, "customer", "update", int(m["num_target_rows_updated"]), plan.cust_upd.num_rows)
     return commits, deleted_lines
+
+
+def update_dimensions(root: str | Path, round_no: int, *, seed: int = 0, rows: int = 5) -> dict[str, int]:
+    """Update the tables a refresh round leaves alone, one commit each: ``p_retailprice`` and
+    ``p_size`` of ``rows`` parts, ``s_acctbal`` of ``rows`` suppliers and ``ps_supplycost`` and
+    ``ps_availqty`` of the partsupp rows of ``rows`` parts (values in TPC-H's ranges, decimals
+    in dollars). The same ``(seed, round_no)`` on the same data makes the same changes.
+    Returns the rows updated per table. Raises FileNotFoundError when a table is missing."""
+    from deltalake import CommitProperties
+
+    root = location.normalize(str(root), key="--dir")
+    rnd = random.Random(f"consistent_stream.tpch.update_dimensions:{seed}:{round_no}")
+    out = {}
+
+    def money(lo: int, hi: int) -> str:
+        return f"CAST('{Decimal(rnd.randint(lo, hi)).scaleb(-2)}' AS DECIMAL(15, 2))"
+    for table, key, values in (
+            ("part", "p_partkey", lambda: {"p_retailprice": money(90000, 200000),
+                                            "p_size": str(rnd.choice([3, 9, 14, 15, 19, 23, 36, 45, 49]))}),
+            ("supplier", "s_suppkey", lambda: {"s_acctbal": money(-99999, 999999)}),
+            ("partsupp", "ps_partkey", lambda: {"ps_supplycost": money(100, 100000),
+                                                 "ps_availqty": str(rnd.randint(1, 9999))})):
+        t = _open(root, table, need_cdf=False)
+        keys = pc.unique(_read(t, [key]).column(key)).to_pylist()
+        picked = sorted(rnd.sample(sorted(keys), min(rows, len(keys))))
+        m = t.update(updates=values(), predicate=f"{key} IN ({', '.join(map(str, picked))})",
+                     commit_properties=CommitProperties(custom_metadata={
+                         "tpch_refresh_round": str(round_no), "tpch_refresh_seed": str(seed),
+                         "tpch_refresh_op": f"update_{table}"}))
+        out[table] = int(m.get("num_updated_rows", 0))
+    return out
