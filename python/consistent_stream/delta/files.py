@@ -11,10 +11,11 @@ unreferenced files, which no reader sees (``VACUUM`` removes them). Every write 
 fresh directory, so a replayed batch never overwrites a file a commit already references.
 
 Statistics (``numRecords``, ``nullCount`` of every column, ``minValues``/``maxValues`` of
-integer, date and short string columns) follow the Delta protocol; other readers use them for
-data skipping and so do our keyed state reads. Types whose bounds do not survive JSON exactly
-(floating point, decimal, timestamp, long strings) get no bounds: no bounds only means no
-skipping.
+integer, date, decimal and short string columns) follow the Delta protocol; other readers use
+them for data skipping and so do our keyed state reads. A decimal's bounds are JSON numbers,
+which readers take as doubles: written as the nearest double at or below the minimum and at or
+above the maximum, so every reader's skipping stays correct. Types whose bounds do not survive
+JSON (floating point, timestamp, long strings) get no bounds: no bounds only means no skipping.
 """
 from __future__ import annotations
 
@@ -44,12 +45,21 @@ def new_dir(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
-def _bound(value, typ: pa.DataType):
-    """A min/max value in Delta's JSON form, or None when the type gets no bounds."""
+def _bound(value, typ: pa.DataType, upper: bool = False):
+    """A min (``upper``: max) value in Delta's JSON form, or None when the type gets no
+    bounds; a decimal as the nearest double on the outer side of it."""
     if value is None:
         return None
     if pa.types.is_integer(typ):
         return int(value)
+    if pa.types.is_decimal(typ):
+        import decimal
+        import math
+        d = decimal.Decimal(value)
+        f = float(d)
+        if (decimal.Decimal(f) < d) if upper else (decimal.Decimal(f) > d):
+            f = math.nextafter(f, math.inf if upper else -math.inf)
+        return f
     if pa.types.is_date(typ):
         return value.isoformat() if isinstance(value, datetime.date) else None
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):
@@ -61,7 +71,7 @@ def stats_json(num_records: int, schema: pa.Schema, mins: dict, maxs: dict, null
     """Delta statistics JSON for a file of ``schema`` (top-level columns only)."""
     lo, hi = {}, {}
     for f in schema:
-        a, b = _bound(mins.get(f.name), f.type), _bound(maxs.get(f.name), f.type)
+        a, b = _bound(mins.get(f.name), f.type), _bound(maxs.get(f.name), f.type, upper=True)
         if a is not None and b is not None:
             lo[f.name], hi[f.name] = a, b
     return json.dumps({"numRecords": int(num_records), "minValues": lo, "maxValues": hi,
@@ -74,7 +84,8 @@ def arrow_stats(data: pa.Table) -> str:
     for f in data.schema:
         col = data.column(f.name)
         nulls[f.name] = col.null_count
-        if data.num_rows and (pa.types.is_integer(f.type) or pa.types.is_date(f.type) or pa.types.is_string(f.type)):
+        if data.num_rows and (pa.types.is_integer(f.type) or pa.types.is_date(f.type) or pa.types.is_string(f.type)
+                              or pa.types.is_decimal(f.type)):
             mm = pc.min_max(col)
             mins[f.name], maxs[f.name] = mm["min"].as_py(), mm["max"].as_py()
     return stats_json(data.num_rows, data.schema, mins, maxs, nulls)
@@ -297,8 +308,9 @@ def _arrow_schema(df: DataFrame) -> pa.Schema:
 def stats_bounds(stats: str, schema: pa.Schema) -> tuple[dict, dict, dict]:
     """``(min, max, nullCount)`` of a file's Delta statistics JSON, each column -> value, the
     bounds as Python values of the column's type in ``schema`` (a date's ISO string as a
-    ``datetime.date``, a timestamp's as a UTC ``datetime``); bounds of floating point and
-    other types, and strings Delta may have truncated, are left out (no bound: no skipping)."""
+    ``datetime.date``, a timestamp's as a UTC ``datetime``, a decimal's as the double
+    written, which lies outside the bound: :func:`_bound`); bounds of floating point and other
+    types, and strings Delta may have truncated, are left out (no bound: no skipping)."""
     try:
         st = json.loads(stats) if stats else {}
     except ValueError:
@@ -313,6 +325,8 @@ def stats_bounds(stats: str, schema: pa.Schema) -> tuple[dict, dict, dict]:
             try:
                 if pa.types.is_integer(t) and isinstance(v, int):
                     out[c] = v
+                elif pa.types.is_decimal(t) and isinstance(v, (int, float)):
+                    out[c] = v   # (a double on the outer side of the decimal: compares with Decimals exactly)
                 elif pa.types.is_date(t):
                     out[c] = datetime.date.fromisoformat(v)
                 elif pa.types.is_timestamp(t) and t.tz is not None:

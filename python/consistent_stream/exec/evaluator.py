@@ -51,7 +51,7 @@ from ..operators.keyed import RelationLookup
 from ..operators.linear import filter_sql, project_sql, reweight_sql, union_sql
 from ..operators.recompute import RecomputeInput, recompute_delta
 from ..operators.temporal import temporal_delta
-from ..operators.window import window_delta
+from ..operators.window import TopPrefix, window_delta
 from ..plan.clock import Instant, bind, clock_values, uses_clock
 from ..plan.keys import unique_keys
 from ..plan.logical import (Aggregate, Dedup, Filter, Join, Node, Project, Recompute, Reweight, Scan, TemporalFilter,
@@ -327,10 +327,12 @@ class BatchEvaluator:
     def _window(self, node: Window) -> Changelog:
         st = _OperatorState(self, node.id)
         child = self.delta(node.child)
-        rows = self._input(st, "rows", child, list(node.partition))
+        prefix = _top_prefix(node)
+        rows = self._input(st, "rows", child, list(node.partition) or ([prefix.column] if prefix else []))
         calls = [(c.name, node.call_sql(c)) for c in node.calls]
         out, before = window_delta(rows, st.old("rows"), list(node.partition), calls,
-                                   node.keep.sql() if node.keep is not None else None, self._bag(node.child))
+                                   node.keep.sql() if node.keep is not None else None, self._bag(node.child),
+                                   prefix)
         if out is not None:
             self._counted(rows, before)
         ch = self._lazy(node, out, list(node.columns) + [WEIGHT])
@@ -478,6 +480,18 @@ class BatchEvaluator:
         ch = self._lazy(node, out, list(node.columns) + [WEIGHT])
         ch.consolidated = True  # at most -old and +new per group, distinct (aggregate_delta's contract)
         return ch
+
+
+def _top_prefix(node: Window) -> TopPrefix | None:
+    """The prefix a top-N over the whole input reads (:class:`~..operators.window.TopPrefix`):
+    a Window without PARTITION BY keeping ranks up to a bound of a ROW_NUMBER or RANK."""
+    if node.partition or node.keep is None or node.keep.hi is None:
+        return None
+    call = next(c for c in node.calls if c.name == node.keep.column)
+    if call.func.upper() not in ("ROW_NUMBER()", "RANK()") or not call.order:
+        return None
+    first = call.order[0]
+    return TopPrefix(first.column, first.descending, first.effective_nulls_first, node.keep.hi)
 
 
 def _typed_stand_in(views: Views, schema: StructType) -> Changelog:

@@ -30,6 +30,11 @@ class Lookup(Protocol):
         """Its rows whose ``column`` may lie in one of the inclusive ``ranges`` (a superset)."""
         ...
 
+    def read_prefix(self, column: str, descending: bool, nulls_first: bool, need: int) -> Changelog:
+        """Its rows before a bound in the order of ``column`` with at least ``need`` live rows
+        before it (every row before the bound, none after it), or every row."""
+        ...
+
 
 class RelationLookup:
     """A :class:`Lookup` over a changelog (tests, and delta rules evaluated by hand)."""
@@ -49,6 +54,9 @@ class RelationLookup:
         return Changelog.of_query(self.rows.views, sql, self.rows.columns)
 
     def read_range(self, column: str, ranges: list[tuple[object, object]]) -> Changelog:
+        return self.rows
+
+    def read_prefix(self, column: str, descending: bool, nulls_first: bool, need: int) -> Changelog:
         return self.rows
 
 

@@ -1,7 +1,8 @@
 """Window functions and top-N under retractions: recompute the partitions a batch touches.
 
 State: arrangement ``rows``, the input Z-set keyed by the partition columns (no key: the
-whole input is one partition).
+whole input is one partition; a top-N over the whole input keys it by its first ORDER BY
+column and reads only a prefix of it, :class:`TopPrefix`).
 
 Delta rule, for the set P of partitions the batch's change touches:
 
@@ -23,6 +24,8 @@ In: the input changelog (columns + ``__weight``), consolidated. Out: the input c
 column per call, ``__weight``; consolidated; None when the change is known to be empty.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..changelog import WEIGHT, Changelog, cols_sql, consolidate_sql, q
 from .keyed import Lookup
@@ -54,18 +57,47 @@ def windowed(relation: str, columns: list[str], calls: list[tuple[str, str]], ke
     return f"SELECT {cols_sql(names)}, CAST({weight} AS BIGINT) AS {W} FROM ({out})"
 
 
+@dataclass(frozen=True)
+class TopPrefix:
+    """A top-N over the whole input (no PARTITION BY) whose rank range ends at ``hi``, ranked
+    by ``ROW_NUMBER`` or ``RANK`` over an ORDER BY whose first key is ``column``: its state is
+    kept in the order of ``column``, and a batch reads only a prefix of it. With R rows
+    retracted by the change, the top ``hi`` of ``A_old + dA`` are among the rows of ``A_old``
+    before any bound past which at least ``hi + R`` live rows lie (each later row keeps at
+    least ``hi`` rows before it), so the rule over that prefix and ``dA`` is exact."""
+    column: str
+    descending: bool
+    nulls_first: bool
+    hi: int
+
+    def need(self, delta: Changelog) -> int | None:
+        """``hi`` plus the rows the change retracts (None: the change is not on the driver)."""
+        if delta.arrow is None:
+            return None
+        import pyarrow.compute as pc
+        w = delta.arrow.column(WEIGHT)
+        return self.hi + int(pc.sum(pc.max_element_wise(pc.negate(w), 0)).as_py() or 0)
+
+
 def window_delta(delta: Changelog, old: Lookup, partition: list[str], calls: list[tuple[str, str]],
-                 keep: str | None, bag: bool) -> tuple[str | None, Changelog | None]:
+                 keep: str | None, bag: bool, prefix: TopPrefix | None = None) -> tuple[str | None, Changelog | None]:
     """The window's output changelog for one batch, as a SELECT, and the old rows it read
     (``old``: the ``rows`` arrangement as of the previous batch; ``calls``: ``[(output column,
     window SQL)]``; ``keep``: the top-N's rank predicate; ``bag``: the input may hold a row more
-    than once). ``(None, None)`` when the change is known to be empty."""
+    than once; ``prefix``: a top-N over the whole input, which reads only the prefix of its
+    state :class:`TopPrefix` needs). ``(None, None)`` when the change is known to be empty."""
     if delta.is_empty:
         return None, None
     cols = delta.data_columns
     before = None
     if not old.empty:
-        read = old.read(delta.keys(partition)) if partition else old.read(None)
+        need = prefix.need(delta) if prefix is not None and not partition else None
+        if partition:
+            read = old.read(delta.keys(partition))
+        elif need is not None:
+            read = old.read_prefix(prefix.column, prefix.descending, prefix.nulls_first, need)
+        else:
+            read = old.read(None)
         before = None if read.is_empty else read
     out_cols = cols + [n for n, _ in calls]
     if before is None:

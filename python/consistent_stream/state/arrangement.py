@@ -221,6 +221,10 @@ class Lookup:
         Python values): the rows of the files whose statistics meet one of them."""
         return self.store.read_range(self.arrangement, column, ranges)
 
+    def read_prefix(self, column: str, descending: bool, nulls_first: bool, need: int) -> Changelog:
+        """Its first rows in the order of ``column`` (:meth:`StateStore.read_prefix`)."""
+        return self.store.read_prefix(self.arrangement, column, descending, nulls_first, need)
+
 
 class StateStore:
     """All arrangements of one query: keyed reads as of the previous batch, staged changes,
@@ -335,6 +339,53 @@ class StateStore:
             except TypeError:
                 return True
         return self._read(arrangement, [f for f in self.files_of(arrangement.name) if meets(f)], None, True)
+
+    def read_prefix(self, arrangement: Arrangement, column: str, descending: bool, nulls_first: bool,
+                    need: int) -> Changelog:
+        """The rows of ``arrangement`` (as of the previous batch) that come before a bound in the
+        order of ``column`` (``descending``, NULLs ``nulls_first``), such that at least ``need``
+        of them are live (sum of positive weights after consolidation), or every row: every
+        row before the bound is in the result, and none after it (a top-N's prefix,
+        :mod:`consistent_stream.operators.window`).
+
+        The arrangement is keyed by ``column``, so its base files hold disjoint, sorted ranges
+        of it: the files are taken in the order of their first value (Delta min/max
+        statistics) until the live rows before the next file's first value reach ``need``,
+        doubling the files taken each time. Files that may hold NULLs are taken too when
+        NULLs come first. Reads everything (the rule is the same,
+        its cost the input's) when a file has no statistics for ``column`` or it is floating
+        point, when there are at most 4 x ``need`` rows, and when the files taken exceed
+        ``DRIVER_READ_ROWS``."""
+        import pyarrow.compute as pc
+        files = self.files_of(arrangement.name)
+        arrow_type = _arrow_schema(arrangement.schema).field(column).type
+        valued = [(_first_value(f, column, descending, arrow_type), f) for f in files
+                  if f.nulls.get(column) != f.rows]
+        if (sum(f.rows for f in files) <= 4 * need or any(v is None for v, _ in valued)
+                or pa.types.is_floating(arrow_type)):   # (NaN sorts last in Spark, nowhere in the statistics)
+            return self._read(arrangement, files, None, True)
+        try:
+            valued.sort(key=lambda p: p[0], reverse=descending)
+        except TypeError:
+            return self._read(arrangement, files, None, True)
+        nullish = [f for f in files if nulls_first and f.nulls.get(column, f.rows) != 0]
+        k = next((i + 1 for i in range(len(valued)) if sum(f.rows for _, f in valued[:i + 1]) >= need), len(valued))
+        while k < len(valued):
+            taken = [f for _, f in valued[:k]] + [f for f in nullish if all(f is not t for _, t in valued[:k])]
+            if sum(f.rows for f in taken) > DRIVER_READ_ROWS:
+                break
+            self.metrics.rows_read += sum(f.rows for f in taken)
+            self.metrics.files_read += len(taken)
+            data = self._read_local(arrangement, taken, None)
+            bound = pa.scalar(valued[k][0], arrow_type)
+            col = data.column(column)
+            data = data.filter(pc.fill_null(pc.greater(col, bound) if descending else pc.less(col, bound),
+                                            nulls_first))
+            weights = consolidate_arrow(data, arrangement.additive, arrangement.compensated).column(WEIGHT)
+            if (pc.sum(pc.max_element_wise(weights, 0)).as_py() or 0) >= need:
+                return Changelog.of_arrow(self.views, data, schema=arrangement.schema)
+            k *= 2
+        return self._read(arrangement, files, None, True)
 
     def _read(self, arrangement: Arrangement, files: list[_File], keys: KeySet | None, null_safe: bool) -> Changelog:
         """:meth:`read` of the picked ``files``."""
@@ -648,6 +699,21 @@ class StateStore:
         return [write_arrow(self.path, rel, data.slice(i, step), {ARRANGEMENT: arrangement.name},
                             hold=location.is_remote(self.path))
                 for i in range(0, data.num_rows, step)]
+
+
+def _first_value(f: _File, column: str, descending: bool, arrow_type: pa.DataType):
+    """A bound the file's values of ``column`` do not pass in the order (at or below its
+    minimum, or for ``descending`` at or above its maximum), as a value of ``arrow_type``,
+    from its statistics (a decimal's, a double outside the bound, rounded outwards to its
+    scale); None when unknown."""
+    v = (f.hi if descending else f.lo).get(column)
+    if v is None or not pa.types.is_decimal(arrow_type):
+        return v
+    import decimal
+    unit = decimal.Decimal(1).scaleb(-arrow_type.scale)
+    d = decimal.Decimal(v).quantize(unit, rounding=decimal.ROUND_CEILING if descending else decimal.ROUND_FLOOR)
+    limit = decimal.Decimal(10) ** (arrow_type.precision - arrow_type.scale) - unit
+    return max(-limit, min(limit, d))
 
 
 def _string():
