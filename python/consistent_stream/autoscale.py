@@ -1,6 +1,6 @@
 """Parallelism from lag: the autoscaling policy of a continuous model, batch by batch.
 
-The policy is Blink's (Alibaba's Flink fork) autoscaler, ``../shared/seeds`` (000), adapted
+The policy is Blink's (Alibaba's Flink fork) autoscaler, adapted
 from a pipeline of vertices to a micro-batch query, which is one "vertex" per batch:
 
 * **Target throughput.** ``tps_target = tps_current * (1 + delay_increasing_rate)``, where

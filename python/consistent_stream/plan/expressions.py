@@ -33,11 +33,16 @@ column holding its value (written by :func:`.windows.plan_windows`, read by
 
 def conjuncts(e: exp.Expression) -> Iterator[exp.Expression]:
     """The operands of ``e``'s top-level ANDs (through parentheses), left to right."""
-    if isinstance(e, exp.And):
-        yield from conjuncts(e.this)
-        yield from conjuncts(e.expression)
+    return _operands(e, exp.And)
+
+
+def _operands(e: exp.Expression, connective: type) -> Iterator[exp.Expression]:
+    """The operands of ``e``'s top-level ``connective`` (AND, OR) through parentheses."""
+    if isinstance(e, connective):
+        yield from _operands(e.this, connective)
+        yield from _operands(e.expression, connective)
     elif isinstance(e, exp.Paren):
-        yield from conjuncts(e.this)
+        yield from _operands(e.this, connective)
     else:
         yield e
 
@@ -129,7 +134,7 @@ def factor_or(e: exp.Expression) -> list[exp.Expression]:
         if not isinstance(inner, exp.Or):
             out.append(c)
             continue
-        branches = [list(conjuncts(b)) for b in _disjuncts(inner)]
+        branches = [list(conjuncts(b)) for b in _operands(inner, exp.Or)]
         common = [x for x in branches[0] if all(any(x == y for y in b) for b in branches[1:])]
         if not any(isinstance(x, exp.EQ) and len(aliases(x)) > 1 for x in common):
             out.append(c)
@@ -140,12 +145,3 @@ def factor_or(e: exp.Expression) -> list[exp.Expression]:
             out.append(exp.or_(*[exp.and_(*[y.copy() for y in r]) for r in rest]))
     return out
 
-
-def _disjuncts(e: exp.Expression) -> Iterator[exp.Expression]:
-    if isinstance(e, exp.Or):
-        yield from _disjuncts(e.this)
-        yield from _disjuncts(e.expression)
-    elif isinstance(e, exp.Paren):
-        yield from _disjuncts(e.this)
-    else:
-        yield e

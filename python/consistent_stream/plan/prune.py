@@ -62,10 +62,10 @@ def _prune(node: Node, needed: set[str], keep_all: bool = False) -> None:
         if not keep:
             keep = [(node.source_columns[0], node.columns[0])]
         node.source_columns, node.columns = [s for s, _ in keep], [c for _, c in keep]
-    elif isinstance(node, Filter):
+    elif isinstance(node, (Filter, TemporalFilter)):
         _prune(node.child, needed | referenced(node.predicate), keep_all)
         node.columns = list(node.child.columns)
-    elif isinstance(node, Project):
+    elif isinstance(node, (Project, TemporalProject)):
         keep = [(c, e) for c, e in zip(node.columns, node.exprs) if keep_all or c in needed]
         node.columns, node.exprs = [c for c, _ in keep], [e for _, e in keep]
         need = set()
@@ -99,16 +99,6 @@ def _prune(node: Node, needed: set[str], keep_all: bool = False) -> None:
             if isinstance(side, Project) and len(side.columns) != len(positions):
                 raise AssertionError("union side pruned to other positions")
         node.columns = [node.columns[i] for i in positions]
-    elif isinstance(node, TemporalFilter):
-        _prune(node.child, needed | referenced(node.predicate), keep_all)
-        node.columns = list(node.child.columns)
-    elif isinstance(node, TemporalProject):
-        keep = [(c, e) for c, e in zip(node.columns, node.exprs) if keep_all or c in needed]
-        node.columns, node.exprs = [c for c, _ in keep], [e for _, e in keep]
-        need = set()
-        for _, e in keep:
-            need |= referenced(e)
-        _prune(node.child, need)
     elif isinstance(node, Window):
         calls = [c for c in node.calls if keep_all or c.name in needed
                  or (node.keep is not None and c.name == node.keep.column)]
