@@ -84,6 +84,8 @@ AGREE = {
     "like_and_date_arithmetic":
         "SELECT k, s LIKE 'x%' AS lx, s NOT LIKE '_z' AS nz FROM vb WHERE dt >= DATE '2019-04-14' - INTERVAL '90' DAY "
         "AND dt < DATE '2019-01-31' + INTERVAL '1' MONTH + INTERVAL '1' YEAR OR dt IS NULL",
+    "substring_at_literal_positions":
+        "SELECT k, SUBSTRING(s, 1, 1) AS first, SUBSTR(s, 2) AS rest, SUBSTRING(s, 1, 2) IN ('a', 'b') AS ab FROM vb",
     "extract_date_fields":
         "SELECT k, EXTRACT(YEAR FROM dt) AS y, EXTRACT(MONTH FROM dt) AS m, EXTRACT(DAY FROM dt) AS d, "
         "EXTRACT(QUARTER FROM dt) AS q FROM vb",
@@ -111,6 +113,7 @@ DECLINE = {
     "window_value_function": "SELECT k, FIRST_VALUE(i) OVER (PARTITION BY g ORDER BY k) AS r FROM va",
     "like_with_an_escape": "SELECT k FROM va WHERE g LIKE 'x\\\\%'",
     "like_of_a_number": "SELECT k FROM va WHERE k LIKE '1%'",
+    "substring_from_the_end": "SELECT k, SUBSTRING(s, -2, 1) AS x FROM vb",
     "day_of_week": "SELECT k, EXTRACT(DAYOFWEEK FROM dt) AS w FROM vb",
     "interval_of_hours": "SELECT k FROM vb WHERE dt < DATE '2019-01-31' + INTERVAL '3' HOUR",
     "function": "SELECT upper(g) AS u FROM va",

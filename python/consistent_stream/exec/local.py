@@ -23,7 +23,8 @@ schemas (``qualify`` + ``annotate_types``), and it must pass :func:`check`:
   references, literals, ``+ - * /`` and unary minus, comparisons, ``<=>``, AND/OR/NOT, IS
   [NOT] NULL, IN (list), BETWEEN, LIKE with a string pattern without backslashes, a DATE
   literal plus or minus an interval of days, weeks, months or years (folded to the DATE Spark
-  computes), EXTRACT of the year, quarter, month or day of a DATE, CASE, IF, COALESCE,
+  computes), EXTRACT of the year, quarter, month or day of a DATE, SUBSTRING of a string at
+  positive literal positions, CASE, IF, COALESCE,
   GREATEST, LEAST (both skip NULLs in
   both engines), SUM, COUNT, MIN, MAX, the window functions ROW_NUMBER, RANK, DENSE_RANK,
   NTILE, LAG, LEAD and SUM, COUNT, MIN, MAX over a window, with its frame (sqlglot writes
@@ -400,6 +401,9 @@ def check(tree, schema: dict[str, dict[str, str]]):
         if isinstance(node, exp.Extract) and node.name.upper() in _EXTRACT_UNITS or (
                 isinstance(node, exp.Var) and isinstance(node.parent, exp.Extract)):
             continue
+        if isinstance(node, exp.Substring) and _positive_literal(node.args.get("start")) and (
+                node.args.get("length") is None or _positive_literal(node.args["length"], zero=True)):
+            continue
         if not isinstance(node, allowed):
             raise NotLocal(f"{type(node).__name__} ({node.sql('spark')[:80]})")
         if isinstance(node, exp.Join) and (node.args.get("kind") or "").upper() in ("SEMI", "ANTI"):
@@ -435,6 +439,8 @@ def check(tree, schema: dict[str, dict[str, str]]):
             _same_family(node, [node.this, *node.expressions])
         elif isinstance(node, exp.Like):
             _same_family(node, [node.this, node.expression])
+        elif isinstance(node, exp.Substring) and _family(node.this) != "string":
+            raise NotLocal(f"SUBSTRING of a {_family(node.this)}: {node.sql('spark')[:80]}")
         elif isinstance(node, exp.Extract) and _family(node.expression) != "date":
             raise NotLocal(f"EXTRACT from a {_family(node.expression)}: {node.sql('spark')[:80]}")
         elif isinstance(node, exp.Between):
@@ -499,6 +505,13 @@ def _folded_date_arithmetic(tree):
         if folded == tree:
             return folded
         tree = folded
+
+
+def _positive_literal(node, zero: bool = False) -> bool:
+    """Whether ``node`` is an integer literal above 0 (``zero``: or 0): a SUBSTRING position
+    both engines read alike (Spark reads 0 as 1 and counts negative ones from the end)."""
+    from sqlglot import exp
+    return isinstance(node, exp.Literal) and not node.is_string and node.this.isdigit() and (zero or int(node.this) > 0)
 
 
 def _plain_pattern(node) -> bool:
