@@ -1,7 +1,7 @@
 """Benchmark: the 22 TPC-H queries as written (``models/tpch``), each a consistent_stream model,
 after a 0.1 % refresh: an incremental run against the same SQL as a dbt ``table``.
 
-    .venv/bin/python benchmarks/tpch_models.py --sf 1 [--models q03 q10] [--rounds 1]
+    .venv/bin/python benchmarks/tpch_models.py --sf 1 [--models q03 q10] [--rounds 3] [--table-runs 3]
 
 One process, a SparkSession that sets no tuning (as ``refresh_vs_full.py``: Spark's defaults)
 but ``spark.driver.memory`` (4g from SF 1 on: Spark's own batch of q21 at SF 1 runs out of
@@ -9,16 +9,17 @@ the default 1 GB heap), the same for every variant. TPC-H is generated as Delta 
 under ``benchmarks/.data``, every model is built (its first run), then ``--rounds`` refresh
 rounds are applied (RF1 + RF2 + updates, 0.1 % of the orders each, the project's
 ``tpch.refresh``, plus updates of 5 parts, suppliers and partsupp parts each:
-``update_dimensions``, so that every query's inputs change) and after each one every model runs incrementally and is verified against
-batch evaluation at its recorded cut (``consistent-stream verify``). After the last round each
-query also runs as a dbt ``table`` would (CREATE TABLE .. USING parquet AS <the SQL> over the
-sources' snapshots).
+``update_dimensions``, so that every query's inputs change) and after each one every model runs
+incrementally. After the last round each target is verified against batch evaluation at its
+recorded cut (``consistent-stream verify``) and each query runs as a dbt ``table`` would
+(CREATE TABLE .. USING parquet AS <the SQL> over the sources' snapshots).
 
-Prints one JSON line per query (``incremental_s``: the run of the last round, a ``dbt run``'s
-engine call, its batch's metrics: Spark jobs, delta queries local and on Spark, state rows read,
-rows recomputed, target rows rewritten, phases; ``table_model_s``;
-``ratio_table_to_incremental``; ``verified``; the plan's operators and how each is maintained)
-and a summary line with the queries under ``--target-ratio`` (5).
+Prints one JSON line per query (``incremental_s``: the median of the rounds' runs, each a
+``dbt run``'s engine call, with that batch's metrics: Spark jobs, delta queries local and on
+Spark, state rows read, rows recomputed, target rows rewritten, phases; ``table_model_s``: the
+median of ``--table-runs``; ``ratio_table_to_incremental``; ``verified``: the last version
+against batch evaluation; the plan's stateful operators and how each is maintained) and a
+summary line with the queries under ``--target-ratio`` (5).
 """
 from __future__ import annotations
 
@@ -51,7 +52,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sf", type=float, default=1.0)
     ap.add_argument("--models", nargs="*", default=None, help="query models (default: all 22)")
-    ap.add_argument("--rounds", type=int, default=1, help="refresh rounds of 0.1 %% each before the measured run")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="refresh rounds of 0.1 %% each, each followed by every model's run: the median run is reported")
+    ap.add_argument("--table-runs", type=int, default=3, help="runs of each query as a dbt table: the median is reported")
     ap.add_argument("--driver-memory", default="4g", help="spark.driver.memory from --memory-from-sf on")
     ap.add_argument("--memory-from-sf", type=float, default=1.0,
                     help="(Spark's own batch of q21 at SF 1 runs out of the default 1 GB heap)")
@@ -90,7 +93,7 @@ def main() -> int:
         jobs.append(job)
         _settle()
         initial[name] = _run(spark, job, full_refresh=True)["seconds"]
-    results: dict[str, dict] = {}
+    runs: dict[str, list[dict]] = {job.model: [] for job in jobs}
     for r in range(1, args.rounds + 1):
         t0 = time.time()
         refresh_round(root / "data", r)
@@ -99,11 +102,11 @@ def main() -> int:
         rf_s = time.time() - t0
         for job in jobs:
             _settle()
-            results[job.model] = _run(spark, job)
-            results[job.model]["refresh_round_s"] = rf_s
+            runs[job.model].append(_run(spark, job))
     out = []
     for job in jobs:
-        inc = results[job.model]
+        # the round whose run took the median time (of an odd number of rounds: one of them)
+        inc = sorted(runs[job.model], key=lambda s: s["seconds"])[(len(runs[job.model]) - 1) // 2]
         try:
             verified = verify_target(spark, job.target_path).ok
         except Exception as e:  # noqa: BLE001 (reported, and the table variant still measured)
@@ -112,14 +115,17 @@ def main() -> int:
         spark.catalog.clearCache()   # what the runs before left in the JVM: not the table's to pay
         spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
         try:
-            table_s, table_error = _table_model_seconds(spark, job), None
+            tables = sorted(_table_model_seconds(spark, job) for _ in range(args.table_runs))
+            table_s, table_error = tables[(len(tables) - 1) // 2], None
         except Exception as e:  # noqa: BLE001 (Spark's own batch of the query failing is a result too)
-            table_s, table_error = None, str(e).splitlines()[0][:300]
+            tables, table_s, table_error = [], None, str(e).splitlines()[0][:300]
         m = inc["metrics"][0] if inc["metrics"] else {}
         compiled, _, _ = compile_job(spark, job, Cut({}))
         rec = {
             "sf": args.sf, "model": job.model, "incremental_s": inc["seconds"],
-            "table_model_s": round(table_s, 3) if table_s is not None else None, "table_error": table_error,
+            "incremental_runs_s": [s["seconds"] for s in runs[job.model]],
+            "table_model_s": round(table_s, 3) if table_s is not None else None,
+            "table_runs_s": [round(t, 3) for t in tables], "table_error": table_error,
             "ratio_table_to_incremental": round(table_s / inc["seconds"], 2) if table_s and inc["seconds"] else None,
             "batches": inc["batches"], "incremental_batch_s": m.get("seconds"), "strategy": m.get("strategy"),
             "spark_jobs_per_batch": m.get("spark_jobs"),
@@ -128,7 +134,6 @@ def main() -> int:
             "target_rows_rewritten": m.get("target_rows_rewritten"), "source_rows_changed": inc["changes_read"],
             "target_rows_written": inc["rows_written"], "phases": m.get("phases"), "verified": verified,
             "initial_build_s": initial[job.model], "generate_s": round(gen_s, 1),
-            "refresh_round_s": round(inc.get("refresh_round_s", 0.0), 1),
             "operators": _operators(compiled.root),
         }
         out.append(rec)

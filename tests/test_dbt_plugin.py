@@ -205,7 +205,7 @@ def test_consistent_stream_model_calls_the_engine_with_its_sql_sources_and_confi
                               "partition_by": "region", "trigger": "availableNow", "max_batch_rows": 1000,
                               "driver_rebuild_rows": None,
                               "recompute_threshold": None, "autoscale": None, "state_file_rows": None,
-                              "local_engine": "spark", "log_retention_hours": 48,
+                              "local_engine": "spark", "incremental_only": None, "log_retention_hours": 48,
                               "deleted_file_retention_hours": None, "state_retention_versions": None,
                               "checkpoint_interval": None,
                               "on_configuration_change": "apply", "on_schema_change": "ignore",
