@@ -86,6 +86,24 @@ def bucket_sql(columns: list[str]) -> str:
     return f"pmod(xxhash64({', '.join(columns)}), {BUCKETS})"
 
 
+_SPLIT = "CAST(134217729 AS DOUBLE)"   # 2**27 + 1: Veltkamp's splitter for 53-bit doubles
+
+
+def two_product_sql(a: str, b: str) -> tuple[str, str]:
+    """SQL ``(p, e)`` with ``p = fl(a * b)`` and ``a * b == p + e`` exactly, for finite DOUBLE
+    ``a`` and ``b`` whose product neither overflows nor underflows: Dekker's TwoProduct with
+    Veltkamp's split ("A floating-point technique for extending the available precision",
+    Numer. Math. 18, 1971), the product of Ogita, Rump and Oishi's Dot2. Squares summed as
+    such pairs keep a sum of squares exact to the double-double's precision."""
+    def split(x: str) -> tuple[str, str]:
+        c = f"({_SPLIT} * {x})"
+        hi = f"({c} - ({c} - {x}))"
+        return hi, f"({x} - {hi})"
+    (ah, al), (bh, bl) = split(a), split(b)
+    p = f"({a} * {b})"
+    return p, f"(((({ah} * {bh} - {p}) + {ah} * {bl}) + {al} * {bh}) + {al} * {bl})"
+
+
 def value_sql(hi: str, lo: str, pinf: str, ninf: str, nan: str) -> str:
     """SQL: the DOUBLE a compensated accumulator holds: NaN when it counts a NaN or both
     infinities, the infinity it counts, else ``hi + lo``."""

@@ -1,5 +1,6 @@
-"""GROUP BY aggregation under retractions: SUM, COUNT, COUNT(*), AVG, MIN, MAX and the
-DISTINCT forms COUNT/SUM/AVG(DISTINCT x).
+"""GROUP BY aggregation under retractions: SUM, COUNT, COUNT(*), AVG, the variances and
+standard deviations (VAR_SAMP, VAR_POP, STDDEV_SAMP, STDDEV_POP), MIN, MAX and the DISTINCT
+forms COUNT/SUM/AVG(DISTINCT x).
 
 State (two kinds of arrangement, both additive, keyed by the group columns):
 
@@ -12,7 +13,10 @@ State (two kinds of arrangement, both additive, keyed by the group columns):
   apart (``_pinf``, ``_ninf``, ``_nan``), so that retractions cancel to within ``eps**2`` of
   the magnitudes summed and a retracted infinity leaves nothing behind
   (:mod:`consistent_stream.fsum`); a batch's partial sums are taken per bucket of rows first
-  (:func:`~consistent_stream.fsum.bucket_sql`), then per group.
+  (:func:`~consistent_stream.fsum.bucket_sql`), then per group. A variance's argument has
+  its own ``<op>__m<i>`` accumulators over the value as DOUBLE: the compensated sum, the
+  compensated sum of squares (each square an exact pair) and the non-finite counts
+  (:func:`_moment_sql`).
 * ``vals<i>`` for each MIN/MAX/DISTINCT argument: the multiset of (group, value) with counts
   (``__weight``), consolidated per batch, so that when the current extreme is retracted the
   next one is known (Flink's MinWithRetract / MaxWithRetract accumulators, kept as a Z-set
@@ -43,8 +47,8 @@ from typing import Callable, Protocol
 from pyspark.sql.types import DataType, DecimalType, DoubleType, FloatType, StringType, StructField, StructType
 
 from ..changelog import WEIGHT, Changelog, cols_sql, consolidate_sql, q
-from ..fsum import bucket_sql, finite_sql, nonfinite_counts_sql, pair_sum_sql, value_sql
-from ..plan.logical import LINEAR_AGGS, MULTISET_AGGS, AggCall
+from ..fsum import ZERO, bucket_sql, finite_sql, nonfinite_counts_sql, pair_sum_sql, two_product_sql, value_sql
+from ..plan.logical import LINEAR_AGGS, MOMENT_AGGS, MULTISET_AGGS, AggCall
 from .keyed import Lookup, key_condition, union_keys
 
 _MULTISET_FN = {"min": "MIN", "max": "MAX", "count_distinct": "COUNT", "sum_distinct": "SUM", "avg_distinct": "AVG"}
@@ -107,10 +111,12 @@ class _Accumulators:
     value_cols: list[str]
     lo_col: dict[str, str]
     nonfinite: dict[str, tuple[str, str, str]]
+    moments: dict[str, tuple[str, ...]]
 
     @property
     def pairs(self) -> tuple[tuple[str, str], ...]:
-        return tuple((self.s_col[x], lo) for x, lo in self.lo_col.items())
+        return (tuple((self.s_col[x], lo) for x, lo in self.lo_col.items())
+                + tuple(p for m in self.moments.values() for p in (m[0:2], m[2:4])))
 
     def sum_sql(self, column: str) -> str:
         """The aggregate expression combining ``column``'s partial accumulators of a group."""
@@ -155,7 +161,39 @@ def _accumulators(spec: AggregateSpec, linear: list[AggCall]) -> _Accumulators:
                 value_cols.append(s_col[x])
         exprs.append(f"CAST(SUM(CASE WHEN {q(x)} IS NOT NULL THEN {W} ELSE 0 END) AS BIGINT) AS {q(n_col[x])}")
         value_cols.append(n_col[x])
-    return _Accumulators(count, s_col, n_col, exprs, value_cols, lo_col, nonfinite)
+    moments = {}
+    for i, x in enumerate(linear_args):
+        if any(a.func in MOMENT_AGGS and spec.args[a.name] == x for a in linear):
+            # the sum of the values and of their squares (each square an exact pair), over DOUBLE
+            # as Spark computes these, and the weights of the non-finite values
+            m = f"{spec.op_id}__m{i}"
+            moments[x] = (f"{m}_s", f"{m}_s_lo", f"{m}_q", f"{m}_q_lo", f"{m}_pinf", f"{m}_ninf", f"{m}_nan")
+            v = f"CAST({q(x)} AS DOUBLE)"
+            sq, sq_err = two_product_sql(finite_sql(v), finite_sql(v))
+            sums = pair_sum_sql(f"{finite_sql(v)} * {W}") + pair_sum_sql(f"{sq} * {W}", f"{sq_err} * {W}")
+            exprs += [f"{e} AS {q(c)}" for e, c in zip(sums + nonfinite_counts_sql(v, W), moments[x])]
+            value_cols += list(moments[x])
+    return _Accumulators(count, s_col, n_col, exprs, value_cols, lo_col, nonfinite, moments)
+
+
+def _moment_sql(func: str, n: str, m: list[str]) -> str:
+    """VAR_SAMP, VAR_POP, STDDEV_SAMP or STDDEV_POP (``func``) of a group from its count of
+    non-NULL values ``n`` and its moment accumulators ``m`` (sum and sum of squares as pairs,
+    then the +Infinity, -Infinity and NaN counts): ``n * M2 = n * S2 - S1**2``, both products
+    exact pairs (:func:`~consistent_stream.fsum.two_product_sql`), so the cancellation between
+    them is exact (Sterbenz); the variance is ``n * M2 / (n * n)`` or ``/ (n * (n - 1))``.
+    NULL for no values, and for one value in the sample forms (Spark's default); NaN when a
+    value is not finite, as Spark's moment updates give."""
+    s, s_lo, sq, sq_lo, pinf, ninf, nan = m
+    nd = f"CAST({n} AS DOUBLE)"
+    a, a_err = two_product_sql(nd, sq)
+    p, p_err = two_product_sql(s, s)
+    nm2 = f"GREATEST(({a} - {p}) + (({a_err} + {nd} * {sq_lo}) - ({p_err} + 2 * {s} * {s_lo})), {ZERO})"
+    sample = func.endswith("_samp")
+    var = f"{nm2} / ({nd} * ({nd} - 1))" if sample else f"{nm2} / ({nd} * {nd})"
+    value = f"SQRT({var})" if func.startswith("stddev") else var
+    return (f"CASE WHEN {n} = 0{f' OR {n} = 1' if sample else ''} THEN CAST(NULL AS DOUBLE) "
+            f"WHEN {pinf} <> 0 OR {ninf} <> 0 OR {nan} <> 0 THEN CAST('NaN' AS DOUBLE) ELSE {value} END")
 
 
 def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState, first: bool,
@@ -285,6 +323,9 @@ def _rows(spec: AggregateSpec, acc: _Accumulators, acc_rel: str, exts: dict[str,
             n = f"COALESCE(acc.{q(acc.n_col[x])}, 0)"
             if a.func == "count":
                 cols.append(f"CAST({n} AS BIGINT) AS {q(a.name)}")
+            elif a.func in MOMENT_AGGS:
+                m = [f"COALESCE(acc.{q(c)}, 0)" for c in acc.moments[x]]
+                cols.append(f"{_moment_sql(a.func, n, m)} AS {q(a.name)}")
             elif a.func == "sum":
                 cols.append(f"CASE WHEN {n} > 0 THEN {acc.value_sql('acc', x)} END AS {q(a.name)}")
             else:

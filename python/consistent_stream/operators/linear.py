@@ -1,6 +1,6 @@
-"""Linear operators: filter, project, union and reweight commute with Z-set addition, so their
-delta rule is the operator itself: ``d(filter(A)) = filter(dA)``, ``d(project(A)) =
-project(dA)``, ``d(A union all B) = dA union all dB``.
+"""Linear operators: filter, project, expand, union and reweight commute with Z-set addition,
+so their delta rule is the operator itself: ``d(filter(A)) = filter(dA)``, ``d(project(A)) =
+project(dA)``, ``d(expand(A)) = expand(dA)``, ``d(A union all B) = dA union all dB``.
 
 Example: dA = {(k=1, x=5): +1, (k=2, x=-1): -1}; ``filter x > 0`` -> {(1, 5): +1}.
 
@@ -21,6 +21,12 @@ def project_sql(relation: str, names: list[str], exprs: list[str]) -> str:
     """``names[i] = exprs[i]`` per row, plus the unchanged ``__weight``."""
     sel = ", ".join(f"{e} AS {q(n)}" for n, e in zip(names, exprs))
     return f"SELECT {sel}, {q(WEIGHT)} FROM {relation}"
+
+
+def expand_sql(relation: str, names: list[str], projections: list[list[str]]) -> str:
+    """Each row once per projection, ``names[i] = projection[i]``, its ``__weight`` unchanged
+    (Spark's Expand, for grouping sets): a UNION ALL of one projection each."""
+    return " UNION ALL ".join(project_sql(relation, names, p) for p in projections)
 
 
 def union_sql(left: str, right: str, columns: list[str]) -> str:

@@ -82,6 +82,19 @@ def has_aggregate(e: exp.Expression) -> bool:
     return any(window_of(a) is None for a in own(e, exp.AggFunc))
 
 
+def with_aliases(e: exp.Expression, select_exprs: list[exp.Expression]) -> exp.Expression:
+    """A copy of ``e`` (QUALIFY's condition, an ORDER BY key) with each unqualified reference
+    to a SELECT-list alias replaced by a copy of the aliased expression, as Spark resolves
+    such a name against the select list first (a window keeps its mark)."""
+    aliased = {s.alias.lower(): s.this for s in select_exprs if isinstance(s, exp.Alias)}
+
+    def fn(n):
+        if isinstance(n, exp.Column) and not n.table and n.name.lower() in aliased:
+            return aliased[n.name.lower()].copy()
+        return n
+    return e.copy().transform(fn)
+
+
 def from_relations(sel: exp.Select) -> list[exp.Expression]:
     """The relations of ``sel``'s FROM clause and of its joins, in order."""
     from_ = sel.args.get("from") or sel.args.get("from_")

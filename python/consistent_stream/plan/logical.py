@@ -81,8 +81,24 @@ class Union(Node):
         return [self.left, self.right]
 
 
-LINEAR_AGGS = ("sum", "count", "avg")
-"""Aggregates computed from linear accumulators (sums of weighted values)."""
+@dataclass(eq=False)
+class Expand(Node):
+    """Spark's Expand: each input row becomes one output row per projection,
+    ``columns[i] = projections[k][i]`` for ``k`` in order, with the input row's weight
+    (GROUP BY grouping sets: one projection per grouping set, the keys outside it NULL).
+    Linear: ``d(expand(A)) = expand(dA)``."""
+    child: Node = None
+    projections: list[list[str]] = field(default_factory=list)
+
+    @property
+    def children(self):
+        return [self.child]
+
+
+MOMENT_AGGS = ("var_samp", "var_pop", "stddev_samp", "stddev_pop")
+"""Aggregates computed from the first two moments (count, sum, sum of squares)."""
+LINEAR_AGGS = ("sum", "count", "avg") + MOMENT_AGGS
+"""Aggregates computed from linear accumulators (sums of weighted values, of their squares)."""
 MULTISET_AGGS = ("min", "max", "count_distinct", "sum_distinct", "avg_distinct")
 """Aggregates computed from the per-group multiset of argument values (kept as state)."""
 
@@ -300,6 +316,8 @@ def maintenance(node: Node) -> tuple[str, str]:
         return "incremental", "the source's changes"
     if isinstance(node, (Filter, Project, Union, Reweight)):
         return "incremental", "the change only (linear, no state)"
+    if isinstance(node, Expand):
+        return "incremental", f"the change only (linear, no state; {len(node.projections)} rows per row)"
     if isinstance(node, Join):
         if not node.left_keys or all(k == "1" for k in node.left_keys):
             return "incremental", "each side's change against the other side's whole state (a cross join)"
@@ -345,6 +363,9 @@ def explain(node: Node, indent: int = 0, costs: bool = False) -> str:
         head = f"Aggregate by {node.group_exprs}: " + ", ".join(f"{a.func}({a.arg})" for a in node.aggs)
     elif isinstance(node, Union):
         head = "Union all"
+    elif isinstance(node, Expand):
+        head = "Expand " + " | ".join(", ".join(f"{e} AS {c}" for c, e in zip(node.columns, p)
+                                                if plain_column(e) != c) for p in node.projections)
     elif isinstance(node, Dedup):
         order = ", ".join(f"{k.column} {'desc' if k.descending else 'asc'}" for k in node.order)
         head = f"Dedup first by ({order}) per {node.partition}"

@@ -9,7 +9,8 @@ subqueries, the remaining WHERE as a Filter, then either a dedup (ROW_NUMBER() =
 Aggregate (GROUP BY, aggregates, HAVING and the scalar subqueries these hold), the window
 functions, QUALIFY, a Project of the select list, DISTINCT and ORDER BY .. LIMIT (a top-N;
 ORDER BY alone is dropped). A query block holding a construct without a delta rule
-(NoDeltaRule) is planned by the recompute floor instead. Every column of the plan has an
+(NoDeltaRule) is planned by the recompute floor instead. Grouping sets (ROLLUP, CUBE,
+GROUPING SETS) put an Expand under the Aggregate (:mod:`.grouping`). Every column of the plan has an
 internal name, unique in the plan; the model's own outputs keep their names.
 
 Example::
@@ -34,7 +35,9 @@ from ..errors import NoDeltaRule
 from ..sources import SourceSpec
 from .clock import temporal_operators, uses_clock
 from .dedup import check_ranks_filtered, is_dedup, plan_dedup, take_rank_filters
-from .expressions import SCALAR_VALUE, WINDOW_VALUE, factor_or, has_aggregate, own, translate, window_of
+from .expressions import (SCALAR_VALUE, WINDOW_VALUE, factor_or, has_aggregate, own, translate, window_of,
+                          with_aliases)
+from .grouping import GroupingSets, grouping_call, grouping_sets, plan_expand
 from .joins import plan_from_clause
 from .keys import unique_keys
 from .logical import Aggregate, AggCall, Filter, Node, Project, Scan
@@ -155,7 +158,7 @@ def plan_select(lw: Lowering, sel: exp.Expression, outer_ctes: dict[str, exp.Exp
     qualify = sel.args.get("qualify")
     if qualify is not None:
         current = Filter(columns=current.columns, child=current,
-                         predicate=tr(_with_aliases(qualify.this, select_exprs)))
+                         predicate=tr(with_aliases(qualify.this, select_exprs)))
     exprs = [tr(e.unalias() if isinstance(e, exp.Alias) else e) for e in select_exprs]
     lowered, internal = output_names(lw, sel, select_exprs, top)
     limit = limit_of(sel, lw.sql) if sel.args.get("order") is not None else None
@@ -169,18 +172,6 @@ def plan_select(lw: Lowering, sel: exp.Expression, outer_ctes: dict[str, exp.Exp
     if limit is not None:
         node = top_n(lw, node, keys, limit[0], limit[1], internal)
     return node, list(zip(lowered, internal))
-
-
-def _with_aliases(e: exp.Expression, select_exprs: list[exp.Expression]) -> exp.Expression:
-    """A copy of ``e`` (QUALIFY's condition) with each reference to a SELECT-list alias
-    replaced by a copy of the aliased expression (a window keeps its mark)."""
-    aliased = {s.alias.lower(): s.this for s in select_exprs if isinstance(s, exp.Alias)}
-
-    def fn(n):
-        if isinstance(n, exp.Column) and not n.table and n.name.lower() in aliased:
-            return aliased[n.name.lower()].copy()
-        return n
-    return e.copy().transform(fn)
 
 
 def plan_relation(lw: Lowering, rel: exp.Expression, ctes: dict[str, exp.Expression],
@@ -215,9 +206,12 @@ def plan_relation(lw: Lowering, rel: exp.Expression, ctes: dict[str, exp.Express
 class AggregateOutputs:
     """What an Aggregate computes, for the expressions above it (:func:`translate_post`):
     ``groups``: each GROUP BY expression and its column; ``aggs``: each aggregate call (or
-    its FILTER node) and its column."""
+    its FILTER node) and its column; ``grouping``: the grouping sets, whose position is the
+    column ``set_column`` (:mod:`.grouping`), or None."""
     groups: list[tuple[exp.Expression, str]]
     aggs: dict[exp.Expression, str]
+    grouping: GroupingSets | None = None
+    set_column: str = ""
 
     @property
     def groups_columns(self) -> list[str]:
@@ -235,12 +229,14 @@ def plan_aggregate(lw: Lowering, child: Node, scope: dict[tuple[str, str], str],
     aggregate of ``exprs`` (the select list, HAVING, QUALIFY and ORDER BY; not the window
     functions, computed above the Aggregate). A FILTER (WHERE c) clause becomes the argument
     ``CASE WHEN c THEN x END`` (COUNT(*) counts ``CASE WHEN c THEN 1 END``); DISTINCT picks
-    the value-multiset form. Returns the Aggregate and its outputs.
+    the value-multiset form. Grouping sets group an :class:`~.logical.Expand` of ``child``
+    by their keys and the set (:mod:`.grouping`). Returns the Aggregate and its outputs.
 
     Raises CompileError for nested aggregates and an aggregate of several arguments,
     NoDeltaRule for a GROUP BY or an aggregate that reads the clock.
     """
-    group_exprs = list(group.expressions) if group is not None else []
+    gs = grouping_sets(group)
+    group_exprs = gs.keys if gs is not None else list(group.expressions) if group is not None else []
     for g in group_exprs:
         if uses_clock(g):
             raise no_rule("current_date()/current_timestamp() in GROUP BY", "no delta rule yet", g, lw.sql)
@@ -249,7 +245,7 @@ def plan_aggregate(lw: Lowering, child: Node, scope: dict[tuple[str, str], str],
     agg_map: dict[exp.Expression, str] = {}
     for e in exprs:
         for a in own(e, exp.AggFunc):
-            if window_of(a) is not None:
+            if window_of(a) is not None or isinstance(a, (exp.Grouping, exp.GroupingId)):
                 continue
             holder = a.parent if isinstance(a.parent, exp.Filter) else a
             if holder in agg_map:
@@ -280,9 +276,16 @@ def plan_aggregate(lw: Lowering, child: Node, scope: dict[tuple[str, str], str],
             name = lw.names.new(f"__a_{func}")
             agg_map[holder] = name
             aggs.append(AggCall(name, func, arg_sql))
+    key_sqls = [translate(g, scope, lw.sql) for g in group_exprs]
+    outputs = AggregateOutputs(groups=list(zip(group_exprs, gnames)), aggs=agg_map, grouping=gs)
+    if gs is not None:
+        knames = [lw.names.new(f"__k_{g.alias_or_name or 'expr'}") for g in group_exprs]
+        set_in, outputs.set_column = lw.names.new("__set"), lw.names.new("__g_set")
+        child = plan_expand(child, key_sqls, knames, set_in, gs.sets)
+        gnames, key_sqls = gnames + [outputs.set_column], [f"`{k}`" for k in knames + [set_in]]
     node = Aggregate(columns=gnames + [a.name for a in aggs], child=child, group_names=gnames,
-                     group_exprs=[translate(g, scope, lw.sql) for g in group_exprs], aggs=aggs)
-    return node, AggregateOutputs(groups=list(zip(group_exprs, gnames)), aggs=agg_map)
+                     group_exprs=key_sqls, aggs=aggs)
+    return node, outputs
 
 
 def plan_post_subqueries(lw: Lowering, exprs: list[exp.Expression], current: Node, post: AggregateOutputs,
@@ -300,7 +303,8 @@ def plan_post_subqueries(lw: Lowering, exprs: list[exp.Expression], current: Nod
 def translate_post(e: exp.Expression, post: AggregateOutputs, sql: str) -> str:
     """Spark SQL text of ``e`` (HAVING or a select-list item of an aggregating query) over
     the Aggregate's outputs ``post``: GROUP BY expressions and aggregates replaced by their
-    columns, planned scalar subqueries and windows by their value columns.
+    columns, ``grouping()``/``grouping_id()`` by their value per grouping set, planned scalar
+    subqueries and windows by their value columns.
 
     Raises CompileError (located in ``sql``) for a column outside GROUP BY and aggregates,
     NoDeltaRule for an EXISTS or IN subquery there.
@@ -310,6 +314,9 @@ def translate_post(e: exp.Expression, post: AggregateOutputs, sql: str) -> str:
             return exp.column(n.meta[SCALAR_VALUE], quoted=True)
         if isinstance(n, exp.Window) and WINDOW_VALUE in n.meta:
             return exp.column(n.meta[WINDOW_VALUE], quoted=True)
+        value = grouping_call(n, post.grouping, post.set_column, sql)
+        if value is not None:
+            return value
         for g, name in post.groups:
             if n == g:
                 return exp.column(name, quoted=True)

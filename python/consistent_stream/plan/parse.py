@@ -28,7 +28,9 @@ from sqlglot.optimizer.qualify import qualify
 from ..errors import CompileError, NoDeltaRule
 from ..sources import SourceSpec
 
-AGGREGATES: dict[type, str] = {exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max", exp.Count: "count"}
+AGGREGATES: dict[type, str] = {exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max", exp.Count: "count",
+                               exp.Stddev: "stddev_samp", exp.StddevSamp: "stddev_samp",
+                               exp.StddevPop: "stddev_pop", exp.Variance: "var_samp", exp.VariancePop: "var_pop"}
 """The supported aggregate functions and their names in :class:`~.logical.AggCall`."""
 
 # constructs with no meaning at a cut: rejected anywhere in the query
@@ -92,7 +94,7 @@ def parse(sql: str) -> exp.Expression:
         raise CompileError("SQL syntax", error.get("description", str(e)), error.get("line"), error.get("col")) from e
     if len(statements) != 1:
         raise CompileError("multiple statements", "a model is exactly one SELECT")
-    ast = statements[0]
+    ast = statements[0].transform(_spark_aliases)
     reject_unsupported(ast, sql)
     if not isinstance(ast, (exp.Select, exp.SetOperation)):
         raise err(type(ast).__name__.upper(), "a model is one query (SELECT, or a UNION, INTERSECT "
@@ -100,11 +102,18 @@ def parse(sql: str) -> exp.Expression:
     return ast
 
 
+def _spark_aliases(n: exp.Expression) -> exp.Expression:
+    """Spark's ``std(x)`` (which sqlglot leaves a plain function) as ``stddev(x)``."""
+    if isinstance(n, exp.Anonymous) and n.name.lower() == "std" and len(n.expressions) == 1:
+        return exp.Stddev(this=n.expressions[0])
+    return n
+
+
 def reject_unsupported(ast: exp.Expression, sql: str) -> None:
     """Raise CompileError at the first node of ``ast`` (parsed from ``sql``) that has no
     meaning at a cut: a non-deterministic function or a TABLESAMPLE (every evaluation gives
     another answer, so no version could equal the SQL at its cut), and ``LIMIT`` without
-    ``ORDER BY`` (which rows it keeps is up to the engine). Constructs that are deterministic
+    ``ORDER BY`` (which rows it keeps is up to the engine) unless it keeps every row. Constructs that are deterministic
     but have no delta rule are found per query block by :func:`.recompute.check_block`."""
     for node in ast.walk():
         for typ, name, hint in _NONDETERMINISTIC:
@@ -115,9 +124,37 @@ def reject_unsupported(ast: exp.Expression, sql: str) -> None:
         if isinstance(node, exp.Distinct) and node.args.get("on"):
             raise err("DISTINCT ON", "not Spark SQL; use ROW_NUMBER() .. = 1 (dedup_before_join)", node, sql)
         if isinstance(node, exp.Limit) and isinstance(node.parent, (exp.Select, exp.SetOperation)) \
-                and not node.parent.args.get("order"):
+                and not node.parent.args.get("order") and not _keeps_every_row(node):
             raise err("LIMIT without ORDER BY", "which rows it keeps is up to the engine, so no version could "
                       "equal the SQL; add an ORDER BY that says which rows to keep", node, sql)
+
+
+def _keeps_every_row(limit: exp.Limit) -> bool:
+    """Whether ``limit`` (without ORDER BY) is at least 1 over a query proven to return at
+    most one row (:func:`_at_most_one_row`): then it keeps every row, whichever the engine
+    picks (TPC-DS's ``select sum(..) .. limit 100``)."""
+    n = limit.expression
+    return isinstance(n, exp.Literal) and n.is_int and int(n.this) >= 1 and _at_most_one_row(limit.parent)
+
+
+def _at_most_one_row(q: exp.Expression) -> bool:
+    """Whether the query ``q`` returns at most one row by its form: a SELECT with aggregates
+    and no GROUP BY (a global aggregate), or a SELECT without GROUP BY, aggregates or
+    generators whose every relation in FROM is such a query (a cross join of one-row derived
+    tables), WHERE and HAVING only removing rows."""
+    if isinstance(q, exp.Subquery):
+        q = q.this
+    if not isinstance(q, exp.Select) or q.args.get("group") is not None:
+        return False
+    for e in q.expressions:
+        for a in e.find_all(exp.AggFunc):
+            if a.find_ancestor(exp.Window, exp.Subquery, exp.Select) is q:
+                return True
+    if any(e.find(exp.Explode, exp.Posexplode, exp.Window) for e in q.expressions):
+        return False
+    from_ = q.args.get("from") or q.args.get("from_")
+    rels = ([from_.this] if from_ else []) + [j.this for j in q.args.get("joins") or []]
+    return bool(rels) and all(isinstance(r, exp.Subquery) and _at_most_one_row(r.this) for r in rels)
 
 
 def check_relations(ast: exp.Expression, relations: Collection[tuple[str, ...]], sql: str) -> None:

@@ -6,7 +6,7 @@ Needs a compiled plan whose expressions are Spark SQL over backticked internal c
 
 * a scan reads only the needed source columns (at least one: COUNT(*) needs rows, not
   columns);
-* a filter needs its predicate's columns too; a projection drops the outputs nobody reads;
+* a filter needs its predicate's columns too; a projection or an expand drops the outputs nobody reads;
 * a join needs its keys and residual from each side (a semi or anti join's right side only
   those), and reads each side through a projection to exactly that;
 * an aggregate needs its group and argument expressions; a dedup needs all of its input (its
@@ -27,7 +27,7 @@ from __future__ import annotations
 import sqlglot
 from sqlglot import exp
 
-from .logical import (Aggregate, Dedup, Filter, Join, Node, Project, Recompute, Reweight, Scan, TemporalFilter,
+from .logical import (Aggregate, Dedup, Expand, Filter, Join, Node, Project, Recompute, Reweight, Scan, TemporalFilter,
                       TemporalProject, Union, Window, plain_column)
 
 
@@ -71,6 +71,15 @@ def _prune(node: Node, needed: set[str], keep_all: bool = False) -> None:
         need = set()
         for _, e in keep:
             need |= referenced(e)
+        _prune(node.child, need)
+    elif isinstance(node, Expand):
+        keep = [i for i, c in enumerate(node.columns) if keep_all or c in needed]
+        node.columns = [node.columns[i] for i in keep]
+        node.projections = [[p[i] for i in keep] for p in node.projections]
+        need = set()
+        for p in node.projections:
+            for e in p:
+                need |= referenced(e)
         _prune(node.child, need)
     elif isinstance(node, Join):
         uses = referenced(node.residual)

@@ -45,9 +45,6 @@ INPUT = "__cs_in{}"
 _NO_RULE: list[tuple[type, str, str]] = [
     (exp.Lateral, "LATERAL VIEW", "a generator has no delta rule yet"),
     (exp.Pivot, "PIVOT", "PIVOT has no delta rule yet"),
-    (exp.Cube, "CUBE", "grouping sets have no delta rule yet"),
-    (exp.Rollup, "ROLLUP", "grouping sets have no delta rule yet"),
-    (exp.GroupingSets, "GROUPING SETS", "grouping sets have no delta rule yet"),
     (exp.Explode, "a generator (explode)", "a generator in the select list has no delta rule yet"),
     (exp.Posexplode, "a generator (posexplode)", "a generator in the select list has no delta rule yet"),
 ]
@@ -57,7 +54,7 @@ _GENERATOR_NAMES = {"inline", "inline_outer", "stack", "json_tuple", "explode_ou
 def check_block(sel: exp.Expression, sql: str) -> None:
     """Raise NoDeltaRule at the first construct of the SELECT ``sel``'s own scope (not its
     nested subqueries, which are blocks of their own) that no operator maintains by a delta
-    rule: generators, PIVOT, grouping sets, aggregates other than :data:`AGGREGATES` (as
+    rule: generators, PIVOT, aggregates other than :data:`AGGREGATES` (as
     window functions any function is maintained) and DISTINCT aggregates of several
     arguments."""
     for node in own(sel, exp.Expression):
@@ -67,11 +64,13 @@ def check_block(sel: exp.Expression, sql: str) -> None:
         if isinstance(node, exp.Anonymous) and node.name.lower() in _GENERATOR_NAMES:
             raise no_rule(f"a generator ({node.name})", "a generator in the select list has no delta rule yet",
                           node, sql)
-        if isinstance(node, exp.AggFunc) and window_of(node) is None:
+        if isinstance(node, exp.AggFunc) and window_of(node) is None \
+                and not isinstance(node, (exp.Grouping, exp.GroupingId)):
             if type(node) not in AGGREGATES:
                 name = node.sql_name() if hasattr(node, "sql_name") else type(node).__name__
                 raise no_rule(f"aggregate {name.upper()}", "the aggregates with delta rules are SUM, COUNT, "
-                              "COUNT(*), AVG, MIN, MAX (also with DISTINCT and FILTER)", node, sql)
+                              "COUNT(*), AVG, MIN, MAX (also with DISTINCT and FILTER), STDDEV, "
+                              "STDDEV_SAMP, STDDEV_POP, VARIANCE, VAR_SAMP, VAR_POP", node, sql)
             d = node.this
             if isinstance(d, exp.Distinct) and len(d.expressions) != 1:
                 raise no_rule(f"{type(node).__name__.upper()}(DISTINCT ..) of several arguments",
@@ -98,10 +97,13 @@ def plan_recompute(lw: Lowering, q: exp.Expression, ctes: dict[str, exp.Expressi
     sort: list[tuple[int, bool, bool | None]] = []   # (output position, descending, nulls first)
     if topn is not None:
         names = [e.alias_or_name.lower() for e in selects.expressions]
+        values = [(e.unalias() if isinstance(e, exp.Alias) else e).unnest() for e in selects.expressions]
         for o in order.expressions:
             e = o.this
             if isinstance(e, exp.Column) and not e.table and e.name.lower() in names:
                 pos = names.index(e.name.lower())
+            elif e.unnest() in values:
+                pos = values.index(e.unnest())
             elif isinstance(q, exp.Select) and not q.args.get("distinct"):
                 pos = len(q.expressions)   # a key the SELECT list does not hold: computed beside it
                 q.append("expressions", exp.alias_(e.copy(), f"__sort{pos}"))

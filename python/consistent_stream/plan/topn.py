@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from sqlglot import exp
 
+from .expressions import with_aliases
 from .logical import Node, Project, RankRange, SortKey, Window, WindowCall
 from .parse import err
 from .scope import Lowering, quote
@@ -56,7 +57,8 @@ def order_keys(lw: Lowering, q: exp.Expression, outputs: list[tuple[str, str]],
     """The ORDER BY keys of ``q`` as columns: an output (``outputs``: ``[(name, internal
     column)]``) when the key names one (a qualified query's ORDER BY refers to an output by
     its name, positions and repeated expressions included), else a hidden column computed by
-    ``hidden(expression)`` (Spark SQL over the query's input; None: not allowed). Returns the
+    ``hidden(expression)`` (Spark SQL over the query's input, the select list's aliases in it
+    replaced by their expressions; None: not allowed). Returns the
     keys and the hidden columns ``[(column, expression)]``.
 
     Raises CompileError for a key that is not an output when ``hidden`` is None."""
@@ -69,15 +71,16 @@ def order_keys(lw: Lowering, q: exp.Expression, outputs: list[tuple[str, str]],
         if isinstance(e, exp.Column) and not e.table and e.name.lower() in by_name:
             col = by_name[e.name.lower()]
         else:
+            bare = e.unnest()
             for (name, c), s in zip(outputs, selects):
-                if (s.unalias() if isinstance(s, exp.Alias) else s) == e:
+                if (s.unalias() if isinstance(s, exp.Alias) else s).unnest() == bare:
                     col = c
         if col is None:
             if hidden is None:
                 raise err(f"ORDER BY {e.sql(dialect='spark')}", "order a SELECT DISTINCT or a set operation by "
                           "its output columns", o, lw.sql)
             col = lw.names.new("__sort")
-            extra.append((col, hidden(e)))
+            extra.append((col, hidden(with_aliases(e, selects))))
         keys.append(SortKey(col, bool(o.args.get("desc")), o.args.get("nulls_first")))
     return keys, extra
 
