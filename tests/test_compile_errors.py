@@ -128,6 +128,9 @@ def test_a_construct_without_a_delta_rule_is_recomputed_and_refused_with_increme
     "select cid, day, count(*) from src.orders group by grouping sets ((cid), (day), ())",
     "select cid, stddev(amount) s, var_pop(amount) v, std(oid) t from src.orders group by cid",
     "select sum(amount) s from src.orders limit 5",
+    "select oid from src.orders where day = (select distinct name from src.customers where id = 3)",
+    "select cid, avg(amount) from src.orders group by cid having avg(amount) > (select avg(amount) from src.orders\n"
+    "where cid = 4 group by cid)",
     "select * from (select count(*) n from src.orders) a, (select max(id) m from src.customers) b limit 1",
 ])
 def test_supported_sql_compiles_and_every_operator_is_incremental(sql):
@@ -152,3 +155,27 @@ def test_a_model_refused_by_incremental_only_writes_nothing(spark, tmp_path):
     assert not os.path.exists(job.target_path)
     assert not os.path.exists(job.checkpoint_location)
     assert not spark.catalog.tableExists("tests.median_model")
+
+
+def test_a_scalar_subquery_of_several_rows_fails_the_batch_as_spark_does(spark, tmp_path):
+    from deltalake import write_deltalake
+
+    from consistent_stream.job import run_job
+    from helpers import job_for
+    paths = {}
+    for name, data in (("orders", {"oid": [1, 2], "cid": [1, 2]}), ("customers", {"id": [1], "name": ["a"]})):
+        paths[name] = str(tmp_path / name)
+        write_deltalake(paths[name], pa.table(data), configuration={"delta.enableChangeDataFeed": "true"})
+    sources = [{"source_name": "src", "name": n, "relation": f"src.{n}",
+                "meta": {"location": paths[n], "primary_key": [k]}} for n, k in (("orders", "oid"), ("customers", "id"))]
+    job = job_for("scalar_rows", "select oid from src.orders where cid = (select id from src.customers)",
+                  sources, "oid", tmp_path)
+    run_job(spark, job)
+    assert sorted(r.oid for r in spark.read.format("delta").load(job.target_path).collect()) == [1]
+    write_deltalake(paths["customers"], pa.table({"id": [2], "name": ["b"]}), mode="append")
+    with pytest.raises(Exception, match="SCALAR_SUBQUERY_TOO_MANY_ROWS"):
+        run_job(spark, job)
+    assert sorted(r.oid for r in spark.read.format("delta").load(job.target_path).collect()) == [1]
+    with pytest.raises(Exception, match="SCALAR_SUBQUERY_TOO_MANY_ROWS"):
+        spark.sql(f"select oid from delta.`{paths['orders']}` where cid = "
+                  f"(select id from delta.`{paths['customers']}`)").collect()

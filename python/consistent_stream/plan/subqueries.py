@@ -38,7 +38,7 @@ from .clock import uses_clock
 from .expressions import SCALAR_VALUE, aliases, conjuncts, from_relations, own_columns, translate
 from .joins import equi
 from .logical import Aggregate, AggCall, Filter, Join, Node, Project
-from .parse import err, no_rule
+from .parse import err, no_rule, position
 from .scope import Lowering, PlanQuery, quote, with_ctes
 
 
@@ -180,9 +180,12 @@ def plan_scalar_subqueries(lw: Lowering, exprs: list[exp.Expression], current: N
     without a group gets the aggregate's value over no rows (COUNT 0, others NULL), which
     avoids the classic COUNT bug of this decorrelation.
 
-    Raises CompileError for a scalar subquery of several columns; NoDeltaRule for one that is
-    not an aggregate without GROUP BY (its one row is checked when it runs, as Spark checks
-    it) and one correlated by other conditions than equalities.
+    Any other uncorrelated one: its rows counted, and its value when there is at most one
+    (:func:`_at_most_one_row`).
+
+    Raises CompileError for a scalar subquery of several columns; NoDeltaRule for a correlated
+    one that is not an aggregate without GROUP BY, and one correlated by other conditions
+    than equalities.
     """
     scope = dict(scope)
     for e in exprs:
@@ -194,16 +197,39 @@ def plan_scalar_subqueries(lw: Lowering, exprs: list[exp.Expression], current: N
     return current, scope
 
 
+def _at_most_one_row(lw: Lowering, sq: exp.Subquery, scope: dict[tuple[str, str], str]) -> exp.Select:
+    """An uncorrelated scalar subquery ``sq`` that is not a global aggregate (``SELECT DISTINCT
+    d_month_seq ..``, an aggregate with GROUP BY) as one: its rows counted, the value their
+    MAX when there is at most one (NULL for none, as SQL's), else the batch fails with Spark's
+    ``[SCALAR_SUBQUERY_TOO_MANY_ROWS]`` (Spark checks the one row when the query runs, and so
+    does this, at every batch: nothing is committed).
+
+    Raises NoDeltaRule for a correlated one."""
+    _, eqs, other = decorrelate(sq.this, scope, lw.sql)
+    if eqs or other:
+        raise no_rule("correlated scalar subquery without an aggregate", "it must return one row: select an "
+                      "aggregate without GROUP BY (or rewrite as a join)", sq, lw.sql)
+    line, col = position(sq, lw.sql)
+    where = f" (line {line}, col {col})" if line else ""
+    message = (f"[SCALAR_SUBQUERY_TOO_MANY_ROWS] More than one row returned by a subquery used as an expression"
+               f"{where} of the model")
+    inner = sq.this.copy()
+    inner.set("expressions", [exp.alias_(inner.expressions[0].unalias(), "__v")])
+    wrapper = exp.maybe_parse(f"SELECT CASE WHEN COUNT(*) > 1 THEN raise_error('{message}') "
+                              f"ELSE MAX(__rows.__v) END AS __v FROM __rows", dialect="spark")
+    wrapper.find(exp.Table).replace(exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier("__rows"))))
+    return wrapper
+
+
 def _scalar_subquery(lw: Lowering, sq: exp.Subquery, current: Node, scope: dict[tuple[str, str], str],
                      ctes: dict[str, exp.Expression], plan_query: PlanQuery) -> tuple[Node, str]:
     """One scalar subquery ``sq`` joined onto ``current``: the node and its value column."""
     sub = sq.this
     if not isinstance(sub, exp.Select) or len(sub.expressions) != 1:
         raise err("scalar subquery", "a scalar subquery selects exactly one value", sq, lw.sql)
-    if sub.args.get("group") or not sub.expressions[0].find(exp.AggFunc):
-        raise no_rule("scalar subquery without an aggregate", "it must return one row: select an "
-                  "aggregate without GROUP BY (or rewrite as a join)", sq, lw.sql)
     sub_ctes = with_ctes(sub, ctes)
+    if sub.args.get("group") or not sub.expressions[0].find(exp.AggFunc):
+        sub = _at_most_one_row(lw, sq, scope)
     value = sub.expressions[0].unalias()
     new, eqs, other = decorrelate(sub, scope, lw.sql)
     if other:

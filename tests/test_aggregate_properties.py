@@ -1,6 +1,6 @@
-"""Property test of grouping sets and the moment aggregates over random change streams
-(:mod:`change_streams`): after every micro-batch the target equals batch evaluation of the
-model's SQL in Spark and in DuckDB.
+"""Property test of grouping sets, the moment aggregates and scalar subqueries that are not
+aggregates over random change streams (:mod:`change_streams`): after every micro-batch the
+target equals batch evaluation of the model's SQL in Spark and in DuckDB.
 
 The streams update rows' ``k`` and ``g`` (NULL often), so rows move between the groups of every
 grouping set at once, and a key that is NULL in the data meets the NULL a grouping set puts in
@@ -32,11 +32,13 @@ SHAPES = {
                     "order by n desc, k nulls first, g nulls first limit 3",
     "moments": "select g, stddev_samp(x) as sd, stddev_pop(x) as sdp, var_samp(amt) as va, var_pop(r) as vr, "
                "variance(x) as v, stddev(r) as sr, stddev(x) filter (where k > 0) as sdk from src.a group by g",
+    "scalar_subquery_of_at_most_one_row": "select id, x from src.a where k = (select distinct b.k from src.b b "
+                                          "where b.id = 1) or x > (select y from src.b where id = 2)",
     "global_moments_limit": "select stddev(x) as sd, var_pop(amt) as v, count(*) as n from src.a limit 5",
 }
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_grouping_sets_and_moments_stay_equal_to_batch_evaluation(spark, shape, monkeypatch):
+def test_grouping_sets_moments_and_scalar_subqueries_stay_equal_to_batch_evaluation(spark, shape, monkeypatch):
     check_shape(spark, shape, SHAPES[shape], monkeypatch,
                 local_engine="spark" if sorted(SHAPES).index(shape) % 3 == 0 else "duckdb")
