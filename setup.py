@@ -53,6 +53,7 @@ setup(
         "pandas<3",
         "duckdb>=1.1",
         "tpchgen-cli>=1",
+        "tpcgen-cli>=4",
         "psycopg2-binary>=2.9,<3",
         # Kafka clients (librdkafka): format: kafka's partition metadata and watermarks, and
         # consistent_stream.kafka_stack's admin, producer and consumer

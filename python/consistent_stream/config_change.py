@@ -18,6 +18,11 @@ definition, and the run does what the model's config says, as dbt's materialized
     (dbt's default) cannot be honoured for a column the plan reads, so the drift is handled
     as a configuration change, by ``on_configuration_change``.
 
+A checkpoint made by another version of consistent_stream goes on from its state, unless
+that version planned the same SQL with other operators (a construct it recomputed and this
+one maintains by a delta rule: :func:`plan_changes`): that is a ``state_format`` change,
+handled by ``on_configuration_change`` as well.
+
 A definition whose target does not exist yet is built, whatever these say (as dbt creates a
 missing materialized view). ``--full-refresh`` rebuilds whatever changed.
 """
@@ -108,6 +113,26 @@ def definition_changes(job: JobSpec, fingerprint: str) -> list[Change]:
                                               "accumulator, made by an earlier version of consistent_stream; this "
                                               "one keeps compensated accumulators (bounded under retractions)"))
     return changes
+
+
+def plan_changes(saved, root) -> list[Change]:
+    """A ``state_format`` change when the checkpoint's saved plan ``saved`` (``plan.json``'s
+    content, or None) has other operators than ``root``, the plan this version compiles the
+    same SQL to (an operator's id is its position and kind,
+    :func:`consistent_stream.plan.logical.assign_ids`): a construct the checkpoint's version
+    recomputed that this one maintains by a delta rule, whose state the checkpoint does not
+    hold. Empty when there is no saved plan or it has the same operators."""
+    from .plan.logical import walk
+    try:
+        old = {k for k in json.loads(saved["types"])["nodes"] if "/" not in k}
+    except (KeyError, TypeError, ValueError):
+        return []
+    new = {n.id for n in walk(root)}
+    if old == new:
+        return []
+    return [Change("state_format", "this version of consistent_stream maintains the model's SQL with other "
+                                   f"operators ({', '.join(sorted(new - old)[:6])}) than the checkpoint's "
+                                   f"({', '.join(sorted(old - new)[:6])}), whose state it does not hold")]
 
 
 def plain_float_accumulators(saved) -> bool:

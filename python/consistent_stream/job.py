@@ -63,7 +63,9 @@ def compile_job(spark: SparkSession, job: JobSpec, cut: Cut, sources=None):
     compiled = compile_model(job.sql, job.sources, {k: [f.name for f in v.fields] for k, v in schemas.items()},
                              incremental_only=job.incremental_only)
     schema_key = json.dumps({k: json.loads(v.json()) for k, v in sorted(schemas.items())}, sort_keys=True)
-    cached = _load_plan(job, compiled.fingerprint, schema_key)
+    saved = storage.read_json(job.plan_path)
+    compiled.plan_changes = config_change.plan_changes(saved, compiled.root)
+    cached = _load_plan(saved, compiled, schema_key)
     if cached is not None:
         out_schema, types = cached
     else:
@@ -111,11 +113,14 @@ def _compile_ahead(spark: SparkSession, job: JobSpec, sources: dict, target: Del
         pool.shutdown(wait=False)
 
 
-def _load_plan(job: JobSpec, fp: str, schema_key: str):
-    d = storage.read_json(job.plan_path)
+def _load_plan(d, compiled, schema_key: str):
+    """The output schema and plan types of the checkpoint's saved plan ``d`` (``plan.json``'s
+    content or None), when saved for this SQL, these source schemas and the operators
+    ``compiled`` has (:func:`.config_change.plan_changes`)."""
     if not isinstance(d, dict):
         return None
-    if d.get("fingerprint") != fp or d.get("source_schemas") != schema_key or config_change.plain_float_accumulators(d):
+    if d.get("fingerprint") != compiled.fingerprint or d.get("source_schemas") != schema_key \
+            or config_change.plain_float_accumulators(d) or compiled.plan_changes:
         return None
     return StructType.fromJson(d["output_schema"]), PlanTypes.from_json(d["types"])
 
@@ -228,7 +233,7 @@ class _Run:
     seconds since epoch), the sources' handles by key, the cut taken at the start and the
     target's handle. ``full_refresh`` becomes True when the run decides to rebuild;
     ``compiling``: the model's compile when it started before the sources were read
-    (:func:`_compile_ahead`)."""
+    (:func:`_compile_ahead`); ``result``: the compile's result once taken (:meth:`compiled`)."""
     spark: SparkSession
     job: JobSpec
     full_refresh: bool
@@ -239,6 +244,7 @@ class _Run:
     state: DeltaTableRef
     state_opening: threading.Thread | None = None
     compiling: Future | None = None
+    result: tuple | None = None   # compile_job's result, once compiled
     catalog_entry: object = UNREAD   # the target's catalog entry as read before the run (sink.catalog.publish)
 
     @staticmethod
@@ -271,11 +277,15 @@ class _Run:
         return _Run(spark, job, full_refresh, t0, sources, cut, target, state, opening, compiling)
 
     def compiled(self):
-        """:func:`compile_job`'s result: of the compile started ahead, else compiled now."""
-        if self.compiling is not None:
-            ahead, self.compiling = self.compiling, None
-            return ahead.result()
-        return compile_job(self.spark, self.job, self.cut, self.sources)
+        """:func:`compile_job`'s result: of the compile started ahead, else compiled now; once
+        per run."""
+        if self.result is None:
+            if self.compiling is not None:
+                ahead, self.compiling = self.compiling, None
+                self.result = ahead.result()
+            else:
+                self.result = compile_job(self.spark, self.job, self.cut, self.sources)
+        return self.result
 
     def settle(self) -> None:
         """Wait for a compile started ahead that the run did not use (its result dropped)."""
@@ -333,6 +343,10 @@ def _run_steps(run: _Run, timeout_s: float | None, fence) -> dict:
                                           fingerprint(job.sql, job.sources), full_refresh)
     if up_to_date is not None:
         return _report_up_to_date(run, up_to_date)
+    if action == "none" and not full_refresh and run.target.exists():
+        # the same SQL planned with other operators by this version: the state is not theirs
+        changes = run.compiled()[0].plan_changes
+        action = config_change.action(job, changes)
     if action == "fail":
         raise config_change.failure(job, changes)
     if action == "continue":

@@ -35,7 +35,7 @@ The passes, in order (each module's docstring has an example):
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..sources import SourceSpec
 from .keys import output_unique_key
@@ -59,6 +59,9 @@ class CompiledModel:
     unique_key: list[str] | None = None
     schema_key: str = ""
     """The sources' schemas the plan was typed for (set by ``job.compile_job``)."""
+    plan_changes: list = field(default_factory=list)
+    """How the checkpoint's saved plan has other operators (set by ``job.compile_job``,
+    ``config_change.plan_changes``): empty when it has the same, or none."""
 
 
 def compile_model(sql: str, sources: list[SourceSpec], schemas: dict[str, list[str]],

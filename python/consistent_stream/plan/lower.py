@@ -4,14 +4,15 @@
 
 A SELECT is lowered as: its relations (sources are Scans of the columns the query uses,
 CTEs and derived tables are lowered recursively), the joins with WHERE pushdown (OR-ed
-conditions' common conjuncts factored out first), the subquery predicates, the scalar
-subqueries, the remaining WHERE as a Filter, then either a dedup (ROW_NUMBER() = 1), or an
-Aggregate (GROUP BY, aggregates, HAVING and the scalar subqueries these hold), the window
-functions, QUALIFY, a Project of the select list, DISTINCT and ORDER BY .. LIMIT (a top-N;
-ORDER BY alone is dropped). A query block holding a construct without a delta rule
-(NoDeltaRule) is planned by the recompute floor instead. Grouping sets (ROLLUP, CUBE,
-GROUPING SETS) put an Expand under the Aggregate (:mod:`.grouping`). Every column of the plan has an
-internal name, unique in the plan; the model's own outputs keep their names.
+conditions' common conjuncts factored out first), the subquery predicates (those nested in
+a condition as scalar COUNT subqueries), the scalar subqueries, the remaining WHERE as a
+Filter, then either a dedup (ROW_NUMBER() = 1), or an Aggregate (GROUP BY, aggregates,
+HAVING and the scalar subqueries these hold; grouping sets put an Expand under it,
+:mod:`.grouping`), the window functions, QUALIFY, a Project of the select list, DISTINCT and
+ORDER BY .. LIMIT (a top-N; ORDER BY alone is dropped). A query block holding a construct
+without a delta rule (NoDeltaRule) is planned by the recompute floor instead. Every column
+of the plan has an internal name, unique in the plan; the model's own outputs keep their
+names.
 
 Example::
 
@@ -45,7 +46,7 @@ from .parse import AGGREGATES, err, no_rule
 from .recompute import check_block, plan_recompute
 from .scope import Lowering, Rel, output_names, with_ctes
 from .setops import distinct, plan_set_operation
-from .subqueries import plan_scalar_subqueries, plan_subquery_predicate, subquery_predicate
+from .subqueries import as_counts, plan_scalar_subqueries, plan_subquery_predicate, subquery_predicate
 from .topn import limit_of, order_keys, top_n
 from .windows import keep_ranks, plan_windows, query_windows
 
@@ -122,7 +123,7 @@ def plan_select(lw: Lowering, sel: exp.Expression, outer_ctes: dict[str, exp.Exp
     where_conj = factor_or(where.this) if where else []
     where_conj = take_rank_filters(lw, where_conj, rels)
     sub_conj = [c for c in where_conj if subquery_predicate(c) is not None]
-    where_conj = [c for c in where_conj if subquery_predicate(c) is None]
+    where_conj = [as_counts(c) for c in where_conj if subquery_predicate(c) is None]
     current, scope, where_conj = plan_from_clause(lw, joins, rels, where_conj)
     for c in sub_conj:
         current = plan_subquery_predicate(lw, c, current, scope, ctes, plan_query)

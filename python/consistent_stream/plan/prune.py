@@ -6,7 +6,7 @@ Needs a compiled plan whose expressions are Spark SQL over backticked internal c
 
 * a scan reads only the needed source columns (at least one: COUNT(*) needs rows, not
   columns);
-* a filter needs its predicate's columns too; a projection or an expand drops the outputs nobody reads;
+* a filter needs its predicate's columns too; a projection or an expand drops the outputs nobody reads (keeping one);
 * a join needs its keys and residual from each side (a semi or anti join's right side only
   those), and reads each side through a projection to exactly that;
 * an aggregate needs its group and argument expressions; a dedup needs all of its input (its
@@ -67,13 +67,15 @@ def _prune(node: Node, needed: set[str], keep_all: bool = False) -> None:
         node.columns = list(node.child.columns)
     elif isinstance(node, (Project, TemporalProject)):
         keep = [(c, e) for c, e in zip(node.columns, node.exprs) if keep_all or c in needed]
+        if not keep and node.columns:   # rows without columns (under a COUNT(*)): keep one
+            keep = [(node.columns[0], node.exprs[0])]
         node.columns, node.exprs = [c for c, _ in keep], [e for _, e in keep]
         need = set()
         for _, e in keep:
             need |= referenced(e)
         _prune(node.child, need)
     elif isinstance(node, Expand):
-        keep = [i for i, c in enumerate(node.columns) if keep_all or c in needed]
+        keep = [i for i, c in enumerate(node.columns) if keep_all or c in needed] or [0]
         node.columns = [node.columns[i] for i in keep]
         node.projections = [[p[i] for i in keep] for p in node.projections]
         need = set()

@@ -35,7 +35,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from .clock import uses_clock
-from .expressions import SCALAR_VALUE, aliases, conjuncts, from_relations, own_columns, translate
+from .expressions import SCALAR_VALUE, aliases, factor_or, from_relations, own_columns, translate
 from .joins import equi
 from .logical import Aggregate, AggCall, Filter, Join, Node, Project
 from .parse import err, no_rule, position
@@ -69,7 +69,7 @@ def decorrelate(sub: exp.Expression, outer_scope: dict[tuple[str, str], str],
     outer = {a for a, _ in outer_scope}
     where = sub.args.get("where")
     own, eqs, other = [], [], []
-    for c in (conjuncts(where.this) if where else []):
+    for c in (factor_or(where.this) if where else []):
         al = aliases(c)
         if al <= inner:
             own.append(c)
@@ -164,6 +164,64 @@ def plan_subquery_predicate(lw: Lowering, c: exp.Expression, current: Node, scop
                       predicate=f"{quote(n)} = 0 OR ({lkeys[-1]} IS NOT NULL AND {quote(n)} = {quote(nn)})")
     return Join(columns=list(current.columns), left=current, right=node, kind="anti" if negated else "semi",
                 left_keys=lkeys, right_keys=rkeys, residual=residual)
+
+
+def as_counts(c: exp.Expression) -> exp.Expression:
+    """The WHERE condition ``c`` with each ``EXISTS (q)`` and ``x IN (q)`` nested in it (under
+    OR, NOT, CASE: not a conjunct of its own, which is a semi join) written as comparisons of
+    scalar COUNT subqueries, which are maintained as joins (:func:`plan_scalar_subqueries`):
+
+    * ``EXISTS (q)`` -> ``(SELECT COUNT(*) FROM .. WHERE ..) > 0``, for ``q`` a plain SELECT
+      (no GROUP BY, aggregate, HAVING, window, LIMIT); its correlated equalities group the
+      count, a row without a group counting 0;
+    * ``x IN (q)``, ``q`` uncorrelated, of one column ``y`` -> SQL's three values: TRUE when
+      a row of ``q`` has ``y = x``, else NULL when ``q`` holds a NULL, or has rows and ``x`` is
+      NULL, else FALSE; each a COUNT over ``q`` as a derived table.
+
+    Anything else is left as it is (and refused where it is translated)."""
+    def fn(n):
+        if isinstance(n, exp.Exists) and _plain(n.this):
+            count = n.this.copy()
+            count.set("expressions", [exp.alias_(exp.Count(this=exp.Star()), "__n")])
+            return exp.GT(this=exp.Subquery(this=count), expression=exp.Literal.number(0))
+        query = n.args.get("query") if isinstance(n, exp.In) else None
+        if query is not None and not isinstance(n.this, exp.Tuple) and isinstance(query.this, exp.Select) \
+                and len(query.this.expressions) == 1 and _uncorrelated(query.this):
+            rows = query.this.copy()
+            rows.set("expressions", [exp.alias_(rows.expressions[0].unalias(), "__y")])
+
+            def count(cond: str | None) -> exp.Expression:
+                sel = exp.select(exp.alias_(exp.Count(this=exp.Star()), "__n")).from_(
+                    exp.Subquery(this=rows.copy(), alias=exp.TableAlias(this=exp.to_identifier("__in_rows"))))
+                if cond is not None:
+                    sel = sel.where(exp.maybe_parse(cond, dialect="spark"))
+                return exp.GT(this=exp.Subquery(this=sel), expression=exp.Literal.number(0))
+            x = n.this.copy()
+            matched = count("__in_rows.__y = __x")
+            for col in matched.find_all(exp.Column):
+                if col.name == "__x":
+                    col.replace(x.copy())
+            return exp.Case(ifs=[exp.If(this=matched, true=exp.true()),
+                                 exp.If(this=exp.or_(count("__in_rows.__y IS NULL"),
+                                                     exp.and_(exp.Is(this=x, expression=exp.null()), count(None))),
+                                        true=exp.cast(exp.null(), "BOOLEAN"))],
+                            default=exp.false())
+        return n
+    return c.transform(fn)
+
+
+def _plain(q: exp.Expression) -> bool:
+    """Whether ``q`` is a SELECT whose rows are its FROM's rows filtered (no GROUP BY,
+    aggregate, HAVING, window, DISTINCT, LIMIT): what ``EXISTS`` asks of it is a count."""
+    return isinstance(q, exp.Select) and not any(q.args.get(k) for k in ("group", "having", "limit", "distinct",
+                                                                           "qualify", "offset")) \
+        and not any(e.find(exp.AggFunc, exp.Window) for e in q.expressions)
+
+
+def _uncorrelated(q: exp.Select) -> bool:
+    """Whether every column of ``q`` (nested subqueries included) names a relation of ``q``."""
+    names = {t.alias_or_name.lower() for t in q.find_all(exp.Table, exp.Subquery) if t.alias_or_name}
+    return all(c.table.lower() in names for c in q.find_all(exp.Column) if c.table)
 
 
 def plan_scalar_subqueries(lw: Lowering, exprs: list[exp.Expression], current: Node,

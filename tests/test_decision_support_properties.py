@@ -1,6 +1,8 @@
-"""Property test of grouping sets, the moment aggregates and scalar subqueries that are not
-aggregates over random change streams (:mod:`change_streams`): after every micro-batch the
-target equals batch evaluation of the model's SQL in Spark and in DuckDB.
+"""Property test of what decision-support queries (TPC-DS) use beyond the basics: grouping
+sets, the moment aggregates, scalar subqueries that are not aggregates, EXISTS and IN nested
+in a condition, correlated subqueries whose correlation sits in every branch of an OR, over
+random change streams (:mod:`change_streams`): after every micro-batch the target equals
+batch evaluation of the model's SQL in Spark and in DuckDB.
 
 The streams update rows' ``k`` and ``g`` (NULL often), so rows move between the groups of every
 grouping set at once, and a key that is NULL in the data meets the NULL a grouping set puts in
@@ -34,11 +36,16 @@ SHAPES = {
                "variance(x) as v, stddev(r) as sr, stddev(x) filter (where k > 0) as sdk from src.a group by g",
     "scalar_subquery_of_at_most_one_row": "select id, x from src.a where k = (select distinct b.k from src.b b "
                                           "where b.id = 1) or x > (select y from src.b where id = 2)",
+    "exists_under_or": "select a.id, a.x from src.a a where a.x > 2 or exists (select 1 from src.b b "
+                       "where b.k = a.k and b.y > 1) or not exists (select * from src.c c where c.k = a.x)",
+    "in_under_or_and_not": "select a.id from src.a a where a.g = 'p' or not (a.x in (select b.y from src.b b))",
+    "correlation_in_every_branch": "select a.id, (select count(*) from src.b b where (b.k = a.k and b.y > 1) "
+                                   "or (b.k = a.k and b.y is null)) as n from src.a a",
     "global_moments_limit": "select stddev(x) as sd, var_pop(amt) as v, count(*) as n from src.a limit 5",
 }
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_grouping_sets_moments_and_scalar_subqueries_stay_equal_to_batch_evaluation(spark, shape, monkeypatch):
+def test_decision_support_constructs_stay_equal_to_batch_evaluation(spark, shape, monkeypatch):
     check_shape(spark, shape, SHAPES[shape], monkeypatch,
                 local_engine="spark" if sorted(SHAPES).index(shape) % 3 == 0 else "duckdb")

@@ -1,0 +1,1 @@
+RefreshCommit = RefreshResult = refresh_round = None
