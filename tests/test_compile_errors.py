@@ -38,6 +38,8 @@ def compile_sql(sql):
     ("select distinct cid from src.orders order by amount limit 3", "ORDER BY", 1),
     ("select sum(amount) s from src.orders group by cid limit 5", "LIMIT without ORDER BY", 1),
     ("select cid, grouping(cid) from src.orders group by cid", "grouping()", 1),
+    ("select o.cid, c.id as cid\nfrom src.orders o join src.customers c on o.cid = c.id",
+     "duplicate output column cid (o.cid and c.id)", 1),
     ("select cid, grouping(day) from src.orders group by rollup(cid)", "grouping(orders.day)", 1),
     ("select cid, grouping_id(day) from src.orders group by cid, day with cube", "grouping_id()", 1),
 ])
@@ -56,9 +58,9 @@ NO_RULE = [
      "correlated scalar subquery condition", 1),
     ("select oid from src.orders o\nwhere o.cid not in (select c.id from src.customers c where c.name = o.day)",
      "correlated NOT IN", 2),
-    ("select oid from src.orders o where o.cid in (select c.id from src.customers c) or o.oid > 3",
-     "subquery here", 1),
-    ("select cid,\n percentile(amount, 0.5) from src.orders group by cid", "aggregate", 2),
+    ("select oid from src.orders o where o.cid in (select c.id from src.customers c group by c.id having "
+     "count(*) > o.oid) or o.oid > 3", "subquery here", 1),
+    ("select cid,\n max_by(amount, day) from src.orders group by cid", "aggregate MAX_BY", 2),
     ("select oid, d from src.orders lateral view explode(array(day, amount)) t as d", "LATERAL VIEW", 1),
     ("select day, count(*) from src.orders\ngroup by day having exists (select 1 from src.customers c\n"
      "where c.id = day)", "subquery", 2),
@@ -127,7 +129,12 @@ def test_a_construct_without_a_delta_rule_is_recomputed_and_refused_with_increme
     "select cid, day, grouping_id(cid, day) g from src.orders group by cid, day with rollup",
     "select cid, day, count(*) from src.orders group by grouping sets ((cid), (day), ())",
     "select cid, stddev(amount) s, var_pop(amount) v, std(oid) t from src.orders group by cid",
+    "select cid, median(amount) m, percentile(oid, 0.25) p, percentile_cont(0.9) within group (order by amount) "
+    "pc, count_if(amount > 3) c, bool_and(amount > 1) b, bool_or(oid > 2) o, every(oid > 1) e, some(oid > 1) s "
+    "from src.orders group by cid",
     "select sum(amount) s from src.orders limit 5",
+    "select oid from src.orders o where o.cid in (select c.id from src.customers c) or o.oid > 3",
+    "select oid from src.orders o where not exists (select 1 from src.customers c where c.id = o.cid) or o.oid > 3",
     "select oid from src.orders where day = (select distinct name from src.customers where id = 3)",
     "select cid, avg(amount) from src.orders group by cid having avg(amount) > (select avg(amount) from src.orders\n"
     "where cid = 4 group by cid)",
@@ -146,15 +153,15 @@ def test_a_model_refused_by_incremental_only_writes_nothing(spark, tmp_path):
     from helpers import job_for
     src = tmp_path / "orders"
     write_deltalake(str(src), pa.table({"oid": [1], "cid": [1]}), configuration={"delta.enableChangeDataFeed": "true"})
-    job = job_for("median_model", "select cid, median(oid) s from src.orders group by cid",
+    job = job_for("max_by_model", "select cid, max_by(oid, cid) s from src.orders group by cid",
                   [{"source_name": "src", "name": "orders", "relation": "src.orders",
                     "meta": {"location": str(src), "primary_key": ["oid"]}}], "cid", tmp_path)
     job.incremental_only = True
-    with pytest.raises(NoDeltaRule, match="aggregate MEDIAN"):
+    with pytest.raises(NoDeltaRule, match="aggregate MAX_BY"):
         run_job(spark, job)
     assert not os.path.exists(job.target_path)
     assert not os.path.exists(job.checkpoint_location)
-    assert not spark.catalog.tableExists("tests.median_model")
+    assert not spark.catalog.tableExists("tests.max_by_model")
 
 
 def test_a_scalar_subquery_of_several_rows_fails_the_batch_as_spark_does(spark, tmp_path):

@@ -1,5 +1,5 @@
 """Property test of what decision-support queries (TPC-DS) use beyond the basics: grouping
-sets, the moment aggregates, scalar subqueries that are not aggregates, EXISTS and IN nested
+sets, the moment aggregates, percentiles and the boolean aggregates, scalar subqueries that are not aggregates, EXISTS and IN nested
 in a condition, correlated subqueries whose correlation sits in every branch of an OR, over
 random change streams (:mod:`change_streams`): after every micro-batch the target equals
 batch evaluation of the model's SQL in Spark and in DuckDB.
@@ -41,6 +41,10 @@ SHAPES = {
     "in_under_or_and_not": "select a.id from src.a a where a.g = 'p' or not (a.x in (select b.y from src.b b))",
     "correlation_in_every_branch": "select a.id, (select count(*) from src.b b where (b.k = a.k and b.y > 1) "
                                    "or (b.k = a.k and b.y is null)) as n from src.a a",
+    "percentiles_and_boolean_aggregates": "select g, median(x) as med, percentile_cont(0.25) within group (order by seq) as p25, "
+                                          "percentile_cont(0.9) within group (order by x desc) as p90, "
+                                          "count_if(x > 1) as c, bool_and(x > 0) as ba, bool_or(k = 1) as bo "
+                                          "from src.a group by g having count(x) > 0",
     "global_moments_limit": "select stddev(x) as sd, var_pop(amt) as v, count(*) as n from src.a limit 5",
 }
 

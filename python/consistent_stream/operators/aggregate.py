@@ -1,6 +1,6 @@
 """GROUP BY aggregation under retractions: SUM, COUNT, COUNT(*), AVG, the variances and
-standard deviations (VAR_SAMP, VAR_POP, STDDEV_SAMP, STDDEV_POP), MIN, MAX and the DISTINCT
-forms COUNT/SUM/AVG(DISTINCT x).
+standard deviations (VAR_SAMP, VAR_POP, STDDEV_SAMP, STDDEV_POP), MIN, MAX, PERCENTILE and
+the DISTINCT forms COUNT/SUM/AVG(DISTINCT x).
 
 State (two kinds of arrangement, both additive, keyed by the group columns):
 
@@ -17,7 +17,7 @@ State (two kinds of arrangement, both additive, keyed by the group columns):
   its own ``<op>__m<i>`` accumulators over the value as DOUBLE: the compensated sum, the
   compensated sum of squares (each square an exact pair) and the non-finite counts
   (:func:`_moment_sql`).
-* ``vals<i>`` for each MIN/MAX/DISTINCT argument: the multiset of (group, value) with counts
+* ``vals<i>`` for each MIN/MAX/PERCENTILE/DISTINCT argument: the multiset of (group, value) with counts
   (``__weight``), consolidated per batch, so that when the current extreme is retracted the
   next one is known (Flink's MinWithRetract / MaxWithRetract accumulators, kept as a Z-set
   instead of a map), and the distinct values of a group are those with a positive count.
@@ -278,7 +278,7 @@ def _multiset_aggregates(spec: AggregateSpec, multiset_args: list[str], vals: di
         old = old_rows(f"vals{i}")
         vcols = cols_sql(g + [x, WEIGHT])
         mine = [a for a in spec.aggs if a.func in MULTISET_AGGS and spec.args[a.name] == x]
-        fns = ", ".join(f"{_MULTISET_FN[a.func]}({q(x)}) AS {q(a.name)}" for a in mine)
+        fns = ", ".join(f"{_multiset_sql(a, q(x))} AS {q(a.name)}" for a in mine)
         srcs = ((old, ext_old), (vals[x].sql if old is None else
                                  f"(SELECT {vcols} FROM {old} UNION ALL SELECT {vcols} FROM {vals[x].sql})", ext_new))
         for src, out in srcs:
@@ -287,6 +287,15 @@ def _multiset_aggregates(spec: AggregateSpec, multiset_args: list[str], vals: di
             live = f"({consolidate_sql(src, g + [x])})"  # each live (group, value) once
             out[x] = (f"(SELECT {gsel}{fns} FROM {live} WHERE {W} > 0{group_by})", [a.name for a in mine])
     return ext_new, ext_old
+
+
+def _multiset_sql(a: AggCall, x: str) -> str:
+    """Spark's aggregate ``a`` over the live values ``x`` of a group, each row a distinct value
+    with its count ``__weight``: the function itself (MIN, MAX and the DISTINCT forms ignore
+    the counts), PERCENTILE with the counts as its frequencies (exact, as over the rows)."""
+    if a.func == "percentile":
+        return f"PERCENTILE({x}, {a.param}, {W})"
+    return f"{_MULTISET_FN[a.func]}({x})"
 
 
 def _rows(spec: AggregateSpec, acc: _Accumulators, acc_rel: str, exts: dict[str, tuple[str, list[str]]],

@@ -99,17 +99,19 @@ MOMENT_AGGS = ("var_samp", "var_pop", "stddev_samp", "stddev_pop")
 """Aggregates computed from the first two moments (count, sum, sum of squares)."""
 LINEAR_AGGS = ("sum", "count", "avg") + MOMENT_AGGS
 """Aggregates computed from linear accumulators (sums of weighted values, of their squares)."""
-MULTISET_AGGS = ("min", "max", "count_distinct", "sum_distinct", "avg_distinct")
+MULTISET_AGGS = ("min", "max", "count_distinct", "sum_distinct", "avg_distinct", "percentile")
 """Aggregates computed from the per-group multiset of argument values (kept as state)."""
 
 
 @dataclass(frozen=True)
 class AggCall:
     """One aggregate: ``func`` in count_star, :data:`LINEAR_AGGS` or :data:`MULTISET_AGGS`
-    over ``arg`` (Spark SQL; a FILTER clause is already folded into it as a CASE)."""
+    over ``arg`` (Spark SQL; a FILTER clause is already folded into it as a CASE);
+    ``param``: percentile's fraction (a numeric literal), else None."""
     name: str
     func: str
     arg: str | None
+    param: str | None = None
 
 
 @dataclass(eq=False)
@@ -360,7 +362,8 @@ def explain(node: Node, indent: int = 0, costs: bool = False) -> str:
         keys = ", ".join(f"{a}{eq}{b}" for a, b in zip(node.left_keys, node.right_keys))
         head = f"Join {node.kind} on {keys}" + (f" and {node.residual}" if node.residual else "")
     elif isinstance(node, Aggregate):
-        head = f"Aggregate by {node.group_exprs}: " + ", ".join(f"{a.func}({a.arg})" for a in node.aggs)
+        head = f"Aggregate by {node.group_exprs}: " + ", ".join(
+            f"{a.func}({a.arg}{', ' + a.param if a.param else ''})" for a in node.aggs)
     elif isinstance(node, Union):
         head = "Union all"
     elif isinstance(node, Expand):

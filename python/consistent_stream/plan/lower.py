@@ -265,6 +265,13 @@ def plan_aggregate(lw: Lowering, child: Node, scope: dict[tuple[str, str], str],
                 arg = arg.expressions[0]
             if a.expressions:
                 raise err(f"{func.upper()} with several arguments", "not supported", a, lw.sql)
+            param = None
+            if func == "percentile":
+                p = a.args.get("quantile")
+                if not (isinstance(p, exp.Literal) and not p.is_string and 0 <= float(p.this) <= 1):
+                    raise no_rule("PERCENTILE of other than one fraction literal", "the delta rule is for one "
+                                  "fraction between 0 and 1", a, lw.sql)
+                param = p.this
             cond = translate(holder.expression.this, scope, lw.sql) if holder is not a else None
             if func == "count" and (arg is None or isinstance(arg, exp.Star)):
                 func, arg_sql = ("count", f"CASE WHEN {cond} THEN 1 END") if cond else ("count_star", None)
@@ -276,7 +283,7 @@ def plan_aggregate(lw: Lowering, child: Node, scope: dict[tuple[str, str], str],
                     func = f"{func}_distinct"
             name = lw.names.new(f"__a_{func}")
             agg_map[holder] = name
-            aggs.append(AggCall(name, func, arg_sql))
+            aggs.append(AggCall(name, func, arg_sql, param))
     key_sqls = [translate(g, scope, lw.sql) for g in group_exprs]
     outputs = AggregateOutputs(groups=list(zip(group_exprs, gnames)), aggs=agg_map, grouping=gs)
     if gs is not None:

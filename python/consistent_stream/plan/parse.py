@@ -28,9 +28,22 @@ from sqlglot.optimizer.qualify import qualify
 from ..errors import CompileError, NoDeltaRule
 from ..sources import SourceSpec
 
+def _spark_writes_within_group() -> None:
+    """Make sqlglot write ``percentile_cont/percentile_disc(p) WITHIN GROUP (ORDER BY x)`` back
+    as Spark SQL as it was read. Its Spark writer (inherited from Spark 2's, which had no WITHIN
+    GROUP) turns them into ``PERCENTILE_APPROX(x, p)``, another function with other results,
+    and every place that writes a model's SQL back (batch evaluation, the recompute floor)
+    would evaluate that instead. Spark 3.4+ reads WITHIN GROUP itself."""
+    from sqlglot.generators.spark import SparkGenerator
+    SparkGenerator.TRANSFORMS = {k: v for k, v in SparkGenerator.TRANSFORMS.items() if k is not exp.WithinGroup}
+
+
+_spark_writes_within_group()
+
 AGGREGATES: dict[type, str] = {exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max", exp.Count: "count",
                                exp.Stddev: "stddev_samp", exp.StddevSamp: "stddev_samp",
-                               exp.StddevPop: "stddev_pop", exp.Variance: "var_samp", exp.VariancePop: "var_pop"}
+                               exp.StddevPop: "stddev_pop", exp.Variance: "var_samp", exp.VariancePop: "var_pop",
+                               exp.Quantile: "percentile"}
 """The supported aggregate functions and their names in :class:`~.logical.AggCall`."""
 
 # constructs with no meaning at a cut: rejected anywhere in the query
@@ -103,9 +116,34 @@ def parse(sql: str) -> exp.Expression:
 
 
 def _spark_aliases(n: exp.Expression) -> exp.Expression:
-    """Spark's ``std(x)`` (which sqlglot leaves a plain function) as ``stddev(x)``."""
-    if isinstance(n, exp.Anonymous) and n.name.lower() == "std" and len(n.expressions) == 1:
+    """Aggregates that are others by Spark's definition, written as those: ``std(x)`` as
+    ``stddev(x)``; ``count_if(c)`` as ``count(CASE WHEN c THEN 1 END)``; ``bool_and`` and
+    ``every`` as ``min`` and ``bool_or``, ``some`` and ``any`` as ``max`` of the boolean (FALSE
+    sorts before TRUE; NULLs are skipped and no rows give NULL in both); ``median(x)`` and
+    ``percentile_cont(p) WITHIN GROUP (ORDER BY x [DESC])`` as ``percentile(x, p)`` (``1 - p``
+    descending), which is how Spark evaluates them."""
+    name = n.name.lower() if isinstance(n, exp.Anonymous) else ""
+    if name == "std" and len(n.expressions) == 1:
         return exp.Stddev(this=n.expressions[0])
+    if isinstance(n, exp.CountIf):
+        return exp.Count(this=exp.Case(ifs=[exp.If(this=n.this, true=exp.Literal.number(1))]))
+    if isinstance(n, exp.LogicalAnd) or (name == "every" and len(n.expressions) == 1):
+        return exp.Min(this=n.this if isinstance(n, exp.LogicalAnd) else n.expressions[0])
+    if isinstance(n, exp.LogicalOr) or (name in ("some", "bool_or") and len(n.expressions) == 1):
+        return exp.Max(this=n.this if isinstance(n, exp.LogicalOr) else n.expressions[0])
+    if isinstance(n, exp.Any) and not isinstance(n.this, exp.Subquery) and not isinstance(
+            n.parent, (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Like)):
+        return exp.Max(this=n.this.unnest())
+    if isinstance(n, exp.Median):
+        return exp.Quantile(this=n.this, quantile=exp.Literal.number("0.5"))
+    if isinstance(n, exp.WithinGroup) and isinstance(n.this, exp.PercentileCont) \
+            and len(n.expression.expressions) == 1:
+        order = n.expression.expressions[0]
+        p = n.this.this
+        if order.args.get("desc"):   # Spark's reverse order: the percentile at the double 1 - p
+            p = exp.Literal.number(repr(1 - float(p.this))) if isinstance(p, exp.Literal) and not p.is_string \
+                else exp.Sub(this=exp.Literal.number(1), expression=p)
+        return exp.Quantile(this=order.this, quantile=p)
     return n
 
 

@@ -67,10 +67,11 @@ def check_block(sel: exp.Expression, sql: str) -> None:
         if isinstance(node, exp.AggFunc) and window_of(node) is None \
                 and not isinstance(node, (exp.Grouping, exp.GroupingId)):
             if type(node) not in AGGREGATES:
-                name = node.sql_name() if hasattr(node, "sql_name") else type(node).__name__
+                name = node.sql(dialect="spark").split("(")[0]   # as Spark names it: MAX_BY, not ARG_MAX
                 raise no_rule(f"aggregate {name.upper()}", "the aggregates with delta rules are SUM, COUNT, "
                               "COUNT(*), AVG, MIN, MAX (also with DISTINCT and FILTER), STDDEV, "
-                              "STDDEV_SAMP, STDDEV_POP, VARIANCE, VAR_SAMP, VAR_POP", node, sql)
+                              "STDDEV_SAMP, STDDEV_POP, VARIANCE, VAR_SAMP, VAR_POP, PERCENTILE, MEDIAN, "
+                              "PERCENTILE_CONT, COUNT_IF, BOOL_AND, BOOL_OR", node, sql)
             d = node.this
             if isinstance(d, exp.Distinct) and len(d.expressions) != 1:
                 raise no_rule(f"{type(node).__name__.upper()}(DISTINCT ..) of several arguments",

@@ -97,10 +97,11 @@ def output_names(lw: Lowering, sel: exp.Expression, select_exprs: list[exp.Expre
     """
     out_names = [e.alias_or_name for e in select_exprs]
     lowered = [n.lower() for n in out_names]
-    dup = {n for n in lowered if lowered.count(n) > 1}
+    dup = [n for n in lowered if lowered.count(n) > 1]
     if dup:
-        raise err(f"duplicate output column {sorted(dup)[0]}", "give every output column its own name",
-                  sel, lw.sql)
+        both = " and ".join(e.unalias().sql(dialect="spark") for e, n in zip(select_exprs, lowered) if n == dup[0])
+        raise err(f"duplicate output column {dup[0]} ({both})", "Spark cannot create a table with two "
+                  "columns of one name: give each its own alias", sel, lw.sql)
     if top:
         lw.names.used.update(lowered)
         return lowered, out_names
