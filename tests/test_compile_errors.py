@@ -61,7 +61,8 @@ NO_RULE = [
     ("select oid from src.orders o where o.cid in (select c.id from src.customers c group by c.id having "
      "count(*) > o.oid) or o.oid > 3", "subquery here", 1),
     ("select cid,\n max_by(amount, day) from src.orders group by cid", "aggregate MAX_BY", 2),
-    ("select oid, d from src.orders lateral view explode(array(day, amount)) t as d", "LATERAL VIEW", 1),
+    ("select cid, explode(array(max(day))) as d from src.orders group by cid",
+     "a generator in an aggregating query's select list", 1),
     ("select day, count(*) from src.orders\ngroup by day having exists (select 1 from src.customers c\n"
      "where c.id = day)", "subquery", 2),
 ]
@@ -133,6 +134,8 @@ def test_a_construct_without_a_delta_rule_is_recomputed_and_refused_with_increme
     "pc, count_if(amount > 3) c, bool_and(amount > 1) b, bool_or(oid > 2) o, every(oid > 1) e, some(oid > 1) s "
     "from src.orders group by cid",
     "select sum(amount) s from src.orders limit 5",
+    "select oid, d from src.orders lateral view explode(array(day, amount)) t as d",
+    "select oid, posexplode_outer(array(day, amount)) as (p, v) from src.orders",
     "select oid from src.orders o where o.cid in (select c.id from src.customers c) or o.oid > 3",
     "select oid from src.orders o where not exists (select 1 from src.customers c where c.id = o.cid) or o.oid > 3",
     "select oid from src.orders where day = (select distinct name from src.customers where id = 3)",

@@ -1,5 +1,6 @@
 """Property test of what decision-support queries (TPC-DS) use beyond the basics: grouping
-sets, the moment aggregates, percentiles and the boolean aggregates, scalar subqueries that are not aggregates, EXISTS and IN nested
+sets, the moment aggregates, percentiles and the boolean aggregates, generators (LATERAL VIEW
+[OUTER], explode in the select list), scalar subqueries that are not aggregates, EXISTS and IN nested
 in a condition, correlated subqueries whose correlation sits in every branch of an OR, over
 random change streams (:mod:`change_streams`): after every micro-batch the target equals
 batch evaluation of the model's SQL in Spark and in DuckDB.
@@ -45,6 +46,10 @@ SHAPES = {
                                           "percentile_cont(0.9) within group (order by x desc) as p90, "
                                           "count_if(x > 1) as c, bool_and(x > 0) as ba, bool_or(k = 1) as bo "
                                           "from src.a group by g having count(x) > 0",
+    "lateral_view_outer": "select a.id, t.v, a.g from src.a a lateral view outer explode(case when a.x > 0 "
+                          "then sequence(1, a.x) end) t as v where t.v is null or t.v <> 2",
+    "select_list_posexplode_grouped": "select p, count(*) as n, sum(v) as s from (select a.id, "
+                                      "posexplode(array(a.k, a.x, a.seq)) as (p, v) from src.a a) t group by p",
     "global_moments_limit": "select stddev(x) as sd, var_pop(amt) as v, count(*) as n from src.a limit 5",
 }
 

@@ -34,12 +34,23 @@ def rewrite_relations(sql: str, mapping: dict[tuple[str, ...], str], dialect: st
     unqualified name ``mapping[parts]``, keeping its alias. Returns SQL in ``dialect``.
 
     Spark's ``date_add``/``date_sub`` return a DATE; sqlglot writes them for DuckDB as
-    ``DATE + INTERVAL``, a TIMESTAMP there, so for DuckDB they are cast back to DATE."""
+    ``DATE + INTERVAL``, a TIMESTAMP there, so for DuckDB they are cast back to DATE. sqlglot
+    writes ``LATERAL VIEW OUTER explode(a)`` for DuckDB as an inner ``UNNEST(a)``, dropping
+    the rows whose array is NULL or empty; for DuckDB such an ``a`` is ``[NULL]`` instead,
+    which keeps them once with a NULL, as Spark's OUTER does."""
     ast = sqlglot.parse_one(sql, read="spark")
 
     def fn(n):
         if dialect == "duckdb" and isinstance(n, exp.TsOrDsAdd) and not isinstance(n.parent, exp.Cast):
             return exp.cast(n.copy(), exp.DataType.build("date"))
+        if dialect == "duckdb" and isinstance(n, exp.Lateral) and n.args.get("outer") \
+                and type(n.this) is exp.Explode:
+            arg = n.this.this.sql(dialect="spark")
+            outer = n.copy()
+            outer.set("outer", False)
+            outer.this.set("this", sqlglot.parse_one(f"CASE WHEN {arg} IS NULL OR SIZE({arg}) = 0 THEN ARRAY(NULL) "
+                                                     f"ELSE {arg} END", read="spark"))
+            return outer
         if isinstance(n, exp.Table):
             parts = tuple(p.name.lower() for p in n.parts)
             if parts in mapping:

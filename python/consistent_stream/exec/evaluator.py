@@ -48,14 +48,14 @@ from ..operators.aggregate import AggregateSpec, aggregate_delta
 from ..operators.dedup import dedup_delta
 from ..operators.join import JoinSide, join_delta
 from ..operators.keyed import RelationLookup
-from ..operators.linear import expand_sql, filter_sql, project_sql, reweight_sql, union_sql
+from ..operators.linear import expand_sql, filter_sql, generate_sql, project_sql, reweight_sql, union_sql
 from ..operators.recompute import RecomputeInput, recompute_delta
 from ..operators.temporal import temporal_delta
 from ..operators.window import TopPrefix, window_delta
 from ..plan.clock import Instant, bind, clock_values, uses_clock
 from ..plan.keys import unique_keys
-from ..plan.logical import (Aggregate, Dedup, Expand, Filter, Join, Node, Project, Recompute, Reweight, Scan, TemporalFilter,
-                            TemporalProject, Union, Window, plain_column, walk)
+from ..plan.logical import (Aggregate, Dedup, Expand, Filter, Generate, Join, Node, Project, Recompute, Reweight,
+                            Scan, TemporalFilter, TemporalProject, Union, Window, plain_column, walk)
 from ..settings import small_query_confs
 from ..state import Arrangement, StateStore
 from .local import LocalEngine, TooLarge
@@ -270,7 +270,7 @@ class BatchEvaluator:
             out.consolidated = src.consolidated and len(set(node.source_columns)) == len(src.data_columns)
             out.local = src.local
             return out
-        if isinstance(node, (Filter, Project, Expand, Reweight)):
+        if isinstance(node, (Filter, Project, Expand, Generate, Reweight)):
             child = self.delta(node.child)
             if child.is_empty:
                 return self._empty(node.id)
@@ -286,6 +286,9 @@ class BatchEvaluator:
                 out.consolidated = child.consolidated and set(child.data_columns) <= kept
                 out.local = child.local
                 return out
+            if isinstance(node, Generate):
+                sql = generate_sql(child.sql, child.data_columns, node.generator, node.outer, node.names)
+                return Changelog.of_query(self.views, sql, cols)
             if isinstance(node, Expand):
                 out = Changelog.of_query(self.views, expand_sql(child.sql, node.columns, node.projections), cols)
                 out.local = child.local

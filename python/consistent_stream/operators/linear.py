@@ -1,6 +1,7 @@
-"""Linear operators: filter, project, expand, union and reweight commute with Z-set addition,
-so their delta rule is the operator itself: ``d(filter(A)) = filter(dA)``, ``d(project(A)) =
-project(dA)``, ``d(expand(A)) = expand(dA)``, ``d(A union all B) = dA union all dB``.
+"""Linear operators: filter, project, expand, generate, union and reweight commute with Z-set
+addition, so their delta rule is the operator itself: ``d(filter(A)) = filter(dA)``,
+``d(project(A)) = project(dA)``, ``d(expand(A)) = expand(dA)``, ``d(generate(A)) =
+generate(dA)``, ``d(A union all B) = dA union all dB``.
 
 Example: dA = {(k=1, x=5): +1, (k=2, x=-1): -1}; ``filter x > 0`` -> {(1, 5): +1}.
 
@@ -27,6 +28,14 @@ def expand_sql(relation: str, names: list[str], projections: list[list[str]]) ->
     """Each row once per projection, ``names[i] = projection[i]``, its ``__weight`` unchanged
     (Spark's Expand, for grouping sets): a UNION ALL of one projection each."""
     return " UNION ALL ".join(project_sql(relation, names, p) for p in projections)
+
+
+def generate_sql(relation: str, columns: list[str], generator: str, outer: bool, names: list[str]) -> str:
+    """Each row of ``relation`` (its ``columns`` + ``__weight``) followed by each row of the
+    Spark SQL ``generator`` over it as ``names``, the row's ``__weight`` unchanged (Spark's
+    ``LATERAL VIEW [OUTER]``)."""
+    view = f"LATERAL VIEW {'OUTER ' if outer else ''}{generator} `__gen` AS {cols_sql(names)}"
+    return f"SELECT {cols_sql(columns)}, {cols_sql(names)}, {q(WEIGHT)} FROM {relation} `__gen_in` {view}"
 
 
 def union_sql(left: str, right: str, columns: list[str]) -> str:

@@ -21,8 +21,8 @@ smallest inferred key when the model sets no ``unique_key``; a view without one 
 """
 from __future__ import annotations
 
-from .logical import (Aggregate, Dedup, Expand, Filter, Join, Node, Project, Recompute, Reweight, Scan, TemporalFilter,
-                      TemporalProject, Union, Window, plain_column)
+from .logical import (Aggregate, Dedup, Expand, Filter, Generate, Join, Node, Project, Recompute, Reweight, Scan,
+                      TemporalFilter, TemporalProject, Union, Window, plain_column)
 
 Key = frozenset
 
@@ -91,7 +91,7 @@ def unique_keys(node: Node) -> list[Key]:
         return _minimal(keys)
     if isinstance(node, Recompute):
         return [Key(k) for k in node.keys]
-    if isinstance(node, (Union, Expand, Reweight, TemporalProject)):
+    if isinstance(node, (Union, Expand, Generate, Reweight, TemporalProject)):
         return []
     raise TypeError(f"unique keys of {type(node).__name__}")
 

@@ -97,6 +97,23 @@ class Expand(Node):
 
 MOMENT_AGGS = ("var_samp", "var_pop", "stddev_samp", "stddev_pop")
 """Aggregates computed from the first two moments (count, sum, sum of squares)."""
+@dataclass(eq=False)
+class Generate(Node):
+    """Spark's Generate (``LATERAL VIEW [OUTER] explode(..) g AS c``): each input row followed
+    by each row of ``generator`` (a Spark SQL generator over the input's columns) as
+    ``names``, with the input row's weight; ``outer``: an input row the generator gives no row
+    for is kept once, ``names`` NULL. Output: the input's columns, then ``names``. Linear:
+    ``d(generate(A)) = generate(dA)``."""
+    child: Node = None
+    generator: str = ""
+    outer: bool = False
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def children(self):
+        return [self.child]
+
+
 LINEAR_AGGS = ("sum", "count", "avg") + MOMENT_AGGS
 """Aggregates computed from linear accumulators (sums of weighted values, of their squares)."""
 MULTISET_AGGS = ("min", "max", "count_distinct", "sum_distinct", "avg_distinct", "percentile")
@@ -320,6 +337,8 @@ def maintenance(node: Node) -> tuple[str, str]:
         return "incremental", "the change only (linear, no state)"
     if isinstance(node, Expand):
         return "incremental", f"the change only (linear, no state; {len(node.projections)} rows per row)"
+    if isinstance(node, Generate):
+        return "incremental", "the change only (linear, no state; the generator's rows per row)"
     if isinstance(node, Join):
         if not node.left_keys or all(k == "1" for k in node.left_keys):
             return "incremental", "each side's change against the other side's whole state (a cross join)"
@@ -366,6 +385,8 @@ def explain(node: Node, indent: int = 0, costs: bool = False) -> str:
             f"{a.func}({a.arg}{', ' + a.param if a.param else ''})" for a in node.aggs)
     elif isinstance(node, Union):
         head = "Union all"
+    elif isinstance(node, Generate):
+        head = f"Generate{' outer' if node.outer else ''} {node.generator} AS {', '.join(node.names)}"
     elif isinstance(node, Expand):
         head = "Expand " + " | ".join(", ".join(f"{e} AS {c}" for c, e in zip(node.columns, p)
                                                 if plain_column(e) != c) for p in node.projections)

@@ -4,7 +4,8 @@
 
 A SELECT is lowered as: its relations (sources are Scans of the columns the query uses,
 CTEs and derived tables are lowered recursively), the joins with WHERE pushdown (OR-ed
-conditions' common conjuncts factored out first), the subquery predicates (those nested in
+conditions' common conjuncts factored out first), its LATERAL VIEWs (generators in the
+select list among them, :mod:`.generators`), the subquery predicates (those nested in
 a condition as scalar COUNT subqueries), the scalar subqueries, the remaining WHERE as a
 Filter, then either a dedup (ROW_NUMBER() = 1), or an Aggregate (GROUP BY, aggregates,
 HAVING and the scalar subqueries these hold; grouping sets put an Expand under it,
@@ -36,8 +37,9 @@ from ..errors import NoDeltaRule
 from ..sources import SourceSpec
 from .clock import temporal_operators, uses_clock
 from .dedup import check_ranks_filtered, is_dedup, plan_dedup, take_rank_filters
-from .expressions import (SCALAR_VALUE, WINDOW_VALUE, factor_or, has_aggregate, own, translate, window_of,
-                          with_aliases)
+from .expressions import (SCALAR_VALUE, WINDOW_VALUE, aliases, factor_or, has_aggregate, own, translate,
+                          window_of, with_aliases)
+from .generators import plan_generate, select_list_generators
 from .grouping import GroupingSets, grouping_call, grouping_sets, plan_expand
 from .joins import plan_from_clause
 from .keys import unique_keys
@@ -107,6 +109,7 @@ def plan_select(lw: Lowering, sel: exp.Expression, outer_ctes: dict[str, exp.Exp
     if not isinstance(sel, exp.Select):
         raise err(type(sel).__name__.upper(), "only SELECT is supported here", sel, lw.sql)
     check_block(sel, lw.sql)
+    sel = select_list_generators(sel, lw.sql)
     ctes = with_ctes(sel, outer_ctes)
     from_ = sel.args.get("from") or sel.args.get("from_")
     if from_ is None:
@@ -124,7 +127,13 @@ def plan_select(lw: Lowering, sel: exp.Expression, outer_ctes: dict[str, exp.Exp
     where_conj = take_rank_filters(lw, where_conj, rels)
     sub_conj = [c for c in where_conj if subquery_predicate(c) is not None]
     where_conj = [as_counts(c) for c in where_conj if subquery_predicate(c) is None]
-    current, scope, where_conj = plan_from_clause(lw, joins, rels, where_conj)
+    laterals = sel.args.get("laterals") or []
+    views = {lat.alias_or_name.lower() for lat in laterals}
+    after_views = [c for c in where_conj if aliases(c) & views]   # WHERE reads a generator's columns
+    current, scope, where_conj = plan_from_clause(lw, joins, rels, [c for c in where_conj if not aliases(c) & views])
+    for lat in laterals:
+        current, scope = plan_generate(lw, lat, current, scope)
+    where_conj = where_conj + after_views
     for c in sub_conj:
         current = plan_subquery_predicate(lw, c, current, scope, ctes, plan_query)
 

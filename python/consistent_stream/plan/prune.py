@@ -6,7 +6,9 @@ Needs a compiled plan whose expressions are Spark SQL over backticked internal c
 
 * a scan reads only the needed source columns (at least one: COUNT(*) needs rows, not
   columns);
-* a filter needs its predicate's columns too; a projection or an expand drops the outputs nobody reads (keeping one);
+* a filter needs its predicate's columns too; a projection or an expand drops the outputs
+  nobody reads (keeping one); a generator keeps its outputs (their rows are its rows) and
+  needs its arguments;
 * a join needs its keys and residual from each side (a semi or anti join's right side only
   those), and reads each side through a projection to exactly that;
 * an aggregate needs its group and argument expressions; a dedup needs all of its input (its
@@ -27,8 +29,8 @@ from __future__ import annotations
 import sqlglot
 from sqlglot import exp
 
-from .logical import (Aggregate, Dedup, Expand, Filter, Join, Node, Project, Recompute, Reweight, Scan, TemporalFilter,
-                      TemporalProject, Union, Window, plain_column)
+from .logical import (Aggregate, Dedup, Expand, Filter, Generate, Join, Node, Project, Recompute, Reweight, Scan,
+                      TemporalFilter, TemporalProject, Union, Window, plain_column)
 
 
 def referenced(sql: str | None) -> set[str]:
@@ -74,6 +76,9 @@ def _prune(node: Node, needed: set[str], keep_all: bool = False) -> None:
         for _, e in keep:
             need |= referenced(e)
         _prune(node.child, need)
+    elif isinstance(node, Generate):
+        _prune(node.child, (needed & set(node.child.columns)) | referenced(node.generator))
+        node.columns = list(node.child.columns) + list(node.names)
     elif isinstance(node, Expand):
         keep = [i for i, c in enumerate(node.columns) if keep_all or c in needed] or [0]
         node.columns = [node.columns[i] for i in keep]

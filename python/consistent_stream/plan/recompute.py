@@ -43,10 +43,7 @@ INPUT = "__cs_in{}"
 # constructs Spark evaluates that no operator maintains by a delta rule of its own: the query
 # block holding one is maintained by the recompute floor (:func:`plan_recompute`)
 _NO_RULE: list[tuple[type, str, str]] = [
-    (exp.Lateral, "LATERAL VIEW", "a generator has no delta rule yet"),
     (exp.Pivot, "PIVOT", "PIVOT has no delta rule yet"),
-    (exp.Explode, "a generator (explode)", "a generator in the select list has no delta rule yet"),
-    (exp.Posexplode, "a generator (posexplode)", "a generator in the select list has no delta rule yet"),
 ]
 _GENERATOR_NAMES = {"inline", "inline_outer", "stack", "json_tuple", "explode_outer", "posexplode_outer"}
 
@@ -54,14 +51,15 @@ _GENERATOR_NAMES = {"inline", "inline_outer", "stack", "json_tuple", "explode_ou
 def check_block(sel: exp.Expression, sql: str) -> None:
     """Raise NoDeltaRule at the first construct of the SELECT ``sel``'s own scope (not its
     nested subqueries, which are blocks of their own) that no operator maintains by a delta
-    rule: generators, PIVOT, aggregates other than :data:`AGGREGATES` (as
+    rule: generators outside LATERAL VIEW and explode/posexplode, PIVOT, aggregates other than :data:`AGGREGATES` (as
     window functions any function is maintained) and DISTINCT aggregates of several
     arguments."""
     for node in own(sel, exp.Expression):
         for typ, name, hint in _NO_RULE:
             if isinstance(node, typ):
                 raise no_rule(name, hint, node, sql)
-        if isinstance(node, exp.Anonymous) and node.name.lower() in _GENERATOR_NAMES:
+        if isinstance(node, exp.Anonymous) and node.name.lower() in _GENERATOR_NAMES \
+                and not isinstance(node.parent, exp.Lateral):
             raise no_rule(f"a generator ({node.name})", "a generator in the select list has no delta rule yet",
                           node, sql)
         if isinstance(node, exp.AggFunc) and window_of(node) is None \
