@@ -1,5 +1,5 @@
 """Property test of what decision-support queries (TPC-DS) use beyond the basics: grouping
-sets, the moment aggregates, percentiles and the boolean aggregates, generators (LATERAL VIEW
+sets, the moment aggregates, percentiles, the boolean aggregates, collect_list/collect_set, generators (LATERAL VIEW
 [OUTER], explode in the select list), scalar subqueries that are not aggregates, EXISTS and IN nested
 in a condition, correlated subqueries whose correlation sits in every branch of an OR, over
 random change streams (:mod:`change_streams`): after every micro-batch the target equals
@@ -50,6 +50,9 @@ SHAPES = {
                           "then sequence(1, a.x) end) t as v where t.v is null or t.v <> 2",
     "select_list_posexplode_grouped": "select p, count(*) as n, sum(v) as s from (select a.id, "
                                       "posexplode(array(a.k, a.x, a.seq)) as (p, v) from src.a a) t group by p",
+    "collected_values": "select g, array_join(array_sort(collect_list(x)), ',') as xs, "
+                        "array_join(array_sort(collect_set(x)), ',') as xset, size(array_agg(x)) as n "
+                        "from src.a group by g having count(x) > 0",
     "global_moments_limit": "select stddev(x) as sd, var_pop(amt) as v, count(*) as n from src.a limit 5",
 }
 

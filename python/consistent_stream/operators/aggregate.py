@@ -1,6 +1,6 @@
 """GROUP BY aggregation under retractions: SUM, COUNT, COUNT(*), AVG, the variances and
-standard deviations (VAR_SAMP, VAR_POP, STDDEV_SAMP, STDDEV_POP), MIN, MAX, PERCENTILE and
-the DISTINCT forms COUNT/SUM/AVG(DISTINCT x).
+standard deviations (VAR_SAMP, VAR_POP, STDDEV_SAMP, STDDEV_POP), MIN, MAX, PERCENTILE,
+COLLECT_LIST, COLLECT_SET and the DISTINCT forms COUNT/SUM/AVG(DISTINCT x).
 
 State (two kinds of arrangement, both additive, keyed by the group columns):
 
@@ -17,7 +17,7 @@ State (two kinds of arrangement, both additive, keyed by the group columns):
   its own ``<op>__m<i>`` accumulators over the value as DOUBLE: the compensated sum, the
   compensated sum of squares (each square an exact pair) and the non-finite counts
   (:func:`_moment_sql`).
-* ``vals<i>`` for each MIN/MAX/PERCENTILE/DISTINCT argument: the multiset of (group, value) with counts
+* ``vals<i>`` for each MIN/MAX/PERCENTILE/COLLECT/DISTINCT argument: the multiset of (group, value) with counts
   (``__weight``), consolidated per batch, so that when the current extreme is retracted the
   next one is known (Flink's MinWithRetract / MaxWithRetract accumulators, kept as a Z-set
   instead of a map), and the distinct values of a group are those with a positive count.
@@ -292,9 +292,14 @@ def _multiset_aggregates(spec: AggregateSpec, multiset_args: list[str], vals: di
 def _multiset_sql(a: AggCall, x: str) -> str:
     """Spark's aggregate ``a`` over the live values ``x`` of a group, each row a distinct value
     with its count ``__weight``: the function itself (MIN, MAX and the DISTINCT forms ignore
-    the counts), PERCENTILE with the counts as its frequencies (exact, as over the rows)."""
+    the counts), PERCENTILE with the counts as its frequencies (exact, as over the rows),
+    COLLECT_LIST with each value repeated its count (Spark gives no element order either)."""
     if a.func == "percentile":
         return f"PERCENTILE({x}, {a.param}, {W})"
+    if a.func == "collect_list":   # each value as often as it is in the group
+        return f"ARRAY_COMPACT(FLATTEN(COLLECT_LIST(ARRAY_REPEAT({x}, CAST({W} AS INT)))))"  # no NULLs, typed so
+    if a.func == "collect_set":
+        return f"COLLECT_SET({x})"
     return f"{_MULTISET_FN[a.func]}({x})"
 
 
@@ -323,6 +328,10 @@ def _rows(spec: AggregateSpec, acc: _Accumulators, acc_rel: str, exts: dict[str,
         elif a.func == "count_distinct":
             v = f"{ext_alias[a.name]}.{q(a.name)}" if a.name in ext_alias else "NULL"
             cols.append(f"CAST(COALESCE({v}, 0) AS BIGINT) AS {q(a.name)}")
+        elif a.func in ("collect_list", "collect_set"):   # no values: an empty array, as Spark's
+            v = (f"COALESCE({ext_alias[a.name]}.{q(a.name)}, ARRAY())" if a.name in ext_alias
+                 else f"CAST(ARRAY() AS {spec.out_types[a.name]})")
+            cols.append(f"{v} AS {q(a.name)}")
         elif a.func in MULTISET_AGGS:
             v = (f"{ext_alias[a.name]}.{q(a.name)}" if a.name in ext_alias
                  else f"CAST(NULL AS {spec.out_types[a.name]})")

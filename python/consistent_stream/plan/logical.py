@@ -116,7 +116,8 @@ class Generate(Node):
 
 LINEAR_AGGS = ("sum", "count", "avg") + MOMENT_AGGS
 """Aggregates computed from linear accumulators (sums of weighted values, of their squares)."""
-MULTISET_AGGS = ("min", "max", "count_distinct", "sum_distinct", "avg_distinct", "percentile")
+MULTISET_AGGS = ("min", "max", "count_distinct", "sum_distinct", "avg_distinct", "percentile", "collect_list",
+                 "collect_set")
 """Aggregates computed from the per-group multiset of argument values (kept as state)."""
 
 

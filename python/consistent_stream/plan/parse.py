@@ -43,7 +43,8 @@ _spark_writes_within_group()
 AGGREGATES: dict[type, str] = {exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max", exp.Count: "count",
                                exp.Stddev: "stddev_samp", exp.StddevSamp: "stddev_samp",
                                exp.StddevPop: "stddev_pop", exp.Variance: "var_samp", exp.VariancePop: "var_pop",
-                               exp.Quantile: "percentile"}
+                               exp.Quantile: "percentile", exp.ArrayAgg: "collect_list",
+                               exp.ArrayUniqueAgg: "collect_set"}
 """The supported aggregate functions and their names in :class:`~.logical.AggCall`."""
 
 # constructs with no meaning at a cut: rejected anywhere in the query
