@@ -1,6 +1,6 @@
 """Property test of what decision-support queries (TPC-DS) use beyond the basics: grouping
 sets, the moment aggregates, percentiles, the boolean aggregates, collect_list/collect_set, generators (LATERAL VIEW
-[OUTER], explode in the select list), scalar subqueries that are not aggregates, EXISTS and IN nested
+[OUTER], explode in the select list), NATURAL JOIN and USING, scalar subqueries that are not aggregates, EXISTS and IN nested
 in a condition, correlated subqueries whose correlation sits in every branch of an OR, over
 random change streams (:mod:`change_streams`): after every micro-batch the target equals
 batch evaluation of the model's SQL in Spark and in DuckDB.
@@ -53,6 +53,8 @@ SHAPES = {
     "collected_values": "select g, array_join(array_sort(collect_list(x)), ',') as xs, "
                         "array_join(array_sort(collect_set(x)), ',') as xset, size(array_agg(x)) as n "
                         "from src.a group by g having count(x) > 0",
+    "natural_and_using_joins": "select id, k, y, z from src.b natural join (select k, z from src.c) c "
+                               "where exists (select 1 from src.a a left join src.c using (k) where a.id = b.y)",
     "global_moments_limit": "select stddev(x) as sd, var_pop(amt) as v, count(*) as n from src.a limit 5",
 }
 
