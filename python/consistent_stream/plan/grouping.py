@@ -20,7 +20,7 @@ Example: ``select a, b, grouping_id() as g, sum(x) from t group by rollup(a, b)`
 
     Project `__g_a` AS a, `__g_b` AS b, CAST(CASE `__g_set` WHEN 0 THEN 0 WHEN 1 THEN 1 ELSE 3 END AS BIGINT) AS g, ..
       Aggregate by ['`__k_a`', '`__k_b`', '`__set`']: sum(`t__x`)
-        Expand `t__a` AS __k_a, `t__b` AS __k_b, 0 AS __set | `t__a` AS __k_a, NULL AS __k_b, 1 AS __set | ..
+        Expand (__k_a, __k_b, __set = 0) | (__k_a, __set = 1) | (__set = 2)
 """
 from __future__ import annotations
 

@@ -388,9 +388,10 @@ def explain(node: Node, indent: int = 0, costs: bool = False) -> str:
         head = "Union all"
     elif isinstance(node, Generate):
         head = f"Generate{' outer' if node.outer else ''} {node.generator} AS {', '.join(node.names)}"
-    elif isinstance(node, Expand):
-        head = "Expand " + " | ".join(", ".join(f"{e} AS {c}" for c, e in zip(node.columns, p)
-                                                if plain_column(e) != c) for p in node.projections)
+    elif isinstance(node, Expand):   # per projection, what it sets (a NULL key left out)
+        head = "Expand " + " | ".join("(" + ", ".join(
+            c if plain_column(e) is not None else f"{c} = {e}" for c, e in zip(node.columns, p)
+            if plain_column(e) != c and not e.startswith("CASE WHEN FALSE")) + ")" for p in node.projections)
     elif isinstance(node, Dedup):
         order = ", ".join(f"{k.column} {'desc' if k.descending else 'asc'}" for k in node.order)
         head = f"Dedup first by ({order}) per {node.partition}"
