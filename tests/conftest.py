@@ -34,7 +34,7 @@ def pytest_configure(config):
 # 198, writer lock 176, pgbench 167, TPC-H models 122; the rest under 90 each. The files of
 # tests/functional stay where collection puts them: their package fixture turns dbt's caches
 # off after the last of them.
-LONG_FIRST = ("test_properties.py", "test_tpch_queries.py", "test_crash_campaign.py", "test_window_properties.py", "test_spark_written_sources.py", "test_cluster.py",
+LONG_FIRST = ("test_properties.py", "test_tpch_queries.py", "test_tpcds_queries.py", "test_crash_campaign.py", "test_window_properties.py", "test_spark_written_sources.py", "test_cluster.py",
               "test_object_store.py", "test_kafka_debezium.py", "test_writer_lock.py", "test_pgbench_consistency.py",
               "test_tpch_models.py", "test_cost.py", "test_cdf_schema_changes.py", "test_dbt_refs.py",
               "test_example_project.py", "test_dbt_plugin.py", "test_warm_session.py", "test_dbt_end_to_end.py",
