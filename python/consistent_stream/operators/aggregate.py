@@ -86,6 +86,15 @@ class AggregateSpec:
     out_types: dict[str, str]
 
 
+def _sum_sql(s: str, arg_type: DataType) -> str:
+    """SUM as Spark types it, from the accumulated sum ``s``: for DECIMAL(p, s) a
+    DECIMAL(p+10, s) (the accumulator, a sum of ``x * __weight``, is wider; an expression over
+    the SUM, a division, would round at another scale), overflowing as Spark's SUM does."""
+    if isinstance(arg_type, DecimalType):
+        return f"CAST({s} AS DECIMAL({min(38, arg_type.precision + 10)}, {arg_type.scale}))"
+    return s
+
+
 def _avg_sql(s: str, n: str, arg_type: DataType) -> str:
     """AVG as Spark computes it, from the sum expression ``s`` and the count expression ``n``:
     for DECIMAL(p, s) the sum is DECIMAL(p+10, s) divided by a DECIMAL(20, 0) count, the
@@ -345,7 +354,8 @@ def _rows(spec: AggregateSpec, acc: _Accumulators, acc_rel: str, exts: dict[str,
                 m = [f"COALESCE(acc.{q(c)}, 0)" for c in acc.moments[x]]
                 cols.append(f"{_moment_sql(a.func, n, m)} AS {q(a.name)}")
             elif a.func == "sum":
-                cols.append(f"CASE WHEN {n} > 0 THEN {acc.value_sql('acc', x)} END AS {q(a.name)}")
+                cols.append(f"CASE WHEN {n} > 0 THEN {_sum_sql(acc.value_sql('acc', x), spec.arg_types[x])} END "
+                            f"AS {q(a.name)}")
             else:
                 avg = _avg_sql(acc.value_sql("acc", x), f"acc.{q(acc.n_col[x])}", spec.arg_types[x])
                 cols.append(f"CASE WHEN {n} > 0 THEN {avg} END AS {q(a.name)}")

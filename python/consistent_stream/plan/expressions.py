@@ -137,7 +137,7 @@ def factor_or(e: exp.Expression) -> list[exp.Expression]:
 
     >>> import sqlglot
     >>> [c.sql() for c in factor_or(sqlglot.parse_one("(a.k = b.k AND a.x > 1) OR (b.k = a.k AND a.k = b.k AND a.y < 2)"))]
-    ['a.k = b.k', 'a.x > 1 OR (b.k = a.k AND a.y < 2)']
+    ['a.k = b.k', '(a.x > 1 OR (b.k = a.k AND a.y < 2))']
     """
     out: list[exp.Expression] = []
     for c in conjuncts(e):
@@ -155,6 +155,7 @@ def factor_or(e: exp.Expression) -> list[exp.Expression]:
         rest = [[y for y in b if all(y != x for x in common)] for b in branches]
         out += [x.copy() for x in common]
         if all(rest):   # a branch left with nothing is TRUE: so is the OR
-            out.append(exp.or_(*[exp.and_(*[y.copy() for y in r]) for r in rest]))
+            # parenthesized: conjuncts are joined with AND as text, where OR binds looser
+            out.append(exp.paren(exp.or_(*[exp.and_(*[y.copy() for y in r]) for r in rest]), copy=False))
     return out
 
