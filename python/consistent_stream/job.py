@@ -343,6 +343,9 @@ def _run_steps(run: _Run, timeout_s: float | None, fence) -> dict:
                                           fingerprint(job.sql, job.sources), full_refresh)
     if up_to_date is not None:
         return _report_up_to_date(run, up_to_date)
+    if job.local_engine == "duckdb" and not full_refresh:
+        from .duck import prewarm
+        prewarm()   # the batch's delta queries and keyed state reads: opened while the compile and Spark go on
     if action == "none" and not full_refresh and run.target.exists():
         # the same SQL planned with other operators by this version: the state is not theirs
         changes = run.compiled()[0].plan_changes
@@ -374,9 +377,6 @@ def _prepare(run: _Run, action: str, changes: list) -> tuple[QueryRuntime, list 
     bag) and the query's record. A rebuild after a definition change (``action`` ``apply``) that fails to compile
     raises ConfigError with the ``changes``."""
     job = run.job
-    if job.local_engine == "duckdb" and not run.full_refresh:
-        from .duck import prewarm
-        prewarm()   # the batch's delta queries and keyed state reads: opened while Spark starts the query
     try:
         compiled, out_schema, types = run.compiled()
     except (CompileError, ConfigError) as e:
