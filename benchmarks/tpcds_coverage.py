@@ -16,11 +16,13 @@ recorded cut by Spark and by DuckDB, by the rule of ``consistent_stream.compare`
 rule: floating-point columns within a tolerance, rows tied at a LIMIT's boundary compared by
 their ORDER BY values, DuckDB's names of unaliased expressions taken by position).
 
-Prints one JSON line per query, after the last round: ``query``, ``compiled``, ``error`` (the
+Prints one JSON line per query as soon as its result is final (its first failure, or its last
+round): ``query``, ``compiled``, ``error`` (the
 compile error, or the first build, run or comparison failure), ``incremental_ops``,
 ``recompute_ops``, ``rounds`` (rounds after which the version was still exact), ``exact`` (every
 version equal in both engines), ``seconds`` (compile, build, runs and checks), ``rows`` (the last
-version's), ``strategies`` (each round's batch strategy); then a summary line.
+version's), ``strategies`` (each round's batch strategy); then a summary line. (At SF 0.01 the
+99 queries take about an hour on two cores; ``--queries`` runs a part.)
 """
 from __future__ import annotations
 
@@ -183,7 +185,16 @@ def main() -> int:
     print(json.dumps({"generated": counts, "seconds": round(time.time() - t0, 1)}), file=sys.stderr, flush=True)
     spark = _session(args.driver_memory, root / "wh")
 
-    recs, jobs = {}, {}
+    recs, jobs, printed = {}, {}, set()
+
+    def report(name: str) -> None:
+        """Print the query's line once its result is final (a failure, or the last round)."""
+        rec = recs[name]
+        rec["exact"] = rec["compiled"] and rec["error"] is None and rec["rounds"] == args.rounds
+        rec["seconds"] = round(rec["seconds"], 1)
+        print(json.dumps(rec, default=str), flush=True)
+        printed.add(name)
+
     for name in names:
         sql = (QUERIES / f"{name}.sql").read_text()
         rec = recs[name] = {"query": name, "compiled": False, "error": None, "incremental_ops": 0,
@@ -209,6 +220,8 @@ def main() -> int:
         rec["seconds"] += time.time() - t
         print(json.dumps({"built": name, "ok": name in jobs, "seconds": round(rec["seconds"], 1)}),
               file=sys.stderr, flush=True)
+        if name not in jobs:
+            report(name)
     for r in range(1, args.rounds + 1):
         t = time.time()
         refresh_round(data, r, seed=args.seed)
@@ -228,12 +241,12 @@ def main() -> int:
                 rec["error"] = f"round {r}: {_first_line(e)}"
                 del jobs[name]
             rec["seconds"] += time.time() - t
+            if name not in jobs or r == args.rounds:
+                report(name)
         spark.catalog.clearCache()
     for name in names:
-        rec = recs[name]
-        rec["exact"] = rec["compiled"] and rec["error"] is None and rec["rounds"] == args.rounds
-        rec["seconds"] = round(rec["seconds"], 1)
-        print(json.dumps(rec, default=str), flush=True)
+        if name not in printed:   # --rounds 0
+            report(name)
     out = list(recs.values())
     print(json.dumps({"summary": {
         "sf": args.sf, "sample": args.sample, "rounds": args.rounds, "queries": len(out),
