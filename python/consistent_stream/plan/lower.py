@@ -65,10 +65,22 @@ def lower(ast: exp.Expression, sources: dict[tuple[str, ...], SourceSpec], schem
     NoDeltaRule for those the recompute floor would maintain, with ``incremental_only``.
     """
     lw = Lowering(sql=sql, sources=sources, schemas=schemas, incremental_only=incremental_only)
+    lw.names.used.update(_model_output_names(ast))
     root, outputs = plan_query(lw, ast, {}, top=True)
     check_ranks_filtered(lw)
     keep_ranks(root)
     return temporal_operators(root), outputs
+
+
+def _model_output_names(ast: exp.Expression) -> list[str]:
+    """The names of the model's own output columns (lower case; a set operation's are its
+    leftmost SELECT's), reserved before anything is planned: an inner query's column planned
+    first (a CTE's ``sales``) then gets another internal name than the model's ``sales``, so
+    no two arrangements of the state hold one column name with two types."""
+    q = ast
+    while isinstance(q, (exp.SetOperation, exp.Subquery)):
+        q = q.this
+    return [e.alias_or_name.lower() for e in q.expressions] if isinstance(q, exp.Select) else []
 
 
 def plan_query(lw: Lowering, q: exp.Expression, outer_ctes: dict[str, exp.Expression],
