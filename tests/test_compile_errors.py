@@ -60,7 +60,7 @@ NO_RULE = [
      "correlated NOT IN", 2),
     ("select oid from src.orders o where o.cid in (select c.id from src.customers c group by c.id having "
      "count(*) > o.oid) or o.oid > 3", "subquery here", 1),
-    ("select cid,\n max_by(amount, day) from src.orders group by cid", "aggregate MAX_BY", 2),
+    ("select cid,\n kurtosis(amount) from src.orders group by cid", "aggregate KURTOSIS", 2),
     ("select cid, explode(array(max(day))) as d from src.orders group by cid",
      "a generator in an aggregating query's select list", 1),
     ("select day, count(*) from src.orders\ngroup by day having exists (select 1 from src.customers c\n"
@@ -156,15 +156,15 @@ def test_a_model_refused_by_incremental_only_writes_nothing(spark, tmp_path):
     from helpers import job_for
     src = tmp_path / "orders"
     write_deltalake(str(src), pa.table({"oid": [1], "cid": [1]}), configuration={"delta.enableChangeDataFeed": "true"})
-    job = job_for("max_by_model", "select cid, max_by(oid, cid) s from src.orders group by cid",
+    job = job_for("kurtosis_model", "select cid, kurtosis(oid) s from src.orders group by cid",
                   [{"source_name": "src", "name": "orders", "relation": "src.orders",
                     "meta": {"location": str(src), "primary_key": ["oid"]}}], "cid", tmp_path)
     job.incremental_only = True
-    with pytest.raises(NoDeltaRule, match="aggregate MAX_BY"):
+    with pytest.raises(NoDeltaRule, match="aggregate KURTOSIS"):
         run_job(spark, job)
     assert not os.path.exists(job.target_path)
     assert not os.path.exists(job.checkpoint_location)
-    assert not spark.catalog.tableExists("tests.max_by_model")
+    assert not spark.catalog.tableExists("tests.kurtosis_model")
 
 
 def test_a_scalar_subquery_of_several_rows_fails_the_batch_as_spark_does(spark, tmp_path):

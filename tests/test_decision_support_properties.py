@@ -1,6 +1,7 @@
 """Property test of what decision-support queries (TPC-DS) use beyond the basics: grouping
-sets, the moment aggregates, percentiles, the boolean aggregates, collect_list/collect_set, generators (LATERAL VIEW
-[OUTER], explode in the select list), NATURAL JOIN and USING, scalar subqueries that are not aggregates, EXISTS and IN nested
+sets, the moment aggregates, percentiles, the boolean aggregates, max_by/min_by, collect_list/collect_set, generators (LATERAL VIEW
+[OUTER], explode in the select list), NATURAL JOIN and USING, range joins (BETWEEN, a comparison in WHERE, against a one-row
+aggregate), a cross join, scalar subqueries that are not aggregates, EXISTS and IN nested
 in a condition, correlated subqueries whose correlation sits in every branch of an OR, over
 random change streams (:mod:`change_streams`): after every micro-batch the target equals
 batch evaluation of the model's SQL in Spark and in DuckDB.
@@ -55,6 +56,13 @@ SHAPES = {
                         "from src.a group by g having count(x) > 0",
     "natural_and_using_joins": "select id, k, y, z from src.b natural join (select k, z from src.c) c "
                                "where exists (select 1 from src.a a left join src.c using (k) where a.id = b.y)",
+    "max_by_min_by": "select g, max_by(x, id) as last_x, min_by(amt, id * 2) as first_amt, "
+                      "max_by(d, case when k > 0 then id end) as d_of_max from src.a group by g",
+    "range_join_between": "select a.id, b.id as bid, a.x, b.y from src.a a join src.b b on a.x between b.k and b.y",
+    "band_join_in_where_and_one_row_cross_join": "select a.id, b.id as bid, s.m from src.a a, src.b b, "
+                                                 "(select max(y) as m from src.b) s where a.seq < b.y + 1 "
+                                                 "and a.x >= s.m and a.g = 'p'",
+    "cross_join": "select a.id, c.z, a.x from src.a a cross join src.c c where a.k = 1",
     "global_moments_limit": "select stddev(x) as sd, var_pop(amt) as v, count(*) as n from src.a limit 5",
 }
 

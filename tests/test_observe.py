@@ -90,12 +90,12 @@ def test_verify_checks_any_retained_version(project, capsys):
 
 def test_explain_says_how_each_operator_is_maintained_and_status_counts_rows_recomputed(spark, tmp_path, capsys):
     """A top-N per group over a window (incremental: touched partitions) beside a block
-    without a delta rule (a max_by: recomputed); ``explain`` names each operator's mode and
+    without a delta rule (a kurtosis: recomputed); ``explain`` names each operator's mode and
     what a batch reads, ``status`` the last batch's rows recomputed."""
     sc = Scenario(spark, tmp_path / "data", {"t": pa.table({"k": [1, 2, 3, 4], "g": ["a", "a", "b", "b"],
                                                             "v": [10, 20, 30, 40]})}, {"t": ["k"]})
     sql = ("with ranked as (select g, k, v from src.t qualify row_number() over (partition by g order by v desc) <= 1), "
-           "med as (select g, max_by(v, k) as m from src.t group by g) "
+           "med as (select g, kurtosis(v) as m from src.t group by g) "
            "select r.g, r.k, r.v, med.m from ranked r join med on r.g = med.g")
     job = sc.job(sql, "g")
     job.model = "mixed"

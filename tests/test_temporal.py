@@ -1,7 +1,8 @@
 """Temporal filters over time: a batch reads only the rows whose bound the clock crossed (the
 state is kept in the order of the time key), a run whose sources did not move commits a batch
 at the same cut only when a row crossed a bound, the session time zone decides
-``current_date()``, and a replayed batch keeps the instant its first attempt had."""
+``current_date()``, and a replayed batch keeps the instant its first attempt had; a range join
+reads the other side by the range of its compared columns, as a temporal filter reads by time."""
 from __future__ import annotations
 
 import datetime
@@ -110,3 +111,33 @@ def test_a_replayed_batch_keeps_the_instant_of_its_first_attempt(spark, tmp_path
     assert replayed.clock.micros == (first_attempt - EPOCH) // datetime.timedelta(microseconds=1)
     assert summary["batches"] == 2, summary   # the replay, then a batch at the same cut for the clock
     assert metas[2].cut == replayed.cut and metas[2].clock.micros > replayed.clock.micros
+
+
+def test_a_range_join_reads_only_the_files_its_change_falls_in(spark, tmp_path):
+    """``e.d between p.valid_from and p.valid_to`` (periods of two days over 400 days of
+    events): each side is arranged by its first compared column, so a new event reads the
+    periods' files whose range can hold its day, and a changed period the events' files in
+    its range, not the other side's whole state; every version equals batch evaluation."""
+    start = datetime.date(2024, 1, 1)
+    sc = _scenario(spark, tmp_path)
+    periods = pa.table({"pid": pa.array(range(DAYS // 2), pa.int64()),
+                        "valid_from": pa.array([start + datetime.timedelta(days=2 * i) for i in range(DAYS // 2)],
+                                               pa.date32()),
+                        "valid_to": pa.array([start + datetime.timedelta(days=2 * i + 1) for i in range(DAYS // 2)],
+                                             pa.date32())})
+    from deltalake import write_deltalake
+    from scenario import CDF
+    write_deltalake(sc.path("p"), periods, configuration=CDF)
+    sc.keys["p"] = ["pid"]
+    job = sc.job("select e.id, p.pid from src.e e join src.p p on e.d between p.valid_from and p.valid_to", ["id", "pid"])
+    job.state_file_rows = 20           # 20 base files of events, 10 of periods, each a range
+    job.driver_rebuild_rows = 0
+    sc.run(job, full_refresh=True)
+
+    sc.insert("e", pa.table({"id": [1000], "d": [datetime.date(2024, 5, 20)]}))
+    m = sc.run(job)["metrics"][0]
+    assert 0 < m["state_rows_read"] <= 40, m     # a file or two of the 200 periods
+
+    sc.update("p", {"valid_to": "valid_to + INTERVAL '2 days'"}, "pid = 50")
+    m = sc.run(job)["metrics"][0]
+    assert 0 < m["state_rows_read"] <= 60, m     # the events' files around its days, of 401

@@ -122,17 +122,26 @@ def plan_changes(saved, root) -> list[Change]:
     :func:`consistent_stream.plan.logical.assign_ids`): a construct the checkpoint's version
     recomputed that this one maintains by a delta rule, whose state the checkpoint does not
     hold. Empty when there is no saved plan or it has the same operators."""
-    from .plan.logical import walk
+    from .plan.logical import Join, walk
     try:
-        old = {k for k in json.loads(saved["types"])["nodes"] if "/" not in k}
+        types = json.loads(saved["types"])
+        old = {k for k in types["nodes"] if "/" not in k}
+        arrangements = types["arrangements"]
     except (KeyError, TypeError, ValueError):
         return []
     new = {n.id for n in walk(root)}
-    if old == new:
-        return []
-    return [Change("state_format", "this version of consistent_stream maintains the model's SQL with other "
-                                   f"operators ({', '.join(sorted(new - old)[:6])}) than the checkpoint's "
-                                   f"({', '.join(sorted(old - new)[:6])}), whose state it does not hold")]
+    if old != new:
+        return [Change("state_format", "this version of consistent_stream maintains the model's SQL with other "
+                                       f"operators ({', '.join(sorted(new - old)[:6])}) than the checkpoint's "
+                                       f"({', '.join(sorted(old - new)[:6])}), whose state it does not hold")]
+    for n in walk(root):   # a join now arranged by another key (a range join's band column)
+        for role in ("left", "right") if isinstance(n, Join) else ():
+            a = arrangements.get(f"{n.id}_{role}")
+            if isinstance(a, dict) and list(a.get("key", [])) != n.arrangement_key(role):
+                return [Change("state_format", f"this version of consistent_stream arranges the {role} side of "
+                                               f"join {n.id} by {n.arrangement_key(role)}, the checkpoint's state "
+                                               f"by {a.get('key')}")]
+    return []
 
 
 def plain_float_accumulators(saved) -> bool:

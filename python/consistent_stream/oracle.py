@@ -37,7 +37,9 @@ def rewrite_relations(sql: str, mapping: dict[tuple[str, ...], str], dialect: st
     ``DATE + INTERVAL``, a TIMESTAMP there, so for DuckDB they are cast back to DATE. sqlglot
     writes ``LATERAL VIEW OUTER explode(a)`` for DuckDB as an inner ``UNNEST(a)``, dropping
     the rows whose array is NULL or empty; for DuckDB such an ``a`` is ``[NULL]`` instead,
-    which keeps them once with a NULL, as Spark's OUTER does."""
+    which keeps them once with a NULL, as Spark's OUTER does. Spark's ``max_by``/``min_by``
+take a row whose value is NULL (its result is then NULL); DuckDB's ``arg_max``/``arg_min``
+skip those rows, so for DuckDB they are ``arg_max_null``/``arg_min_null``."""
     ast = sqlglot.parse_one(sql, read="spark")
 
     def fn(n):
@@ -51,6 +53,9 @@ def rewrite_relations(sql: str, mapping: dict[tuple[str, ...], str], dialect: st
             outer.this.set("this", sqlglot.parse_one(f"CASE WHEN {arg} IS NULL OR SIZE({arg}) = 0 THEN ARRAY(NULL) "
                                                      f"ELSE {arg} END", read="spark"))
             return outer
+        if dialect == "duckdb" and isinstance(n, (exp.ArgMax, exp.ArgMin)) and not n.args.get("count"):
+            name = "arg_max_null" if isinstance(n, exp.ArgMax) else "arg_min_null"
+            return exp.Anonymous(this=name, expressions=[n.this.copy(), n.expression.copy()])
         if isinstance(n, exp.Table):
             parts = tuple(p.name.lower() for p in n.parts)
             if parts in mapping:

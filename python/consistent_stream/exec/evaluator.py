@@ -380,7 +380,7 @@ class BatchEvaluator:
         lookup = st.old("rows")
         if self._clock_moved(*texts) and not lookup.empty:
             ranges = self._crossing(node) if time_key and not self.dry else None
-            old = lookup.read_range(key_col, ranges) if ranges is not None else lookup.read(None)
+            old = lookup.read_range({key_col: ranges}) if ranges is not None else lookup.read(None)
             old = None if old.is_empty else old
             self._counted(old)
         now, before = at(self.instant), at(self.previous_instant)
@@ -444,16 +444,15 @@ class BatchEvaluator:
     def _join(self, node: Join) -> Changelog:
         st = _OperatorState(self, node.id)
         sides = []
-        for role, child_node, exprs in (("left", node.left, node.left_keys), ("right", node.right, node.right_keys)):
+        for role, child_node in (("left", node.left), ("right", node.right)):
             # a key that is a column of the input is looked up by that column; others are computed
-            plain = [plain_column(e) for e in exprs]
-            names = [p if p in child_node.columns else f"{node.id}__{role[0]}k{i}" for i, p in enumerate(plain)]
-            extra = [(n, e) for n, e, p in zip(names, exprs, plain) if n != p]
-            delta = self._input(st, role, self.delta(child_node), names, extra)
+            delta = self._input(st, role, self.delta(child_node), node.arrangement_key(role), node.key_columns(role))
             types = self._types_of(child_node)
-            sides.append(JoinSide(delta, names, list(child_node.columns), [types[c] for c in child_node.columns]))
+            sides.append(JoinSide(delta, node.join_key(role), list(child_node.columns),
+                                  [types[c] for c in child_node.columns], node.band_columns(role)))
+        bands = [b.op for b in node.bands] if node.kind == "inner" else []
         out = join_delta(node.kind, sides[0], sides[1], st.old("left"), st.old("right"), node.residual,
-                         node.null_safe)
+                         node.null_safe, bands)
         return self._lazy(node, out, list(node.columns) + [WEIGHT])
 
     def _aggregate(self, node: Aggregate) -> Changelog:

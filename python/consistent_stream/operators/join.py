@@ -31,6 +31,17 @@ pass, counting each row's associations before and after). Then
 Each L row appears once in a semi join, with its own multiplicity, however many R rows match.
 NULL keys never match (SQL ``=``), unless the join is ``null_safe`` (set operations).
 
+A range join (an inner join without an equality whose condition bounds a column of one side
+by the other: ``o.day between p.valid_from and p.valid_to``, ``a.x < b.y``) has the same rule
+on one constant key; what changes is what a term reads. Each side is arranged by its first
+band column, so its files hold disjoint, sorted ranges of it (Delta min/max statistics per
+file), and ``R_old`` is read for ``dL`` only in the files whose ranges of the band columns
+can meet the values ``dL`` brings: per band ``l op r``, ``r >= min(l)`` or ``r <= max(l)``,
+and where two bands bound one column from both sides, per row of the change its interval
+(merged). The reads are supersets (rows out of range are dropped by the condition), which the
+bilinear rule allows; outer, semi and anti joins, whose unmatched counts need every match of
+a row read, read the whole side.
+
 Example (inner, key k): L_old = {(k=1, a): +1}, R_old = {}, dR = {(k=1, x): +1} ->
 d = L_old join dR = {(1, a, 1, x): +1}.
 
@@ -41,7 +52,7 @@ Spark SQL SELECT): left data columns, right data columns (none for semi/anti),
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..changelog import WEIGHT, Changelog, KeySet, cols_sql, consolidate_sql, q
 from .keyed import Lookup, key_condition, union_keys
@@ -58,6 +69,7 @@ class JoinSide:
     keys: list[str]
     cols: list[str]
     types: list[str]
+    bands: list[str] = field(default_factory=list)   # per band of a range join, the column of this side
     old: Changelog | None = None
 
     def null_padding(self) -> str:
@@ -121,12 +133,15 @@ def _union(parts: list[str]) -> str | None:
 
 
 def join_delta(kind: str, left: JoinSide, right: JoinSide, left_old: Lookup, right_old: Lookup,
-               residual: str | None, null_safe: bool = False) -> str | None:
+               residual: str | None, null_safe: bool = False, bands: list[str] = ()) -> str | None:
     """The join's output changelog for one batch, as a SELECT (see the module docstring).
 
     ``kind``: inner, left, full, semi or anti. ``residual``: Spark SQL over the data columns
     of both sides (names are unique in a plan), or None. ``left_old``/``right_old``: the
-    arrangements as of the previous batch. Returns None when the change is known to be empty.
+    arrangements as of the previous batch. ``bands``: for an inner range join, the operator
+    of each band ``left.bands[i] op right.bands[i]`` (the residual holds the same
+    conditions): the old rows are then read by range. Returns None when the change is known
+    to be empty.
     """
     if kind not in JOIN_KINDS:
         raise ValueError(f"join kind {kind!r}: expected one of {', '.join(JOIN_KINDS)}")
@@ -136,6 +151,18 @@ def join_delta(kind: str, left: JoinSide, right: JoinSide, left_old: Lookup, rig
     inner = kind in ("inner", "left", "full")
     unmatched_l = kind in ("left", "full", "semi", "anti")
     unmatched_r = kind == "full"
+    if bands and kind == "inner":
+        right.old = None if dl.is_empty else _read_in_range(right_old, right.bands, [_FLIP[o] for o in bands],
+                                                           dl, left.bands)
+        left.old = None if dr.is_empty else _read_in_range(left_old, left.bands, list(bands), dr, right.bands)
+        parts = []
+        if right.old is not None and not dl.is_empty:
+            parts.append(_inner(dl.sql, left, right.old.sql, right, residual, null_safe))
+        if left.old is not None and not dr.is_empty:
+            parts.append(_inner(left.old.sql, left, dr.sql, right, residual, null_safe))
+        if not dl.is_empty and not dr.is_empty:
+            parts.append(_inner(dl.sql, left, dr.sql, right, residual, null_safe))
+        return _union(parts)
     k_l = None if dl.is_empty else dl.keys(left.keys, drop_null=not null_safe)
     k_r = None if dr.is_empty else dr.keys(right.keys, drop_null=not null_safe)
 
@@ -189,3 +216,83 @@ def _read(lookup: Lookup, at: list[KeySet], null_safe: bool) -> Changelog | None
         return None
     old = lookup.read(keys, null_safe=null_safe)
     return None if old.is_empty else old
+
+
+_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+#: At most this many disjoint intervals per column are looked up; more are merged into as many
+#: hulls of neighbours (a superset).
+MAX_INTERVALS = 64
+
+
+def _read_in_range(lookup: Lookup, columns: list[str], ops: list[str], change: Changelog,
+                   values: list[str]) -> Changelog | None:
+    """The old rows of one side of a range join that can meet a row of the other side's
+    ``change``: per band ``i``, the condition ``columns[i] ops[i] values[i]`` (a column of
+    this side, one of ``change``). None when none can (every row of the change has a NULL
+    in a band) or none is stored.
+
+    Per column of this side: a lower bound (``>``, ``>=``: the change's minimum) and/or an
+    upper bound (``<``, ``<=``: its maximum); with both, each row of the change on the
+    driver gives its own interval (its lower value, its upper value), merged. A change on
+    the executors gives the hull (one Spark job); one of unknown size (the plan's dry run)
+    reads every row."""
+    if lookup.empty:
+        return None
+    lows: dict[str, list[str]] = {}
+    highs: dict[str, list[str]] = {}
+    for c, op, v in zip(columns, ops, values):
+        (lows if op in (">", ">=") else highs).setdefault(c, []).append(v)
+    used = sorted({v for vs in (*lows.values(), *highs.values()) for v in vs})
+    if change.arrow is not None:
+        rows = [r for r in change.arrow.select(used).to_pylist() if all(r[v] is not None for v in used)]
+        if not rows:
+            return None
+        ranges = {}
+        for c in dict.fromkeys(columns):
+            try:
+                intervals = [(max(r[v] for v in lows[c]) if c in lows else None,
+                              min(r[v] for v in highs[c]) if c in highs else None) for r in rows]
+                ranges[c] = merge_intervals(intervals)
+            except TypeError:   # values that do not compare in Python: this column bounds nothing
+                continue
+    elif change.rows is not None:
+        where = " AND ".join(f"{q(v)} IS NOT NULL" for v in used)
+        sel = [f"MIN({_extreme('GREATEST', lows[c])}) AS {q('lo_' + c)}" for c in lows] + \
+              [f"MAX({_extreme('LEAST', highs[c])}) AS {q('hi_' + c)}" for c in highs]
+        hull = change.views.sql(f"SELECT {', '.join(sel)}, COUNT(*) AS `__n` FROM {change.sql} WHERE {where}") \
+            .collect()[0].asDict()
+        if not hull["__n"]:
+            return None
+        ranges = {c: [(hull.get("lo_" + c), hull.get("hi_" + c))] for c in dict.fromkeys(columns)}
+    else:
+        ranges = {}
+    old = lookup.read_range(ranges) if ranges else lookup.read(None)
+    return None if old.is_empty else old
+
+
+def _extreme(func: str, columns: list[str]) -> str:
+    return f"{func}({', '.join(q(v) for v in columns)})" if len(columns) > 1 else q(columns[0])
+
+
+def merge_intervals(intervals: list[tuple[object, object]], most: int = MAX_INTERVALS) -> list[tuple[object, object]]:
+    """Inclusive ``(lo, hi)`` intervals (None: unbounded on that end) as at most ``most``
+    disjoint ones covering them, in order; an empty interval (``lo > hi``) is dropped.
+
+    >>> merge_intervals([(5, 7), (1, 2), (2, 3), (9, None), (4, 1)])
+    [(1, 3), (5, 7), (9, None)]
+    >>> merge_intervals([(1, 1), (3, 3), (5, 5), (7, 7)], most=2)
+    [(1, 3), (5, 7)]
+    """
+    lo_key = lambda p: (p[0] is not None, p[0])  # noqa: E731 (None first: unbounded below)
+    kept = sorted((p for p in intervals if p[0] is None or p[1] is None or not p[0] > p[1]), key=lo_key)
+    out: list[list[object]] = []
+    for lo, hi in kept:
+        if out and (out[-1][1] is None or (lo is not None and lo <= out[-1][1])):
+            if out[-1][1] is not None and (hi is None or hi > out[-1][1]):
+                out[-1][1] = hi
+        else:
+            out.append([lo, hi])
+    if len(out) > most:
+        step = -(-len(out) // most)
+        out = [[g[0][0], g[-1][1]] for g in (out[i:i + step] for i in range(0, len(out), step))]
+    return [tuple(p) for p in out]

@@ -17,8 +17,8 @@ class Lookup(Protocol):
     ``read(keys)``: its rows whose key columns equal one of ``keys`` (columns named like the
     arrangement's keys; NULLs equal when ``null_safe``; all rows when ``keys`` is None),
     possibly with rows of other keys too and not consolidated (every rule is correct on such
-    a superset: rows of untouched keys cancel); ``read_range(column, ranges)`` likewise for
-    the rows whose ``column`` lies in a range. Columns: the arrangement's.
+    a superset: rows of untouched keys cancel); ``read_range(ranges)`` likewise for
+    the rows whose columns lie in ranges. Columns: the arrangement's.
     """
 
     @property
@@ -26,8 +26,9 @@ class Lookup(Protocol):
 
     def read(self, keys: KeySet | None, null_safe: bool = True) -> Changelog: ...
 
-    def read_range(self, column: str, ranges: list[tuple[object, object]]) -> Changelog:
-        """Its rows whose ``column`` may lie in one of the inclusive ``ranges`` (a superset)."""
+    def read_range(self, ranges: dict[str, list[tuple[object, object]]]) -> Changelog:
+        """Its rows whose columns may each lie in one of their inclusive ``ranges`` (None:
+        unbounded on that end); a superset."""
         ...
 
     def read_prefix(self, column: str, descending: bool, nulls_first: bool, need: int) -> Changelog:
@@ -53,7 +54,7 @@ class RelationLookup:
             key_condition("s", self.key, "k", keys.columns, null_safe)
         return Changelog.of_query(self.rows.views, sql, self.rows.columns)
 
-    def read_range(self, column: str, ranges: list[tuple[object, object]]) -> Changelog:
+    def read_range(self, ranges: dict[str, list[tuple[object, object]]]) -> Changelog:
         return self.rows
 
     def read_prefix(self, column: str, descending: bool, nulls_first: bool, need: int) -> Changelog:

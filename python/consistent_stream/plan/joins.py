@@ -7,8 +7,11 @@ except those on the null-supplying side alone, which are pushed into that side. 
 are planned as mirrored LEFT joins; LEFT SEMI/ANTI joins hide their right side. Inner joins
 listed in an order that leaves a relation without an equality to the ones before it are
 reordered by their equalities (:func:`_reordered`); a join without any equality is a cross
-or theta join, on one constant key. A condition that reads the clock is a filter above an
-inner join.
+or theta join, on one constant key, whose condition (in ON or, for an inner join, in WHERE)
+is its residual; its comparisons of one side with the other (``<``, ``<=``, ``>``, ``>=``,
+``BETWEEN``) are its bands, by which each side's state is read in ranges (a range join,
+:mod:`consistent_stream.operators.join`). A condition that reads the clock is a filter above
+an inner join.
 
 Example::
 
@@ -29,7 +32,7 @@ from sqlglot import exp
 
 from .clock import uses_clock
 from .expressions import aliases, conjuncts, translate
-from .logical import Filter, Join, Node
+from .logical import Band, Filter, Join, Node
 from .parse import err, no_rule
 from .scope import Lowering, Rel
 
@@ -181,6 +184,14 @@ def plan_join(lw: Lowering, j: exp.Join, r: Rel, current: Node, scope: dict[tupl
                 where_conj = where_conj + [c]
                 continue
             residual.append(c)
+    bands: list[Band] = []
+    if not lkeys and inner:   # a theta join: WHERE conditions over both sides are its condition
+        both = [c for c in where_conj if aliases(c) <= left_aliases | {ra} and aliases(c) & {ra}
+                and aliases(c) & left_aliases and not uses_clock(c) and not c.find(exp.Subquery, exp.Exists)
+                and not c.find(exp.AggFunc)]
+        residual += both
+        where_conj = [w for w in where_conj if all(w is not c for c in both)]
+        bands = [b for c in residual for b in _bands(lw, c, scope, left_aliases, rscope, ra)]
     if not lkeys:   # a cross join (and a theta join: its condition the residual): one key for all rows
         lkeys, rkeys = ["1"], ["1"]
     left_node, right_node = current, r.node
@@ -205,7 +216,32 @@ def plan_join(lw: Lowering, j: exp.Join, r: Rel, current: Node, scope: dict[tupl
                     left_keys=lkeys, right_keys=rkeys, residual=res_sql), where_conj
     return Join(columns=left_node.columns + right_node.columns, left=left_node, right=right_node,
                 kind={"LEFT": "left", "FULL": "full"}.get(side, "inner"),
-                left_keys=lkeys, right_keys=rkeys, residual=res_sql), where_conj
+                left_keys=lkeys, right_keys=rkeys, residual=res_sql, bands=bands), where_conj
+
+
+_OPS = {exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
+_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
+def _bands(lw: Lowering, c: exp.Expression, scope: dict, left_aliases: set[str], rscope: dict,
+           ra: str) -> list[Band]:
+    """The bands of the join condition ``c`` (:class:`.logical.Band`): a comparison
+    ``<, <=, >, >=`` or a ``BETWEEN`` whose one side reads only the left relations and the
+    other only the right one (``ra``); none for anything else."""
+    if isinstance(c, exp.Between):
+        return [b for part in (exp.GTE(this=c.this.copy(), expression=c.args["low"].copy()),
+                               exp.LTE(this=c.this.copy(), expression=c.args["high"].copy()))
+                for b in _bands(lw, part, scope, left_aliases, rscope, ra)]
+    op = _OPS.get(type(c))
+    if op is None:
+        return []
+    a, b = c.this, c.expression
+    aa, ba = aliases(a), aliases(b)
+    if aa and aa <= left_aliases and ba == {ra}:
+        return [Band(translate(a, scope, lw.sql), op, translate(b, rscope, lw.sql))]
+    if ba and ba <= left_aliases and aa == {ra}:
+        return [Band(translate(b, scope, lw.sql), _FLIP[op], translate(a, rscope, lw.sql))]
+    return []
 
 
 def equi(c: exp.Expression, left_aliases: set[str],

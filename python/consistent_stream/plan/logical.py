@@ -49,14 +49,32 @@ class Project(Node):
 JOIN_KINDS = ("inner", "left", "full", "semi", "anti")
 
 
+@dataclass(frozen=True)
+class Band:
+    """One conjunct ``left op right`` of a join's residual that bounds a column of one side
+    by a value of the other (``o.day between p.valid_from and p.valid_to`` is two):
+    ``left``/``right`` are expressions over each side's columns, ``op`` one of ``<``,
+    ``<=``, ``>``, ``>=``. A range join's sides are arranged by their first band's
+    expression, so a change reads only the other side's files whose range of it can meet
+    the change's values (:mod:`consistent_stream.operators.join`)."""
+    left: str
+    op: str
+    right: str
+
+    def sql(self) -> str:
+        return f"{self.left} {self.op} {self.right}"
+
+
 @dataclass(eq=False)
 class Join(Node):
     """Equi-join. ``kind`` in :data:`JOIN_KINDS` (right joins are planned as mirrored left
     joins). ``left_keys[i] = right_keys[i]`` (expressions over each side's columns; NULL
     never equals, unless ``null_safe``: then ``<=>``, as set operations compare rows);
     ``residual``: an extra predicate over the joined row, part of the join condition (for
-    outer joins it decides matching, not filtering). Output: left then right columns (left
-    columns only for semi and anti joins)."""
+    outer joins it decides matching, not filtering). ``bands``: the residual's conjuncts
+    that bound one side by the other, for an inner join without an equality (a range join;
+    the residual still holds them). Output: left then right columns (left columns only for
+    semi and anti joins)."""
     left: Node = None
     right: Node = None
     kind: str = "inner"
@@ -64,10 +82,46 @@ class Join(Node):
     right_keys: list[str] = field(default_factory=list)
     residual: str | None = None
     null_safe: bool = False
+    bands: list[Band] = field(default_factory=list)
 
     @property
     def children(self):
         return [self.left, self.right]
+
+    def key_columns(self, role: str) -> list[tuple[str, str]]:
+        """The computed key columns of side ``role`` (``left``/``right``): ``(name, expr)``
+        for each join key that is not a plain column of the side, then for a range join each
+        band expression that is not (``<id>__lk0``, ``<id>__lb0``, ..)."""
+        child, keys = (self.left, self.left_keys) if role == "left" else (self.right, self.right_keys)
+        out = []
+        for i, e in enumerate(keys):
+            if plain_column(e) not in child.columns:
+                out.append((f"{self.id}__{role[0]}k{i}", e))
+        for i, b in enumerate(self.bands):
+            e = b.left if role == "left" else b.right
+            if plain_column(e) not in child.columns:
+                out.append((f"{self.id}__{role[0]}b{i}", e))
+        return out
+
+    def join_key(self, role: str) -> list[str]:
+        """The columns side ``role``'s join keys are read by (plain columns, or computed)."""
+        child, keys = (self.left, self.left_keys) if role == "left" else (self.right, self.right_keys)
+        return [plain_column(e) if plain_column(e) in child.columns else f"{self.id}__{role[0]}k{i}"
+                for i, e in enumerate(keys)]
+
+    def band_columns(self, role: str) -> list[str]:
+        """Per band, the column holding side ``role``'s expression."""
+        child = self.left if role == "left" else self.right
+        out = []
+        for i, b in enumerate(self.bands):
+            e = b.left if role == "left" else b.right
+            out.append(plain_column(e) if plain_column(e) in child.columns else f"{self.id}__{role[0]}b{i}")
+        return out
+
+    def arrangement_key(self, role: str) -> list[str]:
+        """The key side ``role``'s arrangement is sorted and looked up by: its join keys, or
+        for a range join its first band column (files then hold disjoint ranges of it)."""
+        return self.band_columns(role)[:1] if self.bands else self.join_key(role)
 
 
 @dataclass(eq=False)
@@ -341,6 +395,9 @@ def maintenance(node: Node) -> tuple[str, str]:
     if isinstance(node, Generate):
         return "incremental", "the change only (linear, no state; the generator's rows per row)"
     if isinstance(node, Join):
+        if node.bands:
+            return "incremental", ("each side's change and the other side's state in the ranges the change's "
+                                   "values bound: the files whose min/max statistics meet them (a range join)")
         if not node.left_keys or all(k == "1" for k in node.left_keys):
             return "incremental", "each side's change against the other side's whole state (a cross join)"
         return "incremental", "each side's change and the other side's state at the changed keys"
@@ -381,6 +438,8 @@ def explain(node: Node, indent: int = 0, costs: bool = False) -> str:
         eq = " <=> " if node.null_safe else " = "
         keys = ", ".join(f"{a}{eq}{b}" for a, b in zip(node.left_keys, node.right_keys))
         head = f"Join {node.kind} on {keys}" + (f" and {node.residual}" if node.residual else "")
+        if node.bands:
+            head += " (range join: " + ", ".join(b.sql() for b in node.bands) + ")"
     elif isinstance(node, Aggregate):
         head = f"Aggregate by {node.group_exprs}: " + ", ".join(
             f"{a.func}({a.arg}{', ' + a.param if a.param else ''})" for a in node.aggs)

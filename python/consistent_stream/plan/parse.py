@@ -120,7 +120,11 @@ def _spark_aliases(n: exp.Expression) -> exp.Expression:
     """Aggregates that are others by Spark's definition, written as those: ``std(x)`` as
     ``stddev(x)``; ``count_if(c)`` as ``count(CASE WHEN c THEN 1 END)``; ``bool_and`` and
     ``every`` as ``min`` and ``bool_or``, ``some`` and ``any`` as ``max`` of the boolean (FALSE
-    sorts before TRUE; NULLs are skipped and no rows give NULL in both); ``median(x)`` and
+    sorts before TRUE; NULLs are skipped and no rows give NULL in both); ``max_by(x, y)`` and
+    ``min_by(x, y)`` as the field ``v`` of ``max``/``min`` of ``named_struct('o', y, 'v', x)``
+    over the rows whose ``y`` is not NULL (Spark skips those too): where several rows share the
+    extreme ``y``, Spark returns the ``x`` of whichever it met first (no defined order), and
+    this the greatest (``max_by``) or least (``min_by``) of their ``x``, NULL least; ``median(x)`` and
     ``percentile_cont(p) WITHIN GROUP (ORDER BY x [DESC])`` as ``percentile(x, p)`` (``1 - p``
     descending), which is how Spark evaluates them."""
     name = n.name.lower() if isinstance(n, exp.Anonymous) else ""
@@ -135,6 +139,11 @@ def _spark_aliases(n: exp.Expression) -> exp.Expression:
     if isinstance(n, exp.Any) and not isinstance(n.this, exp.Subquery) and not isinstance(
             n.parent, (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Like)):
         return exp.Max(this=n.this.unnest())
+    if isinstance(n, (exp.ArgMax, exp.ArgMin)) and n.expression is not None and not n.args.get("count"):
+        fn = "max" if isinstance(n, exp.ArgMax) else "min"
+        by = f"({fn}(CASE WHEN ({n.expression.sql('spark')}) IS NOT NULL THEN named_struct('o', " \
+             f"{n.expression.sql('spark')}, 'v', {n.this.sql('spark')}) END)).v"
+        return sqlglot.parse_one(by, read="spark")
     if isinstance(n, exp.Median):
         return exp.Quantile(this=n.this, quantile=exp.Literal.number("0.5"))
     if isinstance(n, exp.WithinGroup) and isinstance(n.this, exp.PercentileCont) \

@@ -216,10 +216,11 @@ class Lookup:
     def read(self, keys: KeySet | None, null_safe: bool = True) -> Changelog:
         return self.store.read(self.arrangement, keys, null_safe)
 
-    def read_range(self, column: str, ranges: list[tuple[object, object]]) -> Changelog:
-        """Its rows whose ``column`` may lie in one of ``ranges`` (inclusive ``(lo, hi)``
-        Python values): the rows of the files whose statistics meet one of them."""
-        return self.store.read_range(self.arrangement, column, ranges)
+    def read_range(self, ranges: dict[str, list[tuple[object, object]]]) -> Changelog:
+        """Its rows whose columns may lie in ``ranges`` (per column, inclusive ``(lo, hi)``
+        Python values, None unbounded): the rows of the files whose statistics meet one
+        range of every column."""
+        return self.store.read_range(self.arrangement, ranges)
 
     def read_prefix(self, column: str, descending: bool, nulls_first: bool, need: int) -> Changelog:
         """Its first rows in the order of ``column`` (:meth:`StateStore.read_prefix`)."""
@@ -325,20 +326,22 @@ class StateStore:
         read the files and a semi join keeps the rows at the keys."""
         return self._read(arrangement, self._pick(arrangement, keys, null_safe), keys, null_safe)
 
-    def read_range(self, arrangement: Arrangement, column: str, ranges: list[tuple[object, object]]) -> Changelog:
+    def read_range(self, arrangement: Arrangement, ranges: dict[str, list[tuple[object, object]]]) -> Changelog:
         """Rows of ``arrangement`` as of the previous batch in the files whose min/max
-        statistics of ``column`` meet one of the inclusive ``ranges`` (a file without
-        statistics for it, or whose values do not compare with the range's, is read); counted
-        as state rows read like a keyed read."""
-        def meets(f: _File) -> bool:
+        statistics meet, for every column of ``ranges``, one of its inclusive ``(lo, hi)``
+        ranges (None: unbounded on that end); a file without statistics for a column, or
+        whose values do not compare with the range's, is read. Counted as state rows read
+        like a keyed read."""
+        def meets(f: _File, column: str, spans: list[tuple[object, object]]) -> bool:
             a, b = f.lo.get(column), f.hi.get(column)
             if a is None or b is None:
                 return f.nulls.get(column) != f.rows   # (a file of NULLs holds no value in a range)
             try:
-                return any(not (b < lo or a > hi) for lo, hi in ranges)
+                return any(not ((lo is not None and b < lo) or (hi is not None and a > hi)) for lo, hi in spans)
             except TypeError:
                 return True
-        return self._read(arrangement, [f for f in self.files_of(arrangement.name) if meets(f)], None, True)
+        files = [f for f in self.files_of(arrangement.name) if all(meets(f, c, r) for c, r in ranges.items())]
+        return self._read(arrangement, files, None, True)
 
     def read_prefix(self, arrangement: Arrangement, column: str, descending: bool, nulls_first: bool,
                     need: int) -> Changelog:
