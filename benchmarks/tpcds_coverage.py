@@ -1,4 +1,5 @@
-"""Benchmark: the 99 TPC-DS queries as written (``models/tpcds/queries``), each a consistent_stream
+"""Benchmark: the 99 TPC-DS queries as written (``models/tpcds/queries``: 103 files, the four
+templates with two statements in both), each a consistent_stream
 model over TPC-DS data generated here, maintained through refresh rounds and compared with batch
 evaluation in Spark and in DuckDB at every version.
 
@@ -22,7 +23,7 @@ compile error, or the first build, run or comparison failure), ``incremental_ops
 ``recompute_ops``, ``rounds`` (rounds after which the version was still exact), ``exact`` (every
 version equal in both engines), ``seconds`` (compile, build, runs and checks), ``rows`` (the last
 version's), ``strategies`` (each round's batch strategy); then a summary line. (At SF 0.01 the
-99 queries take about an hour on two cores; ``--queries`` runs a part.)
+103 queries take about an hour on two cores; ``--queries`` runs a part.)
 """
 from __future__ import annotations
 
@@ -165,7 +166,7 @@ def main() -> int:
     ap.add_argument("--sample", type=int, default=None,
                     help="keep one in N of the fact rows (consistent_stream.tpcds.generate's sample)")
     ap.add_argument("--rounds", type=int, default=3, help="refresh rounds after the build (default 3)")
-    ap.add_argument("--queries", default=None, help="comma-separated query names, e.g. q01,q05 (default all 99)")
+    ap.add_argument("--queries", default=None, help="comma-separated query names, e.g. q01,q05 (default all 103)")
     ap.add_argument("--driver-memory", default="4g",
                     help="spark.driver.memory (Spark broadcasts customer_demographics' 1.9 M rows)")
     ap.add_argument("--seed", type=int, default=0, help="refresh stream seed")

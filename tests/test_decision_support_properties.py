@@ -1,10 +1,12 @@
 """Property test of what decision-support queries (TPC-DS) use beyond the basics: grouping
-sets, the moment aggregates, percentiles, the boolean aggregates, max_by/min_by, collect_list/collect_set, generators (LATERAL VIEW
-[OUTER], explode in the select list), NATURAL JOIN and USING, range joins (BETWEEN, a comparison in WHERE, against a one-row
-aggregate), a cross join, scalar subqueries that are not aggregates, EXISTS and IN nested
-in a condition, correlated subqueries whose correlation sits in every branch of an OR, over
-random change streams (:mod:`change_streams`): after every micro-batch the target equals
-batch evaluation of the model's SQL in Spark and in DuckDB.
+sets, the moment aggregates, percentiles (PERCENTILE_CONT and PERCENTILE_DISC), the boolean
+aggregates, max_by/min_by, collect_list/collect_set, generators (LATERAL VIEW [OUTER], explode
+in the select list), NATURAL JOIN and USING, range joins (BETWEEN, a comparison in WHERE,
+against a one-row aggregate), a cross join, comma joins in an order Spark reorders, scalar
+subqueries that are not aggregates, EXISTS and IN nested in a condition, correlated
+subqueries whose correlation sits in every branch of an OR, over random change streams
+(:mod:`change_streams`): after every micro-batch the target equals batch evaluation of the
+model's SQL in Spark and in DuckDB.
 
 The streams update rows' ``k`` and ``g`` (NULL often), so rows move between the groups of every
 grouping set at once, and a key that is NULL in the data meets the NULL a grouping set puts in
@@ -47,6 +49,10 @@ SHAPES = {
                                           "percentile_cont(0.9) within group (order by x desc) as p90, "
                                           "count_if(x > 1) as c, bool_and(x > 0) as ba, bool_or(k = 1) as bo "
                                           "from src.a group by g having count(x) > 0",
+    "percentile_disc": "select g, percentile_disc(0.25) within group (order by x) as p25, "
+                       "percentile_disc(0.5) within group (order by amt desc) as p50, "
+                       "percentile_disc(1.0) within group (order by seq) filter (where k > 0) as pk, "
+                       "min(x) as lo, count(distinct x) as dx from src.a group by g having count(x) > 0",
     "lateral_view_outer": "select a.id, t.v, a.g from src.a a lateral view outer explode(case when a.x > 0 "
                           "then sequence(1, a.x) end) t as v where t.v is null or t.v <> 2",
     "select_list_posexplode_grouped": "select p, count(*) as n, sum(v) as s from (select a.id, "
@@ -63,6 +69,7 @@ SHAPES = {
                                                  "(select max(y) as m from src.b) s where a.seq < b.y + 1 "
                                                  "and a.x >= s.m and a.g = 'p'",
     "cross_join": "select a.id, c.z, a.x from src.a a cross join src.c c where a.k = 1",
+    "reordered_comma_joins": "select a.id, c.z, b.y from src.a a, src.c c, src.b b where a.k = b.k and b.y = c.k",
     "global_moments_limit": "select stddev(x) as sd, var_pop(amt) as v, count(*) as n from src.a limit 5",
 }
 

@@ -1,6 +1,6 @@
 """GROUP BY aggregation under retractions: SUM, COUNT, COUNT(*), AVG, the variances and
 standard deviations (VAR_SAMP, VAR_POP, STDDEV_SAMP, STDDEV_POP), MIN, MAX, PERCENTILE,
-COLLECT_LIST, COLLECT_SET and the DISTINCT forms COUNT/SUM/AVG(DISTINCT x).
+PERCENTILE_DISC, COLLECT_LIST, COLLECT_SET and the DISTINCT forms COUNT/SUM/AVG(DISTINCT x).
 
 State (two kinds of arrangement, both additive, keyed by the group columns):
 
@@ -287,28 +287,40 @@ def _multiset_aggregates(spec: AggregateSpec, multiset_args: list[str], vals: di
         old = old_rows(f"vals{i}")
         vcols = cols_sql(g + [x, WEIGHT])
         mine = [a for a in spec.aggs if a.func in MULTISET_AGGS and spec.args[a.name] == x]
-        fns = ", ".join(f"{_multiset_sql(a, q(x))} AS {q(a.name)}" for a in mine)
+        # PERCENTILE_DISC takes no frequencies: each value repeated its count, every aggregate of
+        # the argument then over rows of weight 1
+        rows = any(a.func.startswith("percentile_disc") for a in mine)
+        fns = ", ".join(f"{_multiset_sql(a, q(x), rows)} AS {q(a.name)}" for a in mine)
         srcs = ((old, ext_old), (vals[x].sql if old is None else
                                  f"(SELECT {vcols} FROM {old} UNION ALL SELECT {vcols} FROM {vals[x].sql})", ext_new))
         for src, out in srcs:
             if src is None:
                 continue
             live = f"({consolidate_sql(src, g + [x])})"  # each live (group, value) once
+            if rows:
+                live = (f"(SELECT {gsel}{q(x)}, 1 AS {W} FROM {live} LATERAL VIEW "
+                        f"EXPLODE(ARRAY_REPEAT(1, CAST({W} AS INT))) `__rep` AS `__one`)")
             out[x] = (f"(SELECT {gsel}{fns} FROM {live} WHERE {W} > 0{group_by})", [a.name for a in mine])
     return ext_new, ext_old
 
 
-def _multiset_sql(a: AggCall, x: str) -> str:
+def _multiset_sql(a: AggCall, x: str, rows: bool = False) -> str:
     """Spark's aggregate ``a`` over the live values ``x`` of a group, each row a distinct value
     with its count ``__weight``: the function itself (MIN, MAX and the DISTINCT forms ignore
     the counts), PERCENTILE with the counts as its frequencies (exact, as over the rows),
-    COLLECT_LIST with each value repeated its count (Spark gives no element order either)."""
+    COLLECT_LIST with each value repeated its count (Spark gives no element order either),
+    PERCENTILE_DISC over the rows again (each value repeated its count). ``rows``: the input
+    is such rows, each of weight 1 (the DISTINCT forms then say DISTINCT)."""
     if a.func == "percentile":
         return f"PERCENTILE({x}, {a.param}, {W})"
+    if a.func.startswith("percentile_disc"):   # over the rows (see _multiset_aggregates)
+        return f"PERCENTILE_DISC({a.param}) WITHIN GROUP (ORDER BY {x}{' DESC' if a.func.endswith('desc') else ''})"
     if a.func == "collect_list":   # each value as often as it is in the group
         return f"ARRAY_COMPACT(FLATTEN(COLLECT_LIST(ARRAY_REPEAT({x}, CAST({W} AS INT)))))"  # no NULLs, typed so
     if a.func == "collect_set":
         return f"COLLECT_SET({x})"
+    if rows and a.func.endswith("_distinct"):
+        return f"{_MULTISET_FN[a.func]}(DISTINCT {x})"
     return f"{_MULTISET_FN[a.func]}({x})"
 
 

@@ -171,7 +171,7 @@ class Generate(Node):
 LINEAR_AGGS = ("sum", "count", "avg") + MOMENT_AGGS
 """Aggregates computed from linear accumulators (sums of weighted values, of their squares)."""
 MULTISET_AGGS = ("min", "max", "count_distinct", "sum_distinct", "avg_distinct", "percentile", "collect_list",
-                 "collect_set")
+                 "collect_set", "percentile_disc", "percentile_disc_desc")
 """Aggregates computed from the per-group multiset of argument values (kept as state)."""
 
 
@@ -179,7 +179,9 @@ MULTISET_AGGS = ("min", "max", "count_distinct", "sum_distinct", "avg_distinct",
 class AggCall:
     """One aggregate: ``func`` in count_star, :data:`LINEAR_AGGS` or :data:`MULTISET_AGGS`
     over ``arg`` (Spark SQL; a FILTER clause is already folded into it as a CASE);
-    ``param``: percentile's fraction (a numeric literal), else None."""
+    ``param``: the fraction of ``percentile`` and ``percentile_disc`` (a numeric literal;
+    ``percentile_disc_desc`` is ``PERCENTILE_DISC(p) WITHIN GROUP (ORDER BY arg DESC)``),
+    else None."""
     name: str
     func: str
     arg: str | None

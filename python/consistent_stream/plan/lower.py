@@ -269,7 +269,9 @@ def plan_aggregate(lw: Lowering, child: Node, scope: dict[tuple[str, str], str],
         for a in own(e, exp.AggFunc):
             if window_of(a) is not None or isinstance(a, (exp.Grouping, exp.GroupingId)):
                 continue
-            holder = a.parent if isinstance(a.parent, exp.Filter) else a
+            ordered = a.parent if isinstance(a.parent, exp.WithinGroup) else None   # percentile_disc
+            holder = ordered if ordered is not None else a
+            holder = holder.parent if isinstance(holder.parent, exp.Filter) else holder
             if holder in agg_map:
                 continue
             outer = a.find_ancestor(exp.AggFunc)
@@ -287,13 +289,22 @@ def plan_aggregate(lw: Lowering, child: Node, scope: dict[tuple[str, str], str],
             if a.expressions:
                 raise err(f"{func.upper()} with several arguments", "not supported", a, lw.sql)
             param = None
+            if func == "percentile_disc":
+                p = a.this
+                keys = ordered.expression.expressions if ordered is not None else []
+                if not (isinstance(p, exp.Literal) and not p.is_string and 0 <= float(p.this) <= 1) or len(keys) != 1:
+                    raise no_rule("PERCENTILE_DISC of other than one fraction literal WITHIN GROUP (ORDER BY "
+                                  "one expression)", "the delta rule is for that form", a, lw.sql)
+                arg, param = keys[0].this, p.this
+                if keys[0].args.get("desc"):
+                    func = "percentile_disc_desc"
             if func == "percentile":
                 p = a.args.get("quantile")
                 if not (isinstance(p, exp.Literal) and not p.is_string and 0 <= float(p.this) <= 1):
                     raise no_rule("PERCENTILE of other than one fraction literal", "the delta rule is for one "
                                   "fraction between 0 and 1", a, lw.sql)
                 param = p.this
-            cond = translate(holder.expression.this, scope, lw.sql) if holder is not a else None
+            cond = translate(holder.expression.this, scope, lw.sql) if isinstance(holder, exp.Filter) else None
             if func == "count" and (arg is None or isinstance(arg, exp.Star)):
                 func, arg_sql = ("count", f"CASE WHEN {cond} THEN 1 END") if cond else ("count_star", None)
             else:
@@ -349,7 +360,7 @@ def translate_post(e: exp.Expression, post: AggregateOutputs, sql: str) -> str:
         for g, name in post.groups:
             if n == g:
                 return exp.column(name, quoted=True)
-        if isinstance(n, (exp.AggFunc, exp.Filter)) and n in post.aggs:
+        if isinstance(n, (exp.AggFunc, exp.Filter, exp.WithinGroup)) and n in post.aggs:
             return exp.column(post.aggs[n], quoted=True)
         if isinstance(n, (exp.Subquery, exp.Exists)):
             raise no_rule("subquery in an aggregating query's SELECT or HAVING", "this form has no delta "
