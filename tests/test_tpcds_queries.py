@@ -39,7 +39,7 @@ from consistent_stream.tpcds.generate import ALL, PRIMARY_KEYS, SCHEMAS, generat
 from consistent_stream.tpcds.refresh import refresh_round
 from helpers import REPO, assert_target_equals_batch_evaluation, job_for
 
-ROUNDS = 3
+ROUNDS = 2
 SAMPLE = 20
 QUERY_DIR = REPO / "models" / "tpcds" / "queries"
 MODELS = sorted(QUERY_DIR.glob("q*.sql"))
