@@ -42,6 +42,9 @@ def compile_sql(sql):
      "duplicate output column cid (o.cid and c.id)", 1),
     ("select cid, grouping(day) from src.orders group by rollup(cid)", "grouping(orders.day)", 1),
     ("select cid, grouping_id(day) from src.orders group by cid, day with cube", "grouping_id()", 1),
+    ("select cid,\n first(amount) as f from src.orders group by cid", "aggregate FIRST", 2),
+    ("select cid, any_value(amount) as f from src.orders group by cid", "aggregate ANY_VALUE", 1),
+    ("select cid, percentile_approx(amount, 0.5) as p from src.orders group by cid", "aggregate PERCENTILE_APPROX", 1),
 ])
 def test_sql_without_meaning_at_a_cut_names_the_construct_and_its_line(sql, construct, line):
     with pytest.raises(CompileError) as e:

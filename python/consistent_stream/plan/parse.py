@@ -160,7 +160,8 @@ def _spark_aliases(n: exp.Expression) -> exp.Expression:
 def reject_unsupported(ast: exp.Expression, sql: str) -> None:
     """Raise CompileError at the first node of ``ast`` (parsed from ``sql``) that has no
     meaning at a cut: a non-deterministic function or a TABLESAMPLE (every evaluation gives
-    another answer, so no version could equal the SQL at its cut), and ``LIMIT`` without
+    another answer, so no version could equal the SQL at its cut), an aggregate whose answer
+    depends on the order of the rows (FIRST, LAST, ANY_VALUE, PERCENTILE_APPROX), and ``LIMIT`` without
     ``ORDER BY`` (which rows it keeps is up to the engine) unless it keeps every row. Constructs that are deterministic
     but have no delta rule are found per query block by :func:`.recompute.check_block`."""
     for node in ast.walk():
@@ -169,12 +170,32 @@ def reject_unsupported(ast: exp.Expression, sql: str) -> None:
                 raise err(name, hint, node, sql)
         if isinstance(node, exp.Anonymous) and node.name.lower() in _NONDETERMINISTIC_NAMES:
             raise err(f"{node.name}()", "non-deterministic functions have no meaning at a cut", node, sql)
+        if isinstance(node, _ORDER_DEPENDENT_AGGREGATES) and not _in_window(node):
+            name = node.sql(dialect="spark").split("(")[0].upper()
+            raise err(f"aggregate {name}", "its answer depends on the order Spark meets the rows in, not on the "
+                      "rows, so no version could equal the SQL; use MIN/MAX, MAX_BY/MIN_BY (the value at the "
+                      "greatest or least of another column) or an exact PERCENTILE", node, sql)
         if isinstance(node, exp.Distinct) and node.args.get("on"):
             raise err("DISTINCT ON", "not Spark SQL; use ROW_NUMBER() .. = 1 (dedup_before_join)", node, sql)
         if isinstance(node, exp.Limit) and isinstance(node.parent, (exp.Select, exp.SetOperation)) \
                 and not node.parent.args.get("order") and not _keeps_every_row(node):
             raise err("LIMIT without ORDER BY", "which rows it keeps is up to the engine, so no version could "
                       "equal the SQL; add an ORDER BY that says which rows to keep", node, sql)
+
+
+_ORDER_DEPENDENT_AGGREGATES = (exp.First, exp.Last, exp.AnyValue, exp.ApproxQuantile)
+"""Aggregates whose batch answer is not a function of the rows of a group (FIRST, LAST and
+ANY_VALUE take the row met first or last; PERCENTILE_APPROX's sketch depends on the order
+values arrive and partitions merge). APPROX_COUNT_DISTINCT is a function of the set of values
+(HyperLogLog++), so it is maintained (recomputed)."""
+
+
+def _in_window(node: exp.Expression) -> bool:
+    """Whether aggregate ``node`` is a window function (``first(x) [IGNORE NULLS] OVER (..)``)."""
+    p = node.parent
+    while isinstance(p, (exp.IgnoreNulls, exp.RespectNulls)):
+        p = p.parent
+    return isinstance(p, exp.Window)
 
 
 def _keeps_every_row(limit: exp.Limit) -> bool:
