@@ -72,6 +72,18 @@ def test_a_decimal_computed_from_a_double_may_differ_by_one_unit_in_its_last_pla
     assert not compare_tables(got, two_units, inexact=["d"], unit={"d": 0.01}).ok
 
 
+def test_rows_tied_at_a_top_n_boundary_are_found_when_one_engine_types_the_key_double():
+    """q78's ratio: Spark's DECIMAL division, DuckDB's DOUBLE. Two rows tie at the LIMIT 1
+    boundary (ratio 1.13); each engine may keep either, so they are compared by the key only."""
+    from consistent_stream.compare import TopN, compare_top_n
+    got = pa.table({"ratio": pa.array([decimal.Decimal("1.13")], pa.decimal128(20, 2)), "item": [110]})
+    duck = pa.table({"ratio": pa.array([1.13], pa.float64()), "item": [7]})
+    top = TopN(keys=((0, True, False),))
+    assert compare_top_n(got, duck, top).ok
+    other = pa.table({"ratio": pa.array([1.14], pa.float64()), "item": [110]})
+    assert not compare_top_n(got, other, top).ok
+
+
 # ---- through verify ------------------------------------------------------------------------------
 SQL = "select g, sum(x) as total, cast(sum(x) as decimal(18, 2)) as total_2dp, count(*) as n from src.t group by g"
 

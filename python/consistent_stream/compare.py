@@ -174,8 +174,10 @@ def compare_top_n(target: pa.Table, expected: pa.Table, top: TopN, **kw) -> Comp
     whose ORDER BY values tie at a boundary of the LIMIT (the last kept values; with an OFFSET
     the first kept values too) may be any of the tied rows. So both sides must keep the same
     multiset of ORDER BY values, and every row whose values are not at a boundary must match;
-    rows at a boundary are compared by their ORDER BY values only. (Keys compared exactly; a
-    floating-point key that differs in its last bits counts as another value.)"""
+    rows at a boundary are compared by their ORDER BY values only. A row is at a boundary when
+    its keys equal the boundary's by the module's rule: a key that is FLOAT or DOUBLE on
+    either side (DuckDB's DOUBLE of a division Spark types DECIMAL) within the tolerance,
+    others exactly."""
     if target.column_names != expected.column_names:
         raise ValueError(f"columns differ: target {target.column_names}, batch evaluation {expected.column_names}")
     names = [target.column_names[i] for i, _, _ in top.keys]
@@ -190,10 +192,26 @@ def compare_top_n(target: pa.Table, expected: pa.Table, top: TopN, **kw) -> Comp
                 for i, desc, nulls_first in top.keys]
     rows = sorted(expected.to_pylist(), key=lambda r: order([r[c] for c in expected.column_names]))
     pick = [rows[-1]] + ([rows[0]] if top.offset else [])
-    boundary = {key([r[c] for c in names]) for r in pick}
+    boundary = [key([r[c] for c in names]) for r in pick]
+    tol = kw.get("tolerance") or FloatTolerance()
+
+    def same(a, b) -> bool:
+        if isinstance(a, float) or isinstance(b, float):
+            if a is None or b is None or isinstance(a, (bool, str)) or isinstance(b, (bool, str)):
+                return False
+            try:
+                x, y = float(a), float(b)
+            except (TypeError, ValueError):
+                return False
+            return x == y or abs(x - y) <= max(tol.relative * max(abs(x), abs(y)), tol.absolute)
+        return a == b
+
+    def at_boundary(k) -> bool:
+        k = key(k)
+        return any(all(same(a, b) for a, b in zip(k, bk)) for bk in boundary)
 
     def inside(t: pa.Table) -> pa.Table:
-        keep = [key(k) not in boundary for k in zip(*[t.column(c).to_pylist() for c in names])]
+        keep = [not at_boundary(k) for k in zip(*[t.column(c).to_pylist() for c in names])]
         return t.filter(pa.array(keep, pa.bool_())) if t.num_rows else t
     rest = compare_tables(inside(target), inside(expected), **kw)
     rest.rows_target, rest.rows_expected = target.num_rows, expected.num_rows
