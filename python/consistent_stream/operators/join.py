@@ -151,34 +151,25 @@ def join_delta(kind: str, left: JoinSide, right: JoinSide, left_old: Lookup, rig
     inner = kind in ("inner", "left", "full")
     unmatched_l = kind in ("left", "full", "semi", "anti")
     unmatched_r = kind == "full"
-    if bands and kind == "inner":
+    if bands and kind == "inner":   # a range join: old rows read by the ranges the change bounds
         right.old = None if dl.is_empty else _read_in_range(right_old, right.bands, [_FLIP[o] for o in bands],
                                                            dl, left.bands)
         left.old = None if dr.is_empty else _read_in_range(left_old, left.bands, list(bands), dr, right.bands)
-        parts = []
-        if right.old is not None and not dl.is_empty:
-            parts.append(_inner(dl.sql, left, right.old.sql, right, residual, null_safe))
-        if left.old is not None and not dr.is_empty:
-            parts.append(_inner(left.old.sql, left, dr.sql, right, residual, null_safe))
-        if not dl.is_empty and not dr.is_empty:
-            parts.append(_inner(dl.sql, left, dr.sql, right, residual, null_safe))
-        return _union(parts)
-    k_l = None if dl.is_empty else dl.keys(left.keys, drop_null=not null_safe)
-    k_r = None if dr.is_empty else dr.keys(right.keys, drop_null=not null_safe)
-
-    # old rows read once per side, at every key a term needs
-    r_at: list[KeySet] = []
-    if k_l is not None:
-        r_at.append(k_l.renamed(right.keys))
-    if k_r is not None and unmatched_l:
-        r_at.append(k_r)
-    l_at: list[KeySet] = []
-    if k_r is not None:
-        l_at.append(k_r.renamed(left.keys))
-    if k_l is not None and unmatched_r:
-        l_at.append(k_l)
-    right.old = _read(right_old, r_at, null_safe)
-    left.old = _read(left_old, l_at, null_safe)
+    else:   # old rows read once per side, at every key a term needs
+        k_l = None if dl.is_empty else dl.keys(left.keys, drop_null=not null_safe)
+        k_r = None if dr.is_empty else dr.keys(right.keys, drop_null=not null_safe)
+        r_at: list[KeySet] = []
+        if k_l is not None:
+            r_at.append(k_l.renamed(right.keys))
+        if k_r is not None and unmatched_l:
+            r_at.append(k_r)
+        l_at: list[KeySet] = []
+        if k_r is not None:
+            l_at.append(k_r.renamed(left.keys))
+        if k_l is not None and unmatched_r:
+            l_at.append(k_l)
+        right.old = _read(right_old, r_at, null_safe)
+        left.old = _read(left_old, l_at, null_safe)
 
     parts: list[str] = []
     if inner:
