@@ -55,6 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..changelog import WEIGHT, Changelog, KeySet, cols_sql, consolidate_sql, q
+from ..plan.logical import FLIPPED
 from .keyed import Lookup, key_condition, union_keys
 
 JOIN_KINDS = ("inner", "left", "full", "semi", "anti")
@@ -152,7 +153,7 @@ def join_delta(kind: str, left: JoinSide, right: JoinSide, left_old: Lookup, rig
     unmatched_l = kind in ("left", "full", "semi", "anti")
     unmatched_r = kind == "full"
     if bands and kind == "inner":   # a range join: old rows read by the ranges the change bounds
-        right.old = None if dl.is_empty else _read_in_range(right_old, right.bands, [_FLIP[o] for o in bands],
+        right.old = None if dl.is_empty else _read_in_range(right_old, right.bands, [FLIPPED[o] for o in bands],
                                                            dl, left.bands)
         left.old = None if dr.is_empty else _read_in_range(left_old, left.bands, list(bands), dr, right.bands)
     else:   # old rows read once per side, at every key a term needs
@@ -209,7 +210,6 @@ def _read(lookup: Lookup, at: list[KeySet], null_safe: bool) -> Changelog | None
     return None if old.is_empty else old
 
 
-_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
 #: At most this many disjoint intervals per column are looked up; more are merged into as many
 #: hulls of neighbours (a superset).
 MAX_INTERVALS = 64

@@ -32,7 +32,7 @@ from sqlglot import exp
 
 from .clock import uses_clock
 from .expressions import aliases, conjuncts, translate
-from .logical import Band, Filter, Join, Node
+from .logical import FLIPPED, Band, Filter, Join, Node
 from .parse import err, no_rule
 from .scope import Lowering, Rel
 
@@ -220,7 +220,6 @@ def plan_join(lw: Lowering, j: exp.Join, r: Rel, current: Node, scope: dict[tupl
 
 
 _OPS = {exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
-_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
 
 
 def _bands(lw: Lowering, c: exp.Expression, scope: dict, left_aliases: set[str], rscope: dict,
@@ -240,7 +239,7 @@ def _bands(lw: Lowering, c: exp.Expression, scope: dict, left_aliases: set[str],
     if aa and aa <= left_aliases and ba == {ra}:
         return [Band(translate(a, scope, lw.sql), op, translate(b, rscope, lw.sql))]
     if ba and ba <= left_aliases and aa == {ra}:
-        return [Band(translate(b, scope, lw.sql), _FLIP[op], translate(a, rscope, lw.sql))]
+        return [Band(translate(b, scope, lw.sql), FLIPPED[op], translate(a, rscope, lw.sql))]
     return []
 
 

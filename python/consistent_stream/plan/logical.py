@@ -49,6 +49,10 @@ class Project(Node):
 JOIN_KINDS = ("inner", "left", "full", "semi", "anti")
 
 
+#: A comparison operator read from the other side: ``a op b`` is ``b FLIPPED[op] a``.
+FLIPPED = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}
+
+
 @dataclass(frozen=True)
 class Band:
     """One conjunct ``left op right`` of a join's residual that bounds a column of one side
