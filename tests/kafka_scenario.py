@@ -101,6 +101,43 @@ def pgbench(db: Database, script: str, *args: str, clients: int = 4) -> subproce
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+class Workload:
+    """pgbench (:func:`pgbench`) at ``rate`` transactions a second from ``clients`` connections,
+    for at least ``seconds`` and then until :meth:`stop`: rounds of ``-T round_s`` one after
+    another in a thread, so a run that needs more versions than the machine's load gave it in
+    ``seconds`` keeps getting transactions. :meth:`finish` stops it and raises AssertionError
+    with pgbench's output when a round failed."""
+
+    def __init__(self, db: Database, script: str, *, seconds: float, rate: int, clients: int,
+                 round_s: int = 5):
+        self._args = (db, script)
+        self._round = ["-T", str(round_s), "-R", str(rate)]
+        self._clients = clients
+        self._until = time.time() + seconds
+        self._stop = threading.Event()
+        self._failures: list[str] = []
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not (self._stop.is_set() and time.time() >= self._until):
+            p = pgbench(*self._args, *self._round, clients=self._clients)
+            out, _ = p.communicate()
+            if p.returncode != 0:
+                self._failures.append(out)
+                return
+
+    def stop(self) -> None:
+        """Let the workload end once its ``seconds`` have passed (the current round finishes)."""
+        self._stop.set()
+
+    def finish(self, timeout_s: float = 120) -> None:
+        self.stop()
+        self._thread.join(timeout=timeout_s)
+        assert not self._thread.is_alive(), f"pgbench still running {timeout_s:.0f} s after it was stopped"
+        assert not self._failures, self._failures[0]
+
+
 def start_pgbench_connector(stack, db: Database, prefix: str, script: str, partitions: int = 1) -> None:
     """pgbench's tables in ``db``, full before the connector starts: ``pgbench -i`` (100,000
     accounts), :data:`BRANCHES` branches and ten times as many tellers, and 600 TPC-B
@@ -156,11 +193,16 @@ def _run_in_subprocess(job: JobSpec, path: str, seconds: float) -> subprocess.Po
 def run(spark, stack, tmp_path, *, seconds: float, clients: int = 4, rate: int = 100,
         model: str = "branch_balances", kill_connect_after_s: float | None = None,
         kill_run_after_s: float | None = None, foil_skew_ms: int = 20, spark_checks: int = 3,
-        trigger_s: float = 1.0, partitions: int = 1, driver_read_records: int | None = None) -> Outcome:
+        trigger_s: float = 1.0, partitions: int = 1, driver_read_records: int | None = None,
+        min_versions: int = 0, extra_s: float = 90) -> Outcome:
     """The module docstring's run: pgbench's tables full before the connector starts
     (:func:`start_pgbench_connector`), its data topics of ``partitions`` partitions (the foil,
     whose per-topic cuts are offsets of one partition, runs only with one); the model's
-    sources read with ``driver_read_records`` (0: every read through Spark's Kafka source)."""
+    sources read with ``driver_read_records`` (0: every read through Spark's Kafka source).
+
+    The continuous run lasts ``seconds``; when the target then has fewer than ``min_versions``
+    versions (a loaded machine commits fewer batches in the same time), pgbench and the run go
+    on, up to ``extra_s`` more, until it has them."""
     t0 = time.time()
     o = Outcome()
     db = Database()
@@ -168,6 +210,7 @@ def run(spark, stack, tmp_path, *, seconds: float, clients: int = 4, rate: int =
     m = MODELS[model]
     script = str(tmp_path / "tpcb.sql")
     start_pgbench_connector(stack, db, prefix, script, partitions=partitions)
+    bench = None
     try:
         sources = kafka_sources(stack.bootstrap, prefix, m.sql, driver_read_records=driver_read_records)
         job = JobSpec.from_dbt(project_root=str(tmp_path), schema="bench", identifier=m.name, model_name=m.name,
@@ -179,7 +222,8 @@ def run(spark, stack, tmp_path, *, seconds: float, clients: int = 4, rate: int =
         wait_for(lambda: first.latest_position() >= 0, timeout=120, what="Debezium's snapshot on Kafka")
         available_now = JobSpec(**{**job.__dict__, "trigger": "available_now"})
         run_job(spark, available_now, full_refresh=True)
-        bench = pgbench(db, script, "-T", str(int(seconds)), "-R", str(rate), clients=clients)
+        bench = Workload(db, script, seconds=seconds, rate=rate, clients=clients)
+        bench_started = time.time()
         if kill_connect_after_s is not None:
             def bounce():
                 time.sleep(kill_connect_after_s)
@@ -199,8 +243,10 @@ def run(spark, stack, tmp_path, *, seconds: float, clients: int = 4, rate: int =
             run_job(spark, job, timeout_s=max(seconds - kill_run_after_s, 5) + 2)
         else:
             run_job(spark, job, timeout_s=seconds + 2)
-        out, _ = bench.communicate(timeout=120)
-        assert bench.returncode == 0, out
+        while (DeltaTableRef(job.target_path).latest_version() + 1 < min_versions
+               and time.time() < bench_started + seconds + extra_s):
+            run_job(spark, job, timeout_s=10)
+        bench.finish()
         if kill_connect_after_s is not None:
             bouncer.join(timeout=180)
         final = _rows(db.execute(m.sql.replace("pg.pgbench_", "public.pgbench_")))
@@ -222,6 +268,8 @@ def run(spark, stack, tmp_path, *, seconds: float, clients: int = 4, rate: int =
         if partitions == 1:
             _foil(o, m, job, reader, stack.bootstrap, prefix, foil_skew_ms)
     finally:
+        if bench is not None:
+            bench.stop()
         remove_connector(stack, db, prefix, f"s_{prefix}")
     o.seconds = round(time.time() - t0, 1)
     return o

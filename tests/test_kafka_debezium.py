@@ -48,13 +48,14 @@ def stack(tmp_path_factory):
 def test_pgbench_through_debezium_on_kafka_is_consistent_at_every_version_through_connect_and_run_crashes(
         spark, stack, tmp_path):
     o = kafka_scenario.run(spark, stack, tmp_path, seconds=45, rate=100, kill_connect_after_s=10,
-                           kill_run_after_s=20)
+                           kill_run_after_s=20, min_versions=5)
     print(o)
     assert len(o.snapshot_rows) == 4 and min(o.snapshot_rows.values()) >= 500, o
     assert o.connect_killed and o.run_killed, o
     assert o.transactions > 2000, o
-    # how many versions a 45-s continuous run commits depends on the machine's load (7 to 11 seen
-    # on 2 cores with the other pytest worker busy); every one of them is checked below
+    # how many versions a 45-s continuous run commits depends on the machine's load (4 to 11 seen
+    # on 2 cores with the other pytest worker busy): the run goes on until it has five, every one
+    # of them checked below
     assert o.versions >= 5, o
     assert o.invariant_violations == 0, o
     assert o.oracle_mismatches == 0 and o.spark_checked >= 2, o
@@ -74,7 +75,7 @@ def test_pgbench_through_debezium_on_three_partition_topics_is_consistent_throug
     goes through Spark's Kafka source, parsed on the executors (``driver_read_records: 0``;
     the test above reads on the driver)."""
     o = kafka_scenario.run(spark, stack, tmp_path, seconds=25, rate=100, kill_connect_after_s=8, partitions=3,
-                           spark_checks=1, driver_read_records=0)
+                           spark_checks=1, driver_read_records=0, min_versions=3)
     print(o)
     assert o.connect_killed and o.transactions > 1000 and o.versions >= 3, o
     assert o.invariant_violations == 0 and o.oracle_mismatches == 0 and o.spark_checked >= 1, o
