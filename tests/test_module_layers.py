@@ -1,4 +1,4 @@
-"""The package's import order, as the README's module map states it.
+"""The package's import order, as the module map (``python/modules.toml``) states it.
 
 Every import of ``consistent_stream`` code, at module level or inside a function, is read from
 the source (``ast``; nothing is imported), so a lazy import that would hide a back arrow
@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import ast
 import os
-import re
+import tomllib
 from collections import defaultdict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "python", "consistent_stream")
-MAP_MARKER = "<!-- module map: read by tests/test_module_layers.py -->"
+MODULE_MAP = os.path.join(ROOT, "python", "modules.toml")
 ENGINES = ("pyspark", "duckdb", "deltalake", "pyarrow", "py4j")
 
 
@@ -64,32 +64,29 @@ def _unit(module: str) -> str:
 
 
 def _module_map() -> dict[str, tuple[int, set[str]]]:
-    with open(os.path.join(ROOT, "README.md")) as f:
-        text = f.read()
-    assert MAP_MARKER in text, "README.md lost its module map (the table after the marker)"
+    """Unit -> (layer, the units it may import), from :data:`MODULE_MAP`."""
+    with open(MODULE_MAP, "rb") as f:
+        entries = tomllib.load(f)["module"]
     rows = {}
-    for line in text.split(MAP_MARKER, 1)[1].strip().splitlines()[2:]:
-        if not line.startswith("|"):
-            break
-        layer, unit, _owns, may = [c.strip() for c in line.strip("|").split("|")]
-        unit = unit.strip("`")
-        assert unit not in rows, f"README module map: {unit} has two rows"
-        rows[unit] = (int(layer), set(re.findall(r"`([^`]+)`", may)))
+    for e in entries:
+        assert e["name"] not in rows, f"python/modules.toml: {e['name']} has two entries"
+        assert e.get("owns"), f"python/modules.toml: {e['name']} says nothing about what it owns"
+        rows[e["name"]] = (int(e["layer"]), set(e.get("may_import", [])))
     return rows
 
 
-def test_every_import_follows_the_readme_module_map():
+def test_every_import_follows_the_module_map():
     modules = _modules()
     rows = _module_map()
     units = {_unit(m) for m in modules}
-    assert units - set(rows) == set(), f"modules missing from the README's module map: {sorted(units - set(rows))}"
-    assert set(rows) - units == set(), f"README module map rows with no module: {sorted(set(rows) - units)}"
+    assert units - set(rows) == set(), f"modules missing from python/modules.toml: {sorted(units - set(rows))}"
+    assert set(rows) - units == set(), f"python/modules.toml entries with no module: {sorted(set(rows) - units)}"
     bad = []
     for unit, (layer, may) in rows.items():
         for target in may:
-            assert target in rows, f"README module map: {unit} may import {target}, which has no row"
+            assert target in rows, f"python/modules.toml: {unit} may import {target}, which has no entry"
             if rows[target][0] >= layer:
-                bad.append(f"README module map: {unit} (layer {layer}) may import {target} (layer {rows[target][0]}), "
+                bad.append(f"python/modules.toml: {unit} (layer {layer}) may import {target} (layer {rows[target][0]}), "
                            f"which is not below it")
     for name, path in sorted(modules.items()):
         unit = _unit(name)

@@ -11,7 +11,7 @@ import os
 import re
 import traceback
 from datetime import datetime, timezone
-from dataclasses import dataclass
+from dataclasses import field, fields, make_dataclass
 from importlib import import_module
 from typing import Any, Dict, Iterable, List, Optional, Union
 
@@ -24,6 +24,7 @@ from dbt.adapters.spark.connections import SparkConnectionMethod
 from dbt.adapters.spark.impl import SparkAdapter, SparkConfig
 from dbt_common.exceptions import DbtRuntimeError
 
+from consistent_stream.model_config import MODEL_CONFIG, config_keys
 from dbt.adapters.consistent_spark.connections import ConsistentSparkConnectionManager
 
 logger = AdapterLogger("ConsistentSpark")
@@ -62,12 +63,22 @@ ADAPTER_NAME = "consistent_spark"
 ADAPTER_MATERIALIZATION = "consistent_stream"
 
 
-@dataclass
-class ConsistentSparkConfig(SparkConfig):
-    """Model configs this adapter reads on top of dbt-spark's (``unique_key`` is dbt-core's)."""
+def _config_class() -> type:
+    """``ConsistentSparkConfig``: dbt-spark's model configs plus a field (default None) for each
+    key of the engine's model config (``consistent_stream.model_config``) that the model sets in
+    ``config()`` and dbt-spark's class does not have already (``location_root``,
+    ``partition_by``). Generated, so that a new key needs no edit here."""
+    inherited = {f.name for f in fields(SparkConfig)}
+    own = [(key.name, key.python_type(), field(default=None, metadata={"description": key.description}))
+           for key in MODEL_CONFIG if key.from_config and key.name not in inherited]
+    return make_dataclass("ConsistentSparkConfig", own, bases=(SparkConfig,), namespace={
+        "__module__": __name__,
+        "__doc__": "Model configs this adapter reads on top of dbt-spark's: the keys of "
+                   "``consistent_stream.model_config.MODEL_CONFIG`` set in ``config()``.",
+    })
 
-    checkpoint_location: Optional[str] = None
-    trigger: Optional[str] = None
+
+ConsistentSparkConfig = _config_class()
 
 
 class ConsistentSparkAdapter(SparkAdapter):
@@ -122,6 +133,12 @@ class ConsistentSparkAdapter(SparkAdapter):
             if spark.conf.isModifiable(parameter):
                 spark.conf.set(parameter, value)
         return spark
+
+    @available
+    def consistent_stream_config_keys(self) -> List[str]:
+        """The model config keys the ``consistent_stream`` materialization passes the engine
+        (``config.get`` of each): ``consistent_stream.model_config.config_keys()``."""
+        return config_keys()
 
     @available
     def consistent_stream_run(

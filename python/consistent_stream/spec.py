@@ -8,17 +8,18 @@ from dataclasses import asdict, dataclass, field
 
 from . import location
 from .errors import ConfigError
+from .model_config import KEYS
 from .settings import STATE_FILE_ROWS
 from .storage import read_text, replace_text
 from .sources import SourceSpec
 
 
-RECOMPUTE_THRESHOLD = 0.25
+RECOMPUTE_THRESHOLD = KEYS["recompute_threshold"].default
 """Default ``recompute_threshold``: a batch whose source change rows exceed this fraction of
 the sources' rows is recomputed from snapshots instead of maintained incrementally."""
-MAX_BATCH_ROWS = 500_000
+MAX_BATCH_ROWS = KEYS["max_batch_rows"].default
 """Default ``max_batch_rows``: source change rows above which a backlog is split."""
-DRIVER_REBUILD_ROWS = 1_000_000
+DRIVER_REBUILD_ROWS = KEYS["driver_rebuild_rows"].default
 """Default ``driver_rebuild_rows``: source rows (summed over the model's sources at the batch's
 cut) up to which a rebuild runs on the driver (:mod:`consistent_stream.runtime`); the bound of
 ``MAX_DRIVER_ROWS`` on a change held there. Above it, the executors rebuild, and the driver
@@ -27,23 +28,23 @@ executors' rebuild runs many, each with its fixed scheduling cost, so up to this
 is faster; but the driver holds the rebuild's relations, which grow with the sources, and the
 bound keeps them within what it may hold. Time and peak memory of both are measured by
 ``benchmarks/driver_rebuild.py`` (the example models in a warm session at Spark's defaults)."""
-LOG_RETENTION_HOURS = 720.0
+LOG_RETENTION_HOURS = KEYS["log_retention_hours"].default
 """Default ``log_retention_hours``: the target's log entries are kept this long (Delta's
 ``delta.logRetentionDuration``, 30 days); see :mod:`consistent_stream.sink.maintenance`."""
-DELETED_FILE_RETENTION_HOURS = 168.0
+DELETED_FILE_RETENTION_HOURS = KEYS["deleted_file_retention_hours"].default
 """Default ``deleted_file_retention_hours``: the target's superseded data files and Change
 Data Feed files are kept this long (Delta's ``delta.deletedFileRetentionDuration``, 7 days)."""
-STATE_RETENTION_VERSIONS = 2
+STATE_RETENTION_VERSIONS = KEYS["state_retention_versions"].default
 """Default ``state_retention_versions``: state table versions kept (the newest ones)."""
-ON_CONFIGURATION_CHANGE = ("apply", "continue", "fail")
+ON_CONFIGURATION_CHANGE = KEYS["on_configuration_change"].choices
 """Values of dbt's ``on_configuration_change`` (the first is dbt's default); see
 :mod:`consistent_stream.config_change`."""
-ON_SCHEMA_CHANGE = ("ignore", "fail", "append_new_columns", "sync_all_columns")
+ON_SCHEMA_CHANGE = KEYS["on_schema_change"].choices
 """Values of dbt's ``on_schema_change`` (the first is dbt's default)."""
-CHECKPOINT_INTERVAL = 100
+CHECKPOINT_INTERVAL = KEYS["checkpoint_interval"].default
 """Default ``checkpoint_interval``: commits between Delta checkpoints (delta-rs' default
 ``delta.checkpointInterval``)."""
-CHECKPOINT_INTERVAL_OBJECT_STORE = 4
+CHECKPOINT_INTERVAL_OBJECT_STORE = KEYS["checkpoint_interval"].object_store_default
 """The default when the target or the checkpoint is on an object store: every run opens the
 target and the state table, replaying each log from its newest checkpoint
 (:mod:`consistent_stream.delta.log`): ``_last_checkpoint``, the checkpoint (one GET each), a
@@ -65,8 +66,13 @@ def _as_list(value, key: str) -> list[str]:
     raise ConfigError(f"config {key} must be a column name or a list of column names, got {value!r}")
 
 
-def _number(config: dict, key: str, default, typ, model: str, low):
-    """Config ``key`` as a number of type ``typ``, at least ``low`` (ConfigError naming it)."""
+def _number(config: dict, key: str, model: str, default=None):
+    """Config ``key`` (a ``number`` or ``integer`` of :data:`~.model_config.KEYS`) as a float or
+    an int, at least the key's minimum (ConfigError naming it); ``default``, else the key's own,
+    when unset."""
+    definition = KEYS[key]
+    typ, low = {"number": float, "integer": int}[definition.kind], definition.minimum
+    default = definition.default if default is None else default
     value = config.get(key)
     if value is None:
         return default
@@ -189,13 +195,13 @@ class JobSpec:
     target_path: str
     checkpoint_location: str
     partition_by: list[str] = field(default_factory=list)
-    trigger: str = "available_now"
+    trigger: str = KEYS["trigger"].default
     recompute_threshold: float = RECOMPUTE_THRESHOLD
     state_file_rows: int = STATE_FILE_ROWS
     max_batch_rows: int = MAX_BATCH_ROWS
     driver_rebuild_rows: int = DRIVER_REBUILD_ROWS
-    local_engine: str = "duckdb"
-    incremental_only: bool = False
+    local_engine: str = KEYS["local_engine"].default
+    incremental_only: bool = KEYS["incremental_only"].default
     log_retention_hours: float = LOG_RETENTION_HOURS
     deleted_file_retention_hours: float = DELETED_FILE_RETENTION_HOURS
     state_retention_versions: int = STATE_RETENTION_VERSIONS
@@ -262,7 +268,9 @@ class JobSpec:
     @staticmethod
     def from_dbt(*, project_root: str, schema: str, identifier: str, model_name: str, sql: str,
                  sources: list[dict], config: dict, warehouse_dir: str) -> "JobSpec":
-        """Validate the materialization's config (keys named as in dbt / dbt-spark)."""
+        """Validate the materialization's config (keys named as in dbt / dbt-spark) against
+        their definition, :data:`consistent_stream.model_config.MODEL_CONFIG` (defaults,
+        minimums, accepted values)."""
         unique_key = [c.lower() for c in _as_list(config.get("unique_key"), "unique_key")]
         partition_by = [c.lower() for c in _as_list(config.get("partition_by"), "partition_by")]
         target = target_location(project_root, schema, identifier, config, warehouse_dir)
@@ -271,15 +279,16 @@ class JobSpec:
             ckpt = location.normalize(str(ckpt), project_root, key=f"model {model_name}: config checkpoint_location")
         else:
             ckpt = target + "__checkpoint"
-        trigger = str(config.get("trigger") or "available_now")
+        trigger = str(config.get("trigger") or KEYS["trigger"].default)
         if trigger != "available_now" and not trigger.startswith("processing_time:"):
             raise ConfigError(f"model {model_name}: config trigger must be 'available_now' or "
                               f"'processing_time:<seconds>', got {trigger!r}")
-        threshold = _number(config, "recompute_threshold", RECOMPUTE_THRESHOLD, float, model_name, low=0.0)
-        file_rows = _number(config, "state_file_rows", STATE_FILE_ROWS, int, model_name, low=1)
-        batch_rows = _number(config, "max_batch_rows", MAX_BATCH_ROWS, int, model_name, low=1)
-        driver_rows = _number(config, "driver_rebuild_rows", DRIVER_REBUILD_ROWS, int, model_name, low=0)
-        local_engine = str(config.get("local_engine") or "duckdb").lower()
+        threshold = _number(config, "recompute_threshold", model_name)
+        file_rows = _number(config, "state_file_rows", model_name)
+        batch_rows = _number(config, "max_batch_rows", model_name)
+        driver_rows = _number(config, "driver_rebuild_rows", model_name)
+        local_engines = KEYS["local_engine"].choices
+        local_engine = str(config.get("local_engine") or local_engines[0]).lower()
         incremental_only = config.get("incremental_only")
         if isinstance(incremental_only, str) and incremental_only.lower() in ("true", "false"):
             incremental_only = incremental_only.lower() == "true"
@@ -287,18 +296,15 @@ class JobSpec:
             raise ConfigError(f"model {model_name}: config incremental_only must be true or false, "
                               f"got {incremental_only!r}")
         retention = dict(
-            log_retention_hours=_number(config, "log_retention_hours", LOG_RETENTION_HOURS, float, model_name, low=0.0),
-            deleted_file_retention_hours=_number(config, "deleted_file_retention_hours", DELETED_FILE_RETENTION_HOURS,
-                                                 float, model_name, low=0.0),
-            state_retention_versions=_number(config, "state_retention_versions", STATE_RETENTION_VERSIONS, int,
-                                             model_name, low=1),
-            checkpoint_interval=_number(config, "checkpoint_interval",
-                                        CHECKPOINT_INTERVAL_OBJECT_STORE if location.is_remote(ckpt)
-                                        or location.is_remote(target) else CHECKPOINT_INTERVAL,
-                                        int, model_name, low=1))
-        if local_engine not in ("duckdb", "spark"):
-            raise ConfigError(f"model {model_name}: config local_engine must be 'duckdb' or 'spark', "
-                              f"got {config.get('local_engine')!r}")
+            log_retention_hours=_number(config, "log_retention_hours", model_name),
+            deleted_file_retention_hours=_number(config, "deleted_file_retention_hours", model_name),
+            state_retention_versions=_number(config, "state_retention_versions", model_name),
+            checkpoint_interval=_number(config, "checkpoint_interval", model_name,
+                                        default=CHECKPOINT_INTERVAL_OBJECT_STORE if location.is_remote(ckpt)
+                                        or location.is_remote(target) else CHECKPOINT_INTERVAL))
+        if local_engine not in local_engines:
+            raise ConfigError(f"model {model_name}: config local_engine must be "
+                              f"{' or '.join(repr(e) for e in local_engines)}, got {config.get('local_engine')!r}")
         policies = {}
         for key, allowed in (("on_configuration_change", ON_CONFIGURATION_CHANGE),
                              ("on_schema_change", ON_SCHEMA_CHANGE)):

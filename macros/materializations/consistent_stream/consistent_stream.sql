@@ -16,29 +16,20 @@
 
   {%- set target_relation = this.incorporate(type='table') -%}
   {%- set full_refresh = should_full_refresh() -%}
-  {%- set stream_config = {
+  {#-- Every key of the engine's model config (consistent_stream.model_config) that the model sets
+       in config(), the validated ones as validated; contract, constraints and docs come from dbt's
+       contract and persist_docs --#}
+  {%- set stream_config = {} -%}
+  {%- for key in adapter.consistent_stream_config_keys() -%}
+    {%- do stream_config.update({key: config.get(key, none)}) -%}
+  {%- endfor -%}
+  {%- do stream_config.update({
       'unique_key': unique_key,
-      'location_root': config.get('location_root', none),
-      'checkpoint_location': config.get('checkpoint_location', none),
       'partition_by': partition_by,
-      'trigger': config.get('trigger', none),
-      'recompute_threshold': config.get('recompute_threshold', none),
-      'max_batch_rows': config.get('max_batch_rows', none),
-      'driver_rebuild_rows': config.get('driver_rebuild_rows', none),
-      'autoscale': config.get('autoscale', none),
-      'state_file_rows': config.get('state_file_rows', none),
-      'local_engine': config.get('local_engine', none),
-      'incremental_only': config.get('incremental_only', none),
-      'log_retention_hours': config.get('log_retention_hours', none),
-      'deleted_file_retention_hours': config.get('deleted_file_retention_hours', none),
-      'state_retention_versions': config.get('state_retention_versions', none),
-      'checkpoint_interval': config.get('checkpoint_interval', none),
-      'on_configuration_change': config.get('on_configuration_change', none),
-      'on_schema_change': config.get('on_schema_change', none),
       'contract': contract.columns,
       'constraints': contract.constraints,
       'docs': consistent_stream_docs(model),
-  } -%}
+  }) -%}
 
   {{ run_hooks(pre_hooks) }}
 
