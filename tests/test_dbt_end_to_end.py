@@ -134,7 +134,7 @@ def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(spark, tmp_p
                                                           cid="The customer (the partition column)")})
     r = dbt(tmp_path, "run")
     assert r.success, messages(r)
-    assert target.refresh() == version
+    assert target.refresh().version == version
     changed = ("Orders per customer, it's exact", {**written[1], "cid": "The customer (the partition column)"})
     assert docs() == (written, written)
 

@@ -67,7 +67,7 @@ def test_commits_and_checkpoints_read_the_same_in_delta_rs_and_delta_spark(tmp_p
 
     again = DeltaTableRef(root, own_log=True)
     assert again.exists() and again.version() == 7 and again.txn_version("q") == 7
-    assert again._log.checkpoint_version == 6
+    assert again.replayed_log().checkpoint_version == 6
     assert sorted(f.path for f in again.data_files(7)) == sorted(f.path for f in ref.data_files(7))
     assert again.commit_at(7).metadata["batch_id"] == "7"
 
@@ -103,7 +103,7 @@ def test_the_targets_version_checksums_are_what_delta_spark_computes(tmp_path, s
         _commit(ref, [new], [live.pop(0)] if batch % 2 == 0 else [], batch)
         live.append(new)
     again = DeltaTableRef(root, own_log=True, checksums=True)   # replayed from the checkpoint at 3
-    assert again.exists() and again._log.checkpoint_version == 3
+    assert again.exists() and again.replayed_log().checkpoint_version == 3
     _commit(again, [_file(root, "a", [99])], [live.pop(0)], 5)
     log_dir = os.path.join(root, "_delta_log")
     crc = json.loads(open(os.path.join(log_dir, "00000000000000000005.crc")).read())

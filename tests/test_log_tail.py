@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-import consistent_stream.delta.deltars as deltars
+import consistent_stream.delta.reader as delta_reader
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.job import run_job
 from consistent_stream.runtime import BatchMeta
@@ -21,13 +21,13 @@ SQL = "select g, count(*) as n, sum(v) as s from src.t group by g"
 def opened(monkeypatch):
     """The paths delta-rs opened (a DeltaTable made for them) since the fixture began."""
     paths: list[str] = []
-    real = deltars.DeltaTable
+    real = delta_reader.DeltaTable
 
     class Counting(real):
         def __init__(self, path, *a, **k):
             paths.append(str(path))
             super().__init__(path, *a, **k)
-    monkeypatch.setattr(deltars, "DeltaTable", Counting)
+    monkeypatch.setattr(delta_reader, "DeltaTable", Counting)
     return paths
 
 

@@ -7,10 +7,17 @@ only a model's run writes (its state table and its target) are replayed and comm
 object-store requests. Spark does the
 computing: snapshots are handed to Spark as the Parquet files of one Delta version, or read by
 delta-spark (in every session, :mod:`consistent_stream.session`) where the table's protocol
-needs it (deletion vectors, column mapping: :class:`~.deltars.ReadPlan`); results come back
+needs it (deletion vectors, column mapping: :class:`~.snapshot.ReadPlan`); results come back
 as Parquet files written by Spark's executors (committed by delta-rs as add actions,
 :mod:`.files`) or, when change-sized, as Arrow for a delta-rs MERGE. Tables written this way
 are standard Delta tables that delta-spark, DuckDB or Trino read unchanged.
+
+The modules: :mod:`.values` (what the interface takes and gives), :mod:`.snapshot` (one
+version of a table as an immutable value, and its read plan), :mod:`.reader` (the snapshots,
+commits and rows of a table), :mod:`.changes` (its Change Data Feed), :mod:`.committer` (its
+idempotent commits), :mod:`.deltars` (:class:`DeltaTableRef`, the reader and the committer
+as one face), :mod:`.log` (the replayed logs), :mod:`.tail` (a source's log read from a
+version on), :mod:`.files` (data files written and read).
 """
 from deltalake.exceptions import DeltaError  # noqa: F401  (what delta-rs raises for a table it cannot read)
 
@@ -19,5 +26,6 @@ from .deltars import (  # noqa: F401
     DataFile,
     Docs,
     DeltaTableRef,
+    Snapshot,
     Txn,
 )

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
 from .. import location, storage
-from .deltars import DataFile, as_uri, plain_arrow, plain_schema
+from .values import DataFile, as_uri, plain_arrow, plain_schema
 
 MAX_STRING_STAT = 32
 """Strings longer than this get no min/max statistics (Delta truncates them; we skip)."""
@@ -301,7 +301,7 @@ def write_spark(df: DataFrame, table_path: str, rel_dir: str, *, partition_by: l
 
 def _arrow_schema(df: DataFrame) -> pa.Schema:
     """``df``'s schema in Arrow; a TIMESTAMP is UTC-adjusted microseconds, as Delta stores it."""
-    from .deltars import arrow_schema
+    from .values import arrow_schema
     return arrow_schema(df.schema)
 
 

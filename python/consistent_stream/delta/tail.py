@@ -54,7 +54,7 @@ class TailCommit:
         """Change Data Feed rows of the commit: 0 for a commit that changes no data (every
         ``add`` and ``remove`` with ``dataChange: false``, no ``cdc``: OPTIMIZE), else from its
         ``operationMetrics`` (delta-rs' and Delta Spark's names; None: unknown)."""
-        from .deltars import changed_rows
+        from .values import changed_rows
         changes = [a for a in self.actions if "cdc" in a
                    or any(k in a and a[k].get("dataChange", True) for k in ("add", "remove"))]
         return 0 if not changes else changed_rows(self._info().get("operationMetrics") or {})
@@ -65,7 +65,7 @@ class TailCommit:
         that changes no data; else from its ``operationMetrics`` (inserted less deleted rows;
         an UPDATE neither), None when they do not tell (a write that also removes files, as an
         overwrite does, counts only what it added)."""
-        from .deltars import DELETED_METRICS, INSERTED_METRICS, UPDATED_METRICS
+        from .values import DELETED_METRICS, INSERTED_METRICS, UPDATED_METRICS
         data = [a for a in self.actions if "cdc" in a
                 or any(k in a and a[k].get("dataChange", True) for k in ("add", "remove"))]
         if not data:

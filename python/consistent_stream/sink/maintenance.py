@@ -329,7 +329,7 @@ class Maintenance:
 
     def _target_pass(self, r: MaintenanceReport, now: float) -> None:
         job, ret, ref = self.job, self.retention, self._target
-        version = ref.refresh()   # the run's own handle: at its last commit, no request
+        version = ref.refresh().version   # the run's own handle: at its last commit, no request
         r.checkpoints += ensure_checkpoint(ref, ret.checkpoint_interval)
         if not _reachable(job.target_path):
             if not self._warned:
