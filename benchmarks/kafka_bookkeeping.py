@@ -7,10 +7,10 @@ first cut is asked for, and keeps for each, until then, what the resume point an
 planning need: its id in the published set (a record sent again is recognized by it), its
 entry in the transaction log (:class:`consistent_stream.sources.landing_index.TxLog`) and its
 resume extents (the first and last offsets of its records per partition,
-``kafka._Extents``). This puts ``--transactions`` pgbench-like transactions (PostgreSQL xids,
-records in the transaction topic and one partition of each of two 3-partition data topics)
-through the reader's own structures, as ``KafkaReader._publish`` does, and prints one JSON
-line: the live bytes per transaction (``tracemalloc`` after a collection), the bytes per
+``kafka.extents.Extents``). This puts ``--transactions`` pgbench-like transactions
+(PostgreSQL xids, records in the transaction topic and one partition of each of two 3-partition
+data topics) through the reader's own structures, as ``TransactionAssembler.publish`` and
+``KafkaReader._record`` do, and prints one JSON line: the live bytes per transaction (``tracemalloc`` after a collection), the bytes per
 transaction its sealed blocks took in the spill file (:mod:`consistent_stream.sources.packed`:
 on local disk, not in memory) and the seconds the appends took under tracing. No Spark, no Kafka: what it measures is the driver's Python
 objects alone, which is what grows with the history in ``kafka_catch_up.py``'s driver peak.
@@ -33,7 +33,8 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--transactions", type=int, default=300_000)
     n = ap.parse_args(argv).transactions
-    from consistent_stream.sources.kafka import _Extents, KafkaReader
+    from consistent_stream.sources.kafka.extents import Extents
+    from consistent_stream.sources.kafka.reader import KafkaReader
     from consistent_stream.sources.landing_index import TxInfo, TxLog
     from consistent_stream.sources.packed import SPILL
 
@@ -46,7 +47,7 @@ def main(argv: list[str]) -> int:
     tracemalloc.start()
     reader = KafkaReader("127.0.0.1:9092", "pgb.transaction", "transaction")   # connects to nothing
     base, spilled = tracemalloc.get_traced_memory()[0], SPILL.size
-    published, txs, extents = reader._published, TxLog(), _Extents()
+    published, txs, extents = reader.clock.assembler.published, TxLog(), Extents()
     t0 = time.perf_counter()
     for i in range(n):
         # xids in start order, published in commit order: a little out of order

@@ -59,7 +59,7 @@ def main() -> int:
     import consistent_stream  # noqa: F401
     from consistent_stream.cli import local_spark
     from consistent_stream.job import run_job
-    from consistent_stream.sources.debezium import forget_reader, reader_for
+    from consistent_stream.sources.debezium.source import forget_reader, reader_for
     from consistent_stream.sources.landing_index import INDEX_DIR
     from consistent_stream.spec import JobSpec
     from consistent_stream.verify import verify_target

@@ -29,7 +29,7 @@ from consistent_stream.delta import DeltaTableRef
 from consistent_stream.job import run_job
 from consistent_stream.oracle import batch_dataframe, duckdb_result
 from consistent_stream.sources import Cut
-from consistent_stream.sources.debezium import reader_for
+from consistent_stream.sources.debezium.source import reader_for
 from consistent_stream.spec import JobSpec
 from postgres_server import Database, start_capture, stop_capture, wait_for
 

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from consistent_stream.sources.debezium import LandingReader
+from consistent_stream.sources.debezium.source import LandingReader
 from consistent_stream.sources.landing import TableSchema, schema_path
 from postgres_server import Database, start_capture, stop_capture, wait_for
 

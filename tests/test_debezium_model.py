@@ -15,7 +15,7 @@ from consistent_stream.delta import DeltaTableRef
 from consistent_stream.errors import ConfigError
 from consistent_stream.job import run_job
 from consistent_stream.sources import SourceSpec
-from consistent_stream.sources.debezium import reader_for
+from consistent_stream.sources.debezium.source import reader_for
 from consistent_stream.sources.landing import parse_lsn
 from helpers import assert_target_equals_batch_evaluation, delta_pandas, job_for
 from postgres_server import Database, start_capture, stop_capture, wait_for

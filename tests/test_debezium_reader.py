@@ -11,8 +11,9 @@ import pyarrow as pa
 import pytest
 
 from consistent_stream.errors import SourceError
-from consistent_stream.sources import debezium_events, landing_index
-from consistent_stream.sources.debezium import LandingReader
+from consistent_stream.sources import landing_index
+from consistent_stream.sources.debezium import events as debezium_events
+from consistent_stream.sources.debezium.source import LandingReader
 from consistent_stream.sources.landing import ColumnSchema, TableSchema, event_file_name, load_schemas, write_schema
 
 ACCOUNTS = TableSchema("public.accounts", (ColumnSchema("id", "int32", "integer", False),

@@ -24,7 +24,7 @@ import pytest
 import kafka_scenario
 from kafka_events import Events
 from postgres_server import wait_for
-from consistent_stream import kafka_stack
+from consistent_stream_testing import kafka_stack
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.errors import SourceError
 from consistent_stream.job import run_job
@@ -265,14 +265,14 @@ def test_changes_dropped_from_memory_are_read_from_their_copies_or_again_from_th
     """A reader keeps at most ``image_budget`` bytes of assembled changes; what needs older ones
     reads the copies it wrote of them to the driver's disk (a local session:
     :mod:`consistent_stream.sources.chunk_files`), or is computed by Spark from the topics
-    (``copy_dropped`` false, as with a cluster: :mod:`consistent_stream.sources.kafka_table`).
+    (``copy_dropped`` false, as with a cluster: :mod:`consistent_stream.sources.kafka.table`).
     On topics of 3 partitions, with a snapshot that stopped and was taken again, updates,
     deletes, a key changed twice in one transaction, a transaction sent twice and an event sent
     twice: a reader that keeps nothing gives, either way, the same table at every position (on
     the driver and computed by Spark) and the same changes as one that keeps everything, and a
     first build that keeps nothing (the rebuild on the driver and on the executors) gives the
     model's answer."""
-    from consistent_stream.sources import kafka
+    from consistent_stream.sources.kafka import reader as kafka
     e = Events("dropped")
     for t in ("a", "b"):
         stack.create_topic(e.topic(t), 3)
@@ -376,8 +376,8 @@ def test_a_payload_is_parsed_alone_where_the_value_has_its_topics_envelope_and_w
     reader's columns equal those of parsing every value whole, and the model's answer holds
     every event."""
     import orjson
-    from consistent_stream.sources import kafka
-    from consistent_stream.sources.debezium_columns import local_projection, projection
+    from consistent_stream.sources.kafka import reader as kafka
+    from consistent_stream.sources.debezium.columns import local_projection, projection
     e = Events("env")
 
     def compact(v: bytes) -> bytes:
@@ -611,8 +611,8 @@ def test_an_empty_range_of_a_table_from_the_topics_is_an_empty_frame_in_a_thread
     table from the topics of a range with no change (what compiling a model analyzes before
     anything was published) is an empty frame of the table's columns there too."""
     import threading
-    from consistent_stream.sources import kafka
-    from consistent_stream.sources.kafka_table import table_frame
+    from consistent_stream.sources.kafka import reader as kafka
+    from consistent_stream.sources.kafka.table import table_frame
     from consistent_stream.sources.spec import INITIAL
     e = Events("nosession")
     r = kafka.KafkaReader(stack.bootstrap, e.tx_topic, "transaction")
@@ -641,7 +641,8 @@ def test_reads_on_the_driver_and_on_the_executors_give_the_same_tables_and_a_bad
     executors (``0``); both readers publish the same positions and tables. The setting comes
     from the sources (the smallest of a clock's), and a value that is not a count is named."""
     from consistent_stream.errors import ConfigError
-    from consistent_stream.sources import kafka
+    from consistent_stream.sources.kafka import ReaderRegistry
+    from consistent_stream.sources.kafka import reader as kafka
     e = Events("where")
     _snapshot(stack, e)
     _tx(stack, e, [("a", None, {"id": 2, "v": 20}), ("b", {"id": 1, "v": 10}, {"id": 1, "v": 11})])
@@ -652,7 +653,7 @@ def test_reads_on_the_driver_and_on_the_executors_give_the_same_tables_and_a_bad
         spec = SourceSpec.from_dbt({"source_name": "k", "name": "a", "relation": "k.a", "meta": {
             "format": "kafka", "bootstrap_servers": stack.bootstrap, "topic": e.topic("a"), "primary_key": "id",
             **({} if limit else {"driver_read_records": 0})}}, str(tmp_path))
-        r = kafka.declare(spec, {})
+        r = ReaderRegistry().declare(spec)
         assert r.driver_read_records == limit
         r.add_table(e.topic("b"), "public.b", ("id",), {})
         r.refresh()
@@ -671,7 +672,7 @@ def test_reads_on_the_driver_and_on_the_executors_give_the_same_tables_and_a_bad
 def test_a_model_over_kafka_compiles_from_the_topics_first_records_while_the_backlog_is_read(
         spark, stack, tmp_path):
     """A Kafka source's columns come from its topic's first records, not from reading its
-    backlog (:meth:`.kafka.KafkaReader.head_schema`), so a first build compiles the model on a
+    backlog (:meth:`.kafka.reader.KafkaReader.head_schema`), so a first build compiles the model on a
     thread while the driver reads the topics (``job._compile_ahead``): its SQL error is the
     run's, nothing is committed and no compile thread outlives the run; a valid model builds."""
     import threading
@@ -699,13 +700,12 @@ def test_a_model_over_kafka_compiles_from_the_topics_first_records_while_the_bac
 
 
 def test_successive_fetches_of_a_backlog_go_on_where_the_last_ended_and_equal_one_fetch(stack):
-    """The driver's fetch of a backlog in parts (:func:`.kafka._split`: every partition
+    """The driver's fetch of a backlog in parts (:func:`.kafka.log.split_ranges`: every partition
     advancing in each) keeps its assignment and what it fetched ahead from part to part; a
     fetch of other ranges between parts (a diagnosis) and a tombstone change nothing: the parts
     together are the records of one fetch, each once, and the values that start with the
     prefix are cut to what follows it."""
-    from consistent_stream.sources.kafka import _split
-    from consistent_stream.sources.kafka_log import KafkaLog
+    from consistent_stream.sources.kafka.log import KafkaLog, split_ranges
     topic = "fetch.parts"
     stack.create_topic(topic, 3)
     for p in range(3):
@@ -719,7 +719,7 @@ def test_successive_fetches_of_a_backlog_go_on_where_the_last_ended_and_equal_on
         assert whole.num_rows == 1200 and whole.column("cut").to_pylist().count(True) == 1200 - 24
         assert whole.column("value")[1].as_py() == b'{"n":1}' and whole.column("value")[0].as_py() is None
         parts = []
-        for i, part in enumerate(_split(ranges, 250)):
+        for i, part in enumerate(split_ranges(ranges, 250)):
             parts.append(log.fetch(part, prefixes))
             if i == 1:
                 assert log._stream is not None and log._carry   # went on, with records fetched ahead

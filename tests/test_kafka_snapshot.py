@@ -1,4 +1,4 @@
-"""The connector's snapshot assembled across partitions (:mod:`consistent_stream.sources.kafka_snapshot`),
+"""The connector's snapshot assembled across partitions (:mod:`consistent_stream.sources.kafka.snapshot`),
 in every order a reader can meet the partitions: each partition's events in the order the
 connector wrote them, the partitions in any order and interleaving. (The same on real Kafka
 topics: ``tests/test_kafka_debezium.py``.)"""
@@ -10,7 +10,7 @@ import random
 import pytest
 
 from consistent_stream.errors import SourceError
-from consistent_stream.sources.kafka_snapshot import SnapshotAssembly, attempt_of
+from consistent_stream.sources.kafka.snapshot import SnapshotAssembly, attempt_of
 
 TOPIC, TABLE = "p.public.a", "public.a"
 

@@ -13,7 +13,7 @@ import pytest
 from consistent_stream.capture.postgres import CaptureConfig, PostgresCapture, redact_dsn
 from consistent_stream.errors import ConsistentStreamError
 from consistent_stream.job import run_job
-from consistent_stream.sources.debezium import reader_for
+from consistent_stream.sources.debezium.source import reader_for
 from helpers import assert_target_equals_batch_evaluation, job_for
 from postgres_server import Database, start_capture, stop_capture, wait_for
 

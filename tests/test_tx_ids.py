@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consistent_stream.sources.kafka import _Extents
+from consistent_stream.sources.kafka.extents import Extents
 from consistent_stream.sources.packed import PackedInts
 from consistent_stream.sources.tx_ids import TxIds, TxIdSet, decimal_id
 
@@ -141,7 +141,7 @@ def test_extents_answer_a_resume_point_as_the_rows_they_hold_do():
     themselves give, at every position asked, before and after keep(); ids and LSNs follow."""
     rnd = random.Random(5)
     parts = [("tx", 0)] + [(f"t{t}", p) for t in range(2) for p in range(3)]
-    ext, rows = _Extents(), []
+    ext, rows = Extents(), []
     for i in range(3000):
         mine = [parts[0]] + rnd.sample(parts[1:], rnd.randint(0, 3))
         first = {tp: rnd.randint(0, 10 ** 12) for tp in mine}
@@ -181,7 +181,7 @@ def test_net_weights_sum_a_dropped_chunks_weights_up_to_and_past_a_position(rows
     """A chunk whose images were dropped keeps each position's summed weight (zero sums left
     out): the sums up to and past any position are those of the rows it was built from."""
     import pyarrow as pa
-    from consistent_stream.sources.debezium import NetWeights
+    from consistent_stream.sources.debezium.source import NetWeights
     t = pa.table({"__pos": pa.array([p for p, _ in rows], pa.int64()),
                   "__weight": pa.array([w for _, w in rows], pa.int64())})
     net = NetWeights(t)
@@ -217,7 +217,7 @@ def test_chunk_files_give_back_every_row_in_position_order_in_few_files(sizes, d
     import pyarrow as pa
     import pyarrow.parquet as pq
     from consistent_stream.sources import chunk_files
-    from consistent_stream.sources.debezium_events import POS, WEIGHT
+    from consistent_stream.sources.debezium.events import POS, WEIGHT
     files, rows, pos = chunk_files.ChunkFiles(frozen_bytes=1 << 30), [], 0
     for n in sizes:
         t = pa.table({"id": pa.array(range(pos, pos + n), pa.int64()), "s": [f"r{i}" for i in range(n)],

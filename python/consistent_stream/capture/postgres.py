@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass
 
 from .. import location, storage
 from ..errors import ConsistentStreamError
-from ..sources.debezium import forget_reader
+from ..sources.debezium.source import forget_reader
 from ..sources.landing_index import INDEX_DIR
 from ..sources.landing import (ColumnSchema, TableSchema, atomic_write, event_file_name, format_lsn,
                                list_event_files, parse_lsn, schema_path, write_schema)

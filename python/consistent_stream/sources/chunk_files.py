@@ -1,9 +1,9 @@
 """Parquet copies of a transaction log's chunks on the driver's local disk: where a
-:class:`~.kafka.KafkaReader` keeps the changes it no longer holds in memory, and what Spark
+:class:`~.kafka.reader.KafkaReader` keeps the changes it no longer holds in memory, and what Spark
 computes the table as of a position from when its executors share the driver's disk (a local
-session), instead of reading the topics again (:mod:`.kafka_table`).
+session), instead of reading the topics again (:mod:`.kafka.table`).
 
-A reader's chunks (:class:`~.debezium.TransactionLog`: per table an Arrow table of its columns
+A reader's chunks (:class:`~.debezium.source.TransactionLog`: per table an Arrow table of its columns
 + ``__pos`` + ``__weight``, positions growing from chunk to chunk) are written here in their
 order, each at most once: when the reader drops their rows from memory past its budget, or
 when Spark first needs them. So the files of a table hold, in position order, every change
@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .debezium_events import POS, WEIGHT
+from .debezium.events import POS, WEIGHT
 
 FROZEN_BYTES = 32 << 20
 """A file at least this large (bytes on disk) is never merged again."""

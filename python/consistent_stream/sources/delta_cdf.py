@@ -60,7 +60,7 @@ class SourceChanges:
 
 _FEATURE_ADVICE = (
     "consistent_stream reads deletion vectors, column mapping, v2 checkpoints, timestampNtz and "
-    "vacuumProtocolCheck (README, \"Sources written by Spark and Databricks\"). Point the source at a copy of the "
+    "vacuumProtocolCheck (docs/guides/delta-sources.md). Point the source at a copy of the "
     "table written without the feature, or drop it (ALTER TABLE <table> DROP FEATURE <feature>, where Delta can)")
 
 log = logging.getLogger("consistent_stream")

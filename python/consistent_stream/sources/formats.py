@@ -6,13 +6,13 @@ Formats (``meta.consistent_stream.format``):
 * ``delta``: a Delta table with the Change Data Feed on; positions are Delta versions
   (:class:`.delta_cdf.DeltaSource`).
 * ``debezium``: one table of a CDC landing directory of Debezium JSON events
-  (:class:`.debezium.DebeziumSource`, written by ``consistent-stream capture postgres``);
+  (:class:`.debezium.source.DebeziumSource`, written by ``consistent-stream capture postgres``);
   positions are transaction positions (the LSN just past a commit), and every table of one
   landing directory is cut at the same position, so a cut never splits a transaction. The
   table as of position X is the snapshot (at P0) plus every change up to X: the
   snapshot-then-CDC source (``snapshot_then_cdc`` macro).
 * ``kafka``: one table's topic of Debezium change events on Kafka
-  (:class:`.kafka.KafkaSource`); positions are complete transactions in the order of the
+  (:class:`.kafka.source.KafkaSource`); positions are complete transactions in the order of the
   connector's transaction topic (an END event's offset + 1; the snapshot is 0), and every table
   of one transaction topic is cut at the same position; or, with ``consistency: per_topic``,
   the topic's own offsets.
@@ -82,10 +82,10 @@ class Source(Protocol):
 def open_source(spec: SourceSpec) -> Source:
     """The :class:`Source` of ``spec``'s format."""
     if spec.format == "debezium":
-        from .debezium import DebeziumSource
+        from .debezium.source import DebeziumSource
         return DebeziumSource(spec)
     if spec.format == "kafka":
-        from .kafka import KafkaSource
+        from .kafka.source import KafkaSource
         return KafkaSource(spec)
     if spec.format == "model":
         from .model import ModelSource
@@ -112,7 +112,7 @@ def analysis_dataframe(spark: SparkSession, source: SourceSpec, position: int | 
     """A DataFrame with the columns and types of the source table as of ``position``, for
     Spark's analysis of a model's SQL (its output schema) and nothing else: for a Kafka source
     an empty one of its schema, at any position (``None``: before the topics are read; its
-    columns come from the first records, :meth:`.kafka.KafkaSource.schema`), else the
+    columns come from the first records, :meth:`.kafka.source.KafkaSource.schema`), else the
     snapshot's. SourceError for another source without a position."""
     s = open_source(source)
     if source.format == "kafka":

@@ -1,6 +1,6 @@
 """The landing directory of a CDC capture: layout, per-table schemas, LSNs, atomic writes.
 
-A landing directory holds Debezium JSON change events (see :mod:`.debezium`) for a set of
+A landing directory holds Debezium JSON change events (see :mod:`.debezium.events`) for a set of
 tables of one database, in commit order::
 
     <landing>/

@@ -89,7 +89,7 @@ class TxLog:
     commit times and END places as :class:`~.packed.PackedInts`, ids as :class:`~.tx_ids.TxIds`
     (decimal ids as int64), each distinct ``counts`` dict and ``file`` once, indexed. A
     catch-up holds millions of transactions: a few bytes each, not a tuple of boxed ints and a
-    dict per transaction (the README's Kafka catch-up section measures what that saves).
+    dict per transaction (the Kafka catch-up benchmark page measures what that saves).
 
     Indexing gives TxInfo (a slice: a list of them); :meth:`bisect` finds a position. The
     ``counts`` of the TxInfo given out are shared between transactions: read-only."""
@@ -230,7 +230,7 @@ class ParsedFile:
         return True
 
     def apply(self, parser) -> None:
-        """Move ``parser`` (a :class:`~.debezium_events.EventParser`) past this file, as parsing it in context
+        """Move ``parser`` (a :class:`~.debezium.events.EventParser`) past this file, as parsing it in context
         would have; inside the snapshot, the snapshot's counts so far, its first read's time
         and place are carried into this file's snapshot (its END, or the one still open)."""
         held = parser.snap   # the snapshot open before this file (fits: this file goes on with it)

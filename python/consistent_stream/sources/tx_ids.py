@@ -5,7 +5,7 @@ set, :mod:`.kafka`).
 A catch-up publishes millions of transactions before its first cut is asked for. An id held
 as a Python ``str`` costs about 56 bytes and, in a ``set``, as much again; it also pins the
 heap pages around it, so that what a read freed is not given back to the OS. Debezium's
-PostgreSQL ids (:func:`.kafka.transaction_keys`: the xid) and the landing format's are decimal
+PostgreSQL ids (:func:`.kafka.assembly.transaction_keys`: the xid) and the landing format's are decimal
 integers: those are held as int64 in a :class:`~.packed.PackedInts` column (a list: a byte or
 two an id, as xids grow by small steps) or as one bit in a paged bitmap (a set); any other id
 (MySQL's GTIDs, ...) as the ``str`` it is. Both

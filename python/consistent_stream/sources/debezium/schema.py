@@ -1,14 +1,14 @@
 """Kafka Connect's JSON schemas as the column types of a captured table: the schema envelope
-of a Debezium change event (``schemas.enable=true``) -> :class:`~.landing.TableSchema`, the
+of a Debezium change event (``schemas.enable=true``) -> :class:`~..landing.TableSchema`, the
 converters its encodings need, and the Spark SQL type names a source declares in
-``meta.consistent_stream.columns`` (without the envelope). Used by :mod:`.kafka`."""
+``meta.consistent_stream.columns`` (without the envelope). Used by :mod:`..kafka` and :mod:`.columns`."""
 from __future__ import annotations
 
 import base64
 import decimal
 
-from ..errors import ConfigError, SourceError
-from .landing import ColumnSchema, TableSchema, arrow_type
+from ...errors import ConfigError, SourceError
+from ..landing import ColumnSchema, TableSchema, arrow_type
 
 DECIMAL = "org.apache.kafka.connect.data.Decimal"
 VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
@@ -99,7 +99,7 @@ def schema_from_envelope(table: str, schema: dict, primary_key: tuple, where: st
 
 def converters(ts: TableSchema) -> dict:
     """Column -> the function that turns its JSON value into what the column type's
-    conversion (:mod:`.debezium_events`) takes, for the columns whose Connect encoding needs
+    conversion (:mod:`.events`) takes, for the columns whose Connect encoding needs
     one (``source_type``: base64 decimals, millisecond or nanosecond timestamps)."""
     out = {}
     for c in ts.columns:

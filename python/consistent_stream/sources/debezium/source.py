@@ -1,13 +1,13 @@
 """A landing directory of Debezium JSON change events, read as changelogs cut at transactions.
 
 :class:`LandingReader` keeps the complete transactions of one directory (parsed by
-:mod:`.debezium_events`, or loaded from the landing index, :mod:`.landing_index`);
-:class:`DebeziumSource` is one table of it behind the :class:`~.formats.Source` protocol.
+:mod:`.events`, or loaded from the landing index, :mod:`..landing_index`);
+:class:`DebeziumSource` is one table of it behind the :class:`~..formats.Source` protocol.
 Changes are returned only for a range of positions ``(after, upto]`` made of *complete*
 transactions, in commit order: a micro-batch holds a transaction entirely or not at all,
 across all tables of the landing directory (the idea of TiFlink's transaction-consistent
 checkpoints, with the source database's commit order in place of a global timestamp).
-The event format, the snapshot rule and the errors are in :mod:`.debezium_events`.
+The event format, the snapshot rule and the errors are in :mod:`.events`.
 """
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import storage
-from ..location import normalize
-from ..changelog import consolidate_arrow
-from ..errors import SourceError
-from . import landing_index
-from .debezium_events import INITIAL, POS, WEIGHT, EventParser, build_index
-from .landing import TableSchema, list_event_files, load_schemas
-from .landing_index import TxInfo, TxLog
-from .packed import PackedInts
+from ... import storage
+from ...location import normalize
+from ...changelog import consolidate_arrow
+from ...errors import SourceError
+from .. import landing_index
+from .events import INITIAL, POS, WEIGHT, EventParser, build_index
+from ..landing import TableSchema, list_event_files, load_schemas
+from ..landing_index import TxInfo, TxLog
+from ..packed import PackedInts
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def _min_max(a) -> tuple[int, int]:
 class TransactionLog:
     """Complete transactions kept in memory on the driver, served as changelogs: what a
     landing directory (:class:`LandingReader`) and a set of Kafka topics
-    (:class:`consistent_stream.sources.kafka.KafkaReader`) are both read into.
+    (:class:`consistent_stream.sources.kafka.reader.KafkaReader`) are both read into.
 
     Subclasses fill ``_schemas`` (table -> TableSchema), ``_chunks`` (rows of complete
     transactions, per table an Arrow table of its columns + __pos + __weight) and ``_txs``
@@ -111,7 +111,7 @@ class TransactionLog:
         """Keep the rows of the newest chunks within ``budget`` bytes: older chunks keep only
         each position's summed weight per table (:class:`NetWeights`: what :meth:`row_count`
         reads), and :attr:`floor` becomes the newest position dropped. What needs the dropped
-        rows is the subclass's to serve (:meth:`_keep_dropped`; :class:`~.kafka.KafkaReader`:
+        rows is the subclass's to serve (:meth:`_keep_dropped`; :class:`~..kafka.reader.KafkaReader`:
         from Parquet copies on the driver's disk, or from the topics, with Spark)."""
         drop, left = [], self._image_bytes
         for ch in self._chunks:
@@ -238,7 +238,7 @@ class LandingReader(TransactionLog):
     """The complete transactions of one landing directory, read once and kept in memory.
 
     ``refresh()`` reads event files that arrived since the last call (files are immutable):
-    from the landing index (:mod:`.landing_index`) where an entry fits, else by parsing them
+    from the landing index (:mod:`..landing_index`) where an entry fits, else by parsing them
     (and indexing them); ``index_stats`` counts files ``parsed``, ``loaded`` from the index,
     and ``workers`` started to index a cold backlog;
     ``latest_position()`` is the position of the last complete transaction (or of the
@@ -256,7 +256,7 @@ class LandingReader(TransactionLog):
 
     # -- parsing ---------------------------------------------------------------------------
     def refresh(self) -> "LandingReader":
-        """Read new event files: from the landing index (:mod:`.landing_index`) where an entry
+        """Read new event files: from the landing index (:mod:`..landing_index`) where an entry
         fits, else by parsing them. Raises SourceError (see the module docstring)."""
         with self._lock:
             if not storage.is_dir(self.location):
@@ -425,7 +425,7 @@ class DebeziumSource:
     def commits(self, start: int, end: int) -> list:
         """The transactions in ``(start, end]`` with their commit times and this table's change
         events."""
-        from .backlog import SourceCommit
+        from ..backlog import SourceCommit
         return [SourceCommit(tx.position, tx.ts_ms, tx.counts.get(self.spec.table, 0))
                 for tx in self.reader(upto=end).transactions(start, end)]
 
@@ -438,11 +438,11 @@ class DebeziumSource:
 
     def cut_metadata(self, position: int) -> dict[str, dict]:
         """``cut_lsn``: the landing directory -> the position as a PostgreSQL LSN."""
-        from .landing import format_lsn
+        from ..landing import format_lsn
         return {"cut_lsn": {self.spec.location: format_lsn(position)}}
 
     def _changelog(self, views, data: pa.Table, *, change: bool):
-        from ..changelog import Changelog
+        from ...changelog import Changelog
         from pyspark.sql.pandas.types import from_arrow_schema
         make = Changelog.of_source_change if change else Changelog.of_arrow
         return make(views, data, schema=from_arrow_schema(data.schema))
@@ -458,11 +458,11 @@ class DebeziumSource:
         return self.reader(upto=position).table_at(self.spec.table, position)
 
     def snapshot_dataframe(self, spark, position: int):
-        from ..changelog import arrow_to_spark
+        from ...changelog import arrow_to_spark
         return arrow_to_spark(spark, self.snapshot_arrow(position))
 
     def changes(self, views, start: int, end: int, columns):
-        from .delta_cdf import SourceChanges
+        from ..delta_cdf import SourceChanges
         z = self.reader(upto=end).changes(self.spec.table, start, end, columns)
         ms = self.reader().commit_ms(end) if z.num_rows else None
         return SourceChanges(self._changelog(views, z, change=True), z.num_rows, ms)

@@ -27,7 +27,7 @@ repeat is a SourceError.
 table was streamed (the connector streams only after its snapshot), or it has no snapshot row
 while the snapshot is over (``last`` or a transaction read) or its topic does not exist. On
 topics of several partitions the marker says that every other row was written before it, not
-that the reader has read them: :class:`~.kafka.KafkaReader` publishes the snapshot between two
+that the reader has read them: :class:`~.reader.KafkaReader` publishes the snapshot between two
 reads of a refresh only when each table's own partitions prove it (:meth:`SnapshotAssembly.
 table_evident`: a change read in every partition, each partition's rows being in the order the
 connector wrote them), else after reading every partition to a high watermark taken after the
@@ -40,16 +40,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..errors import SourceError
+from ...errors import SourceError
+from ..debezium.events import ATTEMPT_FIELDS, FIRST, LAST_OF_TABLE
 
 log = logging.getLogger(__name__)
 
-ATTEMPT_FIELDS = ("txId", "lsn", "file", "pos", "gtid", "commit_lsn", "scn")
-"""Fields of a snapshot event's ``source`` block that are the same on every event of one
-snapshot attempt and differ between attempts (the connector's snapshot position)."""
-
-FIRST = ("first", "first_in_data_collection")
-LAST_OF_TABLE = ("last_in_data_collection", "last")
 
 
 def attempt_of(source: dict) -> tuple | None:
@@ -230,5 +225,5 @@ class SnapshotAssembly:
     @property
     def told_apart(self) -> bool:
         """Whether the published attempt's rows can be found again among the topics' snapshot
-        reads by its key alone (:mod:`.kafka_table`): it has a key, or no attempt was dropped."""
+        reads by its key alone (:mod:`.table`): it has a key, or no attempt was dropped."""
         return self.attempt is not None or not self.superseded

@@ -1,9 +1,9 @@
 """A table's changes between two positions, and the table as of a position, computed by Spark
-from the Kafka topics, or from a reader's chunk files: what a :class:`~.kafka.KafkaReader` no
+from the Kafka topics, or from a reader's chunk files: what a :class:`~.reader.KafkaReader` no
 longer holds on the driver.
 
 A reader keeps the changes it assembled (Arrow on the driver) up to a budget of bytes
-(:attr:`~.kafka.KafkaReader.image_budget`) and drops the oldest past it, keeping per
+(:attr:`~.reader.KafkaReader.image_budget`) and drops the oldest past it, keeping per
 transaction only its net row count; a first build, a rebuild on the executors and ``verify``
 need the table as of a position, i.e. every change since the connector's snapshot. Where
 Spark's executors share the driver's disk (a local session), the reader copied what it
@@ -15,7 +15,7 @@ driver (:class:`TopicCut`): which snapshot attempt was published, and which tran
 are in the range.
 
 **Which transactions.** The reader publishes transactions in the order of their first record
-on the transaction topic (one partition: its order is the commit order, :mod:`.kafka`), each
+on the transaction topic (one partition: its order is the commit order, :mod:`.assembly`), each
 once (a copy sent again is a duplicate), and positions grow in that order. So the
 transactions with ``after < position <= upto`` are those whose first transaction-topic offset
 ``f`` is above ``f`` of the last transaction at or before ``after`` and at most ``f`` of the
@@ -28,12 +28,12 @@ transaction consistency.
 
 **Which events.** The table's topic, every partition, up to where the reader read: the
 snapshot reads (``op: r`` without a transaction) of the published attempt
-(:data:`.kafka_snapshot.ATTEMPT_FIELDS` equal to its key) when the range holds the snapshot
+(:data:`..debezium.events.ATTEMPT_FIELDS` equal to its key) when the range holds the snapshot
 (position 0), and the change events of the range's transactions, each distinct event
 (transaction, ``total_order``) once: one scan of the topic, each record parsed once
-(:func:`.debezium_columns.projection`). Each becomes weighted rows as the reader makes them
+(:func:`..debezium.columns.projection`). Each becomes weighted rows as the reader makes them
 (``c``/``r`` +after, ``d`` -before, ``u`` -before +after), the images typed by the same
-function the reader uses (:func:`.debezium_columns.images`, run on the executors through
+function the reader uses (:func:`..debezium.columns.images`, run on the executors through
 ``mapInArrow``). The table as of a position is those rows over ``(INITIAL, position]``
 consolidated (summed weights per distinct row), each row repeated by its weight, materialized
 once (``localCheckpoint`` on the executors' disks) so that the queries reading it do not read
@@ -50,13 +50,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..changelog import q
-from ..errors import SourceError
-from .debezium_columns import images, projection
-from .debezium_events import POS, WEIGHT, chunk_schema
-from .kafka_log import KafkaLog
-from .kafka_snapshot import ATTEMPT_FIELDS
-from .landing import TableSchema
+from ...changelog import q
+from ...errors import SourceError
+from ..debezium.columns import images, projection
+from ..debezium.events import POS, WEIGHT, chunk_schema
+from .log import KafkaLog
+from .snapshot import ATTEMPT_FIELDS
+from ..landing import TableSchema
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class TopicCut:
     for a range from the start (no transaction at or before ``after``) to the newest
     published position, the keys of the transactions read in part (then the transaction
     topic is not read, nor in ``ranges``), else None; ``envelopes``: (topic, envelope text)
-    pairs of :attr:`.kafka.KafkaReader.envelopes`."""
+    pairs of :attr:`.reader.KafkaReader.envelopes`."""
     log: KafkaLog
     table: str
     topic: str
@@ -87,7 +87,7 @@ class TopicCut:
 
 
 def tx_key(column):
-    """:func:`.kafka.transaction_keys` as a Spark column expression over a ``transaction.id``
+    """:func:`.assembly.transaction_keys` as a Spark column expression over a ``transaction.id``
     column: the xid of a PostgreSQL id ``"<xid>:<LSN>"``, else the id."""
     from pyspark.sql import functions as F
     return F.when(column.rlike(r"^[0-9]+:[0-9]+$"), F.regexp_extract(column, r"^([0-9]+):", 1)).otherwise(column)

@@ -30,13 +30,45 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import SourceError
+from ...errors import SourceError
 
 log = logging.getLogger(__name__)
 
 TIMEOUT_S = 30.0
 MAX_RECORDS = 100_000
 """Records one read brings to the driver at most (a backlog is read in several)."""
+
+
+def confluent_kafka():
+    """The ``confluent_kafka`` module (librdkafka's Python client, the package's ``kafka``
+    extra), imported when a Kafka source first needs it: ``import consistent_stream.sources``
+    does not. A ModuleNotFoundError saying what to install when it is missing."""
+    try:
+        import confluent_kafka as module
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(f"format: kafka needs the confluent-kafka client ({e}): "
+                                  f"pip install 'dbt-consistent-stream[kafka]'", name="confluent_kafka") from None
+    return module
+
+
+def split_ranges(ranges: dict, limit: int) -> list[dict]:
+    """``ranges`` ((topic, partition) -> [start, end)) as successive reads of at most about
+    ``limit`` records each: every partition advances in each read, in proportion to its
+    backlog, so the transaction topic and the data topics move together."""
+    total = sum(end - start for start, end in ranges.values())
+    if total <= limit:
+        return [ranges]
+    steps = -(-total // limit)
+    out = []
+    for i in range(steps):
+        part = {}
+        for tp, (start, end) in ranges.items():
+            n = end - start
+            lo, hi = start + n * i // steps, start + n * (i + 1) // steps
+            if hi > lo:
+                part[tp] = (lo, hi)
+        out.append(part)
+    return out
 
 
 _QUIET_JVMS: set[int] = set()
@@ -90,6 +122,7 @@ class KafkaLog:
 
     def _client(self):
         if self._consumer is None:
+            confluent_kafka()
             from confluent_kafka import Consumer
             # no group: this client only asks for metadata and watermarks, and commits nothing
             # (a model's offsets live in its target's commits); librdkafka's log goes to ours
@@ -108,6 +141,7 @@ class KafkaLog:
 
     def topics(self) -> set[str]:
         """The names of the topics the brokers have. SourceError when they do not answer."""
+        confluent_kafka()
         from confluent_kafka import KafkaException
         try:
             md = self._client().list_topics(timeout=self.timeout_s)
@@ -119,6 +153,7 @@ class KafkaLog:
     def partitions(self, topic: str, key: str = "meta.consistent_stream.topic") -> list[Partition]:
         """The partitions of ``topic`` with their watermarks, by partition number. SourceError
         naming the topic and ``key`` (the config key that named it) when it does not exist."""
+        confluent_kafka()
         from confluent_kafka import KafkaException, TopicPartition
         try:
             md = self._client().list_topics(topic, timeout=self.timeout_s)
@@ -141,7 +176,7 @@ class KafkaLog:
         """The records of ``ranges`` ((topic, partition) -> [start, end) offsets, at least one
         not empty; empty ones are not read) through Spark's Kafka source, as what ``project``
         (a function of Spark's Kafka source DataFrame, run on the executors:
-        :func:`.debezium_columns.projection`) makes of them, which must keep ``topic``,
+        :func:`..debezium.columns.projection`) makes of them, which must keep ``topic``,
         ``partition`` and ``offset``; on the driver, ordered by topic, partition and offset.
         Raw records are :meth:`fetch`'s.
 
@@ -170,7 +205,7 @@ class KafkaLog:
         ``partition`` int32, ``offset`` int64, ``value`` binary (null: a tombstone),
         ``timestamp`` timestamp[us, UTC] (null where the record has none), ``cut`` bool.
         ``prefixes``: topic -> bytes that most of its values start with (Kafka Connect's schema
-        envelope, :func:`.debezium_columns.envelope_prefix`): a value that starts with its
+        envelope, :func:`..debezium.columns.envelope_prefix`): a value that starts with its
         topic's prefix followed by ``{`` and ends with ``}`` is kept as the bytes between them
         (``cut`` true), so the driver holds payloads, not the same schema text in every
         record. Records at or past a range's end (fetched ahead) are kept for the next fetch:
@@ -200,6 +235,7 @@ class KafkaLog:
 
     def _fetch(self, ranges: dict, got: dict, prefixes: dict) -> None:
         """:meth:`fetch`'s reading into ``got``, on the fetch consumer's assignment."""
+        confluent_kafka()
         from confluent_kafka import Consumer, TopicPartition
         if self._fetcher is None:
             # read_uncommitted, as Spark's Kafka source reads; no offset reset: a start
@@ -242,6 +278,7 @@ class KafkaLog:
         values, timestamps in ms, cut flags) until every partition of ``ends`` passed its end;
         records past a range's end, or of an assigned partition not in ``ranges``, go to the
         carry (:meth:`fetch`)."""
+        confluent_kafka()
         from confluent_kafka import KafkaError, TopicPartition
         heads = {t: (pre + b"{", len(pre)) for t, pre in prefixes.items()}
         carry = self._carry
@@ -312,7 +349,7 @@ class KafkaLog:
         if spark is None and not create:
             return None
         if spark is None:
-            from ..session import with_delta
+            from ...session import with_delta
             builder = (with_delta(SparkSession.builder, master="local[1]")
                        .config("spark.ui.enabled", "false"))
             spark = builder.getOrCreate()
@@ -324,7 +361,7 @@ class KafkaLog:
         not empty) as a lazy Spark DataFrame of Spark's Kafka source (``topic``,
         ``partition``, ``offset``, ``value``, ``timestamp``, ...), read where Spark runs when
         a query uses it: what :meth:`read` brings to the driver, and what a computation over
-        a whole topic (:mod:`.kafka_table`) reads on the executors, in :meth:`session`."""
+        a whole topic (:mod:`.table`) reads on the executors, in :meth:`session`."""
         spark = self.session()
         assign: dict[str, list[int]] = {}
         starts: dict[str, dict[str, int]] = {}

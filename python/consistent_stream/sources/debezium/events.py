@@ -1,9 +1,9 @@
 """Debezium JSON change events parsed into complete transactions, one event file at a time.
 
 The reader that keeps a landing directory's transactions and serves them as changelogs is
-:mod:`.debezium`; this module is what it (and the landing index's workers) parse with.
+:mod:`.source`; this module is what it (and the landing index's workers) parse with.
 
-Input: the event files of a landing directory (layout in :mod:`.landing`), JSON lines, each a
+Input: the event files of a landing directory (layout in :mod:`..landing`), JSON lines, each a
 Debezium event with or without the ``{"schema": .., "payload": ..}`` envelope:
 
 * change events: ``op`` (``c`` create, ``u`` update, ``d`` delete, ``r`` snapshot read),
@@ -54,17 +54,24 @@ from operator import itemgetter
 import orjson
 import pyarrow as pa
 
-from .. import storage
-from ..errors import SourceError
-from . import landing_index
-from .landing import TableSchema, arrow_type, load_schemas, parse_lsn
-from .landing_index import OpenTransaction, ParsedFile, ParserState, TxInfo
+from ... import storage
+from ...errors import SourceError
+from .. import landing_index
+from ..landing import TableSchema, arrow_type, load_schemas, parse_lsn
+from ..landing_index import OpenTransaction, ParsedFile, ParserState, TxInfo
 
 log = logging.getLogger(__name__)
 
 WEIGHT = "__weight"
 POS = "__pos"
 INITIAL = -1
+ATTEMPT_FIELDS = ("txId", "lsn", "file", "pos", "gtid", "commit_lsn", "scn")
+"""Fields of a snapshot event's ``source`` block that are the same on every event of one
+snapshot attempt and differ between attempts (the connector's snapshot position)."""
+FIRST = ("first", "first_in_data_collection")
+LAST_OF_TABLE = ("last_in_data_collection", "last")
+"""``source.snapshot`` markers: the first event of the snapshot (or of a table's), the last
+of a table's (or of the snapshot)."""
 _EPOCH_DATE = datetime.date(1970, 1, 1)
 _EPOCH_TS = datetime.datetime(1970, 1, 1)
 
@@ -436,7 +443,7 @@ def build_index(location: str, files: list[tuple[str, int, int]], digest: str, w
 
 
 def _main(argv: list[str]) -> int:
-    """Worker: ``python -m consistent_stream.sources.debezium_events <location> <digest> <file>...``
+    """Worker: ``python -m consistent_stream.sources.debezium.events <location> <digest> <file>...``
     parses each file in isolation and writes its entry; a file that raises or ends inside a
     transaction gets none (the reader parses it in context)."""
     location, digest, names = argv[0], argv[1], argv[2:]

@@ -1,6 +1,6 @@
 """Debezium change events on Kafka parsed into columns, where Spark runs or on the driver.
 
-:class:`~.kafka.KafkaReader` reads Kafka records through a Spark query (:mod:`.kafka_log`);
+:class:`~..kafka.reader.KafkaReader` reads Kafka records through a Spark query (:mod:`..kafka.log`);
 :func:`projection` is the part of that query that parses each value, on the executors, into
 the columns the reader's bookkeeping needs and each data topic's row images into typed
 columns of its table. A small read is fetched by the driver's Kafka client instead and
@@ -23,7 +23,7 @@ unless said otherwise; null where the record does not have it):
                        it is not its topic's table (null where it is; empty without one)
 ``s_<field>``          on snapshot reads (and every event without transaction metadata):
                        its ``source`` block's ``snapshot``, ``ts_ms`` and the snapshot
-                       attempt's fields (:data:`.kafka_snapshot.ATTEMPT_FIELDS`), as JSON text
+                       attempt's fields (:data:`.events.ATTEMPT_FIELDS`), as JSON text
 ``tx_id``              ``transaction.id``; ``total_order``: ``transaction.total_order``
 ``has_before``         bool: a ``before`` image is there; ``has_after`` likewise
 ``images_ok``          bool: each image has exactly the table's columns (schema changes of
@@ -50,7 +50,7 @@ Strictness: malformed JSON fails the read (``FAILFAST``: Spark's
 gives null where the text was not) or an image with other columns clears ``images_ok``,
 whatever ``spark.sql.ansi.enabled`` is. The reader then reads the range again as raw values
 and names the first bad record with the driver's parser
-(:meth:`~.kafka.KafkaReader.diagnose`): topic, partition, offset and what is wrong, as before
+(:meth:`~..kafka.reader.KafkaReader.diagnose`): topic, partition, offset and what is wrong, as before
 any of this ran on executors.
 """
 from __future__ import annotations
@@ -62,11 +62,11 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import SourceError
-from .debezium_events import _convert_column
-from .kafka_schema import _TIME_SCALE, DECIMAL, VARIABLE_DECIMAL, _variable_decimal
-from .kafka_snapshot import ATTEMPT_FIELDS
-from .landing import TableSchema, arrow_type
+from ...errors import SourceError
+from .events import _convert_column
+from .schema import _TIME_SCALE, DECIMAL, VARIABLE_DECIMAL, _variable_decimal
+from .events import ATTEMPT_FIELDS
+from ..landing import TableSchema, arrow_type
 
 SOURCE_FIELDS = ("schema", "table", "snapshot", "ts_ms") + ATTEMPT_FIELDS
 _SOURCE_DDL = "struct<" + ", ".join(f"`{f}`: string" for f in SOURCE_FIELDS) + ">"
@@ -246,7 +246,7 @@ def _sql_text(value: str) -> str:
 
 def local_projection(data: list[tuple[str, str, TableSchema | None]], tx_topic: str | None):
     """:func:`projection` on the driver: the function that turns what
-    :meth:`.kafka_log.KafkaLog.fetch` read (``topic``, ``partition``, ``offset``, ``value``
+    :meth:`..kafka.log.KafkaLog.fetch` read (``topic``, ``partition``, ``offset``, ``value``
     binary, ``timestamp``, ``cut``: the value is its payload alone) into the same columns, with
     DuckDB's JSON reader (vectorized, on the driver's cores) in place of Spark's ``from_json``.
     ``data`` and ``tx_topic`` as for :func:`projection`. The same strictness: malformed JSON
@@ -254,7 +254,7 @@ def local_projection(data: list[tuple[str, str, TableSchema | None]], tx_topic: 
     integer column's text must be an integer: DuckDB's cast would round ``1.5``) or an image
     with other columns clears ``images_ok``, a base64 decimal that is not base64 too. Raises
     ``pyarrow.ArrowInvalid`` for a value that is not UTF-8; the reader then names the record
-    (:meth:`~.kafka.KafkaReader.diagnose`)."""
+    (:meth:`~..kafka.reader.KafkaReader.diagnose`)."""
     import duckdb
 
     event, tx = _duck_struct(_EVENT_FIELDS), _duck_struct(_TX_FIELDS)
@@ -349,7 +349,7 @@ def images(records: pa.Table, i: int, ts: TableSchema, prefix: str) -> pa.Table:
     (:func:`projection`'s output), one row per record (null for other records), as a table
     of ``ts``'s columns and Arrow types (:mod:`.landing`). Raises SourceError (naming the
     column and the first value) for a value its type cannot hold; the reader then names the
-    record (:meth:`~.kafka.KafkaReader.diagnose`)."""
+    record (:meth:`~..kafka.reader.KafkaReader.diagnose`)."""
     arrays = [_typed(records.column(f"{prefix}{i}_{j}").combine_chunks(), c.type, c.source_type, c.name)
               for j, c in enumerate(ts.columns)]
     return pa.Table.from_arrays(arrays, names=ts.column_names)
