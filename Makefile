@@ -10,7 +10,7 @@
 PYTHON := .venv/bin/python
 STAMP := .venv/installed.stamp
 
-.PHONY: .venv .venv-connect bytecode test demo demo-cluster demo-cluster-s3 demo-kafka demo-connect
+.PHONY: .venv .venv-connect bytecode test docs demo demo-cluster demo-cluster-s3 demo-kafka demo-connect
 
 .venv: $(STAMP)
 
@@ -19,27 +19,31 @@ STAMP := .venv/installed.stamp
 # (CI images, containers) otherwise compiles them all again at every import, in every `dbt run`
 # and every process a test starts. Only sources newer than their bytecode are compiled again.
 bytecode: .venv
-	$(PYTHON) -m compileall -q -j 0 python adapters
+	$(PYTHON) -m compileall -q -j 0 python adapters testing
 
-$(STAMP): setup.py
+# The product (with the extras the tests use) and, beside it, consistent-stream-testing
+# (testing/: the S3 server, the Kafka stack, the local cluster, TPC-H and TPC-DS data), which
+# the product's wheel does not hold.
+$(STAMP): setup.py testing/pyproject.toml
 	test -x $(PYTHON) || python3 -m venv .venv
-	$(PYTHON) -m pip install -e '.[session,test]'
+	$(PYTHON) -m pip install -e '.[session,test,plot,kafka]' -e testing
 	$(PYTHON) -m consistent_stream.session resolve
-	$(PYTHON) -m consistent_stream.s3server install
-	$(PYTHON) -m consistent_stream.kafka_stack install
+	$(PYTHON) -m consistent_stream_testing.s3server install
+	$(PYTHON) -m consistent_stream_testing.kafka_stack install
 	$(PYTHON) -m consistent_stream.session archive
 	touch $@
 
 # A second virtualenv for dbt as a Spark Connect client: the package with pyspark-client only
-# (no jars, no JVM), for make demo-connect.
+# (no jars, no JVM), for make demo-connect; with consistent-stream-testing, whose
+# tpch-generate / tpch-refresh scripts/demo.sh runs from it.
 CONNECT_PYTHON := .venv-connect/bin/python
 CONNECT_STAMP := .venv-connect/installed.stamp
 
 .venv-connect: $(CONNECT_STAMP)
 
-$(CONNECT_STAMP): setup.py
+$(CONNECT_STAMP): setup.py testing/pyproject.toml
 	test -x $(CONNECT_PYTHON) || python3 -m venv .venv-connect
-	$(CONNECT_PYTHON) -m pip install -e '.[connect]'
+	$(CONNECT_PYTHON) -m pip install -e '.[connect]' -e testing
 	touch $@
 
 # Two pytest workers (pytest-xdist), each test file on one of them: each worker has its own
@@ -48,6 +52,19 @@ $(CONNECT_STAMP): setup.py
 test: bytecode
 	scripts/ensure_postgres.sh
 	$(PYTHON) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
+
+# The documentation site into site/ (mkdocs build --strict: a warning, a page not in the nav or a
+# broken link fails it). Its reference pages are generated from the package's code and its
+# benchmark pages from benchmarks/results at build time (docs/gen/), so it builds in .venv, with
+# the docs extra (mkdocs, Material, gen-files) installed beside the product once.
+DOCS_STAMP := .venv/docs.stamp
+
+$(DOCS_STAMP): $(STAMP) setup.py
+	$(PYTHON) -m pip install -e '.[docs]'
+	touch $@
+
+docs: $(DOCS_STAMP)
+	$(PYTHON) -m mkdocs build --strict -d site
 
 demo: bytecode
 	scripts/demo.sh
@@ -64,7 +81,7 @@ demo-cluster-s3: bytecode
 	scripts/demo_cluster_s3.sh
 
 # Debezium on Kafka: PostgreSQL running pgbench, Debezium's connector on Kafka Connect, a KRaft
-# broker (all on loopback, started by consistent_stream.kafka_stack), two models over the
+# broker (all on loopback, started by consistent_stream_testing.kafka_stack), two models over the
 # topics cut at whole upstream transactions; Kafka Connect is SIGKILLed mid-run; ends with
 # verify and PostgreSQL's own answers.
 demo-kafka: bytecode

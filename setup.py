@@ -8,6 +8,10 @@ Three things are installed from this repository:
   the dbt project that holds the ``consistent_stream`` materialization. Only those files are
   packaged from the root; ``build_py`` never copies ``setup.py`` itself.
 
+What the tests, benchmarks and demos start and generate (an S3 server, Kafka, a local Spark
+cluster, PostgreSQL, TPC-H and TPC-DS data) is another distribution, ``consistent-stream-testing``
+(``testing/``, its own ``pyproject.toml``), never in this one's wheel.
+
 ``dbt``, ``dbt.adapters`` and ``dbt.include`` belong to dbt-core; this distribution adds no
 ``__init__.py`` to them.
 """
@@ -16,6 +20,8 @@ from setuptools import find_packages, setup
 
 ENGINE_PACKAGES = find_packages("python")
 SESSION = ["pyspark==4.2.0", "delta-spark==4.4.0", "dbt-spark[session]>=1.11,<1.12"]
+KAFKA = ["confluent-kafka>=2.6,<3"]
+PLOT = ["matplotlib>=3.8"]
 
 setup(
     name="dbt-consistent-stream",
@@ -52,14 +58,10 @@ setup(
         "pyarrow>=15",
         "pandas<3",
         "duckdb>=1.1",
-        "tpchgen-cli>=1",
-        "tpcgen-cli>=4",
+        # capture postgres (consistent_stream.capture.postgres: wal2json logical replication)
         "psycopg2-binary>=2.9,<3",
-        # Kafka clients (librdkafka): format: kafka's partition metadata and watermarks, and
-        # consistent_stream.kafka_stack's admin, producer and consumer
-        "confluent-kafka>=2.6,<3",
         "orjson>=3.9",
-        "matplotlib>=3.8",
+        # the status table of `consistent-stream status`
         "rich>=13",
     ],
     extras_require={
@@ -69,8 +71,16 @@ setup(
         "session": SESSION,
         # the pure-Python Spark Connect client (grpcio, ...; no jars, no py4j)
         "connect": ["pyspark-client==4.2.0"],
-        # the tests run classic sessions and Connect clients (pyspark's own connect extra)
-        "test": [*SESSION, "pyspark[connect]==4.2.0", "pytest", "pytest-xdist", "hypothesis",
+        # Kafka clients (librdkafka): `format: kafka` sources' partition metadata and watermarks
+        "kafka": KAFKA,
+        # `consistent-stream plot` (a PNG of a model's freshness and batch times)
+        "plot": PLOT,
+        # the documentation site (make docs): mkdocs with the Material theme, pages generated from
+        # the code and benchmarks/results at build time
+        "docs": ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocs-gen-files>=0.5,<1"],
+        # the tests run classic sessions and Connect clients (pyspark's own connect extra), Kafka
+        # sources and plots; their servers and data come from consistent-stream-testing (testing/)
+        "test": [*SESSION, *KAFKA, *PLOT, "pyspark[connect]==4.2.0", "pytest", "pytest-xdist", "hypothesis",
                  "dbt-tests-adapter==1.20.0"],
     },
     entry_points={"console_scripts": ["consistent-stream = consistent_stream.cli:main"]},

@@ -4,7 +4,7 @@
         [--out benchmarks/results/autoscale_load_step] [--master spark://127.0.0.1:7077]
         [--local-engine spark] [--heavy]
 
-On a standalone cluster (``consistent-stream cluster start --workers 2``, ``--master``) the
+On a standalone cluster (``consistent-stream-testing cluster start --workers 2``, ``--master``) the
 parallelism is also the number of executors (1 core each); ``--local-engine spark`` runs the
 batches' delta queries as Spark tasks there (with the default, DuckDB, they run on the driver
 and executors do not matter); ``--heavy`` adds a CPU-heavy aggregate (string work per order

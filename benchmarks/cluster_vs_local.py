@@ -10,7 +10,7 @@ process (driver memory is per process), with a SparkSession that sets no tuning:
 * ``local``: ``local[*]``, as the example project's ``local`` target;
 * ``cluster``: a standalone cluster started for the run from pyspark's distribution (one
   master, ``--workers`` workers of ``--cores-per-worker`` cores, on 127.0.0.1; see
-  ``consistent_stream.cluster``), the driver joining it as the ``cluster`` target does.
+  ``consistent_stream_testing.cluster``), the driver joining it as the ``cluster`` target does.
 
 In each: every model is built (``run_job(full_refresh=True)``), then ``--rounds`` TPC-H
 refresh rounds (RF1 + RF2 + updates, 0.1 % of the orders), each followed by an incremental
@@ -43,7 +43,7 @@ MODELS = ["q3_revenue_per_order", "customer_order_totals"]
 
 def _session(master: str, warehouse: Path, driver_memory: str | None, executor_memory: str | None = None):
     import consistent_stream  # noqa: F401  (PYSPARK_PYTHON before the session)
-    from consistent_stream.cluster import driver_conf
+    from consistent_stream.session import driver_conf
     from pyspark.sql import SparkSession
     from consistent_stream.session import with_delta
     b = (with_delta(SparkSession.builder, master=master).appName("consistent-stream-cluster-vs-local")
@@ -69,7 +69,7 @@ def run_variant(master: str, data: Path, root: Path, models: list[str], rounds: 
     ``driver_rebuild_rows``: the models' config of that name (None: its default)."""
     from consistent_stream.delta import DeltaTableRef
     from consistent_stream.job import run_job
-    from consistent_stream.tpch.refresh import refresh_round
+    from consistent_stream_testing.tpch.refresh import refresh_round
     from consistent_stream.verify import verify_target
     from helpers import EXAMPLE_MODELS, job_for, render_model, tpch_sources
     from refresh_vs_full import PeakRSS
@@ -133,14 +133,14 @@ def main() -> int:
     a = ap.parse_args()
     if a.one:
         if a.data is None:  # a fresh copy of TPC-H at --sf under --root
-            from consistent_stream.tpch.generate import generate
+            from consistent_stream_testing.tpch.generate import generate
             generate(a.sf[0], Path(a.root) / "data")
             a.data = str(Path(a.root) / "data")
         run_variant(a.master, Path(a.data), Path(a.root), a.models, a.rounds, a.driver_memory,
                     a.label or a.master, a.executor_memory, a.driver_rebuild_rows)
         return 0
-    from consistent_stream import cluster
-    from consistent_stream.tpch.generate import generate
+    from consistent_stream_testing import cluster
+    from consistent_stream_testing.tpch.generate import generate
     summary = []
     for sf in a.sf:
         pristine = DATA / f"sf{sf:g}" / "pristine"

@@ -3,7 +3,7 @@ session, on the same standalone cluster.
 
     .venv/bin/python benchmarks/connect_vs_classic.py [--sf 0.01] [--runs 10]
 
-Starts a loopback cluster (``consistent_stream.cluster``: one master, ``--workers`` workers of
+Starts a loopback cluster (``consistent_stream_testing.cluster``: one master, ``--workers`` workers of
 one core) with its Spark Connect server, and makes two copies of ``models/example`` with TPC-H
 at ``--sf`` generated once (the same data in both):
 
@@ -54,8 +54,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
-    from consistent_stream import cluster
-    from consistent_stream.tpch.refresh import refresh_round
+    from consistent_stream_testing import cluster
+    from consistent_stream_testing.tpch.refresh import refresh_round
     from dbt_run_start import dbt_run, split
     from helpers import free_port
     from noop_run import example_project

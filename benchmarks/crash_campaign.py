@@ -585,12 +585,13 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", help="keep the working directory here instead of a temporary one")
     ap.add_argument("--store", choices=["local", "s3"], default="local",
                     help="where the targets and checkpoints live: local disk, or an S3 API server on loopback "
-                         "(s3proxy, consistent_stream.s3server; the writer lock's lease then 4 s)")
+                         "(s3proxy, consistent_stream_testing.s3server; the writer lock's lease then 4 s)")
     args = ap.parse_args(argv)
     server, targets, lease_s = None, None, 0.0
     if args.store == "s3":
-        from consistent_stream import location, s3server
+        from consistent_stream import location
         from consistent_stream.sink.lock import LEASE_ENV
+        from consistent_stream_testing import s3server
         server = s3server.start(Path(tempfile.mkdtemp(prefix="cs-crash-s3-")), buckets=("cs-crash",))
         lease_s = 4.0
         os.environ.update({**server.env(), LEASE_ENV: str(lease_s)})

@@ -125,7 +125,7 @@ def main() -> int:
                     help="the profile's target: local (a session in dbt's process) or warm (a warm session: the "
                          "first, untimed build starts its server, the timed runs reuse it; stopped at the end)")
     args = ap.parse_args()
-    from consistent_stream.tpch.refresh import refresh_round
+    from consistent_stream_testing.tpch.refresh import refresh_round
     from noop_run import example_project
 
     rows = []

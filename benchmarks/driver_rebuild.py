@@ -37,7 +37,7 @@ def main() -> int:
     from consistent_stream.spec import DRIVER_REBUILD_ROWS
     from consistent_stream.job import run_job
     from consistent_stream.sources.formats import open_source
-    from consistent_stream.tpch.generate import generate
+    from consistent_stream_testing.tpch.generate import generate
     from helpers import EXAMPLE_MODELS, assert_target_equals_batch_evaluation, job_for, render_model, tpch_sources
 
     # by default the example models over sources only, as benchmarks/refresh_vs_full.py

@@ -38,7 +38,8 @@ MiniCluster (default heap: a quarter of the machine's memory); ``jvm_cpu_seconds
 during the job.
 
 ``--selftest`` (run with .venv's python, not .venv-flink's) proves it end to end: a local
-PostgreSQL 15 (capture/localpg.py), Kafka + Kafka Connect + Debezium (consistent_stream.kafka_stack),
+PostgreSQL 15 (consistent_stream_testing.localpg), Kafka + Kafka Connect + Debezium
+(consistent_stream_testing.kafka_stack),
 ``pgbench -i -s 1`` with REPLICA IDENTITY FULL on the pgbench tables, Debezium registered with topic
 prefix ``pgb``, ``pgbench -c 4 -T 30``, a wait until Connect has written every change, then this
 script under .venv-flink's python as a subprocess; its rows are compared with PostgreSQL's answer:
@@ -294,8 +295,8 @@ def _wait_for(what: str, check, timeout: float, interval: float = 1.0):
 
 @contextlib.contextmanager
 def pgbench_topics(scale: int, seconds: int, clients: int, timeout: float, log=sys.stderr, partitions: int = 1):
-    """PostgreSQL 15 (capture/localpg.py), Kafka + Kafka Connect + Debezium
-    (consistent_stream.kafka_stack), ``pgbench -i -s scale`` with REPLICA IDENTITY FULL,
+    """PostgreSQL 15 (consistent_stream_testing.localpg), Kafka + Kafka Connect + Debezium
+    (consistent_stream_testing.kafka_stack), ``pgbench -i -s scale`` with REPLICA IDENTITY FULL,
     Debezium registered (topic prefix ``pgb``, transaction metadata), ``pgbench -c clients -T
     seconds``, and a wait until Connect has written every change; the data topics have
     ``partitions`` partitions (the transaction topic one). Yields a dict: ``pg``,
@@ -304,8 +305,8 @@ def pgbench_topics(scale: int, seconds: int, clients: int, timeout: float, log=s
     answer). Stops everything on exit. Run with .venv's python (the benchmarks that compare
     with Flink use it)."""
     sys.path.insert(0, str(REPO / "python"))
-    from consistent_stream import kafka_stack
-    from consistent_stream.capture.localpg import LocalPostgres
+    from consistent_stream_testing import kafka_stack
+    from consistent_stream_testing.localpg import LocalPostgres
 
     python = FLINK_VENV / "bin" / "python"
     if not python.exists() or not any(FLINK_JARS.glob("flink-sql-connector-kafka-*.jar")):

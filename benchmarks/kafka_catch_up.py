@@ -6,8 +6,8 @@ over the same topics, both answers checked against PostgreSQL's:
     SELECT a.bid, COUNT(*) AS n, SUM(h.delta) AS delta_sum
     FROM pgbench_history h JOIN pgbench_accounts a ON h.aid = a.aid GROUP BY a.bid
 
-Set-up (once per run): PostgreSQL 15 (``capture/localpg.py``), Kafka + Kafka Connect + Debezium
-(``consistent_stream.kafka_stack``), ``pgbench -i -s SCALE`` with REPLICA IDENTITY FULL,
+Set-up (once per run): PostgreSQL 15 (``consistent_stream_testing.localpg``), Kafka + Kafka Connect +
+Debezium (``consistent_stream_testing.kafka_stack``), ``pgbench -i -s SCALE`` with REPLICA IDENTITY FULL,
 Debezium registered with transaction metadata, ``pgbench -c 4 -T SECONDS`` (unthrottled), and a
 wait until Connect has written every change. Then, ``--runs`` times, each engine catches up from
 the topics' start:

@@ -30,7 +30,7 @@ def example_project(tmp: str | Path, sf: float) -> tuple[Path, dict[str, str]]:
     output) with TPC-H at scale factor ``sf`` generated in it; returns its directory and the
     environment variables a `dbt run` of it needs (project and profiles directory, the TPC-H
     directory, no usage statistics)."""
-    from consistent_stream.tpch.generate import generate
+    from consistent_stream_testing.tpch.generate import generate
     project = Path(tmp) / "example"
     shutil.copytree(REPO / "models" / "example", project,
                     ignore=shutil.ignore_patterns("data", "spark-warehouse", "metastore_db", "target", "logs"))
@@ -46,7 +46,7 @@ def main() -> int:
     args = ap.parse_args()
     import consistent_stream  # noqa: F401
     from dbt.cli.main import dbtRunner
-    from consistent_stream.tpch.refresh import refresh_round
+    from consistent_stream_testing.tpch.refresh import refresh_round
 
     with tempfile.TemporaryDirectory(prefix="cs-noop-") as tmp:
         project, env = example_project(tmp, args.sf)

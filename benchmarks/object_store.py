@@ -1,5 +1,5 @@
 """Benchmark: the example models' small batches with every location on local disk against
-every location on an S3 API server on loopback (s3proxy, :mod:`consistent_stream.s3server`),
+every location on an S3 API server on loopback (s3proxy, :mod:`consistent_stream_testing.s3server`),
 in one process and one untuned Spark session, and the object store requests each batch makes.
 
     .venv/bin/python benchmarks/object_store.py [--sf 0.1] [--batches 5] [--models ...] [--latency-ms N]
@@ -107,12 +107,13 @@ def main() -> int:
     args = ap.parse_args()
 
     import consistent_stream  # noqa: F401
-    from consistent_stream import location, s3server
+    from consistent_stream import location
     from consistent_stream.job import run_job
     from consistent_stream.spec import JobSpec
-    from consistent_stream.tpch.generate import generate
-    from consistent_stream.tpch.refresh import refresh_round
     from consistent_stream.verify import verify_target
+    from consistent_stream_testing import s3server
+    from consistent_stream_testing.tpch.generate import generate
+    from consistent_stream_testing.tpch.refresh import refresh_round
     from helpers import EXAMPLE_MODELS, render_model, tpch_sources
 
     shutil.rmtree(DATA, ignore_errors=True)

@@ -251,8 +251,8 @@ def _run(spark, job, **kw) -> dict:
 def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_memory: str | None,
                      extra_rounds: int = 0) -> list[dict]:
     from consistent_stream.delta import DeltaTableRef
-    from consistent_stream.tpch.generate import generate
-    from consistent_stream.tpch.refresh import refresh_round
+    from consistent_stream_testing.tpch.generate import generate
+    from consistent_stream_testing.tpch.refresh import refresh_round
     from consistent_stream.verify import verify_target
     from helpers import EXAMPLE_MODELS, job_for, render_model, tpch_sources
 

@@ -82,8 +82,8 @@ def main() -> int:
     from consistent_stream.job import run_job
     from consistent_stream.runtime import BatchMeta
     from consistent_stream.delta import DeltaTableRef
-    from consistent_stream.tpch.generate import generate
-    from consistent_stream.tpch.refresh import refresh_round
+    from consistent_stream_testing.tpch.generate import generate
+    from consistent_stream_testing.tpch.refresh import refresh_round
     from helpers import EXAMPLE_MODELS, job_for, render_model, tpch_sources
 
     root = DATA / f"sf{args.sf:g}"

@@ -6,10 +6,10 @@ evaluation in Spark and in DuckDB at every version.
     .venv/bin/python benchmarks/tpcds_coverage.py [--sf 0.01] [--rounds 3] [--queries q01,q05] [--sample 20]
 
 TPC-DS is generated with ``tpcgen-cli`` as Delta tables (Change Data Feed on) under
-``benchmarks/.data`` (:mod:`consistent_stream.tpcds.generate`; ``--sample N`` keeps one in N of
+``benchmarks/.data`` (:mod:`consistent_stream_testing.tpcds.generate`; ``--sample N`` keeps one in N of
 the fact rows, as the tests do). Each query is compiled (``compile_model``; its plan's operators
 counted by how each is maintained, ``incremental`` or ``recompute``) and built (its first run);
-then ``--rounds`` refresh rounds (:mod:`consistent_stream.tpcds.refresh`: about 1 % of every
+then ``--rounds`` refresh rounds (:mod:`consistent_stream_testing.tpcds.refresh`: about 1 % of every
 fact table inserted, updated and deleted, ten rows of each dimension the queries read updated)
 are applied and every model runs after each. After the build and after every round, the
 target's new version is compared with the query's SQL evaluated in batch at the version's
@@ -52,7 +52,7 @@ def tables_used(sql: str) -> list[str]:
 
 def source_dicts(data: Path, sql: str) -> list[dict]:
     """One dbt source ``tpcds.<table>`` per table ``sql`` reads, its relation the bare name."""
-    from consistent_stream.tpcds.generate import PRIMARY_KEYS
+    from consistent_stream_testing.tpcds.generate import PRIMARY_KEYS
     return [{"source_name": "tpcds", "name": t, "relation": t,
              "meta": {"format": "delta", "location": str(data / t), "primary_key": list(PRIMARY_KEYS[t])}}
             for t in tables_used(sql)]
@@ -71,7 +71,7 @@ def operators(sql: str, data: Path) -> dict[str, int]:
     from consistent_stream.plan import compile_model
     from consistent_stream.plan.logical import maintenance, walk
     from consistent_stream.sources import SourceSpec
-    from consistent_stream.tpcds.generate import SCHEMAS
+    from consistent_stream_testing.tpcds.generate import SCHEMAS
     sources = [SourceSpec.from_dbt(d, str(data)) for d in source_dicts(data, sql)]
     compiled = compile_model(sql, sources, {s.key: list(SCHEMAS[s.name].names) for s in sources})
     return dict(collections.Counter(maintenance(n)[0] for n in walk(compiled.root)))
@@ -164,7 +164,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sf", type=float, default=0.01, help="TPC-DS scale factor (default 0.01)")
     ap.add_argument("--sample", type=int, default=None,
-                    help="keep one in N of the fact rows (consistent_stream.tpcds.generate's sample)")
+                    help="keep one in N of the fact rows (consistent_stream_testing.tpcds.generate's sample)")
     ap.add_argument("--rounds", type=int, default=3, help="refresh rounds after the build (default 3)")
     ap.add_argument("--queries", default=None, help="comma-separated query names, e.g. q01,q05 (default all 103)")
     ap.add_argument("--driver-memory", default="4g",
@@ -173,8 +173,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from consistent_stream.job import run_job
-    from consistent_stream.tpcds.generate import generate
-    from consistent_stream.tpcds.refresh import refresh_round
+    from consistent_stream_testing.tpcds.generate import generate
+    from consistent_stream_testing.tpcds.refresh import refresh_round
 
     names = args.queries.split(",") if args.queries else sorted(p.stem for p in QUERIES.glob("q*.sql"))
     root = DATA / (f"tpcds_coverage_sf{args.sf:g}" + (f"_sample{args.sample}" if args.sample else ""))

@@ -71,8 +71,8 @@ def main() -> int:
 
     from consistent_stream.job import compile_job
     from consistent_stream.sources import Cut
-    from consistent_stream.tpch.generate import generate
-    from consistent_stream.tpch.refresh import refresh_round, update_dimensions
+    from consistent_stream_testing.tpch.generate import generate
+    from consistent_stream_testing.tpch.refresh import refresh_round, update_dimensions
     from consistent_stream.verify import verify_target
     from helpers import job_for, render_model, tpch_sources
 

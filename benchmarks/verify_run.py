@@ -70,7 +70,7 @@ def main() -> None:
     from consistent_stream import verify
     from consistent_stream.job import run_job
     from consistent_stream.session import with_delta
-    from consistent_stream.tpch.generate import generate
+    from consistent_stream_testing.tpch.generate import generate
     import test_tpch_models as tpch_models
 
     root = Path(tempfile.mkdtemp(prefix="verify-bench-")) / "tpch"

@@ -8,7 +8,8 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-# CS_BIN: the virtualenv whose dbt and consistent-stream run (demo_connect.sh's pyspark-client one)
+# CS_BIN: the virtualenv whose dbt, consistent-stream and consistent-stream-testing run
+# (demo_connect.sh's pyspark-client one)
 bin=${CS_BIN:-$repo/.venv/bin}
 models=(q3_revenue_per_order q1_pricing_summary customer_order_totals order_revenue nation_revenue)
 rounds=3
@@ -27,7 +28,7 @@ step "clean: sources, catalog and dbt artifacts of a previous demo"
 rm -rf data spark-warehouse metastore_db derby.log target logs
 
 step "generate TPC-H SF 0.1 into $TPCH_DIR"
-"$bin/consistent-stream" tpch-generate --sf 0.1 --dir "$TPCH_DIR"
+"$bin/consistent-stream-testing" tpch-generate --sf 0.1 --dir "$TPCH_DIR"
 
 step "dbt build --full-refresh (initial build; tests run after each level of the chain)"
 "$bin/dbt" build --full-refresh
@@ -35,7 +36,7 @@ verify_all "initial build"
 
 for round in $(seq 1 "$rounds"); do
     step "refresh round $round of $rounds (TPC-H RF1 + RF2)"
-    "$bin/consistent-stream" tpch-refresh --dir "$TPCH_DIR" --round "$round"
+    "$bin/consistent-stream-testing" tpch-refresh --dir "$TPCH_DIR" --round "$round"
     step "dbt run (after refresh round $round)"
     "$bin/dbt" run
     verify_all "after refresh round $round"

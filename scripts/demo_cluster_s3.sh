@@ -46,8 +46,8 @@ case "$repo/" in /tmp/*) fail "the repository is under /tmp ($repo), which no no
 
 cleanup() (  # a subshell: its `set +e` must not leave the rest of the script without errexit
     set +e
-    [ -d "$base/cluster" ] && "$bin/consistent-stream" cluster stop --dir "$base/cluster" >/dev/null
-    [ -d "$base/s3" ] && "$bin/python" -m consistent_stream.s3server stop --dir "$base/s3"
+    [ -d "$base/cluster" ] && "$bin/consistent-stream-testing" cluster stop --dir "$base/cluster" >/dev/null
+    [ -d "$base/s3" ] && "$bin/python" -m consistent_stream_testing.s3server stop --dir "$base/s3"
     "$netns" down
 )
 
@@ -71,7 +71,7 @@ for ns in $(ip netns list | awk '{print $1}' | grep '^cs-'); do
 done
 
 step "S3 server (s3proxy) at $driver_ip, bucket $bucket, its files in $base/s3 (mode 0700)"
-eval "$("$bin/python" -m consistent_stream.s3server start --dir "$base/s3" --host "$driver_ip" --bucket "$bucket")"
+eval "$("$bin/python" -m consistent_stream_testing.s3server start --dir "$base/s3" --host "$driver_ip" --bucket "$bucket")"
 echo "AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL"
 
 step "the nodes, as $user: the package at the same path, read-only; the S3 server; none of the driver's files"
@@ -104,10 +104,10 @@ EOF
 done
 
 step "start the cluster: master in cs-master, 2 workers in cs-worker-1/2, as $user"
-"$bin/consistent-stream" cluster start --dir "$base/cluster" --workers 2 --cores-per-worker 1 \
+"$bin/consistent-stream-testing" cluster start --dir "$base/cluster" --workers 2 --cores-per-worker 1 \
     --memory-per-worker 1500m --host "$master_ip" --worker-hosts "$worker_ips" \
     --launcher "$netns exec cs-{daemon} --" --user "$user"
-"$bin/consistent-stream" cluster status --dir "$base/cluster"
+"$bin/consistent-stream-testing" cluster status --dir "$base/cluster"
 
 # The driver: a copy of the example project in its own directory (its metastore, dbt's
 # artifacts and the models' index stay there), dbt and verify's Spark at the bridge's address.
@@ -121,7 +121,7 @@ export SPARK_LOCAL_IP=$driver_ip CONSISTENT_STREAM_DRIVER_HOST=$driver_ip CONSIS
 CS_PROJECT_DIR=$project "$repo/scripts/demo.sh"
 
 step "tasks run by the workers' executors"
-"$bin/consistent-stream" cluster tasks --dir "$base/cluster" --require-workers 2
+"$bin/consistent-stream-testing" cluster tasks --dir "$base/cluster" --require-workers 2
 
 step "no table data on a local disk"
 "$bin/python" - "$bucket" <<'EOF'

@@ -41,8 +41,8 @@ case "$repo/" in /tmp/*) fail "the repository is under /tmp ($repo), which no no
 cleanup() (  # a subshell: its `set +e` must not leave the rest of the script without errexit
     set +e
     [ -f "$base/watch.stop" ] || touch "$base/watch.stop" 2>/dev/null
-    [ -d "$base/cluster" ] && "$bin/consistent-stream" cluster stop --dir "$base/cluster" >/dev/null
-    [ -d "$base/s3" ] && "$bin/python" -m consistent_stream.s3server stop --dir "$base/s3"
+    [ -d "$base/cluster" ] && "$bin/consistent-stream-testing" cluster stop --dir "$base/cluster" >/dev/null
+    [ -d "$base/s3" ] && "$bin/python" -m consistent_stream_testing.s3server stop --dir "$base/s3"
     "$netns" down
 )
 
@@ -72,7 +72,7 @@ master_ip=$("$netns" addr master)
 worker_ips=$("$netns" addr worker-1),$("$netns" addr worker-2)
 
 step "S3 server (s3proxy) at $client_ip, bucket $bucket, its files in $base/s3 (mode 0700)"
-eval "$("$bin/python" -m consistent_stream.s3server start --dir "$base/s3" --host "$client_ip" --bucket "$bucket")"
+eval "$("$bin/python" -m consistent_stream_testing.s3server start --dir "$base/s3" --host "$client_ip" --bucket "$bucket")"
 echo "AWS_ENDPOINT_URL=$AWS_ENDPOINT_URL"
 
 if ! id "$user" >/dev/null 2>&1; then
@@ -92,10 +92,10 @@ for k, v in location.spark_hadoop_confs().items():
     print(f"--connect-conf=spark.hadoop.{k}={v}")
 EOF
 )
-"$bin/consistent-stream" cluster start --dir "$base/cluster" --workers 2 --cores-per-worker 1 \
+"$bin/consistent-stream-testing" cluster start --dir "$base/cluster" --workers 2 --cores-per-worker 1 \
     --memory-per-worker 1500m --host "$master_ip" --worker-hosts "$worker_ips" \
     --launcher "$netns exec cs-{daemon} --" --user "$user" --connect-port "$port" "${server_confs[@]}"
-"$bin/consistent-stream" cluster status --dir "$base/cluster"
+"$bin/consistent-stream-testing" cluster status --dir "$base/cluster"
 
 step "watch: no Java process may start on the client's side"
 "$bin/python" - "$$" "$base/watch.stop" "$base/java_seen" <<'EOF' &
@@ -142,7 +142,7 @@ scans=$(head -1 "$base/java_seen" | awk '$1 == "scans" {print $2}')
 echo "no Java process started on the client's side ($scans looks at every process, one each 0.1 s)"
 
 step "tasks run by the workers' executors"
-"$bin/consistent-stream" cluster tasks --dir "$base/cluster" --require-workers 2
+"$bin/consistent-stream-testing" cluster tasks --dir "$base/cluster" --require-workers 2
 
 step "no table data on a local disk"
 local_data() { find "$@" \( -name '*.parquet' -o -name _delta_log -o -name '*__checkpoint' \) -print || true; }

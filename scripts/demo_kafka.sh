@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Debezium on Kafka end to end (models/kafka): PostgreSQL 15 running pgbench TPC-B, Debezium's
 # PostgreSQL connector on a Kafka Connect worker, a KRaft Kafka broker (all started by
-# `python -m consistent_stream.kafka_stack` on loopback, from the jars `make .venv` resolved),
+# `python -m consistent_stream_testing.kafka_stack` on loopback, from the jars `make .venv` resolved),
 # and two consistent_stream models over the topics, cut at whole upstream transactions.
 #
 #   1. pgbench -i, REPLICA IDENTITY FULL, the connector registered: its snapshot is the bootstrap
@@ -26,11 +26,11 @@ stackdir=${KAFKA_STACK_DIR:-/tmp/consistent-stream-demo-kafka}
 step "clean: the catalog and dbt artifacts of a previous demo; PostgreSQL 15"
 rm -rf spark-warehouse metastore_db derby.log target logs
 "$repo/scripts/ensure_postgres.sh"
-"$py" -m consistent_stream.kafka_stack stop --dir "$stackdir" >/dev/null 2>&1 || true
+"$py" -m consistent_stream_testing.kafka_stack stop --dir "$stackdir" >/dev/null 2>&1 || true
 
 step "start PostgreSQL, Kafka (KRaft) and Kafka Connect with Debezium on loopback (data topics: 3 partitions)"
-state=$("$py" -m consistent_stream.kafka_stack start --dir "$stackdir" --postgres --partitions 3)
-trap '"$py" -m consistent_stream.kafka_stack stop --dir "$stackdir"' EXIT
+state=$("$py" -m consistent_stream_testing.kafka_stack start --dir "$stackdir" --postgres --partitions 3)
+trap '"$py" -m consistent_stream_testing.kafka_stack stop --dir "$stackdir"' EXIT
 echo "$state"
 export KAFKA_BOOTSTRAP=$("$py" -c 'import json,sys; print(json.loads(sys.argv[1])["bootstrap"])' "$state")
 export KAFKA_TOPIC_PREFIX=pgb
@@ -41,7 +41,7 @@ psql=(/usr/lib/postgresql/15/bin/psql -h 127.0.0.1 -p "$pgport" -U postgres -d p
 step "pgbench -i (scale 1), REPLICA IDENTITY FULL, Debezium connector 'pgb'"
 "${pgbench[@]}" -i -s 1 -q
 for t in accounts tellers branches history; do "${psql[@]}" -c "ALTER TABLE pgbench_$t REPLICA IDENTITY FULL"; done
-"$py" -m consistent_stream.kafka_stack register --dir "$stackdir" --name pgb --prefix pgb \
+"$py" -m consistent_stream_testing.kafka_stack register --dir "$stackdir" --name pgb --prefix pgb \
     --tables public.pgbench_accounts,public.pgbench_tellers,public.pgbench_branches,public.pgbench_history
 
 step "wait for Debezium's snapshot on Kafka"
@@ -70,7 +70,7 @@ step "pgbench TPC-B, 4 clients, 40 s, 100 tx/s; dbt run x3 meanwhile; Kafka Conn
 bench=$!
 ( sleep 12; "$py" - "$stackdir" <<'PY'
 import sys, time
-from consistent_stream import kafka_stack
+from consistent_stream_testing import kafka_stack
 s = kafka_stack.load(sys.argv[1])
 s.kill_connect(); print("Kafka Connect worker SIGKILLed", flush=True)
 time.sleep(2)

@@ -233,8 +233,9 @@ def dbt_watched(project: Path, env: dict, *args: str, target: str) -> tuple[int,
 
 
 def tpch_refresh(data: Path, round_: int) -> None:
-    """One TPC-H refresh round of the sources under ``data`` (``consistent-stream tpch-refresh``)."""
-    cli = str(Path(sys.executable).parent / "consistent-stream")
+    """One TPC-H refresh round of the sources under ``data`` (``consistent-stream-testing
+    tpch-refresh``)."""
+    cli = str(Path(sys.executable).parent / "consistent-stream-testing")
     subprocess.run([cli, "tpch-refresh", "--dir", str(data), "--round", str(round_)],
                    check=True, stdout=subprocess.DEVNULL)
 
@@ -247,7 +248,7 @@ def example_copy(tmp: Path, schema_prefix: str) -> tuple[Path, str, Path]:
     import shutil
     import uuid
 
-    from consistent_stream.tpch.generate import generate
+    from consistent_stream_testing.tpch.generate import generate
     project = tmp / "example"
     project.mkdir()
     for name in ("dbt_project.yml", "models", "tests", "profiles.yml"):

@@ -11,8 +11,8 @@ import subprocess
 import sys
 import time
 
-from consistent_stream.capture import localpg
-from consistent_stream.capture.localpg import LocalPostgres
+from consistent_stream_testing import localpg
+from consistent_stream_testing.localpg import LocalPostgres
 
 _SERVER: LocalPostgres | None = None
 _DB = itertools.count(1)

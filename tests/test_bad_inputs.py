@@ -1,4 +1,4 @@
-"""Bad inputs and bad state, catalogued (README "Bad inputs and recovery"): each case fails
+"""Bad inputs and bad state, catalogued (docs/troubleshooting.md): each case fails
 with an error naming the table, file or config key and what to do, or recovers by itself;
 in every case the target's committed versions are left as they were, and after the fix or
 the recovery the target equals batch evaluation of the model at the sources' latest

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from consistent_stream import cluster
+from consistent_stream_testing import cluster
 from consistent_stream.daemons import free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """consistent_stream models with dbt as a Spark Connect client (``method: connect``): the
 example project (TPC-H SF 0.01: a view, a model on a model, aggregates and joins over Delta
 sources) against a real Spark Connect server on a one-worker standalone cluster on loopback
-(``consistent-stream cluster start --connect-port``). dbt runs as a process of its own, as a
+(``consistent-stream-testing cluster start --connect-port``). dbt runs as a process of its own, as a
 user's would; nothing in it may start a JVM (its descendants are watched while it runs). A
 refresh round's run is SIGKILLed between the state and the target commit of a batch, and the
 next run must lose nothing and apply nothing twice: every committed version of every model is
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from consistent_stream import cluster
+from consistent_stream_testing import cluster
 from consistent_stream.daemons import free_port
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.storage import load_json
@@ -166,7 +166,7 @@ def test_a_connect_profile_keeps_its_token_out_of_host_and_an_unreachable_server
                                                   "token": "t", "use_ssl": True})
     assert creds.connect_url() == "sc://h:2/;token=t;use_ssl=true"
     t0 = time.time()
-    with pytest.raises(FailedToConnectError, match="127.0.0.1:1.*cluster start --connect-port 1") as e:
+    with pytest.raises(FailedToConnectError, match="127.0.0.1:1.*start-connect-server.sh.*on port 1\\)") as e:
         reach("sc://127.0.0.1:1")
     assert time.time() - t0 < 5 and "s3cret" not in str(e.value)
     with pytest.raises(DbtRuntimeError, match="not a Spark Connect address"):

@@ -1,4 +1,4 @@
-"""The Kafka + Kafka Connect + Debezium stack (consistent_stream.kafka_stack) end to end: a
+"""The Kafka + Kafka Connect + Debezium stack (consistent_stream_testing.kafka_stack) end to end: a
 real KRaft broker and Connect worker on loopback capture two PostgreSQL tables with
 transaction metadata; the worker survives a kill -9 and its connector runs again."""
 from __future__ import annotations
@@ -10,8 +10,7 @@ from collections import defaultdict
 
 import pytest
 
-from consistent_stream import kafka_stack
-from consistent_stream.capture import localpg
+from consistent_stream_testing import kafka_stack, localpg
 from postgres_server import Database
 
 pytestmark = pytest.mark.skipif(localpg.available() is not None, reason=str(localpg.available()))

@@ -20,9 +20,10 @@ import uuid
 import obstore
 import pytest
 
-from consistent_stream import location, s3server
+from consistent_stream import location
 from consistent_stream.errors import ConcurrentWriterError, ConfigError
 from consistent_stream.sink.lock import LEASE_ENV, WriterLock
+from consistent_stream_testing import s3server
 from helpers import REPO
 
 LEASE_S = 3.0

@@ -22,12 +22,13 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from consistent_stream import location, s3server, storage
+from consistent_stream import location, storage
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.errors import ConcurrentWriterError, ConfigError, StorageError
 from consistent_stream.job import run_job
 from consistent_stream.observe import model_status
 from consistent_stream.spec import JobSpec
+from consistent_stream_testing import s3server
 from dbt_recovery import BIG as DBT_BIG, TOTALS as DBT_TOTALS
 from helpers import assert_target_equals_batch_evaluation
 
@@ -397,7 +398,7 @@ def test_a_capture_lands_on_s3_and_a_model_over_it_stays_exact(spark, s3, tmp_pa
     files, schemas, its state, the landing index), and a model over the captured tables whose
     targets and checkpoint are there too: every version equals batch evaluation at its cut,
     and money is conserved."""
-    from consistent_stream.sources.debezium import reader_for
+    from consistent_stream.sources.debezium.source import reader_for
     from postgres_server import Database, start_capture, stop_capture, wait_for
     from test_debezium_model import N_ACCOUNTS, SQL as BANK_SQL, _sources, _transfers
     db = Database()

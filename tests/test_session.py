@@ -43,7 +43,7 @@ def test_the_confs_added_to_a_bare_profile():
 
 def test_a_local_session_rebuilds_a_delta_snapshot_in_as_many_tasks_as_it_has_cores(spark):
     # delta-spark's default, 50 tasks, is 25 waves of tiny tasks on 2 cores for every table a
-    # fresh process reads (README, "Using it")
+    # fresh process reads (docs/reference/profile.md, "What the adapter adds to a session")
     key = session.SNAPSHOT_PARTITIONS
     assert delta_confs({}, "local[3]")[key] == "3" and delta_confs({}, "local")[key] == "1"
     assert delta_confs({"spark.master": "local[4,2]"})[key] == "4"

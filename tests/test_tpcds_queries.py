@@ -1,7 +1,7 @@
 """TPC-DS queries as written (``models/tpcds/queries``: DuckDB's rendering of the TPC-DS templates,
 see ``models/tpcds/README.md``), each a consistent_stream model over TPC-DS data that
 ``tpcgen-cli`` generates here, maintained through refresh rounds of inserts, updates and deletes
-on the fact and dimension tables (:mod:`consistent_stream.tpcds.refresh`): after the first build
+on the fact and dimension tables (:mod:`consistent_stream_testing.tpcds.refresh`): after the first build
 and after every round, every committed version equals Spark's and DuckDB's answer to the same
 SQL at its recorded cut (``helpers.assert_target_equals_batch_evaluation``), and every batch of
 a round is incremental.
@@ -35,8 +35,8 @@ from consistent_stream.job import run_job
 from consistent_stream.plan import compile_model
 from consistent_stream.plan.logical import maintenance, walk
 from consistent_stream.sources import SourceSpec
-from consistent_stream.tpcds.generate import ALL, PRIMARY_KEYS, SCHEMAS, generate
-from consistent_stream.tpcds.refresh import refresh_round
+from consistent_stream_testing.tpcds.generate import ALL, PRIMARY_KEYS, SCHEMAS, generate
+from consistent_stream_testing.tpcds.refresh import refresh_round
 from helpers import REPO, assert_target_equals_batch_evaluation, job_for
 
 ROUNDS = 2

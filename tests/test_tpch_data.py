@@ -14,8 +14,8 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from consistent_stream.tpch.generate import ALL, SCHEMAS, generate
-from consistent_stream.tpch.refresh import RefreshResult, is_refresh_orderkey, refresh_round
+from consistent_stream_testing.tpch.generate import ALL, SCHEMAS, generate
+from consistent_stream_testing.tpch.refresh import RefreshResult, is_refresh_orderkey, refresh_round
 
 SF = 0.01
 SF001_ROWS = {

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from consistent_stream.job import run_job
-from consistent_stream.tpch.generate import generate
-from consistent_stream.tpch.refresh import refresh_round
+from consistent_stream_testing.tpch.generate import generate
+from consistent_stream_testing.tpch.refresh import refresh_round
 from consistent_stream.verify import verify_target
 from consistent_stream.plan.expand import expand_views
 from helpers import (EXAMPLE_MODELS, assert_target_equals_batch_evaluation, job_for, model_ref, render_model,

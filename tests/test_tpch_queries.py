@@ -18,8 +18,8 @@ from consistent_stream.job import run_job
 from consistent_stream.plan import compile_model
 from consistent_stream.plan.logical import maintenance, walk
 from consistent_stream.sources import SourceSpec
-from consistent_stream.tpch.generate import SCHEMAS, generate
-from consistent_stream.tpch.refresh import refresh_round, update_dimensions
+from consistent_stream_testing.tpch.generate import SCHEMAS, generate
+from consistent_stream_testing.tpch.refresh import refresh_round, update_dimensions
 from helpers import REPO, assert_target_equals_batch_evaluation, job_for, render_model, tpch_sources
 
 ROUNDS = 3

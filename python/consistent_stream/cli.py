@@ -6,8 +6,6 @@
     consistent-stream plot MODEL [--project-dir DIR] [--out PNG]
     consistent-stream explain MODEL [--project-dir DIR]
     consistent-stream cut MODEL [MODEL ...] [--project-dir DIR]
-    consistent-stream tpch-generate --sf 0.1 --dir data/tpch
-    consistent-stream tpch-refresh --dir data/tpch --round 1
     consistent-stream capture postgres --dsn DSN --tables public.a,public.b --slot NAME --landing DIR
 
 ``verify`` prints one JSON line and exits 1 when the target differs from batch evaluation
@@ -32,7 +30,7 @@ def local_spark():
     each batch's shuffles itself), with delta-spark (:mod:`consistent_stream.session`):
     ``local[2]``, or ``$CONSISTENT_STREAM_MASTER`` (e.g. a standalone cluster's
     ``spark://127.0.0.1:7077``; the driver then binds ``$SPARK_LOCAL_IP``, default
-    127.0.0.1, :func:`consistent_stream.cluster.driver_conf`). With ``$SPARK_REMOTE``
+    127.0.0.1, :func:`consistent_stream.session.driver_conf`). With ``$SPARK_REMOTE``
     (``sc://<host>:<port>``, pyspark's own variable) a Spark Connect session to that server
     instead, and no JVM in this process."""
     remote = os.environ.get("SPARK_REMOTE", "")
@@ -49,7 +47,7 @@ def local_spark():
          .config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.session.timeZone", "UTC"))
     if master.startswith("spark://"):  # a standalone cluster: the driver on $SPARK_LOCAL_IP (loopback)
-        from .cluster import driver_conf
+        from .session import driver_conf
         for k, v in driver_conf(master).items():
             b = b.config(k, v)
     spark = b.getOrCreate()
@@ -208,8 +206,6 @@ def _cmd_capture_postgres(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .cluster import add_cluster_command
-    from .tpch.cli import add_tpch_commands
     from .warm_session import add_warm_session_command
     p = argparse.ArgumentParser(prog="consistent-stream", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -243,8 +239,6 @@ def build_parser() -> argparse.ArgumentParser:
     cu.add_argument("models", nargs="+", help="dbt model names (consistent_stream models)")
     cu.add_argument("--project-dir", default=".", help="the dbt project directory (default: .)")
     cu.set_defaults(func=_cmd_cut)
-    add_tpch_commands(sub)
-    add_cluster_command(sub)
     add_warm_session_command(sub)
     c = sub.add_parser("capture", help="capture a database's changes into a landing directory (Debezium JSON)")
     csub = c.add_subparsers(dest="database", required=True)

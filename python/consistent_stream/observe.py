@@ -65,10 +65,10 @@ class SourceLag:
 @dataclass
 class ModelStatus:
     """One model as an operator sees it. ``freshness_s``: the target commit's time minus the
-    newest source commit in its cut (README, "Using it"); ``age_s``: now minus the target's
+    newest source commit in its cut (docs/guides/operating.md); ``age_s``: now minus the target's
     commit time; ``last_batch_*``: the batch that wrote ``target_version``; ``waiting``: per
     source, the upstream transactions seen in part that hold back its cut (a Kafka source's
-    :meth:`~consistent_stream.sources.kafka.KafkaReader.stalled`: id, age_s, end_seen,
+    :meth:`~consistent_stream.sources.kafka.reader.KafkaReader.stalled`: id, age_s, end_seen,
     missing); ``last_batch_requests``: that batch's object-store requests before its commit
     (0 on local disk, None when its version did not record them); ``last_batch_recomputed``:
     the rows that batch evaluated again (window partitions it touched, recomputed blocks; None
@@ -198,8 +198,13 @@ def model_history(job: JobSpec, limit: int = 1000) -> list[VersionPoint]:
 
 def plot_history(job: JobSpec, out_png: str, limit: int = 1000) -> list[VersionPoint]:
     """Write a PNG of freshness and batch seconds over the target's versions (matplotlib,
-    headless). Returns the points plotted."""
-    import matplotlib
+    headless; the ``plot`` extra: ``pip install 'dbt-consistent-stream[plot]'``). Returns the
+    points plotted. Raises ConsistentStreamError when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConsistentStreamError(
+            "plot needs matplotlib, which is not installed: pip install 'dbt-consistent-stream[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     points = model_history(job, limit)

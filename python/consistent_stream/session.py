@@ -28,7 +28,7 @@ built against, in place of the SDK's 690 MB ``bundle`` jar, which hadoop-aws nam
 
 Spark's Kafka source (``org.apache.spark:spark-sql-kafka-0-10_2.13`` at pyspark's version, with
 the Kafka client it was built with), which ``format: kafka`` sources read through
-(:mod:`consistent_stream.sources.kafka_log`), is resolved the same way into a third directory
+(:mod:`consistent_stream.sources.kafka.log`), is resolved the same way into a third directory
 (:func:`kafka_jars_dir`). Its records are fetched by a pool of Kafka consumers in the JVM that
 runs the read's tasks (a local session's driver), which keeps the records of each consumer's last
 poll for the next task that starts where it stopped; Spark keeps them five minutes, here ten
@@ -232,11 +232,29 @@ def local_cores(master: str | None) -> int:
     return int(m.group(1)) if m else (os.cpu_count() or 1)
 
 
+def spark_home() -> Path:
+    """pyspark's distribution (``bin/spark-class``, ``bin/spark-submit``, ``jars/``): what a
+    warm session's server (:mod:`consistent_stream.warm_session`) and a local standalone
+    cluster run."""
+    import pyspark
+    return Path(pyspark.__file__).resolve().parent
+
+
+def driver_conf(master_url: str) -> dict[str, str]:
+    """Spark confs of a driver on this machine joining the standalone cluster at
+    ``master_url``: bound to ``$SPARK_LOCAL_IP`` (an address the executors reach; 127.0.0.1
+    when unset, and then set in this process's environment, which the driver's JVM reads when
+    it starts: call it before the session), no web UI."""
+    host = os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    return {"spark.master": master_url, "spark.driver.host": host, "spark.driver.bindAddress": host,
+            "spark.ui.enabled": "false"}
+
+
 SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 """delta-spark rebuilds a table's state (the files of a version) in this many tasks when it first
 reads a version: 50 by default, sized for a cluster. A local session runs them a few at a time
-(a 2-core machine: 25 waves of tiny tasks for every table a fresh process reads, see the
-README's "Using it"); :func:`delta_confs` sets it to the session's cores (one wave). The price:
+(a 2-core machine: 25 waves of tiny tasks for every table a fresh process reads, see
+docs/reference/profile.md); :func:`delta_confs` sets it to the session's cores (one wave). The price:
 each task replays a larger share of the log at once (a table of a million files would hold half
 its file list per task on 2 cores)."""
 

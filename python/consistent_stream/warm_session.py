@@ -8,7 +8,7 @@ Hive's metastore each time.
 A classic session is built in the process that asks for it: every ``dbt run`` pays the JVM's
 launch, Spark's context and session, Delta's extension and Hive's embedded metastore (Derby,
 DataNucleus) before its first statement, and the first Spark job's warm-up in its first Spark
-query (the README gives the seconds). :func:`ensure` instead starts, once, a Spark Connect
+query (the docs' benchmark pages give the seconds). :func:`ensure` instead starts, once, a Spark Connect
 server (``org.apache.spark.sql.connect.service.SparkConnectServer`` from pyspark's own
 distribution, through ``spark-submit``) with exactly the confs the in-process session would
 have had (the caller's, plus :func:`consistent_stream.session.delta_confs`, plus Hive's
@@ -57,9 +57,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .cluster import spark_home
 from .daemons import free_port, process_alive as _alive
 from .errors import ConsistentStreamError
+from .session import spark_home
 
 HOST = "127.0.0.1"
 RECORD = "server.json"

@@ -1,7 +1,7 @@
 -- Level 3 of the example chain: revenue per nation, joining order_revenue (a consistent_stream
 -- model) with customer and nation read directly from the sources. Every version reflects one
 -- cut of lineitem, orders, customer and nation: order_revenue's version and the sources'
--- versions agree (see "ref() chains" in the README).
+-- versions agree (docs/guides/ref-chains.md).
 {{ config(unique_key='n_name') }}
 
 select

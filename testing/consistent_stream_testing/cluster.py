@@ -1,8 +1,8 @@
 """A local Spark standalone cluster (one master, N workers) from pyspark's own distribution.
 
-    consistent-stream cluster start --workers 2     # prints the master URL
-    consistent-stream cluster status
-    consistent-stream cluster stop
+    consistent-stream-testing cluster start --workers 2     # prints the master URL
+    consistent-stream-testing cluster status
+    consistent-stream-testing cluster stop
 
 pyspark's wheel ships ``bin/spark-class``; this module runs
 ``spark-class org.apache.spark.deploy.master.Master`` and, per worker,
@@ -14,8 +14,9 @@ Loopback by default: every daemon gets ``SPARK_LOCAL_IP=127.0.0.1`` and ``--host
 so their RPC endpoints and web UIs (Spark's ``WebUI`` binds to ``SPARK_LOCAL_IP``) listen on
 127.0.0.1, and so do the executors the workers launch (they inherit the worker's environment
 and host name). A driver joins with ``spark.master=spark://127.0.0.1:<port>`` plus
-``spark.driver.host`` / ``spark.driver.bindAddress`` = 127.0.0.1 (:func:`driver_conf`; the
-example project's ``cluster`` target sets them).
+``spark.driver.host`` / ``spark.driver.bindAddress`` = 127.0.0.1
+(:func:`consistent_stream.session.driver_conf`; the example project's ``cluster`` target sets
+them).
 
 Nodes of their own: ``--host`` (the master's address), ``--worker-hosts`` (one address per
 worker), ``--launcher`` (a command prefix each daemon's command line is run through, with
@@ -43,17 +44,20 @@ import json
 import os
 import pwd
 import shlex
-import signal
 import socket
-import subprocess
 import tempfile
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .daemons import process_alive
-from .errors import ConsistentStreamError
+from consistent_stream.daemons import process_alive
+from consistent_stream.errors import ConsistentStreamError
+# a driver's confs for a standalone cluster and pyspark's distribution are the engine's own
+# (the CLI and warm sessions use them); re-exported for the cluster's callers
+from consistent_stream.session import driver_conf, spark_home  # noqa: F401
+
+from . import jvm
 
 HOST = "127.0.0.1"
 STATE_FILE = "cluster.json"
@@ -67,12 +71,6 @@ def default_dir() -> Path:
     """Where the cluster keeps its pids, logs and work directories."""
     env = os.environ.get("CONSISTENT_STREAM_CLUSTER_DIR")
     return Path(env) if env else Path(tempfile.gettempdir()) / f"consistent-stream-cluster-{os.getuid()}"
-
-
-def spark_home() -> Path:
-    """pyspark's distribution (``bin/spark-class``, ``jars/``)."""
-    import pyspark
-    return Path(pyspark.__file__).resolve().parent
 
 
 @dataclass
@@ -91,12 +89,12 @@ class Cluster:
     user: str | None = None  # the account the daemons run as (None: this process's)
 
     def save(self) -> None:
-        Path(self.dir, STATE_FILE).write_text(json.dumps(asdict(self), indent=2))
+        jvm.write_state(Path(self.dir, STATE_FILE), asdict(self), indent=2)
 
     @classmethod
     def load(cls, directory: str | Path) -> "Cluster | None":
-        p = Path(directory, STATE_FILE)
-        return cls(**json.loads(p.read_text())) if p.exists() else None
+        state = jvm.read_state(Path(directory, STATE_FILE))
+        return cls(**state) if state is not None else None
 
     def alive_pids(self) -> dict[str, int]:
         return {name: pid for name, pid in self.pids.items() if process_alive(pid)}
@@ -118,16 +116,6 @@ class Cluster:
             raise ClusterError(f"the cluster's master at {self.webui_url} answered /json/ with no JSON "
                                f"(starting, or another service on that port): {body[:80]!r}; see "
                                f"{Path(self.dir, 'master.log')}") from None
-
-
-def driver_conf(master_url: str) -> dict[str, str]:
-    """Spark confs of a driver on this machine joining the cluster at ``master_url``: bound
-    to ``$SPARK_LOCAL_IP`` (an address the executors reach; 127.0.0.1 when unset, and then
-    set in this process's environment, which the driver's JVM reads when it starts: call it
-    before the session), no web UI."""
-    host = os.environ.setdefault("SPARK_LOCAL_IP", HOST)
-    return {"spark.master": master_url, "spark.driver.host": host, "spark.driver.bindAddress": host,
-            "spark.ui.enabled": "false"}
 
 
 def _port_free(port: int, host: str = HOST) -> bool:
@@ -169,14 +157,8 @@ def _prefix(name: str, launcher: str | None, user: str | None) -> list[str]:
 
 
 def _spawn(name: str, args: list[str], directory: Path, env: dict[str, str], prefix: list[str] | None = None) -> int:
-    log = open(directory / f"{name}.log", "ab")
-    try:
-        p = subprocess.Popen([*(prefix or []), str(spark_home() / "bin" / "spark-class"), *args], stdout=log,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                             start_new_session=True)
-    finally:
-        log.close()
-    return p.pid
+    return jvm.spawn([*(prefix or []), str(spark_home() / "bin" / "spark-class"), *args], directory / f"{name}.log",
+                     env=env).pid
 
 
 def _work_dir(d: Path, name: str, user: str | None) -> Path:
@@ -235,7 +217,7 @@ def start(*, workers: int = 2, cores_per_worker: int = 1, memory_per_worker: str
     old = Cluster.load(d)
     if old is not None and old.alive_pids():
         raise ClusterError(f"a cluster from {d} is running ({old.master_url}, pids "
-                           f"{sorted(old.alive_pids().values())}); run `consistent-stream cluster stop"
+                           f"{sorted(old.alive_pids().values())}); run `consistent-stream-testing cluster stop"
                            f" --dir {d}` first")
     if workers < 1 or cores_per_worker < 1:
         raise ClusterError("--workers and --cores-per-worker must be at least 1")
@@ -289,7 +271,7 @@ def connect_server_conf(c: Cluster, host: str, port: int, home: Path,
     under ``home`` (its work directory), as dbt-spark's session method has them; UTC.
     ``extra`` (``--connect-conf``: the warehouse on S3, the store's ``spark.hadoop.fs.s3a.*``
     settings) comes first, so what it sets wins."""
-    from .session import delta_confs
+    from consistent_stream.session import delta_confs
     conf = {"spark.master": c.master_url, "spark.driver.host": host, "spark.driver.bindAddress": host,
             "spark.ui.enabled": "false", "spark.connect.grpc.binding.address": host,
             "spark.connect.grpc.binding.port": str(port), "spark.sql.session.timeZone": "UTC",
@@ -304,28 +286,19 @@ def _spawn_connect(c: Cluster, host: str, port: int, env: dict[str, str], extra:
                    prefix: list[str], user: str | None) -> int:
     d = Path(c.dir)
     home = _work_dir(d, "connect", user)
-    log = open(d / "connect.log", "ab")
     args = [str(spark_home() / "bin" / "spark-submit"), "--class",
             "org.apache.spark.sql.connect.service.SparkConnectServer", "--name", "Spark Connect server"]
     for k, v in connect_server_conf(c, host, port, home, extra).items():
         args += ["--conf", f"{k}={v}"]
-    try:
-        p = subprocess.Popen([*prefix, *args, "spark-internal"], stdout=log, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, env=env, cwd=home, start_new_session=True)
-    finally:
-        log.close()
-    return p.pid
+    return jvm.spawn([*prefix, *args, "spark-internal"], d / "connect.log", env=env, cwd=home).pid
 
 
 def _wait_for_port(c: Cluster, host: str, port: int, timeout_s: float, what: str) -> None:
     """Wait until ``host:port`` accepts a connection from here."""
     deadline = time.monotonic() + timeout_s
     while True:
-        try:
-            socket.create_connection((host, port), timeout=1).close()
+        if jvm.port_open(host, port, timeout=1):
             return
-        except OSError:
-            pass
         dead = [n for n, pid in c.pids.items() if not process_alive(pid)]
         if dead:
             raise ClusterError(f"{', '.join(dead)} exited while waiting for {what}; see "
@@ -362,27 +335,9 @@ def stop(directory: str | Path | None = None, timeout_s: float = 20.0) -> list[i
     c = Cluster.load(d)
     if c is None:
         return []
-    running = c.alive_pids()
-    for pid in running.values():
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + timeout_s
-    while any(process_alive(p) for p in running.values()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in running.values():
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for pid in running.values():  # reap our own children (a start in this process)
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
+    running = jvm.terminate(c.pids.values(), timeout_s)
     Path(d, STATE_FILE).unlink(missing_ok=True)
-    return sorted(running.values())
+    return sorted(running)
 
 
 def status(directory: str | Path | None = None) -> dict:
@@ -465,7 +420,7 @@ def _cmd(args) -> int:
 
 
 def add_cluster_command(subparsers) -> None:
-    """Register ``cluster start|stop|status|tasks`` on the ``consistent-stream`` CLI."""
+    """Register ``cluster start|stop|status|tasks`` on the ``consistent-stream-testing`` CLI."""
     c = subparsers.add_parser("cluster", help="a local Spark standalone cluster (master + workers, on 127.0.0.1 "
                                               "unless placed elsewhere) from pyspark's distribution")
     c.add_argument("action", choices=["start", "stop", "status", "tasks"],
@@ -493,3 +448,20 @@ def add_cluster_command(subparsers) -> None:
     c.add_argument("--connect-conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark conf of the Connect server (repeatable), e.g. spark.hadoop.fs.s3a.endpoint=...")
     c.set_defaults(func=_cmd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m consistent_stream_testing.cluster start|stop|status|tasks ...`` (the same as
+    ``consistent-stream-testing cluster ...``)."""
+    import argparse
+    import sys
+    p = argparse.ArgumentParser(prog="python -m consistent_stream_testing.cluster")
+    sub = p.add_subparsers(dest="command", required=True)
+    add_cluster_command(sub)
+    args = p.parse_args(["cluster", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

@@ -59,7 +59,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import location
+from consistent_stream import location
+
 from .generate import SCHEMAS, table_path
 
 __all__ = [
@@ -200,7 +201,7 @@ def _open(root: str, table: str, *, need_cdf: bool):
     if not DeltaTable.is_deltatable(path, storage_options=options):
         raise FileNotFoundError(
             f"no Delta table at {path}; generate the TPC-H tables first "
-            "(consistent_stream.tpch.generate.generate or `tpch-generate`)"
+            "(consistent_stream_testing.tpch.generate.generate or `consistent-stream-testing tpch-generate`)"
         )
     t = DeltaTable(path, storage_options=options)
     if need_cdf and t.metadata().configuration.get(_CDF_KEY) != "true":
@@ -372,7 +373,7 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0, size: int |
     ``root/customer`` (1 commit: update of ``c_acctbal``, dollars, decimal(15,2),
     drawn from TPC-H's range -999.99 .. 9999.99); reads ``part``, ``partsupp`` and
     ``supplier``. See the module docstring for the rules. Inserted rows have the
-    schemas of :data:`consistent_stream.tpch.generate.SCHEMAS`, valid foreign keys
+    schemas of :data:`consistent_stream_testing.tpch.generate.SCHEMAS`, valid foreign keys
     (``o_custkey`` of a customer with ``c_custkey % 3 != 0`` as in dbgen,
     ``(l_partkey, l_suppkey)`` of a ``partsupp`` row), dates in TPC-H's ranges,
     ``l_extendedprice = l_quantity * p_retailprice`` and ``o_totalprice`` and
@@ -407,6 +408,7 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0, size: int |
         "lineitem": lineitem.version(),
         "customer": customer.version(),
     }
+    # the stream's name from before the package moved (consistent_stream.*): kept, so every round's rows stay the same
     rnd = random.Random(f"consistent_stream.tpch.refresh:{seed}:{round_no}")
     plan = _plan_round(root, orders, customer, rnd, size)
     commits, deleted_lines = _commit_round(orders, lineitem, customer, plan, round_no, seed)
@@ -591,6 +593,7 @@ def update_dimensions(root: str | Path, round_no: int, *, seed: int = 0, rows: i
     from deltalake import CommitProperties
 
     root = location.normalize(str(root), key="--dir")
+    # the stream's name from before the package moved (consistent_stream.*): kept, so every round's rows stay the same
     rnd = random.Random(f"consistent_stream.tpch.update_dimensions:{seed}:{round_no}")
     out = {}
 

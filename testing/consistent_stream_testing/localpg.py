@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import time
 
-from ..daemons import free_port
+from consistent_stream.daemons import free_port
 
 PG_BIN = os.environ.get("CONSISTENT_STREAM_PG_BIN", "/usr/lib/postgresql/15/bin")
 

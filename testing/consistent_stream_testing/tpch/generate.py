@@ -38,7 +38,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import location, storage
+from consistent_stream import location, storage
 
 __all__ = [
     "ALL",

@@ -3,12 +3,12 @@ benchmarks and the demos of the Debezium source: Apache Kafka 4.1.1 (one KRaft n
 and controller in one JVM), one Kafka Connect 4.1.1 distributed worker (a second JVM) and
 Debezium's PostgreSQL connector 3.6.1.Final as a Connect plugin, all from Maven Central.
 
-    python -m consistent_stream.kafka_stack install               # make .venv runs it: the jars, once
-    python -m consistent_stream.kafka_stack start --dir D [--postgres] [--partitions N]
+    python -m consistent_stream_testing.kafka_stack install               # make .venv runs it: the jars, once
+    python -m consistent_stream_testing.kafka_stack start --dir D [--postgres] [--partitions N]
                   [--broker-port P] [--controller-port P] [--connect-port P]   # prints the state as JSON
-    python -m consistent_stream.kafka_stack register --dir D --name N --tables a,b --prefix P [--dsn DSN]
+    python -m consistent_stream_testing.kafka_stack register --dir D --name N --tables a,b --prefix P [--dsn DSN]
                   [--decimal-handling precise|string|double] [--partitions N] [--set KEY=VALUE ...]
-    python -m consistent_stream.kafka_stack stop --dir D
+    python -m consistent_stream_testing.kafka_stack stop --dir D
 
 The jars are resolved once, at install, with Spark's Ivy (:func:`consistent_stream.session.resolve`)
 into three caches under :func:`consistent_stream.session.jars_root`, each named after its main
@@ -38,7 +38,7 @@ bootstrap servers, Connect's URL) so :func:`load` and ``stop`` work from another
 
 PostgreSQL must let Debezium decode with ``pgoutput``: a build that limits decoding to the
 plugins in ``output_plugin_libraries`` (this project's Debian build,
-:mod:`consistent_stream.capture.localpg` sets it to ``wal2json``) gets ``pgoutput`` added by
+:mod:`consistent_stream_testing.localpg` sets it to ``wal2json``) gets ``pgoutput`` added by
 :func:`allow_pgoutput`, which :meth:`KafkaStack.register_postgres` calls.
 
 Errors: :class:`KafkaStackError` (a ``RuntimeError``) when the jars are missing (with the
@@ -49,12 +49,9 @@ from __future__ import annotations
 
 import argparse
 import base64
-import hashlib
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -64,9 +61,12 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import session
-from .daemons import free_port, process_alive
-from .errors import ConsistentStreamError
+from consistent_stream import session
+from consistent_stream.daemons import free_port, process_alive
+from consistent_stream.errors import ConsistentStreamError
+
+from . import jvm
+from .jvm import MAVEN
 
 KAFKA_VERSION = "4.1.1"
 DEBEZIUM_VERSION = "3.6.1.Final"
@@ -87,7 +87,6 @@ PLUGIN_DIR = "debezium-connector-postgres"
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 STATUS_TOPIC = "connect-status"
-MAVEN = os.environ.get("MAVEN_REPOSITORY", "https://repo1.maven.org/maven2").rstrip("/")
 HOST = "127.0.0.1"
 STATE_FILE = "kafka_stack.json"
 BROKER_HEAP = "-Xmx512m"
@@ -142,19 +141,8 @@ def _fetch_scala_library(broker: list[str]) -> Path:
         raise KafkaStackError(f"the broker's jars in {broker_dir()} hold no scala-reflect jar")
     v = reflect[0].rsplit("-", 1)[1].removesuffix(".jar")
     name = f"org.scala-lang_scala-library-{v}.jar"
-    url = f"{MAVEN}/org/scala-lang/scala-library/{v}/scala-library-{v}.jar"
-    try:
-        with urllib.request.urlopen(url + ".sha1", timeout=60) as r:
-            want = r.read().decode().split()[0].strip()
-        with urllib.request.urlopen(url, timeout=600) as r:
-            data = r.read()
-    except OSError as e:
-        raise KafkaStackError(f"cannot fetch {url}: {e}") from e
-    if hashlib.sha1(data).hexdigest() != want:
-        raise KafkaStackError(f"{url}: SHA-1 does not match Maven Central's {want}")
     d = broker_dir()
-    (d / (name + ".tmp")).write_bytes(data)
-    (d / (name + ".tmp")).rename(d / name)
+    jvm.fetch_maven_jar(f"{MAVEN}/org/scala-lang/scala-library/{v}/scala-library-{v}.jar", d / name, KafkaStackError)
     with open(d / session.MANIFEST, "a") as f:
         f.write(name + "\n")
     return d / name
@@ -166,46 +154,12 @@ def _jars(d: Path, what: str) -> list[str]:
     if not names or not all((d / n).is_file() for n in names) or (
             d == broker_dir() and not any(n.startswith("org.scala-lang_scala-library-") for n in names)):
         raise KafkaStackError(f"{what} are not installed in {d}: run `{sys.executable} -m "
-                              f"consistent_stream.kafka_stack install` once with Maven Central reachable "
+                              f"consistent_stream_testing.kafka_stack install` once with Maven Central reachable "
                               f"(make .venv does)")
     return [str(d / n) for n in names]
 
 
 # ---------------------------------------------------------------------------------------------- processes
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _terminate(pid: int, timeout_s: float) -> None:
-    """SIGTERM the process group of ``pid``, SIGKILL it after ``timeout_s`` s; wait until gone."""
-    if not process_alive(pid, reap=True):
-        return
-    _signal(pid, signal.SIGTERM)
-    deadline = time.time() + timeout_s
-    while time.time() < deadline and process_alive(pid, reap=True):
-        time.sleep(0.1)
-    _kill(pid)
-
-
-def _kill(pid: int) -> None:
-    _signal(pid, signal.SIGKILL)
-    deadline = time.time() + 10
-    while time.time() < deadline and process_alive(pid, reap=True):
-        time.sleep(0.05)
-
-
-def _tail(path: Path, n: int = 3000) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - n))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return "(no log)"
-
 
 def _rss_mb(pid: int) -> float | None:
     try:
@@ -235,11 +189,8 @@ logger.dbzmetrics.level = error
 
 
 def _java(jars: list[str], heap: str, main: str, args: list[str], log4j: Path, log: Path) -> int:
-    with open(log, "ab") as out:
-        p = subprocess.Popen(["java", heap, *JVM_FLAGS, f"-Dlog4j2.configurationFile=file:{log4j}",
-                              "-cp", ":".join(jars), main, *args], stdout=out, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, start_new_session=True)
-    return p.pid
+    return jvm.spawn(["java", heap, *JVM_FLAGS, f"-Dlog4j2.configurationFile=file:{log4j}", "-cp", ":".join(jars),
+                      main, *args], log).pid
 
 
 def _props(path: Path, props: dict[str, object]) -> None:
@@ -253,7 +204,7 @@ class KafkaStack:
     """One running stack: a KRaft broker (``bootstrap``: ``"127.0.0.1:<port>"``) and a Connect
     worker (``connect_url``: ``"http://127.0.0.1:<port>"``), their pids and ports, and the
     directory holding their configs, logs (``broker.log``, ``connect.log``) and data. With
-    ``postgres`` (``{"dsn", "root", "port"}``), a :class:`~consistent_stream.capture.localpg.
+    ``postgres`` (``{"dsn", "root", "port"}``), a :class:`~consistent_stream_testing.localpg.
     LocalPostgres` started with it (CLI ``start --postgres``), stopped with it."""
     directory: str
     host: str
@@ -293,10 +244,8 @@ class KafkaStack:
         return Path(self.directory) / "connect.log"
 
     def _save(self) -> None:
-        path = Path(self.directory) / STATE_FILE
-        path.write_text(json.dumps({**asdict(self), "bootstrap": self.bootstrap, "connect_url": self.connect_url},
-                                   indent=1))
-        path.chmod(0o600)
+        jvm.write_state(Path(self.directory) / STATE_FILE,
+                        {**asdict(self), "bootstrap": self.bootstrap, "connect_url": self.connect_url}, indent=1)
 
     def rss_mb(self) -> dict[str, float | None]:
         """Resident memory of each JVM in MiB (``{"broker": ..., "connect": ...}``; None when down)."""
@@ -319,19 +268,18 @@ class KafkaStack:
         deadline = time.time() + timeout_s
         while True:
             if not process_alive(self.broker_pid, reap=True):
-                raise KafkaStackError(f"the Kafka broker exited; its log {self.broker_log}:\n{_tail(self.broker_log)}")
+                raise KafkaStackError(f"the Kafka broker exited; its log {self.broker_log}:\n"
+                                      f"{jvm.tail(self.broker_log)}")
             try:
-                with socket.create_connection((self.host, self.broker_port), timeout=0.5):
-                    pass
-                md = AdminClient(self._client_conf()).list_topics(timeout=5)
-                if md.brokers:
+                if (jvm.port_open(self.host, self.broker_port)
+                        and AdminClient(self._client_conf()).list_topics(timeout=5).brokers):
                     break
             except Exception:
                 pass
             if time.time() > deadline:
-                _kill(self.broker_pid)
+                jvm.kill(self.broker_pid)
                 raise KafkaStackError(f"the Kafka broker did not answer on {self.bootstrap} within {timeout_s:.0f} s; "
-                                      f"its log {self.broker_log}:\n{_tail(self.broker_log)}")
+                                      f"its log {self.broker_log}:\n{jvm.tail(self.broker_log)}")
             time.sleep(0.3)
         self.timings["broker_s"] = round(time.time() - t0, 2)
 
@@ -355,7 +303,7 @@ class KafkaStack:
         while True:
             if not process_alive(self.connect_pid, reap=True):
                 raise KafkaStackError(f"the Connect worker exited; its log {self.connect_log}:\n"
-                                      f"{_tail(self.connect_log)}")
+                                      f"{jvm.tail(self.connect_log)}")
             try:
                 plugins = self._rest("GET", "/connector-plugins", timeout=2)
                 if any(p.get("class") == POSTGRES_CONNECTOR for p in plugins):
@@ -363,30 +311,30 @@ class KafkaStack:
             except (OSError, ValueError):
                 pass
             if time.time() > deadline:
-                _kill(self.connect_pid)
+                jvm.kill(self.connect_pid)
                 raise KafkaStackError(f"Kafka Connect did not list {POSTGRES_CONNECTOR} at {self.connect_url}"
                                       f"/connector-plugins within {timeout_s:.0f} s; its log {self.connect_log}:\n"
-                                      f"{_tail(self.connect_log)}")
+                                      f"{jvm.tail(self.connect_log)}")
             time.sleep(0.5)
         self.timings["connect_s"] = round(time.time() - t0, 2)
         self._save()
 
     def stop_connect(self, timeout_s: float = 30.0) -> None:
         """Stop the worker gracefully (SIGTERM: it commits its offsets), SIGKILL after ``timeout_s``."""
-        _terminate(self.connect_pid, timeout_s)
+        jvm.terminate(self.connect_pid, timeout_s)
 
     def kill_connect(self) -> None:
         """SIGKILL the worker (no offset commit, no leaving the group); returns when it is gone."""
-        _kill(self.connect_pid)
+        jvm.kill(self.connect_pid)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the worker, then the broker (SIGTERM, SIGKILL after ``timeout_s`` each), then the
         PostgreSQL server started with the stack (if any); removes the state file. The data
         (``kafka-logs/``) and the logs stay in the directory."""
         self.stop_connect(timeout_s)
-        _terminate(self.broker_pid, timeout_s)
+        jvm.terminate(self.broker_pid, timeout_s)
         if self.postgres and self.postgres.get("root"):
-            from .capture.localpg import LocalPostgres
+            from .localpg import LocalPostgres
             LocalPostgres(self.postgres["root"], self.postgres["port"]).stop()
         Path(self.directory, STATE_FILE).unlink(missing_ok=True)
 
@@ -466,7 +414,7 @@ class KafkaStack:
                     return status
             time.sleep(0.3)
         raise KafkaStackError(f"connector {name} not RUNNING within {timeout_s:.0f} s: {status}; "
-                              f"log {self.connect_log}:\n{_tail(self.connect_log)}")
+                              f"log {self.connect_log}:\n{jvm.tail(self.connect_log)}")
 
     def register_postgres(self, name: str, dsn: str, tables: list[str] | str, topic_prefix: str, *,
                           transaction_metadata: bool = True, snapshot_mode: str = "initial", slot: str | None = None,
@@ -646,11 +594,11 @@ class KafkaStack:
 
 def allow_pgoutput(dsn: str) -> bool:
     """Let the server of ``dsn`` decode with ``pgoutput``: when it has the
-    ``output_plugin_libraries`` setting (this project's Debian build; :mod:`~consistent_stream.
-    capture.localpg` sets it to ``wal2json``) and it does not list pgoutput, add it (``ALTER
+    ``output_plugin_libraries`` setting (this project's Debian build; :mod:`~consistent_stream_testing.
+    localpg` sets it to ``wal2json``) and it does not list pgoutput, add it (``ALTER
     SYSTEM``, needs a superuser) and reload. Returns whether it changed anything. Raises
     KafkaStackError when the change is refused."""
-    from .capture import localpg
+    from . import localpg
     row = localpg.execute(dsn, "SELECT setting FROM pg_settings WHERE name = 'output_plugin_libraries'")
     if not row:
         return False
@@ -782,17 +730,19 @@ def start(directory: str | Path, *, pg_dsn: str | None = None, host: str = HOST,
 
 def load(directory: str | Path) -> KafkaStack | None:
     """The stack started in ``directory`` (None when there is none)."""
+    state = jvm.read_state(Path(directory, STATE_FILE))
+    if not isinstance(state, dict):
+        return None
+    state.pop("bootstrap", None)
+    state.pop("connect_url", None)
     try:
-        state = json.loads(Path(directory, STATE_FILE).read_text())
-        state.pop("bootstrap", None)
-        state.pop("connect_url", None)
         return KafkaStack(**state)
-    except (OSError, ValueError, TypeError):
+    except TypeError:
         return None
 
 
 def _main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m consistent_stream.kafka_stack")
+    ap = argparse.ArgumentParser(prog="python -m consistent_stream_testing.kafka_stack")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("install")
     st = sub.add_parser("start")
@@ -828,7 +778,7 @@ def _main(argv: list[str]) -> int:
         elif args.cmd == "start":
             pg = None
             if args.postgres:
-                from .capture.localpg import LocalPostgres
+                from .localpg import LocalPostgres
                 pg = LocalPostgres.start()
                 allow_pgoutput(pg.dsn)
             try:

@@ -60,7 +60,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import location
+from consistent_stream import location
+
 from .generate import PRIMARY_KEYS, SCHEMAS, table_path
 
 __all__ = ["NEW_ID_PREFIX", "RefreshCommit", "RefreshResult", "refresh_round"]
@@ -198,7 +199,7 @@ def _open(root: str, table: str):
     if not DeltaTable.is_deltatable(path, storage_options=options):
         raise FileNotFoundError(
             f"no Delta table at {path}; generate the TPC-DS tables first "
-            "(consistent_stream.tpcds.generate.generate)")
+            "(consistent_stream_testing.tpcds.generate.generate)")
     t = DeltaTable(path, storage_options=options)
     if t.metadata().configuration.get(_CDF_KEY) != "true":
         raise ValueError(f"Change Data Feed is off on {path} ({_CDF_KEY} is not 'true')")
@@ -515,6 +516,7 @@ def refresh_round(root: str | Path, round_no: int, *, seed: int = 0, fraction: f
     c = _Committer(root, round_no, seed)
     touched = ([t for ch in _CHANNELS for t in ch[:2]] + ["inventory"] + list(_DIMENSION_GROUPS) + ["promotion"])
     start = {t: c.table(t).version() for t in touched}
+    # the stream's name from before the package moved (consistent_stream.*): kept, so every round's rows stay the same
     rnd = random.Random(f"consistent_stream.tpcds.refresh:{seed}:{round_no}")
     for spec in _CHANNELS:
         _channel(c, rnd, spec, fraction)

@@ -4,7 +4,7 @@ The data comes from ``tpcgen-cli`` (PyPI package ``tpcgen-cli``, a Rust port of 
 ``dsdgen``; ``tpcgen-cli tpcds parquet -s SF --output-dir DIR`` writes ``DIR/<table>.parquet``),
 copied into one Delta table per TPC-DS table with :func:`deltalake.write_deltalake`, table
 property ``delta.enableChangeDataFeed=true``. The root is a local directory or an S3 URI, as
-for :mod:`consistent_stream.tpch.generate`.
+for :mod:`consistent_stream_testing.tpch.generate`.
 
 The 24 tables of the TPC-DS schema are written (:data:`ALL`; ``dbgen_version``, the
 generator's own metadata, is not). Column names are TPC-DS's, lower case. Types are the ones
@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import location, storage
+from consistent_stream import location, storage
 
 __all__ = [
     "ALL",
@@ -96,7 +96,7 @@ CDF_CONFIGURATION: dict[str, str] = {"delta.enableChangeDataFeed": "true"}
 #: Each table's primary key: a dimension's surrogate key, a sales or returns line's item and
 #: ticket or order number, an inventory row's date, item and warehouse. Every one is unique in
 #: the data ``tpcgen-cli`` 4 writes (checked at SF 0.01 and 0.1) and stays so through
-#: :func:`consistent_stream.tpcds.refresh.refresh_round`.
+#: :func:`consistent_stream_testing.tpcds.refresh.refresh_round`.
 PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "date_dim": ("d_date_sk",),
     "time_dim": ("t_time_sk",),

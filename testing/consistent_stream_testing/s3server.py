@@ -1,10 +1,10 @@
 """A real S3 API server on loopback, for the tests, the benchmarks and the demos: s3proxy
 (``org.gaul:s3proxy``, Apache 2.0, from Maven Central) over its file-system blob store.
 
-    python -m consistent_stream.s3server install        # make .venv runs it: the jar, once
-    python -m consistent_stream.s3server start --dir D  # prints the endpoint and credentials as
+    python -m consistent_stream_testing.s3server install        # make .venv runs it: the jar, once
+    python -m consistent_stream_testing.s3server start --dir D  # prints the endpoint and credentials as
                                                         # shell exports (AWS_ENDPOINT_URL ...)
-    python -m consistent_stream.s3server stop --dir D
+    python -m consistent_stream_testing.s3server stop --dir D
 
 s3proxy answers the S3 REST API (SigV2/SigV4, ListObjectsV2, multipart uploads, and the
 conditional writes Delta commits and the writer lock rely on: ``If-None-Match: *`` and
@@ -23,26 +23,23 @@ cannot be fetched, or the server does not start (with its log).
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import re
 import secrets
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .daemons import free_port, process_alive
-from .errors import ConsistentStreamError
+from consistent_stream import session
+from consistent_stream.daemons import free_port, process_alive
+from consistent_stream.errors import ConsistentStreamError
+
+from . import jvm
+from .jvm import MAVEN
 
 VERSION = "4.1.0"
-MAVEN = os.environ.get("MAVEN_REPOSITORY", "https://repo1.maven.org/maven2").rstrip("/")
 JAR = f"s3proxy-{VERSION}-jar-with-dependencies.jar"
 HOST = "127.0.0.1"
 STATE_FILE = "s3server.json"
@@ -54,8 +51,7 @@ class S3ServerError(ConsistentStreamError):
 
 def jar_path() -> Path:
     """Where the s3proxy jar is kept (under the project's jar cache)."""
-    root = os.environ.get("CONSISTENT_STREAM_JARS") or os.path.join(sys.prefix, "share", "consistent-stream", "jars")
-    return Path(root) / f"org.gaul_s3proxy_{VERSION}" / JAR
+    return session.jars_root() / f"org.gaul_s3proxy_{VERSION}" / JAR
 
 
 def install() -> Path:
@@ -63,22 +59,7 @@ def install() -> Path:
     path = jar_path()
     if path.is_file():
         return path
-    url = f"{MAVEN}/org/gaul/s3proxy/{VERSION}/{JAR}"
-    try:
-        with urllib.request.urlopen(url + ".sha1", timeout=60) as r:
-            want = r.read().decode().split()[0].strip()
-        with urllib.request.urlopen(url, timeout=600) as r:
-            data = r.read()
-    except OSError as e:
-        raise S3ServerError(f"cannot fetch {url}: {e}") from e
-    got = hashlib.sha1(data).hexdigest()
-    if got != want:
-        raise S3ServerError(f"{url}: SHA-1 {got} does not match Maven Central's {want}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    tmp.rename(path)
-    return path
+    return jvm.fetch_maven_jar(f"{MAVEN}/org/gaul/s3proxy/{VERSION}/{JAR}", path, S3ServerError)
 
 
 @dataclass
@@ -140,18 +121,7 @@ class S3Server:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL); its data stays in ``directory``."""
-        try:
-            os.killpg(self.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.time() + timeout_s
-        while time.time() < deadline and process_alive(self.pid):
-            time.sleep(0.1)
-        if process_alive(self.pid):
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        jvm.terminate(self.pid, timeout_s)
         Path(self.directory, STATE_FILE).unlink(missing_ok=True)
 
 
@@ -166,7 +136,7 @@ def start(directory: str | Path, *, port: int | None = None, host: str = HOST, b
     jar = jar_path()
     if not jar.is_file():
         raise S3ServerError(f"s3proxy's jar is not installed at {jar}: run `{sys.executable} -m "
-                            f"consistent_stream.s3server install` once with Maven Central reachable (make .venv does)")
+                            f"consistent_stream_testing.s3server install` once with Maven Central reachable (make .venv does)")
     d = Path(directory)
     (d / "data").mkdir(parents=True, exist_ok=True)
     port = port or free_port(HOST)
@@ -179,40 +149,36 @@ def start(directory: str | Path, *, port: int | None = None, host: str = HOST, b
         "jclouds.provider=filesystem", f"jclouds.filesystem.basedir={d / 'data'}", ""]))
     props.chmod(0o600)
     env = {**os.environ, "LOG_LEVEL": "debug" if request_log else "warn", "JETTY_LOG_LEVEL": "warn"}
-    with open(server.log_path, "ab") as log:
-        p = subprocess.Popen(["java", "-Xmx512m", "-jar", str(jar), "--properties", str(props)], stdout=log,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    p = jvm.spawn(["java", "-Xmx512m", "-jar", str(jar), "--properties", str(props)], server.log_path, env=env)
     server.pid = p.pid
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if p.poll() is not None:
             raise S3ServerError(f"s3proxy exited with {p.returncode}; its log {server.log_path}:\n"
-                                f"{server.log_path.read_text()[-2000:]}")
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                break
-        except OSError:
-            time.sleep(0.2)
+                                f"{jvm.tail(server.log_path, 2000)}")
+        if jvm.port_open(host, port):
+            break
+        time.sleep(0.2)
     else:
         server.stop()
         raise S3ServerError(f"s3proxy did not listen on {host}:{port} within {timeout_s:.0f} s; log {server.log_path}")
     for b in buckets:
         server.create_bucket(b)
-    (d / STATE_FILE).write_text(json.dumps(asdict(server)))
-    (d / STATE_FILE).chmod(0o600)
+    jvm.write_state(d / STATE_FILE, asdict(server))
     return server
 
 
 def load(directory: str | Path) -> S3Server | None:
     """The server started in ``directory`` (None when there is none)."""
+    state = jvm.read_state(Path(directory, STATE_FILE))
     try:
-        return S3Server(**json.loads(Path(directory, STATE_FILE).read_text()))
-    except (OSError, ValueError, TypeError):
+        return S3Server(**state) if state is not None else None
+    except TypeError:
         return None
 
 
 def _main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m consistent_stream.s3server")
+    ap = argparse.ArgumentParser(prog="python -m consistent_stream_testing.s3server")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("install")
     st = sub.add_parser("start")

@@ -1,8 +1,9 @@
 """Command-line entry points for the TPC-H data: ``tpch-generate`` and ``tpch-refresh``.
 
 ``add_tpch_commands(subparsers)`` registers both on an existing argparse parser (the
-``consistent-stream`` CLI); ``python -m consistent_stream.tpch.cli`` runs them
-standalone. Each command prints one line of JSON.
+``consistent-stream-testing`` command, :mod:`consistent_stream_testing.cli`);
+``python -m consistent_stream_testing.tpch`` runs them standalone. Each command prints one
+line of JSON.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ __all__ = ["add_tpch_commands", "main"]
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from ..errors import ConsistentStreamError
+    from consistent_stream.errors import ConsistentStreamError
     from .generate import ALL, TpchGenError, generate
 
     t0 = time.perf_counter()
@@ -43,7 +44,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_refresh(args: argparse.Namespace) -> int:
-    from ..errors import ConsistentStreamError
+    from consistent_stream.errors import ConsistentStreamError
     from .refresh import refresh_round
 
     t0 = time.perf_counter()
@@ -70,9 +71,9 @@ def add_tpch_commands(subparsers) -> None:
     ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID`` ...).
 
     * ``tpch-generate --sf FLOAT --dir PATH [--tables a,b,...]``: see
-      :func:`consistent_stream.tpch.generate.generate`.
+      :func:`consistent_stream_testing.tpch.generate.generate`.
     * ``tpch-refresh --dir PATH --round N [--seed S]``: see
-      :func:`consistent_stream.tpch.refresh.refresh_round`.
+      :func:`consistent_stream_testing.tpch.refresh.refresh_round`.
     """
     g = subparsers.add_parser(
         "tpch-generate",
@@ -102,9 +103,9 @@ def add_tpch_commands(subparsers) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry point: ``python -m consistent_stream.tpch.cli COMMAND ...``."""
+    """Standalone entry point: ``python -m consistent_stream_testing.tpch COMMAND ...``."""
     parser = argparse.ArgumentParser(
-        prog="python -m consistent_stream.tpch.cli",
+        prog="python -m consistent_stream_testing.tpch",
         description="TPC-H source data for consistent_stream.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
