@@ -1,6 +1,7 @@
-"""What the local daemons this package starts (the S3 server, the Kafka stack, a throwaway
-PostgreSQL, a local Spark cluster, a warm session's Spark Connect server) need from the
-operating system: a free port to listen on, and whether a process still runs."""
+"""What a local daemon (a warm session's Spark Connect server, :mod:`.warm_session`; and the
+servers the test tooling starts, ``consistent_stream_testing``: the S3 server, the Kafka stack,
+a throwaway PostgreSQL, a local Spark cluster) needs from the operating system: a free port to
+listen on, and whether a process still runs."""
 from __future__ import annotations
 
 import os
