@@ -37,8 +37,8 @@ def reach(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
     except OSError as e:
         raise FailedToConnectError(
             f"failed to connect to Spark Connect at {address}: nothing accepted a connection at {host}:{port} within "
-            f"{timeout_s:.0f} s ({e.strerror or e}). Is the server running (consistent-stream cluster start "
-            f"--connect-port {port}), and is the profile's host (or SPARK_REMOTE) its address?") from None
+            f"{timeout_s:.0f} s ({e.strerror or e}). Is the server running (Spark's sbin/start-connect-server.sh, "
+            f"or a cluster's Connect endpoint, listening on port {port}), and is the profile's host (or SPARK_REMOTE) its address?") from None
 
 
 def connect_session(credentials: ConsistentSparkCredentials, url: Optional[str] = None) -> Any:
@@ -60,7 +60,7 @@ def connect_session(credentials: ConsistentSparkCredentials, url: Optional[str] 
                 raise DbtRuntimeError(
                     f"profile server_side_parameters: {key} is a static conf of the Spark Connect server "
                     f"({credentials.unique_field}), which a client cannot set; set it where the server starts "
-                    f"(consistent-stream cluster start --connect-conf {key}=...) and remove it from the profile")
+                    f"(start-connect-server.sh --conf {key}=...) and remove it from the profile")
             spark.conf.set(key, value)
         return spark
 

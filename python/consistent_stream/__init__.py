@@ -1,5 +1,6 @@
 """dbt-consistent-stream: strongly consistent, incrementally maintained materialized views
-on Delta Lake, computed by Spark (see DESIGN.md for the architecture)."""
+on Delta Lake, computed by Spark (docs/concepts/how-it-works.md
+describes the architecture)."""
 import importlib.util as _importlib_util
 import os as _os
 import sys as _sys

@@ -57,7 +57,7 @@ def arrow(con, sql: str) -> pa.Table:
     ``con.sql(sql).to_arrow_table()`` binds and plans the statement once to learn its schema
     and again to run it; ``execute`` plans it once. For the few-row delta queries of a batch,
     whose plans cost more than their execution, that is most of each query (the comparison is
-    in the README's benchmarks). When reading the result fails, the rest of it is cancelled, so
+    in the docs' benchmark pages). When reading the result fails, the rest of it is cancelled, so
     the cursor takes other work again. Raises what DuckDB raises (``duckdb.Error``)."""
     result = con.execute(sql)
     try:

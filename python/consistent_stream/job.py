@@ -94,7 +94,7 @@ def _compile_ahead(spark: SparkSession, job: JobSpec, sources: dict, target: Del
     """:func:`compile_job` started on a thread before the sources are read, for a first build
     (no ``target`` yet: no plan saved either) whose sources are all Kafka topics: the model's
     analysis then needs their columns only (learned from the topics' first records,
-    :meth:`~.sources.kafka.KafkaSource.schema`), so that Spark's analysis (seconds on a new
+    :meth:`~.sources.kafka.source.KafkaSource.schema`), so that Spark's analysis (seconds on a new
     JVM) runs while the driver reads the topics' backlog. None otherwise: a later run's plan is
     saved (its compile reads it), other sources' analysis frame is the snapshot at the cut, and
     a topic whose columns are not known yet makes the run say what it waits for, as without
@@ -193,7 +193,7 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
                                catalog_entry=catalog_entry)
         summary["object_store_requests"] = location.REQUESTS.since(before)
         return summary
-    except Exception as e:  # a full or read-only disk, a lost session: say so (README "Bad inputs")
+    except Exception as e:  # a full or read-only disk, a lost session: say so (docs/troubleshooting.md)
         explained = preflight.explain_failure(job, e)
         if explained is None:
             raise
@@ -309,7 +309,7 @@ def _settle(ahead: Future | None) -> None:
 
 
 def resume_sources(sources: dict, target: DeltaTableRef) -> None:
-    """Let each source that can (a Kafka source: :meth:`~.sources.kafka.KafkaSource.resume`)
+    """Let each source that can (a Kafka source: :meth:`~.sources.kafka.source.KafkaSource.resume`)
     read on from the resume point the target's last commit records for its cut
     (``cut_offsets``) instead of from its log's start, before anything reads it."""
     if not target.exists() or not any(hasattr(s, "resume") for s in sources.values()):

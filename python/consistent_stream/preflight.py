@@ -1,5 +1,5 @@
 """What a run checks before it reads or writes anything, and how it explains failures that
-come from outside the engine (README "Bad inputs and recovery").
+come from outside the engine (docs/troubleshooting.md).
 
 Before a run (:func:`~consistent_stream.job.run_job`):
 

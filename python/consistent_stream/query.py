@@ -37,7 +37,7 @@ source over a directory of planned cuts and ``foreachBatch``): every fact its ch
 commits record, and keeping it was a fixed cost of every run: an available-now query's start
 and stop around each batch, and on an object store a third of a small run's requests (S3A
 writes each log file under a temporary name and renames it; the file source lists its
-directory). README, "How it works", has the figures. The micro-batch protocol, the commits and
+directory). The docs' benchmark pages have the figures. The micro-batch protocol, the commits and
 what they record are unchanged.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One micro-batch, step by step: the exactly-once protocol of DESIGN.md.
+"""One micro-batch, step by step: the exactly-once protocol (docs/concepts/exactly-once.md).
 
 For batch ``b`` ending at cut ``C_b`` (the previous one ended at ``C_{b-1}``):
 

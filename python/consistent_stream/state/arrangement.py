@@ -36,7 +36,7 @@ triggered it). Merges of at most ``DRIVER_READ_ROWS`` rows run on the driver wit
 larger ones on Spark's executors. See :class:`CompactionPolicy`.
 
 Exactly once: the state table's one commit per batch carries txn ``(app id, batch id)``
-(step 3 of DESIGN.md's protocol); reads happen at the version the target recorded for the
+(step 3 of the exactly-once protocol, docs/concepts/exactly-once.md); reads happen at the version the target recorded for the
 previous batch, never at "latest".
 """
 from __future__ import annotations
