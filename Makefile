@@ -10,7 +10,7 @@
 PYTHON := .venv/bin/python
 STAMP := .venv/installed.stamp
 
-.PHONY: .venv .venv-connect bytecode test docs demo demo-cluster demo-cluster-s3 demo-kafka demo-connect
+.PHONY: .venv .venv-connect bytecode lint test docs demo demo-cluster demo-cluster-s3 demo-kafka demo-connect
 
 .venv: $(STAMP)
 
@@ -45,6 +45,11 @@ $(CONNECT_STAMP): setup.py testing/pyproject.toml
 	test -x $(CONNECT_PYTHON) || python3 -m venv .venv-connect
 	$(CONNECT_PYTHON) -m pip install -e '.[connect]' -e testing
 	touch $@
+
+# ruff (ruff.toml: pycodestyle, pyflakes and bugbear, lines up to 120 columns) over the whole
+# repository; CI runs it before the docs and the tests.
+lint: .venv
+	$(PYTHON) -m ruff check .
 
 # Two pytest workers (pytest-xdist), each test file on one of them: each worker has its own
 # SparkSession (and PostgreSQL server when its files need one); the 2-core machine's idle time

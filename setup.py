@@ -79,9 +79,10 @@ setup(
         # the code and benchmarks/results at build time
         "docs": ["mkdocs>=1.6,<2", "mkdocs-material>=9.5,<10", "mkdocs-gen-files>=0.5,<1"],
         # the tests run classic sessions and Connect clients (pyspark's own connect extra), Kafka
-        # sources and plots; their servers and data come from consistent-stream-testing (testing/)
+        # sources and plots; their servers and data come from consistent-stream-testing (testing/);
+        # ruff is the linter of make lint (ruff.toml)
         "test": [*SESSION, *KAFKA, *PLOT, "pyspark[connect]==4.2.0", "pytest", "pytest-xdist", "hypothesis",
-                 "dbt-tests-adapter==1.20.0"],
+                 "dbt-tests-adapter==1.20.0", "ruff>=0.6"],
     },
     entry_points={"console_scripts": ["consistent-stream = consistent_stream.cli:main"]},
     zip_safe=False,

@@ -84,13 +84,15 @@ def run_variant(spark, root: Path, name: str, autoscale: dict, rate: int, step: 
 
     cdf = {"delta.enableChangeDataFeed": "true"}
     src = root / name / "src"
-    write_deltalake(str(src / "customers"), pa.table({"cust": pa.array(range(CUSTOMERS), pa.int64()),
-                                                      "region": pa.array([i % 25 for i in range(CUSTOMERS)], pa.int64())}),
+    write_deltalake(str(src / "customers"),
+                    pa.table({"cust": pa.array(range(CUSTOMERS), pa.int64()),
+                              "region": pa.array([i % 25 for i in range(CUSTOMERS)], pa.int64())}),
                     configuration=cdf)
     seed = range(-INITIAL_ORDERS, 0)   # orders before the run: a step's batches stay below recompute_threshold
-    write_deltalake(str(src / "orders"), pa.table({"o_id": pa.array(seed, pa.int64()),
-                                                   "cust": pa.array([(-i * 7919) % CUSTOMERS for i in seed], pa.int64()),
-                                                   "amount": pa.array([-i % 100 for i in seed], pa.int64())}),
+    write_deltalake(str(src / "orders"),
+                    pa.table({"o_id": pa.array(seed, pa.int64()),
+                              "cust": pa.array([(-i * 7919) % CUSTOMERS for i in seed], pa.int64()),
+                              "amount": pa.array([-i % 100 for i in seed], pa.int64())}),
                     configuration=cdf)
     sources = [{"source_name": "src", "name": n, "relation": f"src.{n}",
                 "meta": {"location": str(src / n), "primary_key": k}}

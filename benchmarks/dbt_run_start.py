@@ -95,7 +95,8 @@ def dbt_run(project: Path, env: dict, command: str = "run", dbt: str = DBT,
         except ValueError:
             pass
     if p.returncode != 0:
-        raise SystemExit(f"{dbt} {command} in {project} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        raise SystemExit(f"{dbt} {command} in {project} failed ({p.returncode}):\n"
+                         f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return t0, t1, events
 
 
@@ -149,8 +150,8 @@ def main() -> int:
             from consistent_stream import warm_session
             warm_session.stop(project)
     keys = ("wall_s", "start_s", "parse_s", "session_s", "models_s", "end_s", "rest_s")
-    print(json.dumps({"summary": True, "command": args.command, "target": args.target, "sf": args.sf, "confs": args.conf, "runs": len(rows),
-                      "models": len(rows[0]["models"]),
+    print(json.dumps({"summary": True, "command": args.command, "target": args.target, "sf": args.sf,
+                      "confs": args.conf, "runs": len(rows), "models": len(rows[0]["models"]),
                       **{f"{k}_median": round(statistics.median(r[k] for r in rows), 3) for k in keys}}))
     return 0
 

@@ -9,7 +9,8 @@ run on Spark's executors (one or more Spark jobs per arrangement). This times bo
 scale factor and example model, in one warm SparkSession that sets no tuning (no shuffle
 partitions, default memory): the ``--full-refresh`` of each model ``--reps`` times per
 strategy (the fastest counts), with the sources' rows, the Spark jobs and the peak RSS of the
-driver's Python process and of the Spark JVM of each, and the ratio executors / driver. Each model's target is checked against batch evaluation after each.
+driver's Python process and of the Spark JVM of each, and the ratio executors / driver. Each
+model's target is checked against batch evaluation after each.
 
 Prints one JSON line per (scale factor, model) and a summary line, on stdout.
 """

@@ -10,10 +10,11 @@ resume extents (the first and last offsets of its records per partition,
 ``kafka.extents.Extents``). This puts ``--transactions`` pgbench-like transactions
 (PostgreSQL xids, records in the transaction topic and one partition of each of two 3-partition
 data topics) through the reader's own structures, as ``TransactionAssembler.publish`` and
-``KafkaReader._record`` do, and prints one JSON line: the live bytes per transaction (``tracemalloc`` after a collection), the bytes per
-transaction its sealed blocks took in the spill file (:mod:`consistent_stream.sources.packed`:
-on local disk, not in memory) and the seconds the appends took under tracing. No Spark, no Kafka: what it measures is the driver's Python
-objects alone, which is what grows with the history in ``kafka_catch_up.py``'s driver peak.
+``KafkaReader._record`` do, and prints one JSON line: the live bytes per transaction
+(``tracemalloc`` after a collection), the bytes per transaction its sealed blocks took in the spill
+file (:mod:`consistent_stream.sources.packed`: on local disk, not in memory) and the seconds the
+appends took under tracing. No Spark, no Kafka: what it measures is the driver's Python objects
+alone, which is what grows with the history in ``kafka_catch_up.py``'s driver peak.
 """
 from __future__ import annotations
 

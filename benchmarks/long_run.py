@@ -355,7 +355,8 @@ def plot(samples: list[dict], path: str, title: str) -> None:
                                  ("target data", series("target_disk_bytes", 2**20)),
                                  ("target CDF", series("target_cdc_bytes", 2**20)),
                                  ("checkpoint dir", series("checkpoint_bytes", 2**20))]),
-        ("target files", [("log files", series("target_log_files")), ("data files on disk", series("target_disk_files")),
+        ("target files", [("log files", series("target_log_files")),
+                          ("data files on disk", series("target_disk_files")),
                           ("CDF files", series("target_cdc_files")), ("live files", series("target_files"))]),
         ("checkpoint dir files", [("files", series("checkpoint_files"))]),
     ]
@@ -409,7 +410,8 @@ def main() -> int:
     spec.write_text(job.to_json())
     run_log = out / "run.log"
     seconds = args.minutes * 60
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(spec), str(run_log), str(seconds), str(args.python_memory)],
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(spec), str(run_log), str(seconds),
+                             str(args.python_memory)],
                             cwd=str(out), stdout=open(out / "run.stdout", "w"), stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONPATH": str(REPO / "python")})
     gen = ChangeGenerator(src, args.customers, n_orders, args.change_every, args.updates, args.churn)

@@ -69,7 +69,8 @@ elif sys.argv[1] in ("all", "all_without_cds", "hive"):
     if sys.argv[1] == "hive":   # as the example profile sets it; with_delta appends to its Java options
         d = sys.argv[2]
         profile = {"spark.sql.warehouse.dir": d + "/warehouse",
-                   "spark.hadoop.javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={d}/metastore_db;create=true",
+                   "spark.hadoop.javax.jdo.option.ConnectionURL":
+                       f"jdbc:derby:;databaseName={d}/metastore_db;create=true",
                    "spark.driver.extraJavaOptions": f"-Dderby.stream.error.file={d}/derby.log"}
         b = b.enableHiveSupport()
     for k, v in profile.items():

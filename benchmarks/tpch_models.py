@@ -53,8 +53,10 @@ def main() -> int:
     ap.add_argument("--sf", type=float, default=1.0)
     ap.add_argument("--models", nargs="*", default=None, help="query models (default: all 22)")
     ap.add_argument("--rounds", type=int, default=3,
-                    help="refresh rounds of 0.1 %% each, each followed by every model's run: the median run is reported")
-    ap.add_argument("--table-runs", type=int, default=3, help="runs of each query as a dbt table: the median is reported")
+                    help="refresh rounds of 0.1 %% each, each followed by every model's run: "
+                         "the median run is reported")
+    ap.add_argument("--table-runs", type=int, default=3,
+                    help="runs of each query as a dbt table: the median is reported")
     ap.add_argument("--driver-memory", default="4g", help="spark.driver.memory from --memory-from-sf on")
     ap.add_argument("--memory-from-sf", type=float, default=1.0,
                     help="(Spark's own batch of q21 at SF 1 runs out of the default 1 GB heap)")
@@ -95,11 +97,9 @@ def main() -> int:
         initial[name] = _run(spark, job, full_refresh=True)["seconds"]
     runs: dict[str, list[dict]] = {job.model: [] for job in jobs}
     for r in range(1, args.rounds + 1):
-        t0 = time.time()
         refresh_round(root / "data", r)
         if args.dimensions:
             update_dimensions(root / "data", r)
-        rf_s = time.time() - t0
         for job in jobs:
             _settle()
             runs[job.model].append(_run(spark, job))

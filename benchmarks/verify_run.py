@@ -89,7 +89,7 @@ def main() -> None:
     summary = {}
     for name in args.models or list(jobs):
         rec = {"sf": args.sf, "model": name, "runs": args.runs}
-        for run in range(args.runs):
+        for _ in range(args.runs):
             for label, compare in (("exceptall", exceptall_compare), ("one_aggregation", new_compare)):
                 verify.compare_frames = compare
                 before = _counts(spark)

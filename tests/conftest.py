@@ -30,12 +30,12 @@ def pytest_configure(config):
 # order when it is (almost) done with its last, so a long file taken late is the run's tail:
 # longest first (but Debezium on Kafka, whose continuous runs' version counts depend on the
 # load, where it ran in the runs that passed). Seconds per file in a run of the whole suite on
-# 2026-12-02 (``--junitxml``, the two workers contending): Spark Connect 656, properties 550, Debezium on Kafka 541, TPC-DS
-# 521 (3 rounds), decision-support properties 432, TPC-H queries 409 (5 rounds), warm session
-# 312, crash campaign 283, window properties 196, object store 186, Spark-written sources 181,
-# pgbench 168, session 161, cluster 152, writer lock 143; the rest under 95 each. The files of
-# tests/functional stay where collection puts them: their package fixture turns dbt's caches
-# off after the last of them.
+# 2026-12-02 (``--junitxml``, the two workers contending): Spark Connect 656, properties 550,
+# Debezium on Kafka 541, TPC-DS 521 (3 rounds), decision-support properties 432, TPC-H queries
+# 409 (5 rounds), warm session 312, crash campaign 283, window properties 196, object store
+# 186, Spark-written sources 181, pgbench 168, session 161, cluster 152, writer lock 143; the
+# rest under 95 each. The files of tests/functional stay where collection puts them: their
+# package fixture turns dbt's caches off after the last of them.
 LONG_FIRST = ("test_connect.py", "test_properties.py", "test_tpch_queries.py", "test_tpcds_queries.py",
               "test_decision_support_properties.py", "test_warm_session.py",
               "test_crash_campaign.py", "test_window_properties.py", "test_spark_written_sources.py", "test_cluster.py",

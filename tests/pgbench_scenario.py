@@ -132,7 +132,8 @@ def run(spark, tmp_path, *, seconds: float, clients: int = 4, rate: int | None =
         run_job(spark, available_now, full_refresh=True)
         bench = subprocess.Popen([srv.bin("pgbench"), "-c", str(clients), "-j", "2", "-T", str(int(seconds)), "-n",
                                   *(["-R", str(rate)] if rate else []), "-h", "127.0.0.1", "-p", str(srv.port),
-                                  "-U", "postgres", db.name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                  "-U", "postgres", db.name],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         # the model runs continuously while pgbench writes and capture lands files
         run_job(spark, job, timeout_s=seconds + 2)
         out, _ = bench.communicate(timeout=120)
@@ -151,7 +152,8 @@ def run(spark, tmp_path, *, seconds: float, clients: int = 4, rate: int | None =
     finally:
         stop_capture(cap)
 
-    o = Outcome(pgbench_tps=float(tps[0].split("=")[1].split()[0]) if tps else 0.0, final_matches_database=final_matches)
+    o = Outcome(pgbench_tps=float(tps[0].split("=")[1].split()[0]) if tps else 0.0,
+                final_matches_database=final_matches)
     reader = reader_for(landing)
     txs = [t for t in reader.transactions() if not t.snapshot]
     o.transactions = len(txs)

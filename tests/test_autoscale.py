@@ -84,8 +84,10 @@ def test_bad_config_names_the_key(bad):
 
 @pytest.mark.parametrize("config, message", [
     ({"autoscale": True}, "config autoscale needs a continuous trigger"),
-    ({"autoscale": {"lag_threshold": 5}, "trigger": "processing_time:1"}, r"config autoscale has unknown keys \['lag_threshold'\]"),
-    ({"autoscale": {"min_parallelism": 0}, "trigger": "processing_time:1"}, "config autoscale: need 1 <= min_parallelism"),
+    ({"autoscale": {"lag_threshold": 5}, "trigger": "processing_time:1"},
+     r"config autoscale has unknown keys \['lag_threshold'\]"),
+    ({"autoscale": {"min_parallelism": 0}, "trigger": "processing_time:1"},
+     "config autoscale: need 1 <= min_parallelism"),
     ({"autoscale": "fast", "trigger": "processing_time:1"}, "config autoscale must be true or a mapping"),
 ])
 def test_the_model_config_names_what_is_wrong(tmp_path, config, message):

@@ -50,9 +50,11 @@ def _marker_seen(landing: str, table: str, pred) -> bool:
 def test_snapshot_plus_streamed_transactions_equal_the_tables(tmp_path):
     db = Database()
     db.execute(TYPES_DDL)
-    db.execute("""insert into items select g, g * 1.25, g::bigint * 1000000000, g % 100, g / 3.0, 'item' || g, 'c' || (g % 10),
-                  g % 2 = 0, date '2024-01-01' + g, timestamp '2024-01-01 10:00:00.123456' + g * interval '1 hour',
-                  timestamptz '2024-01-01 10:00:00+02' + g * interval '1 minute', case when g % 5 = 0 then null else 'n' end
+    db.execute("""insert into items select g, g * 1.25, g::bigint * 1000000000, g % 100, g / 3.0, 'item' || g,
+                  'c' || (g % 10), g % 2 = 0, date '2024-01-01' + g,
+                  timestamp '2024-01-01 10:00:00.123456' + g * interval '1 hour',
+                  timestamptz '2024-01-01 10:00:00+02' + g * interval '1 minute',
+                  case when g % 5 = 0 then null else 'n' end
                   from generate_series(1, 500) g""")
     landing = str(tmp_path / "landing")
     cap = start_capture(db.dsn, "public.items,public.moves", "s_types", landing, log_path=str(tmp_path / "cap.log"))
@@ -159,7 +161,8 @@ def test_capture_killed_with_sigkill_resumes_without_loss_or_duplicates(tmp_path
     stop, done = threading.Event(), []
     w = threading.Thread(target=_writer, args=(db, stop, done))
     cap = start_capture(db.dsn, tables, slot, landing, "--set-replica-identity-full", log_path=log,
-                        env={"CONSISTENT_STREAM_CAPTURE_KILL_AFTER_FILES": "3"} if how.startswith("sigkill_after") else None)
+                        env=({"CONSISTENT_STREAM_CAPTURE_KILL_AFTER_FILES": "3"} if how.startswith("sigkill_after")
+                             else None))
     wait_for(lambda: os.path.exists(os.path.join(landing, "_capture.json")) and
              json.load(open(os.path.join(landing, "_capture.json"))).get("snapshot_done"), what="snapshot")
     w.start()

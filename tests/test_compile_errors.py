@@ -84,7 +84,8 @@ def test_a_construct_without_a_delta_rule_is_recomputed_and_refused_with_increme
 
 @pytest.mark.parametrize("sql", [
     "select o.oid, c.name from src.orders o, src.customers c where o.cid = c.id and o.amount > 1",
-    "with t as (select cid, sum(amount) s from src.orders group by cid) select c.id, t.s from src.customers c left join t on c.id = t.cid",
+    "with t as (select cid, sum(amount) s from src.orders group by cid) "
+    "select c.id, t.s from src.customers c left join t on c.id = t.cid",
     "select c.id, o.oid from src.orders o right join src.customers c on o.cid = c.id and o.amount > 3",
     "select cid, count(*) n, avg(amount) a from src.orders where day is not null group by cid having count(*) > 1",
     "select upper(c.name) as n, coalesce(o.amount, 0) * 2 as a2 from src.customers c join src.orders o on c.id = o.cid",
@@ -180,7 +181,8 @@ def test_a_scalar_subquery_of_several_rows_fails_the_batch_as_spark_does(spark, 
         paths[name] = str(tmp_path / name)
         write_deltalake(paths[name], pa.table(data), configuration={"delta.enableChangeDataFeed": "true"})
     sources = [{"source_name": "src", "name": n, "relation": f"src.{n}",
-                "meta": {"location": paths[n], "primary_key": [k]}} for n, k in (("orders", "oid"), ("customers", "id"))]
+                "meta": {"location": paths[n], "primary_key": [k]}}
+               for n, k in (("orders", "oid"), ("customers", "id"))]
     job = job_for("scalar_rows", "select oid from src.orders where cid = (select id from src.customers)",
                   sources, "oid", tmp_path)
     run_job(spark, job)

@@ -136,8 +136,9 @@ def test_source_drift_the_model_cannot_compile_against_fails_naming_the_drift(sp
     before = _history(job)
     write_deltalake(sc.path("t"), pa.table({"k": [1], "g": ["a"], "amount": [1]}), mode="overwrite",
                     schema_mode="overwrite")
-    with pytest.raises(ConfigError, match=r"(?s)rebuilding the view after its definition changed failed.*"
-                                          r"column v \(bigint\) is gone \(dropped or renamed; its new columns: amount\)"):
+    with pytest.raises(ConfigError,
+                       match=r"(?s)rebuilding the view after its definition changed failed.*"
+                             r"column v \(bigint\) is gone \(dropped or renamed; its new columns: amount\)"):
         run_job(spark, job)
     assert _history(job) == before
 

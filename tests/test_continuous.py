@@ -55,8 +55,8 @@ def test_a_growing_lag_scales_a_continuous_model_up_at_a_batch_boundary(spark, t
     (a sleep divided by the parallelism, so that the run means the same on any machine). A
     writer committing every 0.03 s (until a batch ran with 2) outruns one core: the lag
     passes 0.5 s and parallelism goes 1 -> 2, logged with its inputs; the batches after it run
-    with 2, the ones before with 1, and the view stays equal to batch evaluation. (Scaling down is the policy's unit test's:
-    how many batches a slow phase gets depends on the machine.)"""
+    with 2, the ones before with 1, and the view stays equal to batch evaluation. (Scaling down
+    is the policy's unit test's: how many batches a slow phase gets depends on the machine.)"""
     sc = Scenario(spark, tmp_path, {"t": pa.table({"k": [0], "v": [0]})}, {"t": ["k"]})
     job = sc.job("select k % 3 as g, count(*) as n, sum(v) as s from src.t group by k % 3", "g")
     sc.run(job, full_refresh=True)

@@ -376,11 +376,12 @@ def test_the_duckdb_keyed_scan_returns_what_arrows_scan_returns(spark, tmp_path)
 def test_a_run_opens_each_delta_table_once(spark, tmp_path, monkeypatch):
     """The target and the state are opened once a run (their logs replayed from the last
     checkpoint once, here: consistent_stream.delta.log), shared by the batch, maintenance (a
-    pass after this batch) and the catalog's publish, and delta-rs opens no table at all (the target's change-sized MERGE
-    is done here too, sink.rewrite); the sources are not opened either: their change since the
-    last cut is read from their logs' tails (consistent_stream.delta.tail). (A batch that reads
-    another version than the newest, e.g. one of a backlog's batches ending before it, opens a
-    snapshot at that version: time travel, not a reopen.)"""
+    pass after this batch) and the catalog's publish, and delta-rs opens no table at all (the
+    target's change-sized MERGE is done here too, sink.rewrite); the sources are not opened
+    either: their change since the last cut is read from their logs' tails
+    (consistent_stream.delta.tail). (A batch that reads another version than the newest, e.g.
+    one of a backlog's batches ending before it, opens a snapshot at that version: time travel,
+    not a reopen.)"""
     sc = Scenario(spark, tmp_path, {
         "c": pa.table({"id": [1, 2], "name": ["ann", "bob"]}),
         "o": pa.table({"oid": [10], "cid": [1], "amt": [5]}),

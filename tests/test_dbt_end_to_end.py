@@ -153,7 +153,8 @@ def test_dbt_run_test_and_full_refresh_on_a_consistent_stream_model(spark, tmp_p
     node = catalog["nodes"]["model.plugin_test.totals"]
     assert node["metadata"]["type"] == "consistent_stream"
     # the types as dbt-spark lists any Delta table's (DESCRIBE TABLE EXTENDED)
-    assert {c["name"]: c["type"] for c in node["columns"].values()} == {"cid": "bigint", "n": "bigint", "total": "bigint"}
+    assert ({c["name"]: c["type"] for c in node["columns"].values()}
+            == {"cid": "bigint", "n": "bigint", "total": "bigint"})
     stats = {k: v["value"] for k, v in node["stats"].items()}
     assert stats["consistent_stream_version"] == target.latest_version() and stats["num_rows"] == 3
     assert json.loads(stats["consistent_stream_cut"]) == {"shop.orders": DeltaTable(str(src)).version()}

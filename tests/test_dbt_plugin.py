@@ -31,6 +31,7 @@ def write(root: Path, files: dict[str, str]) -> None:
 
 def profile(schema: str, spark_dir: Path, test_conf_value: str) -> str:
     # The static confs only take effect when this profile starts the session.
+    metastore = f"jdbc:derby:;databaseName={spark_dir}/metastore_db;create=true"
     return f"""
         plugin_test:
           target: local
@@ -45,7 +46,7 @@ def profile(schema: str, spark_dir: Path, test_conf_value: str) -> str:
                 spark.master: "local[2]"
                 spark.ui.enabled: "false"
                 spark.sql.warehouse.dir: "{spark_dir}/warehouse"
-                spark.hadoop.javax.jdo.option.ConnectionURL: "jdbc:derby:;databaseName={spark_dir}/metastore_db;create=true"
+                spark.hadoop.javax.jdo.option.ConnectionURL: "{metastore}"
                 spark.driver.extraJavaOptions: "-Dderby.stream.error.file={spark_dir}/derby.log"
                 spark.sql.shuffle.partitions: "3"
                 {TEST_CONF}: "{test_conf_value}"
@@ -75,8 +76,10 @@ def messages(result: dbtRunnerResult) -> str:
     return "\n".join(parts)
 
 
-@pytest.fixture()
-def project(tmp_path_factory, request):
+# registered as ``project``; the function named apart so that the ``project`` argument of a test in a
+# module importing it (test_debezium_dbt.py) does not shadow the import
+@pytest.fixture(name="project")
+def project_fixture(tmp_path_factory, request):
     """A dbt project dir with this test's own schema; restores the session's runtime confs."""
     root = tmp_path_factory.mktemp("dbt_project")
     schema = f"plugin_{uuid.uuid4().hex[:8]}"
@@ -230,12 +233,14 @@ def test_engine_errors_fail_the_model_with_the_engines_message(project, monkeypa
     result = dbt(root, "run")
 
     assert not result.success
-    assert "consistent_stream model customer_totals failed: ValueError: unsupported SQL: window function" in messages(result)
+    assert ("consistent_stream model customer_totals failed: ValueError: unsupported SQL: window function"
+            in messages(result))
 
 
 INVALID_MODELS = {
     "blank_string_unique_key": (
-        "{{ config(materialized='consistent_stream', unique_key=' ') }} select customer_id from {{ source('shop', 'customers') }}",
+        "{{ config(materialized='consistent_stream', unique_key=' ') }} "
+        "select customer_id from {{ source('shop', 'customers') }}",
         ["Invalid config `unique_key` for consistent_stream model blank_string_unique_key: \" \""],
     ),
     "blank_unique_key": (

@@ -11,7 +11,7 @@ from consistent_stream.delta import DeltaTableRef
 from consistent_stream.verify import index_path, verify_target
 from helpers import delta_pandas
 from test_debezium_reader import SNAPSHOT, TX1, TX2, landing
-from test_dbt_plugin import dbt, messages, project, spark_session, write  # noqa: F401  (fixture)
+from test_dbt_plugin import dbt, messages, project_fixture, spark_session, write  # noqa: F401  (the project fixture)
 from consistent_stream.sources.landing import event_file_name
 
 SOURCES = """

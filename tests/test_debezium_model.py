@@ -87,7 +87,8 @@ def test_model_over_captured_postgres_tables_equals_batch_evaluation_at_every_cu
             versions.append(summary["target_version"])
             # the writer goes on: the sources are already past the run's cut
             assert_target_equals_batch_evaluation(spark, job, f"round {round_}", at_latest=False)
-            print(f"round {round_}: run {t1 - t0:.1f}s, check {time.time() - t1:.1f}s, {summary['changes_read']} changes")
+            print(f"round {round_}: run {t1 - t0:.1f}s, check {time.time() - t1:.1f}s, "
+                  f"{summary['changes_read']} changes")
             time.sleep(0.3)
         stop.set()
         writer.join()

@@ -65,7 +65,8 @@ TX1 = [begin("700:120"),
        ev("u", "public.tellers", before={"tid": 1, "total": 15}, after={"tid": 1, "total": 12}, lsn=102, tx="700:120"),
        end("700:120", {"public.accounts": 1, "public.tellers": 1}, ts=2000)]
 TX2 = [begin("701:130"),
-       ev("c", "public.accounts", after=acc(3, "1.25", opened=19000, seen=1_600_000_000_000_000), lsn=121, tx="701:130"),
+       ev("c", "public.accounts", after=acc(3, "1.25", opened=19000, seen=1_600_000_000_000_000), lsn=121,
+          tx="701:130"),
        ev("d", "public.accounts", before=acc(2, "5.50"), lsn=122, tx="701:130"),
        end("701:130", {"public.accounts": 2}, ts=3000)]
 
@@ -328,7 +329,8 @@ def test_a_backlog_is_indexed_by_worker_processes(tmp_path, monkeypatch):
     """Past PARALLEL_MIN_BYTES of files without an entry, worker processes (one per core, at
     least two here) index them in isolation and the reader loads their entries."""
     txs = [[begin(f"{800 + i}:{200 + 10 * i}"),
-            ev("c", "public.tellers", after={"tid": 100 + i, "total": i}, lsn=195 + 10 * i, tx=f"{800 + i}:{200 + 10 * i}"),
+            ev("c", "public.tellers", after={"tid": 100 + i, "total": i}, lsn=195 + 10 * i,
+               tx=f"{800 + i}:{200 + 10 * i}"),
             end(f"{800 + i}:{200 + 10 * i}", {"public.tellers": 1}, ts=5000 + i)] for i in range(6)]
     d = landing(tmp_path, [SNAPSHOT, TX1, TX2] + txs)
     monkeypatch.setattr(landing_index, "writable", lambda location: False)  # a landing directory we cannot write

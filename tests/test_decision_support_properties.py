@@ -25,7 +25,8 @@ from change_streams import check_shape
 
 SHAPES = {
     "rollup_with_grouping": "select k, g, grouping(k) as gk, grouping_id() as gid, grouping_id(k, g) as gkg, "
-                            "count(*) as n, sum(x) as s, avg(amt) as a from src.a group by rollup(k, g) having count(*) > 0",
+                            "count(*) as n, sum(x) as s, avg(amt) as a from src.a group by rollup(k, g) "
+                            "having count(*) > 0",
     "cube": "select k, g, count(x) as n, max(x) as hi from src.a group by cube(k, g) having count(*) > 0",
     "grouping_sets_and_a_plain_key": "select g, k, d, sum(x) as s from src.a group by g, grouping sets ((k), (d), ())",
     "grouping_sets_repeated": "select k, g, sum(x) as s from src.a group by grouping sets ((k), (k), (g), ()) "
@@ -45,7 +46,8 @@ SHAPES = {
     "in_under_or_and_not": "select a.id from src.a a where a.g = 'p' or not (a.x in (select b.y from src.b b))",
     "correlation_in_every_branch": "select a.id, (select count(*) from src.b b where (b.k = a.k and b.y > 1) "
                                    "or (b.k = a.k and b.y is null)) as n from src.a a",
-    "percentiles_and_boolean_aggregates": "select g, median(x) as med, percentile_cont(0.25) within group (order by seq) as p25, "
+    "percentiles_and_boolean_aggregates": "select g, median(x) as med, "
+                                          "percentile_cont(0.25) within group (order by seq) as p25, "
                                           "percentile_cont(0.9) within group (order by x desc) as p90, "
                                           "count_if(x > 1) as c, bool_and(x > 0) as ba, bool_or(k = 1) as bo "
                                           "from src.a group by g having count(x) > 0",

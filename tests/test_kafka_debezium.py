@@ -165,7 +165,8 @@ def _decimals_sum_exactly(spark, stack, tmp_path, db, modes):
     from helpers import delta_pandas
     db.execute("INSERT INTO acct VALUES (3, 0.30)")
     for mode in modes:
-        wait_for(lambda: _topic_events(stack, f"dec{mode}.transaction") >= 2, timeout=120, what="the transaction")
+        wait_for(lambda mode=mode: _topic_events(stack, f"dec{mode}.transaction") >= 2, timeout=120,
+                 what="the transaction")
     assert stack.partitions("decprecise.public.acct") == 3 and stack.partitions("decprecise.transaction") == 1
     assert stack.partitions("decstring.public.acct") == 1
     for mode, columns in [(m, None) for m in modes] + [("string", {"id": "int", "balance": "decimal(12,2)"})]:
@@ -449,8 +450,9 @@ def test_malformed_json_names_topic_partition_and_offset_and_commits_nothing(spa
 def test_a_value_that_does_not_fit_its_column_and_a_changed_schema_are_named_and_nothing_is_committed(
         spark, stack, tmp_path):
     """Values are parsed on the executors (FAILFAST, try_cast: with ANSI mode on or off); the
-    record the executors refuse is named by reading it again on the driver. Extra columns, which a typed parse would drop, are
-    caught from each image's keys, with the envelope or without it (declared columns)."""
+    record the executors refuse is named by reading it again on the driver. Extra columns,
+    which a typed parse would drop, are caught from each image's keys, with the envelope or
+    without it (declared columns)."""
     import json
     ansi = spark.conf.get("spark.sql.ansi.enabled", None)
     try:

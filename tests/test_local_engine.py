@@ -45,8 +45,9 @@ TABLES = {"va": A, "vb": B, "vf": F, "vd": D}
 
 AGREE = {
     "join_group_decimal_product":
-        "SELECT a.g, SUM(a.p * (1 - a.d) * (1 + a.d) * a.__weight) AS rev, CAST(SUM(a.__weight * b.__weight) AS BIGINT) "
-        "AS w FROM va a JOIN vb b ON a.k = b.k GROUP BY a.g HAVING SUM(a.__weight) <> 0",
+        "SELECT a.g, SUM(a.p * (1 - a.d) * (1 + a.d) * a.__weight) AS rev, "
+        "CAST(SUM(a.__weight * b.__weight) AS BIGINT) AS w FROM va a JOIN vb b ON a.k = b.k GROUP BY a.g "
+        "HAVING SUM(a.__weight) <> 0",
     "left_join_nulls_coalesce":
         "SELECT a.k, COALESCE(b.s, 'none') AS s, COALESCE(a.p, 0) AS p, CASE WHEN b.k IS NULL THEN -a.__weight "
         "ELSE a.__weight END AS __weight FROM va a LEFT JOIN vb b ON a.k = b.k",

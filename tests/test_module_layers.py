@@ -86,8 +86,8 @@ def test_every_import_follows_the_module_map():
         for target in may:
             assert target in rows, f"python/modules.toml: {unit} may import {target}, which has no entry"
             if rows[target][0] >= layer:
-                bad.append(f"python/modules.toml: {unit} (layer {layer}) may import {target} (layer {rows[target][0]}), "
-                           f"which is not below it")
+                bad.append(f"python/modules.toml: {unit} (layer {layer}) may import {target} "
+                           f"(layer {rows[target][0]}), which is not below it")
     for name, path in sorted(modules.items()):
         unit = _unit(name)
         for target, line, external in _imports(name, path):

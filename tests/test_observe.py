@@ -94,7 +94,8 @@ def test_explain_says_how_each_operator_is_maintained_and_status_counts_rows_rec
     what a batch reads, ``status`` the last batch's rows recomputed."""
     sc = Scenario(spark, tmp_path / "data", {"t": pa.table({"k": [1, 2, 3, 4], "g": ["a", "a", "b", "b"],
                                                             "v": [10, 20, 30, 40]})}, {"t": ["k"]})
-    sql = ("with ranked as (select g, k, v from src.t qualify row_number() over (partition by g order by v desc) <= 1), "
+    sql = ("with ranked as (select g, k, v from src.t "
+           "qualify row_number() over (partition by g order by v desc) <= 1), "
            "med as (select g, kurtosis(v) as m from src.t group by g) "
            "select r.g, r.k, r.v, med.m from ranked r join med on r.g = med.g")
     job = sc.job(sql, "g")
@@ -107,7 +108,8 @@ def test_explain_says_how_each_operator_is_maintained_and_status_counts_rows_rec
     ops = [line for line in out.splitlines() if line.strip()[:2].isdigit()]
     assert code == 0 and ops and all("[incremental: reads " in line or "[recompute: reads " in line for line in ops)
     window = next(line for line in ops if " Window " in line)
-    assert "[incremental: reads the state of the partitions the change touches" in window and "keeping ranks 1..1" in window
+    assert ("[incremental: reads the state of the partitions the change touches" in window
+            and "keeping ranks 1..1" in window)
     assert "[recompute: reads its whole inputs" in next(line for line in ops if " Recompute " in line)
     code, out, _ = _run(capsys, "status", "mixed", "--project-dir", str(tmp_path), "--json")
     assert json.loads(out)["last_batch_recomputed"] > 0

@@ -84,7 +84,8 @@ def test_a_profile_that_sets_delta_itself_keeps_its_settings():
     assert "hadoop-aws" in cp[0]
     assert not any("delta-spark" in j for j in cp)
     assert any("spark-sql-kafka" in j for j in cp)
-    mine["spark.jars.packages"] += ",org.apache.hadoop:hadoop-aws:3.5.0,org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
+    mine["spark.jars.packages"] += (",org.apache.hadoop:hadoop-aws:3.5.0"
+                                    ",org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0")
     # the archive's options, when built, and the session's tuning
     assert set(delta_confs(mine)) <= {"spark.driver.extraJavaOptions", session.SNAPSHOT_PARTITIONS,
                                       *session.KAFKA_POOL_CONFS}

@@ -25,7 +25,8 @@ class Clock:
 
     def __init__(self, monkeypatch, start: datetime.datetime):
         self.now = start
-        monkeypatch.setattr(runtime, "wall_clock_micros", lambda: (self.now - EPOCH) // datetime.timedelta(microseconds=1))
+        monkeypatch.setattr(runtime, "wall_clock_micros",
+                            lambda: (self.now - EPOCH) // datetime.timedelta(microseconds=1))
 
     def advance(self, **kw) -> None:
         self.now += datetime.timedelta(**kw)
@@ -73,7 +74,7 @@ def test_a_moving_clock_reads_only_the_rows_whose_bound_it_crossed(spark, tmp_pa
 def test_the_session_time_zone_decides_current_date(spark, tmp_path, monkeypatch):
     """At 2024-06-01 20:00 UTC it is already 2024-06-02 in Tokyo: the view keeps the rows of
     the session's day, and its commit records the zone beside the instant."""
-    clock = Clock(monkeypatch, datetime.datetime(2024, 6, 1, 20, tzinfo=UTC))
+    Clock(monkeypatch, datetime.datetime(2024, 6, 1, 20, tzinfo=UTC))   # patches the run's wall clock
     sc = _scenario(spark, tmp_path)
     job = sc.job("select id, d from src.e where d = current_date()", "id")
     old = spark.conf.get("spark.sql.session.timeZone")
@@ -129,7 +130,8 @@ def test_a_range_join_reads_only_the_files_its_change_falls_in(spark, tmp_path):
     from scenario import CDF
     write_deltalake(sc.path("p"), periods, configuration=CDF)
     sc.keys["p"] = ["pid"]
-    job = sc.job("select e.id, p.pid from src.e e join src.p p on e.d between p.valid_from and p.valid_to", ["id", "pid"])
+    job = sc.job("select e.id, p.pid from src.e e join src.p p on e.d between p.valid_from and p.valid_to",
+                 ["id", "pid"])
     job.state_file_rows = 20           # 20 base files of events, 10 of periods, each a range
     job.driver_rebuild_rows = 0
     sc.run(job, full_refresh=True)

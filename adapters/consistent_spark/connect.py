@@ -38,7 +38,8 @@ def reach(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
         raise FailedToConnectError(
             f"failed to connect to Spark Connect at {address}: nothing accepted a connection at {host}:{port} within "
             f"{timeout_s:.0f} s ({e.strerror or e}). Is the server running (Spark's sbin/start-connect-server.sh, "
-            f"or a cluster's Connect endpoint, listening on port {port}), and is the profile's host (or SPARK_REMOTE) its address?") from None
+            f"or a cluster's Connect endpoint, listening on port {port}), and is the profile's host (or SPARK_REMOTE) "
+            "its address?") from None
 
 
 def connect_session(credentials: ConsistentSparkCredentials, url: Optional[str] = None) -> Any:

@@ -178,7 +178,8 @@ def run_header(r: dict, command: str | None = None, level: str = "###", title: s
     out.append(f"- **Machine:** {r.get('machine', 'not recorded')}")
     cmd = command or r.get("command")
     if cmd:
-        out.append(f"- **Command:** `.venv/bin/python {cmd}`" if cmd.startswith("benchmarks/") else f"- **Command:** `{cmd}`")
+        out.append(f"- **Command:** `.venv/bin/python {cmd}`" if cmd.startswith("benchmarks/")
+                   else f"- **Command:** `{cmd}`")
     if r.get("note"):
         out.append(f"- **Note:** {r['note']}")
     t = sorted(r.get("_transcribed", ()))
@@ -241,12 +242,14 @@ def refresh_vs_full() -> str:
             Col("table / incremental", "ratio_table_to_incremental"),
             Col("merge / incremental", "ratio_merge_to_incremental"), Col("merge rows wrong", "merge_rows_wrong"),
             Col("Spark jobs a batch", "spark_jobs_per_batch"),
-            Col("delta queries local / Spark", lambda r: f"{num(get(r, 'delta_queries.local'))} / {num(get(r, 'delta_queries.spark'))}"),
+            Col("delta queries local / Spark",
+                lambda r: f"{num(get(r, 'delta_queries.local'))} / {num(get(r, 'delta_queries.spark'))}"),
             Col("state rows read", "state_rows_read"), Col("target rows rewritten", "target_rows_rewritten"),
             Col("small batch s (median)", "small_batch_s_median"),
             Col("small batch, whole run s", "small_batch_run_s_median"),
             Col("driver Python / JVM peak MB (incremental)",
-                lambda r: f"{num(get(r, 'peak_rss_mb.incremental.python'))} / {num(get(r, 'peak_rss_mb.incremental.jvm'))}"),
+                lambda r: f"{num(get(r, 'peak_rss_mb.incremental.python'))} / "
+                          f"{num(get(r, 'peak_rss_mb.incremental.jvm'))}"),
             Col("verified", lambda r: bool(r.get("verified")) and r.get("small_batches_verified", True) is not False)]
     phases = [Col("SF", "sf"), Col("model", "model"), Col("batch s", "incremental_batch_s"),
               Col("read s", "phases.read"), Col("evaluate s", "phases.evaluate"),
@@ -259,7 +262,8 @@ def refresh_vs_full() -> str:
     out = sources_line("refresh_vs_full.jsonl")
     out += ("## The newest figures of each model and scale factor\n\nEach row from the newest run that "
             "measured it; its run (command, machine) below.\n\n")
-    out += table([Col("date", "date"), Col("commit", "commit")] + cols, sorted(newest.values(), key=lambda r: (r["sf"], r["model"])))
+    out += table([Col("date", "date"), Col("commit", "commit")] + cols,
+                 sorted(newest.values(), key=lambda r: (r["sf"], r["model"])))
     out += "\n## Runs, newest first\n\n" + runs_newest_first(
         runs, lambda run: table(cols, run.records) + "\nThe incremental run's batch, by phase:\n\n" +
         table(phases, run.records), title_of, level=3)
@@ -275,7 +279,8 @@ def tpch_models() -> str:
             Col("table / incremental", "ratio_table_to_incremental"),
             Col("source rows changed", "source_rows_changed"), Col("state rows read", "state_rows_read"),
             Col("rows recomputed", "rows_recomputed"),
-            Col("delta queries local / Spark", lambda r: f"{num(get(r, 'delta_queries.local'))} / {num(get(r, 'delta_queries.spark'))}"),
+            Col("delta queries local / Spark",
+                lambda r: f"{num(get(r, 'delta_queries.local'))} / {num(get(r, 'delta_queries.spark'))}"),
             Col("Spark jobs a batch", "spark_jobs_per_batch"), Col("verified", "verified")]
 
     def render(run: Run) -> str:
@@ -283,9 +288,11 @@ def tpch_models() -> str:
         for s in [x for x in summaries if x.get("date") == run.first.get("date")]:
             sm = s["summary"]
             ratios = list(sm.get("ratios", {}).values())
-            out += kv_table([("queries", sm.get("queries")), ("verified against batch evaluation", sm.get("verified")),
+            out += kv_table([("queries", sm.get("queries")),
+                             ("verified against batch evaluation", sm.get("verified")),
                              ("table / incremental: median", median(ratios)),
-                             ("table / incremental: lowest – highest", span(min(ratios), max(ratios)) if ratios else None),
+                             ("table / incremental: lowest – highest",
+                              span(min(ratios), max(ratios)) if ratios else None),
                              (f"below {num(sm.get('target_ratio'))}x", sm.get("below_target"))]) + "\n"
         return out + table(cols, run.records)
     return sources_line("tpch_models.jsonl") + runs_newest_first(
@@ -320,7 +327,8 @@ def tpcds_coverage() -> str:
         if ops:
             out += (f"Operators per plan: {num(min(ops))} to {num(max(ops))} (median {num(median(ops))}); "
                     f"seconds per statement (build, rounds, batch evaluations): median "
-                    f"{num(median([r.get('seconds') for r in queries]))}, most {num(max(r.get('seconds') or 0 for r in queries))}; "
+                    f"{num(median([r.get('seconds') for r in queries]))}, "
+                    f"most {num(max(r.get('seconds') or 0 for r in queries))}; "
                     f"statements whose last version is empty: {sum(1 for r in queries if r.get('rows') == 0)}.\n\n")
         return out + table(cols, sorted(queries, key=lambda r: r["query"]))
     full = [run for run in runs if "--queries" not in (run.first.get("command") or "")]
@@ -338,8 +346,10 @@ def small_batch_profile() -> str:
     cols = [Col("model", "model"), Col("run s (median)", "run_s_median"), Col("batch s (median)", "batch_s_median"),
             Col("read s", "phases_median.read"), Col("evaluate s", "phases_median.evaluate"),
             Col("commit state s", "phases_median.commit_state"), Col("commit target s", "phases_median.commit_target"),
-            Col("Spark jobs a batch", lambda r: max(r["spark_jobs_per_batch"]) if r.get("spark_jobs_per_batch") else None),
-            Col("source changes read", lambda r: span(min(r["changes_read"]), max(r["changes_read"])) if r.get("changes_read") else None),
+            Col("Spark jobs a batch",
+                lambda r: max(r["spark_jobs_per_batch"]) if r.get("spark_jobs_per_batch") else None),
+            Col("source changes read",
+                lambda r: span(min(r["changes_read"]), max(r["changes_read"])) if r.get("changes_read") else None),
             Col("DuckDB's full recompute s (median)", "duckdb_recompute_s_median")]
     runs = group(recs, lambda r: (r.get("date"), r.get("commit"), r.get("note"), r.get("profiled")))
 
@@ -409,10 +419,10 @@ def session_start() -> str:
         for s in [r for r in run.records if "summary" in r]:
             flat = []
 
-            def walk(prefix, v):
+            def walk(prefix, v, flat=flat):
                 if isinstance(v, dict):
                     for k, x in v.items():
-                        walk(f"{prefix}{k} ", x)
+                        walk(f"{prefix}{k} ", x, flat)
                 else:
                     flat.append((prefix.strip().replace("_", " "), v))
             walk("", s["summary"])
@@ -444,9 +454,10 @@ def connect_vs_classic() -> str:
             parts = [("the whole `dbt run`, process start included", "wall_s"),
                      ("the models", "models_s"), ("the session before the first model", "session_s")]
             out += "\n" + table([Col("median of the runs", lambda p: p[0]),
-                                 Col("classic session s", lambda p: get(s, p[1] + ".classic")),
-                                 Col("Spark Connect s", lambda p: get(s, p[1] + ".connect")),
-                                 Col("Connect / classic", lambda p: get(s, p[1] + ".connect_vs_classic"))], parts)
+                                 Col("classic session s", lambda p, s=s: get(s, p[1] + ".classic")),
+                                 Col("Spark Connect s", lambda p, s=s: get(s, p[1] + ".connect")),
+                                 Col("Connect / classic", lambda p, s=s: get(s, p[1] + ".connect_vs_classic"))],
+                                parts)
             out += f"\nRuns: {num(s.get('runs'))} per variant; workers: {num(s.get('workers'))}.\n\n"
         detail = [r for r in run.records if not r.get("summary")]
         cols = [Col("run", "run"), Col("variant", "variant"), Col("whole run s", "wall_s"),
@@ -465,11 +476,13 @@ def object_store() -> str:
             Col("S3 / local", "ratio_s3_to_local"), Col("batch s local", "local_batch_s_median"),
             Col("batch s S3", "s3_batch_s_median"), Col("requests a run (median)", "s3_requests_per_run_median"),
             Col("requests a run: fewest – most",
-                lambda r: span(min(r["s3_requests_per_run"]), max(r["s3_requests_per_run"])) if r.get("s3_requests_per_run") else None),
+                lambda r: (span(min(r["s3_requests_per_run"]), max(r["s3_requests_per_run"]))
+                           if r.get("s3_requests_per_run") else None)),
             Col("last run's requests by method", "s3_requests_by_kind_last"),
             Col("run's own count vs the server's (largest difference)", "client_to_server_max_deviation"),
             Col("verified local / S3", lambda r: f"{num(r.get('verified_local'))} / {num(r.get('verified_s3'))}")]
-    runs = group(recs, lambda r: (r.get("date"), r.get("commit"), r.get("note"), r.get("latency_ms"), r.get("batches")))
+    runs = group(recs, lambda r: (r.get("date"), r.get("commit"), r.get("note"), r.get("latency_ms"),
+                                  r.get("batches")))
 
     def command(run: Run) -> str:
         r = run.first
@@ -480,17 +493,21 @@ def object_store() -> str:
     def what(run: Run) -> str:
         r = run.records[-1]
         by = r.get("client_requests_by_what_last") or r.get("s3_requests_by_what_last")
-        return ("\nWhat the last run's requests were for (" + run.records[-1]["model"] + "): " + num(by) + "\n") if by else ""
+        return (("\nWhat the last run's requests were for (" + run.records[-1]["model"] + "): " + num(by) + "\n")
+                if by else "")
     return sources_line("object_store.jsonl") + runs_newest_first(
         runs, lambda run: table(cols, run.records) + what(run),
-        lambda run: f"{title_of(run)}, {run.first.get('batches')} rounds, {num(run.first.get('latency_ms') or 0)} ms added", command)
+        lambda run: (f"{title_of(run)}, {run.first.get('batches')} rounds, "
+                     f"{num(run.first.get('latency_ms') or 0)} ms added"),
+        command)
 
 
 def kafka_catch_up() -> str:
     recs = load("kafka_catch_up.jsonl")
     summaries = [r for r in recs if r.get("summary")]
     cols = [Col("date", "date"), Col("commit", "commit"),
-            Col("arguments", lambda r: (r.get("command") or "").replace("benchmarks/kafka_catch_up.py", "").strip() or None),
+            Col("arguments",
+                lambda r: (r.get("command") or "").replace("benchmarks/kafka_catch_up.py", "").strip() or None),
             Col("data-topic partitions", lambda r: r.get("partitions", 1)),
             Col("pgbench transactions", "pgbench_transactions"), Col("data-topic events", "events"),
             Col("transaction-topic records", "transaction_topic_messages"),
@@ -502,7 +519,8 @@ def kafka_catch_up() -> str:
             Col("answers = PostgreSQL", "all_rows_match_postgres")]
     detail = [Col("engine", lambda r: r.get("engine") + (f" ({r['variant']})" if r.get("variant") else "")),
               Col("run", "run"), Col("seconds", "seconds"), Col("events/s", "events_per_s"),
-              Col("driver CPU s", "driver_cpu_s"), Col("JVM CPU s", lambda r: r.get("jvm_cpu_s", r.get("jvm_cpu_seconds"))),
+              Col("driver CPU s", "driver_cpu_s"),
+              Col("JVM CPU s", lambda r: r.get("jvm_cpu_s", r.get("jvm_cpu_seconds"))),
               Col("driver peak MiB", "driver_peak_rss_mib"), Col("JVM peak MiB", "jvm_peak_rss_mib"),
               Col("Python workers peak MiB", "python_workers_peak_rss_mib"),
               Col("changes on disk MiB", "changes_on_disk_mib"), Col("Flink changelog rows", "changelog_rows"),
@@ -513,7 +531,8 @@ def kafka_catch_up() -> str:
     out += "command is `.venv/bin/python benchmarks/kafka_catch_up.py` with its arguments.\n\n"
     out += table(cols, list(reversed(summaries)))
     out += "\n## Each run's engines\n\n"
-    for run in reversed(group([r for r in recs if not r.get("summary")], lambda r: (r.get("date"), r.get("events")))):
+    engine_runs = group([r for r in recs if not r.get("summary")], lambda r: (r.get("date"), r.get("events")))
+    for run in reversed(engine_runs):
         r = run.first
         body = run_header(r, level="") + table(detail, run.records)
         out += f'??? note "{title_of(run)}, {num(r.get("events"))} events"\n\n' + indent(body) + "\n"
@@ -528,20 +547,23 @@ def kafka_bookkeeping() -> str:
             Col("bytes a transaction in the spill file (local disk)", "spill_file_bytes_per_transaction")]
     r = recs[-1] if recs else {}
     return (sources_line("kafka_bookkeeping.jsonl") + "## Runs\n\nEach row the code of its commit.\n\n"
-            + f"- **Machine:** {r.get('machine', 'not recorded')}\n- **Command:** `.venv/bin/python {r.get('command')}`\n\n"
+            + f"- **Machine:** {r.get('machine', 'not recorded')}\n"
+            + f"- **Command:** `.venv/bin/python {r.get('command')}`\n\n"
             + table(cols, recs))
 
 
 def pgbench_consistency() -> str:
     recs = load("pgbench_consistency.jsonl")
-    cols = [Col("model", "model"), Col("run s", "run_s"), Col("pgbench scale / clients / rate (tx/s)",
-                                                             lambda r: f"{r['pgbench_scale']} / {r['clients']} / {r['rate_tps']}"),
+    cols = [Col("model", "model"), Col("run s", "run_s"),
+            Col("pgbench scale / clients / rate (tx/s)",
+                lambda r: f"{r['pgbench_scale']} / {r['clients']} / {r['rate_tps']}"),
             Col("transactions", "transactions"), Col("versions", "versions"),
             Col("versions breaking the invariant", "versions_invariant_broken"),
             Col("versions differing from batch evaluation", "versions_differing_from_batch_evaluation"),
             Col("final = PostgreSQL", "final_equals_postgresql"),
             Col("foil: versions broken", lambda r: f"{num(r['foil_versions_broken'])} of {num(r['versions'])}"),
-            Col("freshness median / max s", lambda r: f"{num(r['freshness_median_s'])} / {num(r['freshness_max_s'])}")]
+            Col("freshness median / max s",
+                lambda r: f"{num(r['freshness_median_s'])} / {num(r['freshness_max_s'])}")]
     return sources_line("pgbench_consistency.jsonl") + runs_newest_first(
         group(recs, lambda r: (r.get("date"), r.get("commit"))), lambda run: table(cols, run.records),
         lambda run: f"{title_of(run)}: {run.first['model']}")
@@ -560,10 +582,11 @@ def pgbench_catchup() -> str:
 def crash_campaign() -> str:
     recs = load("crash_campaign.jsonl")
     cols = [Col("date", "date"), Col("commit", "commit"), Col("runner", "runner"), Col("store", "store"),
-            Col("restart", "restart"), Col("seeds", "seeds"), Col("trials (continuous)",
-                                                                   lambda r: f"{num(r['trials'])} ({num(r['continuous_trials'])})"),
+            Col("restart", "restart"), Col("seeds", "seeds"),
+            Col("trials (continuous)", lambda r: f"{num(r['trials'])} ({num(r['continuous_trials'])})"),
             Col("killed at a point / after a random delay / point not reached",
-                lambda r: f"{num(r['killed_at_point'])} / {num(r['killed_after_random_delay'])} / {num(r['point_not_reached'])}"),
+                lambda r: f"{num(r['killed_at_point'])} / {num(r['killed_after_random_delay'])} / "
+                          f"{num(r['point_not_reached'])}"),
             Col("finished before the delay", "finished_before_random_delay"), Col("wall min", "wall_min"),
             Col("failures", "failures"), Col("note", "note")]
     total = sum(r["trials"] for r in recs)
@@ -583,14 +606,18 @@ def long_run() -> str:
     metrics = [("run process tree RSS (MiB)", "process_tree_rss_mib"),
                ("of which the Python driver (MiB)", "python_driver_rss_mib"),
                ("of which Spark's JVM (MiB)", "jvm_rss_mib"),
-               ("JVM heap committed / old generation used (MiB)", lambda r: f"{num(r['jvm_heap_committed_mib'])} / {num(r['jvm_old_gen_used_mib'])}"),
-               ("seconds per micro-batch (median)", "batch_s_median"), ("state rows (in its live files)", "state_rows"),
+               ("JVM heap committed / old generation used (MiB)",
+                lambda r: f"{num(r['jvm_heap_committed_mib'])} / {num(r['jvm_old_gen_used_mib'])}"),
+               ("seconds per micro-batch (median)", "batch_s_median"),
+               ("state rows (in its live files)", "state_rows"),
                ("state files on disk", "state_files"), ("state log KB (JSON + checkpoint)", "state_log_kb"),
                ("target log files", "target_log_files"), ("target log KB (JSON + checkpoint)", "target_log_kb"),
-               ("target data files / Change Data Feed files", lambda r: f"{num(r['target_data_files'])} / {num(r['target_cdf_files'])}"),
-               ("checkpoint directory files", "checkpoint_dir_files"), ("checkpoint directory KB", "checkpoint_dir_kb")]
+               ("target data files / Change Data Feed files",
+                lambda r: f"{num(r['target_data_files'])} / {num(r['target_cdf_files'])}"),
+               ("checkpoint directory files", "checkpoint_dir_files"),
+               ("checkpoint directory KB", "checkpoint_dir_kb")]
     cols = [Col("median per 5-minute window", lambda m: m[0])] + [
-        Col(f"min {w['window_min']}", (lambda w: lambda m: m[1](w) if callable(m[1]) else w.get(m[1]))(w)) for w in windows]
+        Col(f"min {w['window_min']}", lambda m, w=w: m[1](w) if callable(m[1]) else w.get(m[1])) for w in windows]
     out = sources_line("long_run.jsonl", "long_run.png")
     if windows:
         out += "## Latest run\n\n" + run_header(windows[0], level="") + table(cols, metrics)
@@ -603,7 +630,8 @@ def long_run() -> str:
                                 ("longest batch after the first s", summary.get("longest_batch_after_first_s")),
                                 ("live rows", summary.get("live_rows")),
                                 ("state rows, highest sample", summary.get("state_rows_highest_sample")),
-                                ("last version equals batch evaluation", summary.get("last_version_equals_batch_evaluation"))])
+                                ("last version equals batch evaluation",
+                                 summary.get("last_version_equals_batch_evaluation"))])
     if (RESULTS / "long_run.png").exists():
         out += "\n![The long run: memory, batch time, state and logs over time](long_run.png)\n"
     return out
@@ -620,13 +648,16 @@ def _autoscale(name: str, title: str) -> str:
     out += kv_table([p for p in setup if p[1] is not None], ("setup", "value")) + "\n"
     variants = [(v, d[v]) for v in ("fixed", "scaled") if v in d]
     cols = [Col("variant", lambda p: p[0]),
-            Col("parallelism bounds", lambda p: f"{p[1]['autoscale']['min_parallelism']}–{p[1]['autoscale']['max_parallelism']}"),
-            Col("autoscale settings", lambda p: {k: v for k, v in p[1]["autoscale"].items() if "parallelism" not in k}),
+            Col("parallelism bounds",
+                lambda p: f"{p[1]['autoscale']['min_parallelism']}–{p[1]['autoscale']['max_parallelism']}"),
+            Col("autoscale settings",
+                lambda p: {k: v for k, v in p[1]["autoscale"].items() if "parallelism" not in k}),
             Col("batches", lambda p: len(p[1].get("batches", []))), Col("peak lag s", lambda p: p[1].get("peak_lag_s")),
             Col("peak lag rows", lambda p: p[1].get("peak_lag_rows")),
             Col("lag back under the threshold, s after the step", lambda p: p[1].get("recovered_s_after_step")),
             Col("highest parallelism used", lambda p: p[1].get("max_parallelism_used")),
-            Col("decisions", lambda p: len(p[1]["decisions"]) if isinstance(p[1].get("decisions"), list) else p[1].get("decisions")),
+            Col("decisions", lambda p: (len(p[1]["decisions"]) if isinstance(p[1].get("decisions"), list)
+                                        else p[1].get("decisions"))),
             Col("verified", lambda p: p[1].get("verified"))]
     out += table(cols, variants)
     decisions = [dict(b, variant=v) for v, x in variants for b in x.get("batches", []) if b.get("action") != "hold"]
@@ -655,9 +686,11 @@ def driver_rebuild() -> str:
             Col("Spark jobs (driver)", "driver_spark_jobs"),
             Col("on the executors s", lambda r: span(r["executors_rebuild_s_min"], r["executors_rebuild_s_max"])),
             Col("Spark jobs (executors)", "executors_spark_jobs"),
-            Col("executors / driver", lambda r: span(r["ratio_executors_to_driver_min"], r["ratio_executors_to_driver_max"])),
+            Col("executors / driver",
+                lambda r: span(r["ratio_executors_to_driver_min"], r["ratio_executors_to_driver_max"])),
             Col("driver Python peak MB: driver's rebuild / executors'",
-                lambda r: (f"{r['driver_python_peak_mb_driver_rebuild']} / {r['driver_python_peak_mb_executors_rebuild']}"
+                lambda r: (f"{r['driver_python_peak_mb_driver_rebuild']} / "
+                           f"{r['driver_python_peak_mb_executors_rebuild']}"
                            if "driver_python_peak_mb_driver_rebuild" in r else None))]
     return sources_line("driver_rebuild.jsonl") + runs_newest_first(
         group(recs, lambda r: (r.get("date"), r.get("commit"))), lambda run: table(cols, run.records), title_of)
@@ -667,8 +700,10 @@ def cluster_vs_local() -> str:
     recs = load("cluster_vs_local.jsonl")
     cols = [Col("SF", "tpch_sf"), Col("model", "model"), Col("step", "step"), Col("local s", "local_s"),
             Col("cluster s", "cluster_s"),
-            Col("local driver Python / JVM MB", lambda r: f"{num(r['local_driver_python_mb'])} / {num(r['local_driver_jvm_mb'])}"),
-            Col("cluster driver Python / JVM MB", lambda r: f"{num(r['cluster_driver_python_mb'])} / {num(r['cluster_driver_jvm_mb'])}"),
+            Col("local driver Python / JVM MB",
+                lambda r: f"{num(r['local_driver_python_mb'])} / {num(r['local_driver_jvm_mb'])}"),
+            Col("cluster driver Python / JVM MB",
+                lambda r: f"{num(r['cluster_driver_python_mb'])} / {num(r['cluster_driver_jvm_mb'])}"),
             Col("verified", "verified")]
     runs = group(recs, lambda r: (r.get("date"), r.get("commit"), r.get("command")))
     return sources_line("cluster_vs_local.jsonl") + runs_newest_first(
@@ -691,7 +726,8 @@ def verify_run() -> str:
 
 def float_drift() -> str:
     recs = load("float_drift.jsonl")
-    cols = [Col("batch", "batch"), Col("updates so far", "updates"), Col("large values deleted", "large_values_deleted"),
+    cols = [Col("batch", "batch"), Col("updates so far", "updates"),
+            Col("large values deleted", "large_values_deleted"),
             Col("seconds", "seconds"), Col("engine's sums: largest relative difference", "engine_max_rel"),
             Col("plain float64 accumulation", "plain_max_rel"), Col("Spark's batch SUM", "batch_max_rel"),
             Col("verify OK", "verify_ok")]
@@ -699,8 +735,8 @@ def float_drift() -> str:
     def render(run: Run) -> str:
         out = table(cols, [r for r in run.records if not r.get("summary")])
         for s in [r for r in run.records if r.get("summary")]:
-            out += "\n" + kv_table([("keys", s.get("keys")), ("groups", s.get("groups")), ("batches", s.get("batches")),
-                                    ("updates", s.get("updates")),
+            out += "\n" + kv_table([("keys", s.get("keys")), ("groups", s.get("groups")),
+                                    ("batches", s.get("batches")), ("updates", s.get("updates")),
                                     ("engine: largest relative difference, whole run", s.get("engine_max_rel")),
                                     ("plain float64: largest relative difference", s.get("plain_max_rel")),
                                     ("Spark's batch SUM: largest relative difference", s.get("batch_max_rel"))])
@@ -712,13 +748,15 @@ def float_drift() -> str:
 def demos() -> str:
     recs = load("demos.jsonl")
     cols = [Col("date", "date"), Col("commit", "commit"), Col("command", "command"), Col("exit code", "exit_code"),
-            Col("wall", lambda r: (f"{num(r['wall_s'])} s" if "wall_s" in r else f"{num(r['wall_min'])} min" if "wall_min" in r
+            Col("wall", lambda r: (f"{num(r['wall_s'])} s" if "wall_s" in r
+                                   else f"{num(r['wall_min'])} min" if "wall_min" in r
                                    else f"{num(r.get('wall_min_fresh_venv'))} min from a fresh .venv, "
                                         f"{num(r.get('wall_min_existing_venv'))} min with it")),
             Col("verify", lambda r: r.get("verify_runs_ok") and f"{r['verify_runs_ok']} OK" or r.get("verify_ok")),
             Col("dbt build", "dbt_build_passed"),
             Col("tasks per worker", lambda r: r.get("tasks_per_worker") or (
-                f"initial build {num(r['tasks_initial_build_per_worker'])}; final build {num(r['tasks_final_build_per_worker'])}"
+                f"initial build {num(r['tasks_initial_build_per_worker'])}; "
+                f"final build {num(r['tasks_final_build_per_worker'])}"
                 if "tasks_initial_build_per_worker" in r else None)),
             Col("Java processes seen (looks)", lambda r: f"{r['java_processes_seen']} ({num(r['process_looks'])})"
                 if "process_looks" in r else None),
@@ -752,46 +790,62 @@ BENCHMARKS = [
     Benchmark("refresh_vs_full", "Incremental run against dbt's table, merge and full refresh",
               "the example's TPC-H models after one refresh round, at SF 0.1, 1 and 10", "Speed", refresh_vs_full,
               ("refresh_vs_full.jsonl",)),
-    Benchmark("tpch_models", "The 22 TPC-H queries as models", "each query as written, incremental against a dbt table, SF 1",
-              "Speed", tpch_models, ("tpch_models.jsonl",)),
-    Benchmark("small_batch_profile", "A small batch's run", "a run after a small change at SF 1, by phase, against DuckDB's full recompute",
-              "Speed", small_batch_profile, ("small_batch_profile.jsonl",)),
-    Benchmark("dbt_run_start", "A whole dbt run after a small change", "process start, session, models and the view of a fresh `dbt run`",
-              "Speed", dbt_run_start, ("dbt_run_start.jsonl",)),
-    Benchmark("session_start", "A Spark session's start", "a local session with and without delta-spark, the other jars and Hive",
-              "Speed", session_start, ("session_start.jsonl",)),
-    Benchmark("noop_run", "A dbt run with nothing to do", "every model up to date", "Speed", noop_run, ("noop_run.jsonl",)),
-    Benchmark("connect_vs_classic", "Spark Connect against a classic session", "the same project on one cluster, per model and per run",
-              "Speed", connect_vs_classic, ("connect_vs_classic.jsonl",)),
-    Benchmark("driver_rebuild", "Where a rebuild runs", "a `--full-refresh` on the driver against the executors", "Speed",
-              driver_rebuild, ("driver_rebuild.jsonl",)),
-    Benchmark("object_store", "Local disk against an S3 server", "run time and requests with every location on S3 (s3proxy)",
-              "Deployment", object_store, ("object_store.jsonl",)),
-    Benchmark("cluster_vs_local", "Local mode against a standalone cluster", "initial builds and a refresh round, time and driver memory",
-              "Deployment", cluster_vs_local, ("cluster_vs_local.jsonl",)),
-    Benchmark("autoscale_load_step", "Autoscaling under a load step", "a continuous model's lag and parallelism through a 10x step",
-              "Deployment", autoscale_load_step, ("autoscale_load_step.json", "autoscale_load_step_cluster.json")),
+    Benchmark("tpch_models", "The 22 TPC-H queries as models",
+              "each query as written, incremental against a dbt table, SF 1", "Speed", tpch_models,
+              ("tpch_models.jsonl",)),
+    Benchmark("small_batch_profile", "A small batch's run",
+              "a run after a small change at SF 1, by phase, against DuckDB's full recompute", "Speed",
+              small_batch_profile, ("small_batch_profile.jsonl",)),
+    Benchmark("dbt_run_start", "A whole dbt run after a small change",
+              "process start, session, models and the view of a fresh `dbt run`", "Speed", dbt_run_start,
+              ("dbt_run_start.jsonl",)),
+    Benchmark("session_start", "A Spark session's start",
+              "a local session with and without delta-spark, the other jars and Hive", "Speed", session_start,
+              ("session_start.jsonl",)),
+    Benchmark("noop_run", "A dbt run with nothing to do", "every model up to date", "Speed", noop_run,
+              ("noop_run.jsonl",)),
+    Benchmark("connect_vs_classic", "Spark Connect against a classic session",
+              "the same project on one cluster, per model and per run", "Speed", connect_vs_classic,
+              ("connect_vs_classic.jsonl",)),
+    Benchmark("driver_rebuild", "Where a rebuild runs", "a `--full-refresh` on the driver against the executors",
+              "Speed", driver_rebuild, ("driver_rebuild.jsonl",)),
+    Benchmark("object_store", "Local disk against an S3 server",
+              "run time and requests with every location on S3 (s3proxy)", "Deployment", object_store,
+              ("object_store.jsonl",)),
+    Benchmark("cluster_vs_local", "Local mode against a standalone cluster",
+              "initial builds and a refresh round, time and driver memory", "Deployment", cluster_vs_local,
+              ("cluster_vs_local.jsonl",)),
+    Benchmark("autoscale_load_step", "Autoscaling under a load step",
+              "a continuous model's lag and parallelism through a 10x step", "Deployment", autoscale_load_step,
+              ("autoscale_load_step.json", "autoscale_load_step_cluster.json")),
     Benchmark("long_run", "A long continuous run", "memory, state and logs of a continuous model over half an hour",
               "Deployment", long_run, ("long_run.jsonl",)),
-    Benchmark("kafka_catch_up", "Debezium on Kafka: catch-up against Flink SQL", "the same query over the same topics, both answers checked",
-              "Sources", kafka_catch_up, ("kafka_catch_up.jsonl",)),
-    Benchmark("kafka_bookkeeping", "Kafka reader: memory per transaction", "what the driver keeps per published transaction",
-              "Sources", kafka_bookkeeping, ("kafka_bookkeeping.jsonl",)),
-    Benchmark("pgbench_catchup", "PostgreSQL CDC: a backlog's catch-up", "a captured pgbench backlog, cold, warm and as a rebuild",
-              "Sources", pgbench_catchup, ("pgbench_catchup.jsonl",)),
-    Benchmark("pgbench_consistency", "PostgreSQL CDC: consistency under pgbench", "TPC-B's invariant at every version, against per-table cuts",
-              "Correctness", pgbench_consistency, ("pgbench_consistency.jsonl",)),
-    Benchmark("crash_campaign", "Kill -9 anywhere: the crash campaign", "runs killed at every step of the protocol, then checked",
-              "Correctness", crash_campaign, ("crash_campaign.jsonl",)),
-    Benchmark("tpcds_coverage", "The 99 TPC-DS queries: coverage", "103 statements compiled and maintained through refresh rounds",
-              "Correctness", tpcds_coverage, ("tpcds_coverage.jsonl",)),
+    Benchmark("kafka_catch_up", "Debezium on Kafka: catch-up against Flink SQL",
+              "the same query over the same topics, both answers checked", "Sources", kafka_catch_up,
+              ("kafka_catch_up.jsonl",)),
+    Benchmark("kafka_bookkeeping", "Kafka reader: memory per transaction",
+              "what the driver keeps per published transaction", "Sources", kafka_bookkeeping,
+              ("kafka_bookkeeping.jsonl",)),
+    Benchmark("pgbench_catchup", "PostgreSQL CDC: a backlog's catch-up",
+              "a captured pgbench backlog, cold, warm and as a rebuild", "Sources", pgbench_catchup,
+              ("pgbench_catchup.jsonl",)),
+    Benchmark("pgbench_consistency", "PostgreSQL CDC: consistency under pgbench",
+              "TPC-B's invariant at every version, against per-table cuts", "Correctness", pgbench_consistency,
+              ("pgbench_consistency.jsonl",)),
+    Benchmark("crash_campaign", "Kill -9 anywhere: the crash campaign",
+              "runs killed at every step of the protocol, then checked", "Correctness", crash_campaign,
+              ("crash_campaign.jsonl",)),
+    Benchmark("tpcds_coverage", "The 99 TPC-DS queries: coverage",
+              "103 statements compiled and maintained through refresh rounds", "Correctness", tpcds_coverage,
+              ("tpcds_coverage.jsonl",)),
     Benchmark("float_drift", "Floating-point sums under retractions", "compensated accumulators against plain float64",
               "Correctness", float_drift, ("float_drift.jsonl",)),
-    Benchmark("verify_run", "What a verify costs", "one aggregation against exceptAll both ways", "Correctness", verify_run,
-              ("verify_run.jsonl",)),
-    Benchmark("demos", "Demo runs", "the cluster, S3 and Spark Connect demos end to end", "Other", demos, ("demos.jsonl",)),
-    Benchmark("design_figures", "Figures behind the design", "the measurements behind design decisions in the code", "Other",
-              design_figures, ("design_figures.jsonl",)),
+    Benchmark("verify_run", "What a verify costs", "one aggregation against exceptAll both ways", "Correctness",
+              verify_run, ("verify_run.jsonl",)),
+    Benchmark("demos", "Demo runs", "the cluster, S3 and Spark Connect demos end to end", "Other", demos,
+              ("demos.jsonl",)),
+    Benchmark("design_figures", "Figures behind the design", "the measurements behind design decisions in the code",
+              "Other", design_figures, ("design_figures.jsonl",)),
 ]
 
 
@@ -831,7 +885,8 @@ def headline() -> list[tuple[str, str, str]]:
         for r in rv:
             last[r["model"]] = r
         out.append(("TPC-H SF 10, the example models after a refresh round: dbt `table` / incremental",
-                    ", ".join(f"{m} {num(r['ratio_table_to_incremental'])}x" for m, r in last.items()), "refresh_vs_full"))
+                    ", ".join(f"{m} {num(r['ratio_table_to_incremental'])}x" for m, r in last.items()),
+                    "refresh_vs_full"))
     sb = [r for r in load("small_batch_profile.jsonl")]
     if sb:
         key = (sb[-1].get("date"), sb[-1].get("commit"), sb[-1].get("note"))
@@ -847,7 +902,8 @@ def headline() -> list[tuple[str, str, str]]:
     k = [r for r in load("kafka_catch_up.jsonl") if r.get("summary") and r.get("events", 0) > 3_000_000]
     if k:
         out.append(("Debezium on Kafka, catch-up of the largest history: Flink SQL's time / ours",
-                    f"{num(k[-1]['flink_s_over_consistent_stream_s'])}x ({num(k[-1]['events'])} events)", "kafka_catch_up"))
+                    f"{num(k[-1]['flink_s_over_consistent_stream_s'])}x ({num(k[-1]['events'])} events)",
+                    "kafka_catch_up"))
     c = load("crash_campaign.jsonl")
     if c:
         out.append(("crash campaign: runs SIGKILLed at every protocol step, then checked",
@@ -871,7 +927,8 @@ def index() -> str:
         sections.setdefault(b.section, []).append(b)
     for section, bs in sections.items():
         out.append(f"\n## {section}\n\n")
-        out.append(table([Col("benchmark", lambda b: f"[{b.title}]({b.name}.md)"), Col("what it measures", lambda b: b.summary),
+        out.append(table([Col("benchmark", lambda b: f"[{b.title}]({b.name}.md)"),
+                          Col("what it measures", lambda b: b.summary),
                           Col("newest run", lambda b: _latest_date(b)),
                           Col("results", lambda b: ", ".join(f"`{f}`" for f in b.files))], bs))
     return "".join(out)

@@ -129,10 +129,11 @@ def _cmd_status(args) -> int:
             table.add_row(s.model, "-", "-", s.error, "-", "-", "-", "-", "-")
             continue
         cut = "\n".join(f"{k}@{v}" for k, v in sorted(s.cut.items()))
-        last = "-" if s.last_batch_changes is None else \
-            f"{s.last_batch_changes:,} changes" + (f" in {s.last_batch_s:.1f} s" if s.last_batch_s is not None else "") \
-            + (f", {s.last_batch_requests:,} object-store requests before its commit" if s.last_batch_requests else "") \
-            + (f", {s.last_batch_recomputed:,} rows recomputed" if s.last_batch_recomputed else "")
+        last = "-" if s.last_batch_changes is None else (
+            f"{s.last_batch_changes:,} changes"
+            + (f" in {s.last_batch_s:.1f} s" if s.last_batch_s is not None else "")
+            + (f", {s.last_batch_requests:,} object-store requests before its commit" if s.last_batch_requests else "")
+            + (f", {s.last_batch_recomputed:,} rows recomputed" if s.last_batch_recomputed else ""))
         table.add_row(s.model, num(s.target_version), num(s.batch_id), cut + (f" ({s.error})" if s.error else ""),
                       num(s.lag_versions), num(s.lag_s), num(s.freshness_s), num(s.age_s), last)
     console = Console()

@@ -1,11 +1,12 @@
 """What changed since a model's checkpoint was made, and what a run does about it.
 
 A checkpoint (its state, its cut log, its Spark query) holds the view of one definition: the
-model's SQL, its sources (key, location, primary key), ``unique_key``, ``partition_by``,
-its enforced constraints and target, saved as ``_consistent_stream/job.json`` when a run starts, and the columns the plan
-reads from each source, with their types (``_consistent_stream/plan.json``). When the next
-run's definition differs, the state no longer follows from the sources by the new
-definition, and the run does what the model's config says, as dbt's materialized views do:
+model's SQL, its sources (key, location, primary key), ``unique_key``, ``partition_by``, its
+enforced constraints and target, saved as ``_consistent_stream/job.json`` when a run starts,
+and the columns the plan reads from each source, with their types
+(``_consistent_stream/plan.json``). When the next run's definition differs, the state no longer
+follows from the sources by the new definition, and the run does what the model's config says,
+as dbt's materialized views do:
 
 ``on_configuration_change`` (dbt's config; default ``apply``)
     ``apply`` rebuilds the view: a full refresh (logged with what changed); ``continue``

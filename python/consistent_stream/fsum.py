@@ -130,7 +130,7 @@ def consolidate_pairs_arrow(data: pa.Table, group: list[str], pairs: list[tuple[
     out = {c: g.column(c) for c in group}
     for hi, lo in pairs:
         his, los = g.column(f"{hi}_list").to_pylist(), g.column(f"{lo}_list").to_pylist()
-        sums = [_fsum_pair(h, l) for h, l in zip(his, los)]
+        sums = [_fsum_pair(high, low) for high, low in zip(his, los)]
         out[hi] = pa.array([s[0] for s in sums], data.schema.field(hi).type)
         out[lo] = pa.array([s[1] for s in sums], data.schema.field(lo).type)
     for c in plain:

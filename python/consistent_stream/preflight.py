@@ -190,7 +190,8 @@ def _session_lost(e: BaseException, text: str) -> bool:
     unavailable server (Spark Connect)."""
     if isinstance(e, ConnectionRefusedError):
         return True
-    if type(e).__module__.startswith(("pyspark.errors.exceptions.connect", "grpc")) and any(s in text for s in _CONNECT_LOST):
+    if (type(e).__module__.startswith(("pyspark.errors.exceptions.connect", "grpc"))
+            and any(s in text for s in _CONNECT_LOST)):
         return True
     try:
         from py4j.protocol import Py4JError

@@ -358,7 +358,8 @@ S3A_EXCLUDES = ("software.amazon.awssdk:bundle", "io.netty:netty-codec-http", "i
 
 # Spark ships these (and hadoop-client-runtime); a second copy on the class path would conflict
 KAFKA_EXCLUDES = ("org.slf4j:slf4j-api", "org.apache.hadoop:hadoop-client-runtime",
-                  "org.apache.hadoop:hadoop-client-api", "com.google.code.findbugs:jsr305", "org.xerial.snappy:snappy-java", "org.lz4:lz4-java",
+                  "org.apache.hadoop:hadoop-client-api", "com.google.code.findbugs:jsr305",
+                  "org.xerial.snappy:snappy-java", "org.lz4:lz4-java",
                   "com.github.luben:zstd-jni", "at.yawk.lz4:lz4-java",
                   "org.scala-lang.modules:scala-parallel-collections_2.13")
 

@@ -327,5 +327,6 @@ class JobSpec:
                        unique_key=unique_key, target_path=target, checkpoint_location=ckpt,
                        partition_by=partition_by, trigger=trigger, recompute_threshold=threshold,
                        state_file_rows=file_rows, max_batch_rows=batch_rows, driver_rebuild_rows=driver_rows,
-                       local_engine=local_engine, incremental_only=bool(incremental_only), contract=contract, constraints=constraints, docs=docs,
+                       local_engine=local_engine, incremental_only=bool(incremental_only), contract=contract,
+                       constraints=constraints, docs=docs,
                        autoscale=autoscale, **retention, **policies)

@@ -233,8 +233,8 @@ def _replace_idle(s: WarmServer, wanted_by: str) -> None:
     idle = s.idle_for_s()
     if idle < 2 * HEARTBEAT_S:
         raise WarmSessionError(
-            f"the warm session's Spark Connect server for {s.cwd} ({s.address}, pid {s.server_pid}) is in use (a client "
-            f"{idle:.0f} s ago) and {wanted_by} needs another one; wait for its clients to end, or stop it: "
+            f"the warm session's Spark Connect server for {s.cwd} ({s.address}, pid {s.server_pid}) is in use "
+            f"(a client {idle:.0f} s ago) and {wanted_by} needs another one; wait for its clients to end, or stop it: "
             f"consistent-stream warm-session stop --project-dir {s.cwd}")
     _stop(s)
 

@@ -444,7 +444,8 @@ def add_cluster_command(subparsers) -> None:
     c.add_argument("--require-workers", type=int, default=0,
                    help="tasks: exit 1 unless executors on at least this many workers finished tasks")
     c.add_argument("--connect-port", type=int, default=None,
-                   help="also start a Spark Connect server on the cluster (placed as the master), on sc://<host>:<port> (e.g. 15002)")
+                   help="also start a Spark Connect server on the cluster (placed as the master), "
+                        "on sc://<host>:<port> (e.g. 15002)")
     c.add_argument("--connect-conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark conf of the Connect server (repeatable), e.g. spark.hadoop.fs.s3a.endpoint=...")
     c.set_defaults(func=_cmd)

@@ -136,7 +136,8 @@ def start(directory: str | Path, *, port: int | None = None, host: str = HOST, b
     jar = jar_path()
     if not jar.is_file():
         raise S3ServerError(f"s3proxy's jar is not installed at {jar}: run `{sys.executable} -m "
-                            f"consistent_stream_testing.s3server install` once with Maven Central reachable (make .venv does)")
+                            f"consistent_stream_testing.s3server install` once with Maven Central reachable "
+                            f"(make .venv does)")
     d = Path(directory)
     (d / "data").mkdir(parents=True, exist_ok=True)
     port = port or free_port(HOST)

@@ -105,7 +105,8 @@ def published_batch(relation: BaseRelation) -> Optional[BatchMeta]:
         return None
     details = {row.col_name: row.data_type for row in spark.sql(f"describe table extended {name}").collect()}
     target = details.get("Location", "").removeprefix("file:")
-    if details.get("Type") != "EXTERNAL" or details.get("Provider") != "delta" or not (Path(target) / "_delta_log").is_dir():
+    if (details.get("Type") != "EXTERNAL" or details.get("Provider") != "delta"
+            or not (Path(target) / "_delta_log").is_dir()):
         return None
     return BatchMeta.from_commit(DeltaTableRef(target).latest_commit())
 

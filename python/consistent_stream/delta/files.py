@@ -316,7 +316,7 @@ def stats_bounds(stats: str, schema: pa.Schema) -> tuple[dict, dict, dict]:
     except ValueError:
         st = {}
     lo, hi = {}, {}
-    for name, values, out in (("minValues", st.get("minValues") or {}, lo), ("maxValues", st.get("maxValues") or {}, hi)):
+    for values, out in ((st.get("minValues") or {}, lo), (st.get("maxValues") or {}, hi)):
         for c, v in values.items():
             i = schema.get_field_index(c)
             if i < 0 or v is None:

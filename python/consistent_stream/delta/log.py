@@ -66,8 +66,9 @@ class ConflictingCommit(Exception):
     or a transaction of the committing app: the commit was not made."""
 
 
-def _map(t: pa.DataType = pa.string()) -> pa.DataType:
-    return pa.map_(pa.string(), t)
+def _map(t: pa.DataType | None = None) -> pa.DataType:
+    """A map from strings to ``t`` (default: strings)."""
+    return pa.map_(pa.string(), pa.string() if t is None else t)
 
 
 _STRINGS = pa.list_(pa.field("element", pa.string(), nullable=False))
@@ -259,11 +260,12 @@ class OwnedLog:
     def commit(self, adds: list[dict], removes: list[dict], *, txn: tuple[str, int] | None,
                info: dict, cdc: list[dict] = (), retries: int = 3) -> int:
         """ONE commit of ``adds`` and ``removes`` (add / remove actions, paths in log form),
-        and ``cdc`` (Change Data Feed files: ``cdc`` actions), recording ``txn`` (app id, version) and ``info`` (the ``commitInfo``), at the version
-        after the replay's. When another writer took that version with a commit that changes
-        no data and records no transaction of ``txn``'s app (table maintenance: a property, a
-        checkpoint's commit), the replay reads it and the commit goes to the next version; any
-        other commit there raises ConflictingCommit. Returns the new version."""
+        and ``cdc`` (Change Data Feed files: ``cdc`` actions), recording ``txn`` (app id,
+        version) and ``info`` (the ``commitInfo``), at the version after the replay's. When
+        another writer took that version with a commit that changes no data and records no
+        transaction of ``txn``'s app (table maintenance: a property, a checkpoint's commit),
+        the replay reads it and the commit goes to the next version; any other commit there
+        raises ConflictingCommit. Returns the new version."""
         now = int(time.time() * 1000)
         lines = [{"commitInfo": {"timestamp": now, **info}}]
         if txn is not None:

@@ -136,7 +136,8 @@ def factor_or(e: exp.Expression) -> list[exp.Expression]:
     equality between two relations, and stays as it is otherwise.
 
     >>> import sqlglot
-    >>> [c.sql() for c in factor_or(sqlglot.parse_one("(a.k = b.k AND a.x > 1) OR (b.k = a.k AND a.k = b.k AND a.y < 2)"))]
+    >>> e = sqlglot.parse_one("(a.k = b.k AND a.x > 1) OR (b.k = a.k AND a.k = b.k AND a.y < 2)")
+    >>> [c.sql() for c in factor_or(e)]
     ['a.k = b.k', '(a.x > 1 OR (b.k = a.k AND a.y < 2))']
     """
     out: list[exp.Expression] = []

@@ -299,9 +299,11 @@ class Window(Node):
     def call_sql(self, call: WindowCall, columns: list[str] | None = None) -> str:
         """``call`` as a Spark SQL window expression; its tie-breakers are the child's
         ``columns`` (default: the child's columns) outside the partition and the ORDER BY."""
-        q = (lambda c: "`" + c.replace("`", "``") + "`")
-        keys = [f"{q(k.column)} {'DESC' if k.descending else 'ASC'} NULLS {'FIRST' if k.effective_nulls_first else 'LAST'}"
-                for k in call.order]
+        def q(c: str) -> str:
+            return "`" + c.replace("`", "``") + "`"
+
+        keys = [f"{q(k.column)} {'DESC' if k.descending else 'ASC'} "
+                f"NULLS {'FIRST' if k.effective_nulls_first else 'LAST'}" for k in call.order]
         if call.tiebreak:
             ordered = {k.column for k in call.order} | set(self.partition)
             keys += [f"{q(c)} ASC NULLS FIRST" for c in (columns or self.child.columns) if c not in ordered]

@@ -69,7 +69,8 @@ def check_block(sel: exp.Expression, sql: str) -> None:
                 raise no_rule(f"aggregate {name.upper()}", "the aggregates with delta rules are SUM, COUNT, "
                               "COUNT(*), AVG, MIN, MAX (also with DISTINCT and FILTER), STDDEV, "
                               "STDDEV_SAMP, STDDEV_POP, VARIANCE, VAR_SAMP, VAR_POP, PERCENTILE, MEDIAN, "
-                              "PERCENTILE_CONT, PERCENTILE_DISC, COUNT_IF, BOOL_AND, BOOL_OR, MAX_BY, MIN_BY, COLLECT_LIST, COLLECT_SET", node, sql)
+                              "PERCENTILE_CONT, PERCENTILE_DISC, COUNT_IF, BOOL_AND, BOOL_OR, MAX_BY, MIN_BY, "
+                              "COLLECT_LIST, COLLECT_SET", node, sql)
             d = node.this
             if isinstance(d, exp.Distinct) and len(d.expressions) != 1:
                 raise no_rule(f"{type(node).__name__.upper()}(DISTINCT ..) of several arguments",

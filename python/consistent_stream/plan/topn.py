@@ -16,10 +16,11 @@ Example::
 
     select cid, sum(amount) as s from src.orders group by cid order by s desc limit 3
 
-plans to (:func:`.logical.explain`)::
+plans to (:func:`.logical.explain`, without the node ids; the Window line wrapped)::
 
     Project `cid` AS cid, `s` AS s
-      Window ROW_NUMBER() OVER (ORDER BY `s` DESC NULLS LAST, `cid` ASC NULLS FIRST) AS __rank keep `__rank` >= 1 AND `__rank` <= 3
+      Window ROW_NUMBER() OVER (ORDER BY `s` DESC NULLS LAST, `cid` ASC NULLS FIRST) AS __rank
+             keep `__rank` >= 1 AND `__rank` <= 3
         Project `__g_cid` AS cid, `__a_sum` AS s
           Aggregate by ['`orders__cid`']: sum(`orders__amount`)
             Scan src.orders ['cid', 'amount']
@@ -72,7 +73,7 @@ def order_keys(lw: Lowering, q: exp.Expression, outputs: list[tuple[str, str]],
             col = by_name[e.name.lower()]
         else:
             bare = e.unnest()
-            for (name, c), s in zip(outputs, selects):
+            for (_name, c), s in zip(outputs, selects):
                 if (s.unalias() if isinstance(s, exp.Alias) else s).unnest() == bare:
                     col = c
         if col is None:

@@ -10,10 +10,11 @@
   target is not committed, and the error names the constraint and up to five offending rows
   (:func:`check_constraints`). A failed batch is replayed as planned (same source versions,
   exactly once), so data that violates a constraint is recovered from by changing the model
-  or the constraint (a rebuild) or by a full refresh after fixing the data. A ``check`` passes when its expression is TRUE or NULL (SQL
-  CHECK semantics); expressions are Spark SQL over the output's columns. Constraints of other
-  types (``unique``, ``primary_key``, ``foreign_key``, ``custom``) are not enforced: the
-  materialization warns about them (``unique_key`` is what a target checks for uniqueness).
+  or the constraint (a rebuild) or by a full refresh after fixing the data. A ``check`` passes
+  when its expression is TRUE or NULL (SQL CHECK semantics); expressions are Spark SQL over the
+  output's columns. Constraints of other types (``unique``, ``primary_key``, ``foreign_key``,
+  ``custom``) are not enforced: the materialization warns about them (``unique_key`` is what a
+  target checks for uniqueness).
 
 Spark evaluates both, so a check means what it means in the batch evaluation the contract
 of every version is stated against.

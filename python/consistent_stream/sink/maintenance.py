@@ -390,4 +390,5 @@ def retention_of(job) -> Retention:
 
 
 __all__ = ["Maintenance", "MaintenanceReport", "Retention", "EVERY_BATCHES", "EVERY_SECONDS",
-           "clean_log", "ensure_checkpoint", "table_properties", "state_properties", "vacuum_target", "vacuum_state", "clean_scratch", "retention_of"]
+           "clean_log", "ensure_checkpoint", "table_properties", "state_properties", "vacuum_target", "vacuum_state",
+           "clean_scratch", "retention_of"]

@@ -119,7 +119,8 @@ def bag_changes(delta: pa.Table, old_counts: pa.Table | None, model: str, *, fir
         take += [i] * (m + wi)
     data = delta.select(cols)
     out = pa.concat_tables([
-        data.take(pa.array(delete_rows, pa.int64())).append_column(OP, pa.array(["delete"] * len(delete_rows), pa.string())),
+        data.take(pa.array(delete_rows, pa.int64())).append_column(
+            OP, pa.array(["delete"] * len(delete_rows), pa.string())),
         data.take(pa.array(take, pa.int64())).append_column(OP, pa.array(["insert"] * len(take), pa.string())),
     ])
     return _sorted(out)

@@ -35,9 +35,9 @@ delta rows reach ``merge_fraction`` of its base rows, everything is merged into 
 triggered it). Merges of at most ``DRIVER_READ_ROWS`` rows run on the driver with Arrow,
 larger ones on Spark's executors. See :class:`CompactionPolicy`.
 
-Exactly once: the state table's one commit per batch carries txn ``(app id, batch id)``
-(step 3 of the exactly-once protocol, docs/concepts/exactly-once.md); reads happen at the version the target recorded for the
-previous batch, never at "latest".
+Exactly once: the state table's one commit per batch carries txn ``(app id, batch id)`` (step 3
+of the exactly-once protocol, docs/concepts/exactly-once.md); reads happen at the version the
+target recorded for the previous batch, never at "latest".
 """
 from __future__ import annotations
 
@@ -534,7 +534,10 @@ class StateStore:
                 start, end = c.metadata.get("start"), c.metadata.get("end")
                 if start is None or end is None:
                     return done, None
-                js = (lambda v: json.loads(v) if isinstance(v, str) else v)
+
+                def js(v):
+                    return json.loads(v) if isinstance(v, str) else v
+
                 return done, {"start": js(start), "end": js(end), "instant": js(c.metadata.get("instant") or "{}")}
         return done, None
 

@@ -476,6 +476,10 @@ def _sample_filter(table: str, k: int):
     return lambda batch: pc.equal(pc.remainder(batch.column(column), k), 0)
 
 
+def _cdemo_filter(referenced: pa.Array):
+    return lambda batch: pc.is_in(batch.column("cd_demo_sk"), referenced)
+
+
 def _referenced_cdemo(out_dir: Path, k: int) -> pa.Array:
     """The ``cd_demo_sk`` values the sampled fact rows and the customers reference."""
     seen: list[pa.Array] = []
@@ -544,7 +548,6 @@ def generate(
             if sample is not None and sample > 1 and t in SAMPLE_KEYS:
                 keep = _sample_filter(t, sample)
             elif sample is not None and sample > 1 and t == "customer_demographics":
-                referenced = _referenced_cdemo(out_dir, sample)
-                keep = lambda batch: pc.is_in(batch.column("cd_demo_sk"), referenced)  # noqa: E731
+                keep = _cdemo_filter(_referenced_cdemo(out_dir, sample))
             counts[t] = _write_delta(table_path(root, t), t, _batches(_parquet_files(out_dir, t), t, keep))
     return counts

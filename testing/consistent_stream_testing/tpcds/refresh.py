@@ -423,11 +423,12 @@ def _inventory(c: _Committer, rnd: random.Random, fraction: float) -> None:
     base = _sample_rows(rnd, inv, n)
     later = pa.array([rnd.randint(1, 6) for _ in range(base.num_rows)], pa.int64())
     fresh = base.set_column(0, "inv_date_sk", _shift(base.column("inv_date_sk"), later))
-    fresh = fresh.set_column(3, "inv_quantity_on_hand", _donors(rnd, inv, fresh.num_rows).column("inv_quantity_on_hand"))
+    fresh = fresh.set_column(3, "inv_quantity_on_hand",
+                             _donors(rnd, inv, fresh.num_rows).column("inv_quantity_on_hand"))
     fresh = _key_not_in(fresh, keys, inv)
     # two copies may land on one key: keep the first
     seen, keep = set(), []
-    for i, key in enumerate(zip(*(fresh.column(k).to_pylist() for k in keys))):
+    for key in zip(*(fresh.column(k).to_pylist() for k in keys)):
         keep.append(key not in seen)
         seen.add(key)
     c.insert("inventory", fresh.filter(pa.array(keep)))

@@ -68,7 +68,7 @@ class Extents:
         """``(topic, partition)`` -> the first offset of a record there of the transactions
         whose entries start at entry ``e``; partitions none of them has records in are left out."""
         low = np.full(len(self.partitions), np.iinfo(np.int64).max, np.int64)
-        for (i, part), (_, first) in zip(self.part.blocks(e), self.first.blocks(e)):
+        for (_, part), (_, first) in zip(self.part.blocks(e), self.first.blocks(e)):
             np.minimum.at(low, part, first)
         return {tp: int(low[i]) for i, tp in enumerate(self.partitions) if low[i] != np.iinfo(np.int64).max}
 
