@@ -156,3 +156,33 @@ def test_the_compiler_imports_no_engine_and_no_io():
             if target and _unit(target) == "sources" and target.split(".")[1:2] not in (["spec"], ["SourceSpec"]):
                 bad.append(f"{os.path.relpath(path, ROOT)}:{line} imports {target} (only sources.spec's SourceSpec)")
     assert not bad, "\n".join(bad)
+
+
+# the extras a user installs only for the feature that needs them (setup.py's extras_require)
+OPTIONAL = {"confluent_kafka": "kafka", "matplotlib": "plot"}
+
+
+def test_the_engine_needs_no_test_tooling_and_imports_its_extras_only_where_used():
+    """The engine never imports the test tooling (``consistent_stream_testing``, outside the
+    wheel), and imports an optional extra's package only inside the function that needs it, so
+    ``import consistent_stream`` and every feature but that one work without the extra."""
+    bad = []
+    for path in sorted(_modules().values()):
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Import):
+                tops = [a.name.split(".")[0] for a in n.names]
+            elif isinstance(n, ast.ImportFrom) and not n.level and n.module:
+                tops = [n.module.split(".")[0]]
+            else:
+                continue
+            where = f"{os.path.relpath(path, ROOT)}:{n.lineno}"
+            if "consistent_stream_testing" in tops:
+                bad.append(f"{where} imports the test tooling (consistent_stream_testing)")
+            module_level = n in tree.body or any(n in getattr(s, "body", ()) for s in tree.body
+                                                 if isinstance(s, (ast.If, ast.Try)))
+            for top in tops:
+                if top in OPTIONAL and module_level:
+                    bad.append(f"{where} imports {top} at module level (the [{OPTIONAL[top]}] extra)")
+    assert not bad, "\n".join(bad)
