@@ -1,6 +1,6 @@
 """The 22 TPC-H queries as the specification writes them (``models/tpch``: ORDER BY and LIMIT,
 comma joins in the specification's FROM order, OR-ed join conditions, subqueries in HAVING),
-each a consistent_stream model, maintained through three refresh rounds: after the first build
+each a consistent_stream model, maintained through five refresh rounds: after the first build
 and after every round, every committed version equals Spark's and DuckDB's answer to the same
 SQL at its recorded cut (rows tied at a LIMIT's boundary compared by their ORDER BY values).
 
@@ -22,7 +22,7 @@ from consistent_stream_testing.tpch.generate import SCHEMAS, generate
 from consistent_stream_testing.tpch.refresh import refresh_round, update_dimensions
 from helpers import REPO, assert_target_equals_batch_evaluation, job_for, render_model, tpch_sources
 
-ROUNDS = 3
+ROUNDS = 5
 MODELS = sorted((REPO / "models" / "tpch" / "models").glob("q*.sql"))
 
 
