@@ -72,6 +72,10 @@ SHAPES = {
                                                  "and a.x >= s.m and a.g = 'p'",
     "cross_join": "select a.id, c.z, a.x from src.a a cross join src.c c where a.k = 1",
     "reordered_comma_joins": "select a.id, c.z, b.y from src.a a, src.c c, src.b b where a.k = b.k and b.y = c.k",
+    "comoments": "select g, covar_pop(x, seq) as cp, covar_samp(amt, r) as cs, "
+                 "corr(x + id / 1000.0, seq - id / 7.0) as c, covar_pop(r, x) filter (where k > 0) as cpk "
+                 "from src.a group by g having count(*) > 0",
+    "global_comoments": "select corr(seq + id / 100.0, id) as c, covar_samp(x, r) as cs, count(*) as n from src.a",
     "global_moments_limit": "select stddev(x) as sd, var_pop(amt) as v, count(*) as n from src.a limit 5",
 }
 

@@ -39,7 +39,9 @@ def rewrite_relations(sql: str, mapping: dict[tuple[str, ...], str], dialect: st
     the rows whose array is NULL or empty; for DuckDB such an ``a`` is ``[NULL]`` instead,
     which keeps them once with a NULL, as Spark's OUTER does. Spark's ``max_by``/``min_by``
 take a row whose value is NULL (its result is then NULL); DuckDB's ``arg_max``/``arg_min``
-skip those rows, so for DuckDB they are ``arg_max_null``/``arg_min_null``."""
+skip those rows, so for DuckDB they are ``arg_max_null``/``arg_min_null``. Spark's ``corr``
+of one pair of values is NULL, DuckDB's NaN: for DuckDB it is NULL below two pairs
+(``regr_count``)."""
     ast = sqlglot.parse_one(sql, read="spark")
 
     def fn(n):
@@ -56,6 +58,16 @@ skip those rows, so for DuckDB they are ``arg_max_null``/``arg_min_null``."""
         if dialect == "duckdb" and isinstance(n, (exp.ArgMax, exp.ArgMin)) and not n.args.get("count"):
             name = "arg_max_null" if isinstance(n, exp.ArgMax) else "arg_min_null"
             return exp.Anonymous(this=name, expressions=[n.this.copy(), n.expression.copy()])
+        if dialect == "duckdb" and (isinstance(n, exp.Corr) or isinstance(n, exp.Filter)
+                                    and isinstance(n.this, exp.Corr)):
+            corr = n.this if isinstance(n, exp.Filter) else n
+
+            def call(name: str, *args) -> exp.Expression:
+                f = exp.Anonymous(this=name, expressions=[a.copy() for a in args])
+                return exp.Filter(this=f, expression=n.expression.copy()) if isinstance(n, exp.Filter) else f
+            return exp.Case(ifs=[exp.If(this=exp.LT(this=call("regr_count", corr.expression, corr.this),
+                                                    expression=exp.Literal.number(2)), true=exp.Null())],
+                            default=call("corr", corr.this, corr.expression))
         if isinstance(n, exp.Table):
             parts = tuple(p.name.lower() for p in n.parts)
             if parts in mapping:

@@ -1,5 +1,6 @@
 """GROUP BY aggregation under retractions: SUM, COUNT, COUNT(*), AVG, the variances and
-standard deviations (VAR_SAMP, VAR_POP, STDDEV_SAMP, STDDEV_POP), MIN, MAX, PERCENTILE,
+standard deviations (VAR_SAMP, VAR_POP, STDDEV_SAMP, STDDEV_POP), the covariances and the
+correlation (COVAR_POP, COVAR_SAMP, CORR), MIN, MAX, PERCENTILE,
 PERCENTILE_DISC, COLLECT_LIST, COLLECT_SET and the DISTINCT forms COUNT/SUM/AVG(DISTINCT x).
 
 State (two kinds of arrangement, both additive, keyed by the group columns):
@@ -16,7 +17,10 @@ State (two kinds of arrangement, both additive, keyed by the group columns):
   (:func:`~consistent_stream.fsum.bucket_sql`), then per group. A variance's argument has
   its own ``<op>__m<i>`` accumulators over the value as DOUBLE: the compensated sum, the
   compensated sum of squares (each square an exact pair) and the non-finite counts
-  (:func:`_moment_sql`).
+  (:func:`_moment_sql`). A co-moment aggregate's argument (the struct of its two DOUBLEs) has
+  ``<op>__c<i>`` accumulators over the rows where both are non-NULL: their count, the
+  compensated sums of x, y, x*x, y*y and x*y (each product an exact pair) and the count of
+  rows with a value that is not finite (:func:`_comoment_sql`).
 * ``vals<i>`` for each MIN/MAX/PERCENTILE/COLLECT/DISTINCT argument: the multiset of (group, value) with counts
   (``__weight``), consolidated per batch, so that when the current extreme is retracted the
   next one is known (Flink's MinWithRetract / MaxWithRetract accumulators, kept as a Z-set
@@ -48,7 +52,7 @@ from pyspark.sql.types import DataType, DecimalType, DoubleType, FloatType, Stri
 
 from ..changelog import WEIGHT, Changelog, cols_sql, consolidate_sql, q
 from ..fsum import ZERO, bucket_sql, finite_sql, nonfinite_counts_sql, pair_sum_sql, two_product_sql, value_sql
-from ..plan.logical import LINEAR_AGGS, MOMENT_AGGS, MULTISET_AGGS, AggCall
+from ..plan.logical import COMOMENT_AGGS, LINEAR_AGGS, MOMENT_AGGS, MULTISET_AGGS, AggCall
 from .keyed import Lookup, key_condition, union_keys
 
 _MULTISET_FN = {"min": "MIN", "max": "MAX", "count_distinct": "COUNT", "sum_distinct": "SUM", "avg_distinct": "AVG"}
@@ -121,11 +125,13 @@ class _Accumulators:
     lo_col: dict[str, str]
     nonfinite: dict[str, tuple[str, str, str]]
     moments: dict[str, tuple[str, ...]]
+    comoments: dict[str, tuple[str, ...]]
 
     @property
     def pairs(self) -> tuple[tuple[str, str], ...]:
         return (tuple((self.s_col[x], lo) for x, lo in self.lo_col.items())
-                + tuple(p for m in self.moments.values() for p in (m[0:2], m[2:4])))
+                + tuple(p for m in self.moments.values() for p in (m[0:2], m[2:4]))
+                + tuple(c[i:i + 2] for c in self.comoments.values() for i in range(0, 10, 2)))
 
     def sum_sql(self, column: str) -> str:
         """The aggregate expression combining ``column``'s partial accumulators of a group."""
@@ -144,6 +150,11 @@ class _Accumulators:
 
 def _floating(t: DataType) -> bool:
     return isinstance(t, (DoubleType, FloatType))
+
+
+def _both_present(x: str) -> str:
+    """SQL: both fields of a co-moment aggregate's argument struct ``x`` are non-NULL."""
+    return f"{q(x)}.x IS NOT NULL AND {q(x)}.y IS NOT NULL"
 
 
 def _accumulators(spec: AggregateSpec, linear: list[AggCall]) -> _Accumulators:
@@ -168,7 +179,9 @@ def _accumulators(spec: AggregateSpec, linear: list[AggCall]) -> _Accumulators:
             else:
                 exprs.append(f"SUM({q(x)} * {W}) AS {q(s_col[x])}")
                 value_cols.append(s_col[x])
-        exprs.append(f"CAST(SUM(CASE WHEN {q(x)} IS NOT NULL THEN {W} ELSE 0 END) AS BIGINT) AS {q(n_col[x])}")
+        present = _both_present(x) if any(a.func in COMOMENT_AGGS and spec.args[a.name] == x for a in linear) \
+            else f"{q(x)} IS NOT NULL"
+        exprs.append(f"CAST(SUM(CASE WHEN {present} THEN {W} ELSE 0 END) AS BIGINT) AS {q(n_col[x])}")
         value_cols.append(n_col[x])
     moments = {}
     for i, x in enumerate(linear_args):
@@ -182,7 +195,27 @@ def _accumulators(spec: AggregateSpec, linear: list[AggCall]) -> _Accumulators:
             sums = pair_sum_sql(f"{finite_sql(v)} * {W}") + pair_sum_sql(f"{sq} * {W}", f"{sq_err} * {W}")
             exprs += [f"{e} AS {q(c)}" for e, c in zip(sums + nonfinite_counts_sql(v, W), moments[x])]
             value_cols += list(moments[x])
-    return _Accumulators(count, s_col, n_col, exprs, value_cols, lo_col, nonfinite, moments)
+    comoments = {}
+    for i, x in enumerate(linear_args):
+        if any(a.func in COMOMENT_AGGS and spec.args[a.name] == x for a in linear):
+            # over the rows where both arguments are non-NULL (Spark skips the others): the sums
+            # of x, y, x*x, y*y and x*y (each product an exact pair), then the weight of the
+            # rows with a value that is not finite; n counts those rows
+            c = f"{spec.op_id}__c{i}"
+            comoments[x] = tuple(f"{c}_{p}{lo}" for p in ("x", "y", "xx", "yy", "xy") for lo in ("", "_lo")) \
+                + (f"{c}_nonfinite",)
+            both = _both_present(x)
+            vx, vy = (f"CASE WHEN {both} THEN {finite_sql(f'{q(x)}.{f}')} END" for f in ("x", "y"))
+            sums = pair_sum_sql(f"{vx} * {W}") + pair_sum_sql(f"{vy} * {W}")
+            for a, b in ((vx, vx), (vy, vy), (vx, vy)):
+                p, e = two_product_sql(a, b)
+                sums += pair_sum_sql(f"{p} * {W}", f"{e} * {W}")
+            bad = f"({both}) AND NOT (abs({q(x)}.x) < CAST('Infinity' AS DOUBLE) AND abs({q(x)}.y) < " \
+                  f"CAST('Infinity' AS DOUBLE))"
+            sums += (f"CAST(SUM(CASE WHEN {bad} THEN {W} ELSE 0 END) AS BIGINT)",)
+            exprs += [f"{e} AS {q(c)}" for e, c in zip(sums, comoments[x])]
+            value_cols += list(comoments[x])
+    return _Accumulators(count, s_col, n_col, exprs, value_cols, lo_col, nonfinite, moments, comoments)
 
 
 def _moment_sql(func: str, n: str, m: list[str]) -> str:
@@ -203,6 +236,38 @@ def _moment_sql(func: str, n: str, m: list[str]) -> str:
     value = f"SQRT({var})" if func.startswith("stddev") else var
     return (f"CASE WHEN {n} = 0{f' OR {n} = 1' if sample else ''} THEN CAST(NULL AS DOUBLE) "
             f"WHEN {pinf} <> 0 OR {ninf} <> 0 OR {nan} <> 0 THEN CAST('NaN' AS DOUBLE) ELSE {value} END")
+
+
+def _comoment_sql(func: str, n: str, c: list[str]) -> str:
+    """COVAR_POP, COVAR_SAMP or CORR (``func``) of a group from its count ``n`` of rows where
+    both arguments are non-NULL and its co-moment accumulators ``c`` (the sums of x, y, x*x,
+    y*y and x*y as pairs, then the count of rows with a value that is not finite):
+    ``n * C = n * Sxy - Sx * Sy`` and ``n * Mx = n * Sxx - Sx**2`` (likewise for y), each
+    product an exact pair (:func:`~consistent_stream.fsum.two_product_sql`) as in
+    :func:`_moment_sql`; the covariance is ``n * C / (n * n)`` or ``/ (n * (n - 1))``, the
+    correlation ``n * C / SQRT(n * Mx * n * My)``. As Spark's own (Spark's Covariance and Corr):
+    NULL for no rows, and for one row in COVAR_SAMP and CORR; NaN when a value is not finite;
+    CORR of a group where x or y does not vary divides by zero, which raises
+    ``[DIVIDE_BY_ZERO]`` under ANSI mode (Spark's default) and is NULL without it, in the
+    batch as in Spark's CORR."""
+    sx, sx_lo, sy, sy_lo, sxx, sxx_lo, syy, syy_lo, sxy, sxy_lo, bad = c
+    nd = f"CAST({n} AS DOUBLE)"
+
+    def centred(s2: str, s2_lo: str, a: str, a_lo: str, b: str, b_lo: str) -> str:
+        # n * S2 - Sa * Sb, the products exact pairs and the low parts' first-order terms added
+        p1, e1 = two_product_sql(nd, s2)
+        p2, e2 = two_product_sql(a, b)
+        return f"(({p1} - {p2}) + (({e1} + {nd} * {s2_lo}) - ({e2} + {a} * {b_lo} + {b} * {a_lo})))"
+    nc = centred(sxy, sxy_lo, sx, sx_lo, sy, sy_lo)
+    if func == "corr":
+        nmx = f"GREATEST({centred(sxx, sxx_lo, sx, sx_lo, sx, sx_lo)}, {ZERO})"
+        nmy = f"GREATEST({centred(syy, syy_lo, sy, sy_lo, sy, sy_lo)}, {ZERO})"
+        value = f"{nc} / SQRT({nmx} * {nmy})"
+    else:
+        value = f"{nc} / ({nd} * ({nd} - 1))" if func == "covar_samp" else f"{nc} / ({nd} * {nd})"
+    few = f"{n} = 0" if func == "covar_pop" else f"{n} = 0 OR {n} = 1"
+    return (f"CASE WHEN {few} THEN CAST(NULL AS DOUBLE) WHEN {bad} <> 0 THEN CAST('NaN' AS DOUBLE) "
+            f"ELSE {value} END")
 
 
 def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState, first: bool,
@@ -365,6 +430,9 @@ def _rows(spec: AggregateSpec, acc: _Accumulators, acc_rel: str, exts: dict[str,
             elif a.func in MOMENT_AGGS:
                 m = [f"COALESCE(acc.{q(c)}, 0)" for c in acc.moments[x]]
                 cols.append(f"{_moment_sql(a.func, n, m)} AS {q(a.name)}")
+            elif a.func in COMOMENT_AGGS:
+                c = [f"COALESCE(acc.{q(c)}, 0)" for c in acc.comoments[x]]
+                cols.append(f"{_comoment_sql(a.func, n, c)} AS {q(a.name)}")
             elif a.func == "sum":
                 cols.append(f"CASE WHEN {n} > 0 THEN {_sum_sql(acc.value_sql('acc', x), spec.arg_types[x])} END "
                             f"AS {q(a.name)}")

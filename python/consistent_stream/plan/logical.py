@@ -155,6 +155,10 @@ class Expand(Node):
 
 MOMENT_AGGS = ("var_samp", "var_pop", "stddev_samp", "stddev_pop")
 """Aggregates computed from the first two moments (count, sum, sum of squares)."""
+COMOMENT_AGGS = ("covar_pop", "covar_samp", "corr")
+"""Aggregates of two arguments computed from their co-moments (the count of rows where both
+are non-NULL, the sums of each, of their squares and of their products); their ``arg`` is
+``named_struct('x', CAST(x AS DOUBLE), 'y', CAST(y AS DOUBLE))``."""
 @dataclass(eq=False)
 class Generate(Node):
     """Spark's Generate (``LATERAL VIEW [OUTER] explode(..) g AS c``): each input row followed
@@ -172,7 +176,7 @@ class Generate(Node):
         return [self.child]
 
 
-LINEAR_AGGS = ("sum", "count", "avg") + MOMENT_AGGS
+LINEAR_AGGS = ("sum", "count", "avg") + MOMENT_AGGS + COMOMENT_AGGS
 """Aggregates computed from linear accumulators (sums of weighted values, of their squares)."""
 MULTISET_AGGS = ("min", "max", "count_distinct", "sum_distinct", "avg_distinct", "percentile", "collect_list",
                  "collect_set", "percentile_disc", "percentile_disc_desc")
@@ -185,7 +189,7 @@ class AggCall:
     over ``arg`` (Spark SQL; a FILTER clause is already folded into it as a CASE);
     ``param``: the fraction of ``percentile`` and ``percentile_disc`` (a numeric literal;
     ``percentile_disc_desc`` is ``PERCENTILE_DISC(p) WITHIN GROUP (ORDER BY arg DESC)``),
-    else None."""
+    else None. The two arguments of a :data:`COMOMENT_AGGS` aggregate are one struct ``arg``."""
     name: str
     func: str
     arg: str | None

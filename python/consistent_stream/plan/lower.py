@@ -43,7 +43,7 @@ from .generators import plan_generate, select_list_generators
 from .grouping import GroupingSets, grouping_call, grouping_sets, plan_expand
 from .joins import plan_from_clause
 from .keys import unique_keys
-from .logical import Aggregate, AggCall, Filter, Node, Project, Scan
+from .logical import COMOMENT_AGGS, Aggregate, AggCall, Filter, Node, Project, Scan
 from .parse import AGGREGATES, err, no_rule
 from .recompute import check_block, plan_recompute
 from .scope import Lowering, Rel, output_names, with_ctes
@@ -309,6 +309,12 @@ def plan_aggregate(lw: Lowering, child: Node, scope: dict[tuple[str, str], str],
                 func, arg_sql = ("count", f"CASE WHEN {cond} THEN 1 END") if cond else ("count_star", None)
             else:
                 arg_sql = translate(arg, scope, lw.sql)
+                if func in COMOMENT_AGGS:
+                    if is_distinct:
+                        raise no_rule(f"{func.upper()}(DISTINCT ..)", "DISTINCT has a delta rule in aggregates "
+                                      "of one argument", a, lw.sql)
+                    arg_sql = (f"named_struct('x', CAST({arg_sql} AS DOUBLE), "
+                               f"'y', CAST({translate(a.expression, scope, lw.sql)} AS DOUBLE))")
                 if cond:
                     arg_sql = f"CASE WHEN {cond} THEN {arg_sql} END"
                 if is_distinct and func in ("count", "sum", "avg"):

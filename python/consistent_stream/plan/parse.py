@@ -44,7 +44,8 @@ AGGREGATES: dict[type, str] = {exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", e
                                exp.Stddev: "stddev_samp", exp.StddevSamp: "stddev_samp",
                                exp.StddevPop: "stddev_pop", exp.Variance: "var_samp", exp.VariancePop: "var_pop",
                                exp.Quantile: "percentile", exp.ArrayAgg: "collect_list",
-                               exp.ArrayUniqueAgg: "collect_set", exp.PercentileDisc: "percentile_disc"}
+                               exp.ArrayUniqueAgg: "collect_set", exp.PercentileDisc: "percentile_disc",
+                               exp.CovarPop: "covar_pop", exp.CovarSamp: "covar_samp", exp.Corr: "corr"}
 """The supported aggregate functions and their names in :class:`~.logical.AggCall`."""
 
 # constructs with no meaning at a cut: rejected anywhere in the query

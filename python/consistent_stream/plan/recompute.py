@@ -68,7 +68,8 @@ def check_block(sel: exp.Expression, sql: str) -> None:
                 name = node.sql(dialect="spark").split("(")[0]   # as Spark names it: MAX_BY, not ARG_MAX
                 raise no_rule(f"aggregate {name.upper()}", "the aggregates with delta rules are SUM, COUNT, "
                               "COUNT(*), AVG, MIN, MAX (also with DISTINCT and FILTER), STDDEV, "
-                              "STDDEV_SAMP, STDDEV_POP, VARIANCE, VAR_SAMP, VAR_POP, PERCENTILE, MEDIAN, "
+                              "STDDEV_SAMP, STDDEV_POP, VARIANCE, VAR_SAMP, VAR_POP, COVAR_POP, COVAR_SAMP, CORR, "
+                              "PERCENTILE, MEDIAN, "
                               "PERCENTILE_CONT, PERCENTILE_DISC, COUNT_IF, BOOL_AND, BOOL_OR, MAX_BY, MIN_BY, "
                               "COLLECT_LIST, COLLECT_SET", node, sql)
             d = node.this
