@@ -165,6 +165,7 @@ def _accumulators(spec: AggregateSpec, linear: list[AggCall]) -> _Accumulators:
     exprs = [f"CAST(SUM({W}) AS BIGINT) AS {q(count)}"]
     value_cols = [count]
     lo_col, nonfinite = {}, {}
+    comoment_args = {spec.args[a.name] for a in linear if a.func in COMOMENT_AGGS}
     for x in linear_args:
         if any(a.func in ("sum", "avg") and spec.args[a.name] == x for a in linear):
             if _floating(spec.arg_types[x]) or isinstance(spec.arg_types[x], StringType):
@@ -179,8 +180,7 @@ def _accumulators(spec: AggregateSpec, linear: list[AggCall]) -> _Accumulators:
             else:
                 exprs.append(f"SUM({q(x)} * {W}) AS {q(s_col[x])}")
                 value_cols.append(s_col[x])
-        present = _both_present(x) if any(a.func in COMOMENT_AGGS and spec.args[a.name] == x for a in linear) \
-            else f"{q(x)} IS NOT NULL"
+        present = _both_present(x) if x in comoment_args else f"{q(x)} IS NOT NULL"
         exprs.append(f"CAST(SUM(CASE WHEN {present} THEN {W} ELSE 0 END) AS BIGINT) AS {q(n_col[x])}")
         value_cols.append(n_col[x])
     moments = {}
@@ -197,7 +197,7 @@ def _accumulators(spec: AggregateSpec, linear: list[AggCall]) -> _Accumulators:
             value_cols += list(moments[x])
     comoments = {}
     for i, x in enumerate(linear_args):
-        if any(a.func in COMOMENT_AGGS and spec.args[a.name] == x for a in linear):
+        if x in comoment_args:
             # over the rows where both arguments are non-NULL (Spark skips the others): the sums
             # of x, y, x*x, y*y and x*y (each product an exact pair), then the weight of the
             # rows with a value that is not finite; n counts those rows
@@ -205,13 +205,13 @@ def _accumulators(spec: AggregateSpec, linear: list[AggCall]) -> _Accumulators:
             comoments[x] = tuple(f"{c}_{p}{lo}" for p in ("x", "y", "xx", "yy", "xy") for lo in ("", "_lo")) \
                 + (f"{c}_nonfinite",)
             both = _both_present(x)
-            vx, vy = (f"CASE WHEN {both} THEN {finite_sql(f'{q(x)}.{f}')} END" for f in ("x", "y"))
+            fx, fy = (finite_sql(f"{q(x)}.{f}") for f in ("x", "y"))
+            vx, vy = (f"CASE WHEN {both} THEN {v} END" for v in (fx, fy))
             sums = pair_sum_sql(f"{vx} * {W}") + pair_sum_sql(f"{vy} * {W}")
             for a, b in ((vx, vx), (vy, vy), (vx, vy)):
                 p, e = two_product_sql(a, b)
                 sums += pair_sum_sql(f"{p} * {W}", f"{e} * {W}")
-            bad = f"({both}) AND NOT (abs({q(x)}.x) < CAST('Infinity' AS DOUBLE) AND abs({q(x)}.y) < " \
-                  f"CAST('Infinity' AS DOUBLE))"
+            bad = f"({both}) AND ({fx} IS NULL OR {fy} IS NULL)"
             sums += (f"CAST(SUM(CASE WHEN {bad} THEN {W} ELSE 0 END) AS BIGINT)",)
             exprs += [f"{e} AS {q(c)}" for e, c in zip(sums, comoments[x])]
             value_cols += list(comoments[x])

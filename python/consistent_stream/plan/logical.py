@@ -159,6 +159,8 @@ COMOMENT_AGGS = ("covar_pop", "covar_samp", "corr")
 """Aggregates of two arguments computed from their co-moments (the count of rows where both
 are non-NULL, the sums of each, of their squares and of their products); their ``arg`` is
 ``named_struct('x', CAST(x AS DOUBLE), 'y', CAST(y AS DOUBLE))``."""
+
+
 @dataclass(eq=False)
 class Generate(Node):
     """Spark's Generate (``LATERAL VIEW [OUTER] explode(..) g AS c``): each input row followed
