@@ -218,6 +218,17 @@ def _accumulators(spec: AggregateSpec, linear: list[AggCall]) -> _Accumulators:
     return _Accumulators(count, s_col, n_col, exprs, value_cols, lo_col, nonfinite, moments, comoments)
 
 
+def _centred_sql(nd: str, s2: str, s2_lo: str, a: str, a_lo: str, b: str, b_lo: str) -> str:
+    """SQL: ``n * S2 - Sa * Sb`` (``nd`` the count as DOUBLE; ``S2``, ``Sa``, ``Sb`` compensated
+    sums as hi/lo pairs), both products exact pairs (:func:`~consistent_stream.fsum.two_product_sql`)
+    so their cancellation is exact (Sterbenz), the low parts' first-order terms added: ``n``
+    times the centred second moment (``Sa = Sb``) or co-moment of a group."""
+    p1, e1 = two_product_sql(nd, s2)
+    p2, e2 = two_product_sql(a, b)
+    cross = f"2 * {a} * {a_lo}" if (a, a_lo) == (b, b_lo) else f"{a} * {b_lo} + {b} * {a_lo}"
+    return f"(({p1} - {p2}) + (({e1} + {nd} * {s2_lo}) - ({e2} + {cross})))"
+
+
 def _moment_sql(func: str, n: str, m: list[str]) -> str:
     """VAR_SAMP, VAR_POP, STDDEV_SAMP or STDDEV_POP (``func``) of a group from its count of
     non-NULL values ``n`` and its moment accumulators ``m`` (sum and sum of squares as pairs,
@@ -228,9 +239,7 @@ def _moment_sql(func: str, n: str, m: list[str]) -> str:
     value is not finite, as Spark's moment updates give."""
     s, s_lo, sq, sq_lo, pinf, ninf, nan = m
     nd = f"CAST({n} AS DOUBLE)"
-    a, a_err = two_product_sql(nd, sq)
-    p, p_err = two_product_sql(s, s)
-    nm2 = f"GREATEST(({a} - {p}) + (({a_err} + {nd} * {sq_lo}) - ({p_err} + 2 * {s} * {s_lo})), {ZERO})"
+    nm2 = f"GREATEST({_centred_sql(nd, sq, sq_lo, s, s_lo, s, s_lo)}, {ZERO})"
     sample = func.endswith("_samp")
     var = f"{nm2} / ({nd} * ({nd} - 1))" if sample else f"{nm2} / ({nd} * {nd})"
     value = f"SQRT({var})" if func.startswith("stddev") else var
@@ -252,16 +261,10 @@ def _comoment_sql(func: str, n: str, c: list[str]) -> str:
     batch as in Spark's CORR."""
     sx, sx_lo, sy, sy_lo, sxx, sxx_lo, syy, syy_lo, sxy, sxy_lo, bad = c
     nd = f"CAST({n} AS DOUBLE)"
-
-    def centred(s2: str, s2_lo: str, a: str, a_lo: str, b: str, b_lo: str) -> str:
-        # n * S2 - Sa * Sb, the products exact pairs and the low parts' first-order terms added
-        p1, e1 = two_product_sql(nd, s2)
-        p2, e2 = two_product_sql(a, b)
-        return f"(({p1} - {p2}) + (({e1} + {nd} * {s2_lo}) - ({e2} + {a} * {b_lo} + {b} * {a_lo})))"
-    nc = centred(sxy, sxy_lo, sx, sx_lo, sy, sy_lo)
+    nc = _centred_sql(nd, sxy, sxy_lo, sx, sx_lo, sy, sy_lo)
     if func == "corr":
-        nmx = f"GREATEST({centred(sxx, sxx_lo, sx, sx_lo, sx, sx_lo)}, {ZERO})"
-        nmy = f"GREATEST({centred(syy, syy_lo, sy, sy_lo, sy, sy_lo)}, {ZERO})"
+        nmx = f"GREATEST({_centred_sql(nd, sxx, sxx_lo, sx, sx_lo, sx, sx_lo)}, {ZERO})"
+        nmy = f"GREATEST({_centred_sql(nd, syy, syy_lo, sy, sy_lo, sy, sy_lo)}, {ZERO})"
         value = f"{nc} / SQRT({nmx} * {nmy})"
     else:
         value = f"{nc} / ({nd} * ({nd} - 1))" if func == "covar_samp" else f"{nc} / ({nd} * {nd})"
