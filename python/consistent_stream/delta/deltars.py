@@ -175,6 +175,15 @@ class DeltaTableRef:
                            columns: list[str] | None = None, spark: SparkSession | None = None) -> pa.Table:
         return self.reader.read_changes_arrow(start_exclusive, end_inclusive, columns, spark)
 
+    def read_log_changes(self, start_exclusive: int, end_inclusive: int, schema: pa.Schema,
+                         partition_columns: list[str], physical: dict[str, str] | None = None,
+                         commits: list | None = None):
+        return self.reader.read_log_changes(start_exclusive, end_inclusive, schema, partition_columns, physical,
+                                            commits)
+
+    def log_commits(self, start_exclusive: int, end_inclusive: int) -> list:
+        return self.reader.log_commits(start_exclusive, end_inclusive)
+
     # ---- commits --------------------------------------------------------------------------------
     def write(self, data: pa.Table, *, mode: str, txn: Txn | None = None,
               metadata: dict[str, Any] | None = None, partition_by: list[str] | None = None,

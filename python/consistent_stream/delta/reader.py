@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -436,6 +438,57 @@ class TableReader:
         reader = QueryBuilder().register("t", dt).execute(f"SELECT {', '.join(dq(c) for c in names)} FROM t")
         schema = plain_schema(pa.schema([pa.schema(dt.schema().to_arrow()).field(c) for c in names]))
         return plain_arrow(pa.table(reader.read_all())).cast(schema)
+
+    def deletion_vectors(self, version: int) -> dict:
+        """The keep masks (numpy bool arrays, True: the row is in the table) of the files that have a deletion
+        vector at ``version``, by path relative to the table (delta-rs'
+        ``DeltaTable.deletion_vectors``). Row ``i`` of a mask is row ``i`` of its Parquet file;
+        rows past a mask's end are kept. Raises SourceError when the version cannot be opened."""
+        dt = self._at(version)
+        root = dt.table_uri.rstrip("/") + "/"
+        out = {}
+        found = pa.RecordBatchReader.from_stream(dt.deletion_vectors()).read_all()
+        masks = found.column(1)
+        for i, uri in enumerate(found.column(0).to_pylist()):
+            rel = uri[len(root):] if uri.startswith(root) else uri.rsplit("/", 1)[-1]
+            out[unquote(rel)] = masks[i].values.to_numpy(zero_copy_only=False)
+        return out
+
+    def log_commits(self, start_exclusive: int, end_inclusive: int) -> list:
+        """The commits of ``(start_exclusive, end_inclusive]`` as their log files hold them
+        (:class:`~.tail.TailCommit`: version, commit time, actions), read all at once. Raises
+        SourceError naming the first version whose commit file is gone (its log cleaned up)."""
+        from .tail import TailCommit
+        versions = list(range(start_exclusive + 1, end_inclusive + 1))
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(versions))), thread_name_prefix="delta-log") as pool:
+            futures = [pool.submit(self.log_actions, v) for v in versions]
+        out = []
+        for v, f in zip(versions, futures):
+            try:
+                actions = tuple(f.result())
+            except FileNotFoundError as e:
+                raise SourceError(f"Delta table {self.path}: the commit file of version {v} is gone (its log was "
+                                  f"cleaned up): {e}. Run with --full-refresh") from e
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            out.append(TailCommit(v, int(info.get("inCommitTimestamp") or info.get("timestamp") or 0), actions))
+        return out
+
+    def read_log_changes(self, start_exclusive: int, end_inclusive: int, schema: pa.Schema,
+                         partition_columns: list[str], physical: dict[str, str] | None = None,
+                         commits: list | None = None):
+        """:func:`.log_changes.changelog` of versions ``(start_exclusive, end_inclusive]``
+        (``commits``: their :meth:`log_commits`, when the caller read them): the change derived
+        from the log, with or without the Change Data Feed, deletion vectors read by
+        :meth:`deletion_vectors`. Raises SourceError naming a file that is gone."""
+        from .log_changes import changelog
+        if commits is None:
+            commits = self.log_commits(start_exclusive, end_inclusive)
+        try:
+            return changelog(self.path, commits, start_exclusive, end_inclusive, schema, partition_columns,
+                             physical=physical, deletion_vectors=self.deletion_vectors)
+        except FileNotFoundError as e:
+            raise SourceError(f"Delta table {self.path}: a data file of versions {start_exclusive + 1}.."
+                              f"{end_inclusive} is gone (VACUUM removed it): {e}. Run with --full-refresh") from e
 
     def read_changes_arrow(self, start_exclusive: int, end_inclusive: int,
                            columns: list[str] | None = None, spark: SparkSession | None = None) -> pa.Table:

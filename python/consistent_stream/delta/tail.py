@@ -20,22 +20,17 @@ by a vector, not by a file), files of a column-mapped table (physical column nam
 gap in the versions (a log cleaned up).
 
 Out of :meth:`LogTail.changes`: the requested columns (named and typed as the caller's Arrow
-schema) plus ``_change_type``, ``_commit_version`` and ``_commit_timestamp``, as delta-rs'
-``load_cdf`` gives them.
+schema) plus ``__weight``, consolidated (:mod:`.log_changes`, which the table's own reads of a
+table without the Change Data Feed share).
 """
 from __future__ import annotations
 
 import json
-import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from .. import location, storage
+from .. import storage
 
 
 @dataclass(frozen=True)
@@ -148,51 +143,9 @@ class LogTail:
             return f"versions {missing[0]}.. are not in the log listing (a gap)"
         return next((r for c in self.range(start, end) if (r := c.unreadable())), None)
 
-    def changes(self, start: int, end: int, schema: pa.Schema, partition_columns: list[str]) -> pa.Table:
-        """The change rows of ``(start, end]`` (module docstring): ``schema``'s columns, then
-        ``_change_type``, ``_commit_version`` and ``_commit_timestamp``. Every file of the
-        range is read whole, all at once. Call only when :meth:`unreadable` is None."""
-        parts = []   # (commit, file path, change type or None for a cdc file, partition values)
-        for c in self.range(start, end):
-            cdc = [a["cdc"] for a in c.actions if "cdc" in a]
-            if cdc:
-                parts += [(c, f["path"], None, f.get("partitionValues") or {}) for f in cdc]
-                continue
-            for a in c.actions:
-                for kind, change in (("add", "insert"), ("remove", "delete")):
-                    f = a.get(kind)
-                    if f is not None and f.get("dataChange", True):
-                        parts.append((c, f["path"], change, f.get("partitionValues") or {}))
-        names = [f.name for f in schema]
-        file_cols = [n for n in names if n not in partition_columns]
-        out_schema = pa.schema(list(schema) + [pa.field("_change_type", pa.string()),
-                                               pa.field("_commit_version", pa.int64()),
-                                               pa.field("_commit_timestamp", pa.timestamp("ms"))])
-        if not parts:
-            return out_schema.empty_table()
-
-        def read(part) -> pa.Table:
-            c, rel, change, values = part
-            data = pq.read_table(pa.BufferReader(storage.read_bytes(self._file(rel))),
-                                 columns=file_cols + (["_change_type"] if change is None else []))
-            n = data.num_rows
-            cols = {}
-            for f in schema:
-                if f.name in partition_columns:
-                    cols[f.name] = pc.cast(pa.array([values.get(f.name)] * n, pa.string()), f.type)
-                else:
-                    cols[f.name] = data.column(f.name).cast(f.type)
-            cols["_change_type"] = data.column("_change_type") if change is None else pa.array([change] * n,
-                                                                                                 pa.string())
-            cols["_commit_version"] = pa.array([c.version] * n, pa.int64())
-            cols["_commit_timestamp"] = pa.array([c.timestamp_ms] * n, pa.timestamp("ms"))
-            return pa.table(cols, schema=out_schema)
-
-        with ThreadPoolExecutor(max_workers=min(16, len(parts)), thread_name_prefix="delta-tail") as pool:
-            return pa.concat_tables(list(pool.map(read, parts)))
-
-    def _file(self, rel: str) -> str:
-        rel = unquote(rel)
-        if location.is_remote(self.path):
-            return f"{self.path.rstrip('/')}/{rel}"
-        return os.path.join(self.path, rel)
+    def changes(self, start: int, end: int, schema: pa.Schema, partition_columns: list[str]):
+        """The changelog of ``(start, end]`` (:func:`.log_changes.changelog`, the module
+        docstring): ``schema``'s columns plus ``__weight``, consolidated, as a
+        :class:`~.log_changes.LogChanges`. Call only when :meth:`unreadable` is None."""
+        from .log_changes import changelog
+        return changelog(self.path, self.range(start, end), start, end, schema, partition_columns)

@@ -1,15 +1,18 @@
-"""Delta Change Data Feed as a changelog (``format: delta``).
+"""A Delta table as a changelog (``format: delta``), with or without the Change Data Feed.
 
 Between two cut positions ``(start, end]`` of one source table (positions are Delta versions):
 
 * ``start == -1`` (first batch, a rebuild): the snapshot at ``end``, every row +1, read by
   Spark's executors (or, for a rebuild small enough to run on the driver, by delta-rs);
 * ``start == end``: the empty changelog (no read at all);
-* otherwise: the Change Data Feed of versions ``start+1 .. end``, read on the driver
-  (change-sized) and mapped to weights insert/update_postimage -> +1,
-  delete/update_preimage -> -1 (not consolidated here: linear operators do not need it, and
-  stateful operators consolidate their inputs, after projection, where an update of an
-  unused column cancels out).
+* otherwise, read on the driver (change-sized): when the Change Data Feed was on for every
+  commit of the range, the feed of versions ``start+1 .. end`` mapped to weights
+  insert/update_postimage -> +1, delete/update_preimage -> -1 (not consolidated here: linear
+  operators do not need it, and stateful operators consolidate their inputs, after
+  projection, where an update of an unused column cancels out); else the change derived from
+  the log (:mod:`consistent_stream.delta.log_changes`: each commit's Change Data Feed files
+  where it has them, else the rows of the files it added at +1 and removed at -1, less their
+  deletion vectors, consolidated), which costs the files the commits touched, not the table.
 
 Which engine reads each of these is decided per table from its protocol's reader features
 (:class:`~consistent_stream.delta.deltars.ReadPlan`; the run log says which): the version's
@@ -42,6 +45,7 @@ from .. import storage
 from ..changelog import WEIGHT, Changelog, with_weight
 from ..delta import DeltaTableRef
 from ..delta.deltars import FILE_EXACT_FEATURES
+from ..delta.log_changes import UnpairedUpdate
 from ..delta.tail import LogTail
 from ..errors import SourceError
 from .spec import INITIAL, SourceSpec
@@ -67,7 +71,7 @@ log = logging.getLogger("consistent_stream")
 
 
 class DeltaSource:
-    """A Delta table with the Change Data Feed on, read through one handle per run. Each
+    """A Delta table, with or without the Change Data Feed, read through one handle per run. Each
     table is its own clock (its versions), and a backlog may end a batch at any version."""
     splits_backlog = True
 
@@ -78,6 +82,7 @@ class DeltaSource:
         self._plan = None   # the table's ReadPlan, once its protocol's reader features were checked
         self._tail: LogTail | None = None   # the log after the cut, read without opening the table (resume)
         self._hint: dict | None = None      # what the run before knew of the table at that cut
+        self._said_log = False              # the run log said the table is read from its log
 
     # ---- going on from a cut without opening the table -------------------------------------
     def resume(self, cut_offsets: dict, position: int) -> bool:
@@ -131,7 +136,7 @@ class DeltaSource:
             if storage.is_dir(self.spec.location):
                 raise SourceError(f"source {self.spec.key}: {self.spec.location} is not a Delta table (it has no "
                                   f"_delta_log directory; plain Parquet or other files are not a changelog). Point "
-                                  f"{where} at the root of a Delta table with the Change Data Feed on")
+                                  f"{where} at the root of a Delta table")
             raise SourceError(f"source {self.spec.key}: no Delta table at {self.spec.location} ({where}). Restore "
                               f"the table there or fix the location; nothing was read or written")
         if self._plan is None:
@@ -179,9 +184,10 @@ class DeltaSource:
         return f"the Delta table {self.spec.location} has no version"
 
     def latest_position(self) -> int:
-        """The table's latest version. Raises SourceError when the table is missing, its
-        Change Data Feed is off, or its protocol needs a reader feature that cannot be read
-        exactly (checked at every run's start, before anything is written)."""
+        """The table's latest version. Raises SourceError when the table is missing or its
+        protocol needs a reader feature that cannot be read exactly (checked at every run's
+        start, before anything is written). A table without the Change Data Feed is read from
+        its log (the run log says so once)."""
         if self._tail is not None:
             try:
                 latest = self._tail.refresh()
@@ -194,12 +200,11 @@ class DeltaSource:
         table = self._require()
         version = table.latest_version()
         self._check_features()   # at the new version too: a feature added later is seen before it is read
-        if not table.change_data_feed_enabled():
-            raise SourceError(
-                f"source {self.spec.key}: the Delta table {self.spec.location} does not have the Change Data Feed "
-                f"on: set its table property delta.enableChangeDataFeed = true (ALTER TABLE ... SET TBLPROPERTIES), "
-                f"then run with --full-refresh (changes made while it was off are not in the feed). Nothing was "
-                f"read or written")
+        if not table.change_data_feed_enabled() and not self._said_log:
+            log.info("source %s (%s): the Change Data Feed is off; each batch's change is derived from the log (the "
+                     "rows of the files its commits added and removed, less their deletion vectors)",
+                     self.spec.key, self.spec.location)
+            self._said_log = True
         return version
 
     def rows(self, position: int) -> int:
@@ -258,13 +263,15 @@ class DeltaSource:
 
     def changes(self, views, start: int, end: int, columns: list[str] | None) -> SourceChanges:
         """The changes in ``(start, end]`` as a driver-side Z-set (a relation among ``views``),
-        across any schema change in them (:meth:`DeltaTableRef.read_changes_arrow`), in the
-        columns as named at ``end``. Raises SourceError when the table is missing or its Change
-        Data Feed is off, gone for those versions, or cannot be read across a schema change in
-        them (naming the commit and the change)."""
+        in the columns as named at ``end``: from the log's tail when the run goes on from its
+        cut; else from the table's Change Data Feed when the feed covers every commit of the
+        range (across any schema change in them, :meth:`DeltaTableRef.read_changes_arrow`);
+        else derived from the log (:mod:`consistent_stream.delta.log_changes`: the files the
+        commits added and removed, less their deletion vectors, consolidated). Raises
+        SourceError when the table is missing, a file or commit of the range is gone, or the
+        feed cannot be read across a schema change in them (naming the commit and the change)."""
         if start == INITIAL:
             raise ValueError("a snapshot is read with snapshot(), not changes()")
-        arrow, zschema = None, None
         tail = self._tail_for(start, end)
         if tail is not None:
             schema = self.schema()
@@ -272,16 +279,28 @@ class DeltaSource:
             if start == end:
                 return SourceChanges(Changelog.empty(views, zschema), 0, None)
             try:
-                arrow = tail.changes(start, end, _plain_arrow(zschema, drop=WEIGHT), self._hint["partition_columns"])
+                found = tail.changes(start, end, _plain_arrow(zschema, drop=WEIGHT), self._hint["partition_columns"])
+            except UnpairedUpdate as e:
+                raise _unpaired(self.spec, e) from e
             except Exception as e:   # a file the tail cannot decode as the schema says: the table's own reader
                 self._drop_tail(f"versions {start + 1}..{end} could not be read from the log's tail ({e})")
-                arrow = None
-        if arrow is None:
-            table = self._require()
-            zschema = _zset_schema(table, None, columns)
-            if start == end:
-                return SourceChanges(Changelog.empty(views, zschema), 0, None)
-            arrow = table.read_changes_arrow(start, end, columns, spark=views.spark)
+            else:
+                return self._logged(views, found, zschema, start, end)
+        table = self._require()
+        zschema = _zset_schema(table, None, columns)
+        if start == end:
+            return SourceChanges(Changelog.empty(views, zschema), 0, None)
+        commits = table.log_commits(start, end)
+        if not _feed_covers(table, commits):
+            schema = self.schema()
+            physical = {f.name: f.metadata[PHYSICAL_NAME] for f in schema.fields if f.metadata.get(PHYSICAL_NAME)}
+            try:
+                found = table.read_log_changes(start, end, _plain_arrow(zschema, drop=WEIGHT),
+                                               table.partition_columns(), physical, commits)
+            except UnpairedUpdate as e:
+                raise _unpaired(self.spec, e) from e
+            return self._logged(views, found, zschema, start, end)
+        arrow = table.read_changes_arrow(start, end, columns, spark=views.spark)
         n = arrow.num_rows
         kinds = arrow.column("_change_type")
         unknown = pc.invert(pc.is_in(kinds, pa.array(list(_SIGN))))
@@ -296,6 +315,50 @@ class DeltaSource:
         keep = [c for c in arrow.column_names if c not in ("_change_type", "_commit_version", "_commit_timestamp")]
         data = arrow.select(keep).append_column(WEIGHT, weight)
         return SourceChanges(Changelog.of_source_change(views, data, schema=zschema), n, commit_ms)
+
+    def _logged(self, views, found, zschema: StructType, start: int, end: int) -> SourceChanges:
+        """A :class:`~consistent_stream.delta.log_changes.LogChanges` as the batch's change,
+        with a run-log line saying how it was read (and that a whole-table rewrite read the
+        table whole)."""
+        if found.whole_table:
+            log.info("source %s (%s): version(s) %s rewrote the table whole (an overwrite or CREATE OR REPLACE): "
+                     "the batch read the whole table, before and after, to find the rows that changed "
+                     "(%d files, %d rows read; %d changed)", self.spec.key, self.spec.location,
+                     ", ".join(map(str, found.whole_table)), found.files_read, found.rows_read, found.data.num_rows)
+        else:
+            log.info("source %s: versions %d..%d read from the log (%s%s): %d files, %d rows read, %d changed",
+                     self.spec.key, start + 1, end,
+                     "Change Data Feed files" if found.used_cdc else "the files the commits added and removed",
+                     ", with deletion vectors" if found.used_deletion_vectors else "",
+                     found.files_read, found.rows_read, found.data.num_rows)
+        return SourceChanges(Changelog.of_source_change(views, found.data, schema=zschema), found.data.num_rows,
+                             found.commit_ms)
+
+
+def _feed_covers(table: DeltaTableRef, commits: list) -> bool:
+    """Whether the table's Change Data Feed reader reads ``commits`` exactly: the feed was on
+    for every one of them (on now, and no commit of the range set the table's properties
+    without it) and none has a deletion vector (delta-rs 1.6.6's ``load_cdf`` reads a removed
+    file whole, its deletion vector ignored: an overwrite of such a file reports rows deleted
+    before as deleted again; the log's reader applies the vectors)."""
+    if not table.change_data_feed_enabled():
+        return False
+    for c in commits:
+        for a in c.actions:
+            conf = (a.get("metaData") or {}).get("configuration")
+            if "metaData" in a and str((conf or {}).get("delta.enableChangeDataFeed", "false")).lower() != "true":
+                return False
+            if any(a.get(kind, {}).get("deletionVector") for kind in ("add", "remove", "cdc")):
+                return False
+    return True
+
+
+def _unpaired(source: SourceSpec, e: UnpairedUpdate) -> SourceError:
+    return SourceError(
+        f"{source.location}: the Change Data Feed of version {e.version} has {e.pre} update_preimage rows but "
+        f"{e.post} update_postimage rows, so it does not describe the update (a writer bug; delta-rs 1.6.6 drops "
+        f"the postimages of rows updated to equal another row). Nothing was read; rewrite the source table with "
+        f"a primary key, then run with --full-refresh")
 
 
 def _with_weight_field(schema: StructType) -> StructType:
@@ -338,10 +401,5 @@ def _check_update_pairs(source: SourceSpec, arrow: pa.Table) -> None:
                        "post": pc.cast(is_post, pa.int64())}).group_by("v").aggregate([("pre", "sum"), ("post", "sum")])
     bad = counts.filter(pc.not_equal(counts.column("pre_sum"), counts.column("post_sum")))
     if bad.num_rows:
-        v = bad.column("v")[0].as_py()
-        raise SourceError(
-            f"{source.location}: the Change Data Feed of version {v} has {bad.column('pre_sum')[0].as_py()} "
-            f"update_preimage rows but {bad.column('post_sum')[0].as_py()} update_postimage rows, so it "
-            f"does not describe the update (a writer bug; delta-rs 1.6.6 drops the postimages of rows "
-            f"updated to equal another row). Nothing was read; rewrite the source table with a "
-            f"primary key, then run with --full-refresh")
+        raise _unpaired(source, UnpairedUpdate(bad.column("v")[0].as_py(), bad.column("pre_sum")[0].as_py(),
+                                               bad.column("post_sum")[0].as_py()))
