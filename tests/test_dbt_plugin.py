@@ -200,9 +200,10 @@ def test_consistent_stream_model_calls_the_engine_with_its_sql_sources_and_confi
     assert "{{" not in call["sql"]
     assert sorted(call["sources"], key=lambda s: s["name"]) == [
         {"source_name": "shop", "name": "customers", "relation": "shop_raw.customers",
-         "meta": {"format": "delta", "location": "data/customers", "primary_key": ["customer_id"]}},
+         "meta": {"format": "delta", "location": "data/customers", "primary_key": ["customer_id"]}, "primary_key": []},
         {"source_name": "shop", "name": "orders", "relation": "shop_raw.orders",
-         "meta": {"format": "delta", "location": "data/shop/orders", "primary_key": ["order_id"]}},
+         "meta": {"format": "delta", "location": "data/shop/orders", "primary_key": ["order_id"]},
+         "primary_key": []},
     ]
     assert call["config"] == {"unique_key": ["customer_id"], "location_root": None, "checkpoint_location": "/tmp/chk",
                               "partition_by": "region", "trigger": "availableNow", "max_batch_rows": 1000,
@@ -254,12 +255,6 @@ INVALID_MODELS = {
     "parquet_file_format": (
         "{{ config(materialized='consistent_stream', unique_key='a', file_format='parquet') }} select 1 as a",
         ["Invalid config `file_format` for consistent_stream model parquet_file_format: \"parquet\""],
-    ),
-    "source_without_meta": (
-        "{{ config(materialized='consistent_stream', unique_key='note_id') }}"
-        " select note_id from {{ source('shop', 'notes') }}",
-        ["Source 'shop.notes' (read by consistent_stream model source_without_meta) has no",
-         "`meta.consistent_stream`"],
     ),
 }
 

@@ -44,7 +44,8 @@ _SQL_DIFF_LINES = 40
 class Change:
     """One difference between the checkpoint's definition and the run's: ``what`` is
     ``sql``, ``sources``, ``unique_key``, ``partition_by``, ``constraints``, ``target``,
-    ``state_format`` or ``source_schema``; ``detail`` says how, for a person (the SQL as a unified diff)."""
+    ``state_format``, ``source_schema`` or ``source_replaced`` (a source table created again under
+    its path); ``detail`` says how, for a person (the SQL as a unified diff)."""
     what: str
     detail: str
 

@@ -204,7 +204,8 @@ def _decide(job: JobSpec, target, sources: dict, cut: Cut, fp: str,
             full_refresh: bool) -> tuple[str, list, BatchMeta | None]:
     """What a run does before anything is compiled: ``(action, changes, up_to_date)``.
     ``action`` is ``none`` (go on from the checkpoint), ``apply`` (rebuild: the definition or
-    a source's schema changed, :mod:`.config_change`), ``continue`` (keep the view as it is)
+    a source's schema changed, :mod:`.config_change`, or a source table was created again under
+    its path, its old versions gone), ``continue`` (keep the view as it is)
     or ``fail``; ``changes`` what changed; ``up_to_date`` the target's last batch when it
     already reflects ``cut`` (an available-now run then has nothing to do).
 
@@ -212,6 +213,9 @@ def _decide(job: JobSpec, target, sources: dict, cut: Cut, fp: str,
     model or damaged, the target deleted or written by someone else)."""
     preflight.check_checkpoint_owner(job)
     changes = [] if full_refresh else config_change.definition_changes(job, fp)
+    # a source table created again under its path (a seed, DROP TABLE): its old versions are gone
+    changes += [] if full_refresh else [config_change.Change("source_replaced", s.replaced)
+                                        for s in sources.values() if getattr(s, "replaced", None)]
     if not full_refresh and not changes:
         preflight.check_checkpoint_files(job)
         if job.trigger == "available_now" and _fingerprint_is(job, fp) and not uses_clock(job.sql):
@@ -513,9 +517,10 @@ def run_model(spark, *, project_root, schema, identifier, model_name, sql, sourc
     if views:
         sql = _expand_view_refs(spark, sql, views)
         sources = [s for s in sources if s.get("kind") != "view"]
+    from .sources.catalog import CatalogTables
     job = JobSpec.from_dbt(project_root=project_root, schema=schema, identifier=identifier,
                            model_name=model_name, sql=sql, sources=sources, config=config,
-                           warehouse_dir=warehouse)
+                           warehouse_dir=warehouse, catalog=CatalogTables(spark))
     from .verify import record_model
     summary = run_job(spark, job, full_refresh=bool(full_refresh), catalog_entry=catalog_entry)
     record_model(project_root, job)
@@ -557,8 +562,12 @@ def publish_sources(spark, project_root: str, sources: list[dict]) -> list[int]:
     from .sink.catalog import publish_source
     from .sources import SourceSpec
     from .spec import warehouse_path
+    from .sources.catalog import CatalogTables
     base = warehouse_path(project_root, _warehouse_dir(spark, project_root))
-    return [publish_source(spark, SourceSpec.from_dbt(s, project_root), base) for s in sources]
+    catalog = CatalogTables(spark)
+    specs = [SourceSpec.from_dbt(s, project_root, catalog) for s in sources]
+    # (a source found by its catalog name is already that relation in the catalog)
+    return [publish_source(spark, spec, base) for spec in specs if not spec.catalog_table]
 
 
 def sources_last_modified(project_root: str, sources: list[dict]) -> list[int]:

@@ -146,15 +146,18 @@ def target_location(project_root: str, schema: str, identifier: str, config: dic
     return location.normalize(location.join(root, identifier))
 
 
-def _source_spec(d: dict, project_root: str, warehouse_dir: str) -> SourceSpec:
+def _source_spec(d: dict, project_root: str, warehouse_dir: str, catalog=None) -> SourceSpec:
     """One input of a model as the materialization describes it: a dbt source
-    (``{source_name, name, relation, meta}``) or, with ``kind: model``, an upstream
-    consistent_stream model (``{name, relation, schema, identifier, config}``)."""
+    (``{source_name, name, relation, meta, primary_key}``; a model dbt builds as a Delta table,
+    ``table``, ``incremental``, ``snapshot``, ``seed``, comes the same way with
+    ``source_name: ref``) or, with ``kind: model``, an upstream consistent_stream model
+    (``{name, relation, schema, identifier, config}``). ``catalog``: a
+    :class:`~consistent_stream.sources.catalog.CatalogTables` for inputs named only by table."""
     if d.get("kind") == "model":
         from .sources.model import model_spec
         target = target_location(project_root, d["schema"], d["identifier"], d.get("config") or {}, warehouse_dir)
         return model_spec(d["name"], d["relation"], target)
-    return SourceSpec.from_dbt(d, project_root)
+    return SourceSpec.from_dbt(d, project_root, catalog)
 
 
 @dataclass
@@ -267,10 +270,12 @@ class JobSpec:
 
     @staticmethod
     def from_dbt(*, project_root: str, schema: str, identifier: str, model_name: str, sql: str,
-                 sources: list[dict], config: dict, warehouse_dir: str) -> "JobSpec":
+                 sources: list[dict], config: dict, warehouse_dir: str, catalog=None) -> "JobSpec":
         """Validate the materialization's config (keys named as in dbt / dbt-spark) against
         their definition, :data:`consistent_stream.model_config.MODEL_CONFIG` (defaults,
-        minimums, accepted values)."""
+        minimums, accepted values). ``catalog``: a
+        :class:`~consistent_stream.sources.catalog.CatalogTables` that finds the sources named
+        only by their table (no ``meta.consistent_stream.location``)."""
         unique_key = [c.lower() for c in _as_list(config.get("unique_key"), "unique_key")]
         partition_by = [c.lower() for c in _as_list(config.get("partition_by"), "partition_by")]
         target = target_location(project_root, schema, identifier, config, warehouse_dir)
@@ -319,7 +324,7 @@ class JobSpec:
             docs = {"description": docs.get("description") or None,
                     "columns": {str(k).lower(): str(v) for k, v in (docs.get("columns") or {}).items() if v}}
         autoscale = _autoscale(config.get("autoscale"), trigger, model_name)
-        srcs = [_source_spec(s, project_root, warehouse_dir) for s in sources]
+        srcs = [_source_spec(s, project_root, warehouse_dir, catalog) for s in sources]
         if not srcs:
             raise ConfigError(f"model {model_name}: a consistent_stream model reads at least one source() "
                               f"or ref() of a consistent_stream model")

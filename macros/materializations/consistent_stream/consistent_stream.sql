@@ -33,6 +33,24 @@
 
   {{ run_hooks(pre_hooks) }}
 
+  {%- if flags.EMPTY -%}
+    {#-- dbt's schema-only dry run (`--empty`: every ref() and source() a `where false limit 0`
+         subquery): a new target is an empty, typed Delta table and no checkpoint, which the next
+         real run replaces with a build; an existing one is kept as it is --#}
+    {%- if load_cached_relation(this) is none -%}
+      {% call statement('main') -%}
+        create table {{ target_relation }} using delta as {{ compiled_code }}
+      {%- endcall %}
+      {% do log('consistent_stream ' ~ model['name'] ~ ': --empty, built an empty table of the model\'s columns; '
+                 ~ 'the next run builds the view', info=True) %}
+    {%- else -%}
+      {% do log('consistent_stream ' ~ model['name'] ~ ': --empty, the existing target is kept as it is', info=True) %}
+      {% do store_raw_result(name='main', message='kept (--empty)', code='OK', rows_affected=0) %}
+    {%- endif -%}
+    {{ run_hooks(post_hooks) }}
+    {{ return({'relations': [target_relation]}) }}
+  {%- endif -%}
+
   {%- set summary = adapter.consistent_stream_run(
       compiled_code, sources, stream_config,
       target_relation.schema, target_relation.identifier, model['name'], full_refresh) -%}

@@ -59,7 +59,9 @@ A consistent_stream target is a Delta table: set file_format='delta' or leave it
          meta.consistent_stream, relation source(a, b) as it renders;
        * an upstream consistent_stream model: {kind: 'model', name, relation, schema,
          identifier, config: {location_root, checkpoint_location}};
-       * a view model: {kind: 'view', name, relation}.
+       * a view model: {kind: 'view', name, relation};
+       * a table, incremental, snapshot or seed (a Delta table dbt builds): {source_name: 'ref',
+         name, relation, meta: {}, primary_key}, read as a source found by its catalog name.
        ref() of any other materialization is a compiler error naming it. --#}
   {%- set inputs = [] -%}
   {%- do consistent_stream_collect_inputs(model, model, inputs, []) -%}
@@ -87,13 +89,17 @@ A consistent_stream target is a Delta table: set file_format='delta' or leave it
         {%- if materialized == 'view' -%}
           {%- do inputs.append({'kind': 'view', 'name': up.name, 'relation': relation}) -%}
         {%- endif -%}
+      {%- elif materialized in ('table', 'incremental', 'snapshot', 'seed') -%}
+        {#-- a Delta table dbt builds: read as a source by its catalog name (its log's changes) --#}
+        {%- do inputs.append({'source_name': 'ref', 'name': up.name, 'relation': relation, 'meta': {},
+                              'primary_key': consistent_stream_built_key(up)}) -%}
       {%- else -%}
         {%- set msg -%}
 consistent_stream model {{ model.name }} reads {{ uid }}{{ (', a `' ~ materialized ~ '` model') if materialized else '' }}.
-A consistent_stream model is maintained from changelogs, and a {{ materialized or 'seed or snapshot' }} has none:
-make {{ up.name if up is not none else uid }} ephemeral or a view (its SQL is then maintained over the
-sources underneath), or a consistent_stream model (read through its Change Data Feed), or read
-its data as a dbt source with meta.consistent_stream.
+A consistent_stream model is maintained from changelogs: it reads sources, and models dbt builds as
+Delta tables (table, incremental, snapshot, seed), consistent_stream, view and ephemeral models; a
+{{ materialized or 'node of this kind' }} is none of those. Make {{ up.name if up is not none else uid }} one of them, or read its data
+as a dbt source.
         {%- endset -%}
         {%- do exceptions.raise_compiler_error(msg) -%}
       {%- endif -%}
@@ -110,32 +116,59 @@ its data as a dbt source with meta.consistent_stream.
 
 
 {% macro consistent_stream_source_dict(node, stream_meta) %}
-  {#-- The engine's description of a dbt source: {source_name, name, relation, meta} --#}
+  {#-- The engine's description of a dbt source: {source_name, name, relation, meta, primary_key};
+       meta is {} for a source named only by its table in the catalog. The relation is the table's
+       name as source() renders it, never dbt's `--empty` subquery of it --#}
   {%- do return({
       'source_name': node.source_name,
       'name': node.name,
-      'relation': source(node.source_name, node.name) | string,
-      'meta': stream_meta,
+      'relation': api.Relation.create(database=node.database, schema=node.schema, identifier=node.identifier) | string,
+      'meta': stream_meta or {},
+      'primary_key': consistent_stream_constraint_key(node),
   }) -%}
 {% endmacro %}
 
 
 {% macro consistent_stream_source_input(model, node) %}
-  {%- set stream_meta = consistent_stream_source_meta(node) -%}
-  {%- if not stream_meta -%}
-    {%- set msg -%}
-Source '{{ node.source_name }}.{{ node.name }}' (read by consistent_stream model {{ model.name }}) has no
-`meta.consistent_stream`. Say how to read it as a changelog in its YAML, under the table, e.g.
-  - name: {{ node.name }}
-    meta:
-      consistent_stream:
-        format: delta
-        location: data/{{ node.name }}
-        primary_key: [...]
-    {%- endset -%}
-    {%- do exceptions.raise_compiler_error(msg) -%}
+  {#-- A source with meta.consistent_stream, or without: then the Delta table its relation names
+       in Spark's catalog (the engine looks it up and says what it found) --#}
+  {%- do return(consistent_stream_source_dict(node, consistent_stream_source_meta(node))) -%}
+{% endmacro %}
+
+
+{% macro consistent_stream_constraint_key(node) %}
+  {#-- The primary key dbt's constraints declare on a node: a model-level primary_key constraint's
+       columns, else the columns with a column-level one; [] when none does --#}
+  {%- for c in node.get('constraints') or [] -%}
+    {%- if c.get('type') == 'primary_key' and c.get('columns') -%}
+      {%- do return(c.get('columns') | list) -%}
+    {%- endif -%}
+  {%- endfor -%}
+  {%- set key = [] -%}
+  {%- for name, col in (node.get('columns') or {}).items() -%}
+    {%- for c in col.get('constraints') or [] if c.get('type') == 'primary_key' -%}
+      {%- do key.append(col.get('name') or name) -%}
+    {%- endfor -%}
+  {%- endfor -%}
+  {%- do return(key) -%}
+{% endmacro %}
+
+
+{% macro consistent_stream_built_key(node) %}
+  {#-- The key of a model dbt builds as a table: its constraints' primary key; else a merge
+       incremental's unique_key (a merge keeps it unique), a snapshot's dbt_scd_id; else [] --#}
+  {%- set key = consistent_stream_constraint_key(node) -%}
+  {%- if key -%}
+    {%- do return(key) -%}
   {%- endif -%}
-  {%- do return(consistent_stream_source_dict(node, stream_meta)) -%}
+  {%- set unique_key = node.config.get('unique_key') -%}
+  {%- if node.config.materialized == 'snapshot' -%}
+    {%- do return(['dbt_scd_id']) -%}
+  {%- elif node.config.materialized == 'incremental' and unique_key
+        and node.config.get('incremental_strategy') == 'merge' -%}
+    {%- do return([unique_key] if unique_key is string else unique_key | list) -%}
+  {%- endif -%}
+  {%- do return([]) -%}
 {% endmacro %}
 
 

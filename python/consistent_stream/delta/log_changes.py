@@ -18,8 +18,9 @@ with a deletion vector holds its rows less those the vector marks, so
 Over a range of commits the add and remove actions are netted first, by file and deletion
 vector: a file added and removed inside the range is never read, and a file whose vector
 changed twice is read once, with the vector it had before the range (its rows at -1) and the
-one it has at the end (+1): only the rows the two disagree on are kept. What is left is read (one GET per file, all at once),
-its rows less the rows of its deletion vector, and consolidated: rows that appear at +1 and -1
+one it has at the end (+1): only the rows the two disagree on are kept. What is left is read
+(one GET per file, all at once), its rows less the rows of its deletion vector, and
+consolidated: rows that appear at +1 and -1
 cancel, so the changelog is the change, whichever way the writer wrote it. Rows of a type Arrow
 cannot group (lists, maps, structs) are left unconsolidated (a Z-set either way).
 
@@ -172,9 +173,10 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
 
     ``deletion_vectors(version)``: the keep masks of the table's files with a deletion vector
     at ``version``, by path relative to the table (called once for each version a file to
-    read had its vector at: for one commit, at most the versions before and after it). Raises FileNotFoundError (or the object store's
-    error) naming a file that is gone (vacuumed), ValueError when a file with a deletion
-    vector has none at its version, and :class:`UnpairedUpdate`. ``use_cdc``: as
+    read had its vector at: for one commit, at most the versions before and after it). Raises
+    FileNotFoundError (or the object store's error) naming a file that is gone (vacuumed),
+    ValueError when a file with a deletion vector has none at its version, and
+    :class:`UnpairedUpdate`. ``use_cdc``: as
     :func:`plan_parts`'s."""
     parts, whole, used_cdc = plan_parts(commits, start, end, use_cdc=use_cdc)
     out_schema = pa.schema(list(schema) + [pa.field(WEIGHT, pa.int64())])

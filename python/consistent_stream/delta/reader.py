@@ -458,7 +458,7 @@ class TableReader:
         """The commits of ``(start_exclusive, end_inclusive]`` as their log files hold them
         (:class:`~.tail.TailCommit`: version, commit time, actions), read all at once. Raises
         SourceError naming the first version whose commit file is gone (its log cleaned up)."""
-        from .tail import TailCommit
+        from .tail import TailCommit, commit_ms
         versions = list(range(start_exclusive + 1, end_inclusive + 1))
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(versions))), thread_name_prefix="delta-log") as pool:
             futures = [pool.submit(self.log_actions, v) for v in versions]
@@ -469,8 +469,7 @@ class TableReader:
             except FileNotFoundError as e:
                 raise SourceError(f"Delta table {self.path}: the commit file of version {v} is gone (its log was "
                                   f"cleaned up): {e}. Run with --full-refresh") from e
-            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-            out.append(TailCommit(v, int(info.get("inCommitTimestamp") or info.get("timestamp") or 0), actions))
+            out.append(TailCommit(v, commit_ms(actions), actions))
         return out
 
     def read_log_changes(self, start_exclusive: int, end_inclusive: int, schema: pa.Schema,

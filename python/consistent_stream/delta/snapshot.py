@@ -29,7 +29,8 @@ class Snapshot:
     """A Delta table at ``version``, as its log reconciles to it (Delta protocol, "Action
     Reconciliation"): the ``protocol`` action's reader and writer versions and features, and
     the ``metaData`` action's columns (``schema_string``: Delta's schema JSON), partition
-    columns, table properties (``configuration``) and ``description``.
+    columns, table properties (``configuration``), ``description`` and the table's ``id``
+    (``table_id``: a table dropped and created again under the same path has another).
 
     ``reader_features``: the features a reader must support (Delta protocol, "Table
     Features"): the ``readerFeatures`` of reader version 3, or for reader version 2 the
@@ -45,6 +46,7 @@ class Snapshot:
     partition_columns: tuple = ()
     configuration: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     description: str | None = None
+    table_id: str = ""
 
     @staticmethod
     def of_table(dt: DeltaTable) -> "Snapshot":
@@ -54,7 +56,8 @@ class Snapshot:
         return Snapshot(dt.version(), int(protocol.min_reader_version), int(protocol.min_writer_version),
                         _features(protocol.min_reader_version, protocol.reader_features, conf),
                         frozenset(protocol.writer_features or ()), dt.schema().to_json(),
-                        tuple(metadata.partition_columns), MappingProxyType(conf), metadata.description)
+                        tuple(metadata.partition_columns), MappingProxyType(conf), metadata.description,
+                        str(metadata.id or ""))
 
     @staticmethod
     def of_log(own: OwnedLog) -> "Snapshot":
@@ -64,7 +67,8 @@ class Snapshot:
         return Snapshot(own.version, int(p.get("minReaderVersion", 1)), int(p.get("minWriterVersion", 2)),
                         _features(int(p.get("minReaderVersion", 1)), p.get("readerFeatures"), conf),
                         frozenset(p.get("writerFeatures") or ()), m.get("schemaString") or '{"fields": []}',
-                        tuple(own.partition_columns), MappingProxyType(conf), m.get("description"))
+                        tuple(own.partition_columns), MappingProxyType(conf), m.get("description"),
+                        str(m.get("id") or ""))
 
     def at(self, version: int) -> "Snapshot":
         """This snapshot as version ``version``: the table after commits that changed neither

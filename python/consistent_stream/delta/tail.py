@@ -95,8 +95,8 @@ class LogTail:
     """The commits of the Delta table at ``table_path`` after version ``after`` (the module
     docstring), read on demand: :meth:`refresh` lists the log and reads the new commits."""
 
-    def __init__(self, table_path: str, after: int):
-        self.path, self.after = table_path, after
+    def __init__(self, table_path: str, after: int, after_ms: int | None = None):
+        self.path, self.after, self.after_ms = table_path, after, after_ms
         self.log_dir = f"{table_path.rstrip('/')}/_delta_log"
         self.commits: dict[int, TailCommit] = {}
         self.listed = False     # the log was listed once
@@ -117,12 +117,18 @@ class LogTail:
             self.listed = True
             self.anchored = known in versions
         new = [v for v in versions if v > known]
-        texts = storage.read_many([f"{self.log_dir}/{v:020d}.json" for v in new], "delta-tail")
+        # the first time, version ``after``'s own commit too when its time is known: another
+        # table created under the path (dropped and created again, as dbt seed does) has other
+        # commits under the same versions
+        check = first and self.anchored and self.after_ms is not None
+        texts = storage.read_many([f"{self.log_dir}/{v:020d}.json" for v in ([known] if check else []) + new],
+                                  "delta-tail")
+        if check:
+            self.anchored = _timestamp(texts[0]) == self.after_ms
+            texts = texts[1:]
         for v, text in zip(new, texts):
             actions = tuple(json.loads(line) for line in text.splitlines() if line.strip())
-            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-            ts = int(info.get("inCommitTimestamp") or info.get("timestamp") or 0)
-            self.commits[v] = TailCommit(v, ts, actions)
+            self.commits[v] = TailCommit(v, commit_ms(actions), actions)
         return max(self.commits, default=self.after)
 
     def latest(self) -> int:
@@ -137,7 +143,8 @@ class LogTail:
         if start < self.after:
             return f"the range starts at {start + 1}, before the tail's first version {self.after + 1}"
         if not self.anchored:
-            return f"version {self.after}'s commit is not in the log (the table moved, or its log was cleaned up)"
+            return (f"version {self.after}'s commit is not in the log, or is another commit than the one the cut read "
+                    f"(the table moved, was created again, or its log was cleaned up)")
         missing = [v for v in range(start + 1, end + 1) if v not in self.commits]
         if missing:
             return f"versions {missing[0]}.. are not in the log listing (a gap)"
@@ -149,3 +156,15 @@ class LogTail:
         :class:`~.log_changes.LogChanges`. Call only when :meth:`unreadable` is None."""
         from .log_changes import changelog
         return changelog(self.path, self.range(start, end), start, end, schema, partition_columns)
+
+
+def commit_ms(actions) -> int:
+    """A commit's time (ms since epoch): its in-commit timestamp, else its commitInfo's."""
+    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    return int(info.get("inCommitTimestamp") or info.get("timestamp") or 0)
+
+
+def _timestamp(text) -> int:
+    """:func:`_commit_ms` of a commit file's text."""
+    text = text.decode() if isinstance(text, bytes) else text
+    return commit_ms([json.loads(line) for line in text.splitlines() if line.strip()])

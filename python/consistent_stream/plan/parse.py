@@ -237,9 +237,13 @@ def check_relations(ast: exp.Expression, relations: Collection[tuple[str, ...]],
             continue
         if parts not in relations:
             raise err(f"relation {t.sql(dialect='spark')}",
-                      "it is neither a source with meta.consistent_stream nor ref() of a "
-                      "consistent_stream, view or ephemeral model (declare it as a dbt source with "
-                      "meta.consistent_stream, or read it through ref())", t, sql)
+                      "it is neither a dbt source nor a ref() of a model (a relation named in a model's "
+                      "SQL by hand is not a changelog the engine knows: declare it as a dbt source and "
+                      "read it through source(), or read a model through ref())", t, sql)
+
+
+_SESSION_PREFIX = ("spark_catalog", "default")
+"""What a relation named without its catalog (and schema) stands for: Spark's session catalog."""
 
 
 def resolve(ast: exp.Expression, sources: dict[tuple[str, ...], SourceSpec], schemas: dict[str, list[str]],
@@ -252,7 +256,12 @@ def resolve(ast: exp.Expression, sources: dict[tuple[str, ...], SourceSpec], sch
     Raises CompileError for an unknown relation (:func:`check_relations`) or column.
     """
     schema: dict = {}
+    depth = max((len(parts) for parts in sources), default=0)
     for parts, src in sources.items():
+        # sqlglot's schema has one nesting level: a two-part name among three-part ones is the
+        # session catalog's (``shop.t`` is ``spark_catalog.shop.t``), found by its suffix
+        parts = _SESSION_PREFIX[:depth - len(parts)] + tuple(parts) \
+            if len(parts) < depth else parts
         d = schema
         for p in parts[:-1]:
             d = d.setdefault(p, {})

@@ -83,6 +83,8 @@ class DeltaSource:
         self._tail: LogTail | None = None   # the log after the cut, read without opening the table (resume)
         self._hint: dict | None = None      # what the run before knew of the table at that cut
         self._said_log = False              # the run log said the table is read from its log
+        self._cut_table_id: str | None = None   # the table's id at the cut the run goes on from
+        self.replaced: str | None = None    # why the table is another than the one the cut read
 
     # ---- going on from a cut without opening the table -------------------------------------
     def resume(self, cut_offsets: dict, position: int) -> bool:
@@ -94,9 +96,10 @@ class DeltaSource:
         hint = (cut_offsets or {}).get(self.clock)
         if not isinstance(hint, dict) or hint.get("version") != position or "schema" not in hint:
             return False
+        self._cut_table_id = hint.get("table_id")
         if not set(hint.get("reader_features") or ()) <= FILE_EXACT_FEATURES:
             return False
-        self._hint, self._tail = hint, LogTail(self.spec.location, position)
+        self._hint, self._tail = hint, LogTail(self.spec.location, position, hint.get("commit_ms"))
         return True
 
     def _drop_tail(self, why: str) -> None:
@@ -112,23 +115,25 @@ class DeltaSource:
     def cut_metadata(self, position: int) -> dict[str, dict]:
         """What the next run needs to read on from ``position`` without opening the table
         (:meth:`resume`): ``{"cut_offsets": {clock: {version, reader_features, schema,
-        partition_columns, commit_ms, rows}}}`` (``rows`` None when not known without opening
+        partition_columns, commit_ms, rows, table_id}}}`` (``rows`` None when not known without opening
         the table at an older version)."""
         rows = None
         if self._hint is not None and self._tail is not None and not self._tail.unreadable(self._tail.after, position):
             features, schema, partitions = (self._hint["reader_features"], self._hint["schema"],
                                             self._hint["partition_columns"])
+            table_id = self._hint.get("table_id")
             rows = self._counted_rows(position)
         else:
             table = self._require()
             features = sorted(table.read_plan().features)
             schema, partitions = self.schema().json(), table.partition_columns()
+            table_id = table.snapshot().table_id
             if position == table.version():   # (an older version's count would open it at that version)
                 rows = table.num_records(position)
         return {"cut_offsets": {self.clock: {"version": position, "reader_features": list(features),
                                              "schema": schema, "partition_columns": list(partitions),
                                              "commit_ms": self.commit_ms(position) if position >= 0 else 0,
-                                             "rows": rows}}}
+                                             "rows": rows, "table_id": table_id}}}
 
     def _require(self) -> DeltaTableRef:
         if not self.table.exists():
@@ -200,6 +205,11 @@ class DeltaSource:
         table = self._require()
         version = table.latest_version()
         self._check_features()   # at the new version too: a feature added later is seen before it is read
+        table_id = table.snapshot().table_id
+        if self._cut_table_id and table_id and table_id != self._cut_table_id:
+            self.replaced = (f"source {self.spec.key}: the Delta table at {self.spec.location} was created again "
+                             f"since the last run (its table id is {table_id}, was {self._cut_table_id}: dropped "
+                             f"and created, as dbt seed and a DROP TABLE do); its old versions are gone")
         if not table.change_data_feed_enabled() and not self._said_log:
             log.info("source %s (%s): the Change Data Feed is off; each batch's change is derived from the log (the "
                      "rows of the files its commits added and removed, less their deletion vectors)",

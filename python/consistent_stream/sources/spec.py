@@ -1,4 +1,5 @@
-"""Source specifications (from dbt sources' ``meta.consistent_stream``) and cuts."""
+"""Source specifications (from dbt sources: their ``meta.consistent_stream``, or their table in Spark's
+catalog) and cuts."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,9 @@ from ..errors import ConfigError
 SUPPORTED_FORMATS = ("delta", "debezium", "kafka")
 KAFKA_KEYS = ("bootstrap_servers", "topic", "transaction_topic", "consistency", "columns", "driver_read_records")
 CONSISTENCY = ("transaction", "per_topic")
+REF_SOURCE_NAME = "ref"
+"""The ``source_name`` of a model dbt builds as a Delta table (``table``, ``incremental``,
+``snapshot``, ``seed``) that a model reads through ``ref()``: keyed ``ref.<model>``."""
 
 
 def normalize_relation(relation: str) -> tuple[str, ...]:
@@ -34,7 +38,9 @@ class SourceSpec:
     unknown); ``options``: format-specific settings as sorted (key, JSON value) pairs (kafka:
     ``bootstrap_servers``, ``topic``, ``transaction_topic``, ``consistency``, ``columns``,
     ``driver_read_records``; see
-    :mod:`consistent_stream.sources.kafka`).
+    :mod:`consistent_stream.sources.kafka`); ``catalog_table``: the table
+    (``catalog.schema.table``, lower case) whose catalog entry gave ``location``, empty when
+    the YAML gave it.
     """
     name: str
     relation: str
@@ -44,6 +50,7 @@ class SourceSpec:
     source_name: str = ""
     table: str = ""
     options: tuple = ()
+    catalog_table: str = ""
 
     def option(self, key: str, default=None):
         """The format-specific setting ``key`` (decoded), or ``default``."""
@@ -69,17 +76,23 @@ class SourceSpec:
                              "options": tuple(tuple(o) for o in d.get("options", ()))})
 
     @staticmethod
-    def from_dbt(d: dict, project_root: str) -> "SourceSpec":
-        """Build from the dict the materialization passes (source_name, name, relation, meta).
+    def from_dbt(d: dict, project_root: str, catalog=None) -> "SourceSpec":
+        """Build from the dict the materialization passes (source_name, name, relation, meta,
+        primary_key: the key dbt's ``constraints`` declare on the table's columns, if any).
 
-        Raises ConfigError naming the source and the YAML key when meta is incomplete.
-        """
-        label = f"source('{d.get('source_name')}', '{d.get('name')}')"
+        A Delta source without ``meta.consistent_stream.location`` (or without
+        ``meta.consistent_stream`` at all) is the table the relation names in Spark's catalog:
+        ``catalog`` (a :class:`~consistent_stream.sources.catalog.CatalogTables`) gives its
+        location. The primary key is ``meta.consistent_stream.primary_key``, else the
+        constraints' key, else none (the source is a bag).
+
+        Raises ConfigError naming the source and the YAML key when meta is incomplete, and
+        when a source has no location and no catalog is at hand to look it up."""
+        label = (f"ref('{d.get('name')}')" if d.get("source_name") == REF_SOURCE_NAME
+                 else f"source('{d.get('source_name')}', '{d.get('name')}')")
         meta = d.get("meta") or {}
-        if not isinstance(meta, dict) or not meta:
-            raise ConfigError(f"{label} has no meta.consistent_stream: add "
-                              f"meta: {{consistent_stream: {{format: delta, location: <path>, primary_key: [..]}}}} "
-                              f"to the source table in its YAML")
+        if not isinstance(meta, dict):
+            raise ConfigError(f"{label}: meta.consistent_stream must be a mapping (format, location, primary_key, ..)")
         fmt = str(meta.get("format", "delta")).lower()
         if fmt not in SUPPORTED_FORMATS:
             raise ConfigError(f"{label}: meta.consistent_stream.format is {fmt!r}; "
@@ -87,9 +100,17 @@ class SourceSpec:
         if fmt == "kafka":
             return SourceSpec._kafka(d, meta, label)
         loc = meta.get("location")
+        catalog_table = ""
+        if not loc and fmt == "delta":
+            if catalog is None:
+                raise ConfigError(f"{label}: meta.consistent_stream.location is not set and there is no Spark "
+                                  f"session to look {d.get('relation')} up in its catalog; give the Delta table's "
+                                  f"path as meta.consistent_stream.location")
+            loc = catalog.location(d["relation"], label)
+            catalog_table = catalog.qualified(d["relation"])
         if not loc:
-            raise ConfigError(f"{label}: meta.consistent_stream.location is required (path of the Delta table, "
-                              f"or of the landing directory for format: debezium)")
+            raise ConfigError(f"{label}: meta.consistent_stream.location is required for format: {fmt} (the landing "
+                              f"directory of the captured tables)")
         table = ""
         if fmt == "debezium":
             table = str(meta.get("table") or "")
@@ -97,14 +118,14 @@ class SourceSpec:
                 raise ConfigError(f"{label}: meta.consistent_stream.table is required for format: debezium: the "
                                   f"captured table as schema.table, e.g. table: public.{d.get('name')}")
         loc = location.normalize(str(loc), project_root, key=f"{label}: meta.consistent_stream.location")
-        pk = meta.get("primary_key") or []
+        pk = meta.get("primary_key") or d.get("primary_key") or []
         if isinstance(pk, str):
             pk = [pk]
         if not isinstance(pk, list) or not all(isinstance(c, str) for c in pk):
             raise ConfigError(f"{label}: meta.consistent_stream.primary_key must be a column name or a list of them")
         return SourceSpec(name=d["name"], relation=d["relation"], location=loc, format=fmt,
                           primary_key=tuple(c.lower() for c in pk), source_name=d.get("source_name", ""),
-                          table=table)
+                          table=table, catalog_table=catalog_table)
 
 
     @staticmethod
