@@ -82,8 +82,8 @@ def test_a_mart_over_models_dbt_builds_as_delta_tables_and_a_catalog_source(spar
     spark.sql(f"CREATE TABLE {customers} (cid BIGINT, rid BIGINT, name STRING) USING delta {dv}")
     spark.sql(f"INSERT INTO {customers} SELECT id, id % 3 + 1, concat('c', id) FROM range(1, 9)")
     spark.sql(f"INSERT INTO {orders} SELECT id, id % 8 + 1, id * 7 FROM range(1, 31)")
-    write(tmp_path, {"dbt_project.yml": PROJECT.rstrip() + "\n    seeds:\n      plugin_test:\n        +file_format: delta\n",
-                     "profiles.yml": profile(schema, tmp_path / "spark", "built"),
+    project = PROJECT.rstrip() + "\n    seeds:\n      plugin_test:\n        +file_format: delta\n"
+    write(tmp_path, {"dbt_project.yml": project, "profiles.yml": profile(schema, tmp_path / "spark", "built"),
                      "models/schema.yml": _yaml(source_schema), **FILES})
 
     def verify(*models):

@@ -91,7 +91,8 @@ class Pair:
         op = rng.choice(choices)
         a, b = sorted(rng.sample(range(0, 60), 2))
         if op == "insert":
-            self.sql(f"INSERT INTO {{t}} SELECT id, concat('g', id % 4), id * 2 FROM range({a}, {a + rng.randint(1, 5)})")
+            n = rng.randint(1, 5)
+            self.sql(f"INSERT INTO {{t}} SELECT id, concat('g', id % 4), id * 2 FROM range({a}, {a + n})")
         elif op == "update":
             self.sql(f"UPDATE {{t}} SET v = v + 1, g = concat(g, 'u') WHERE k BETWEEN {a} AND {b} AND k % 2 = 0")
         elif op == "delete":
