@@ -12,7 +12,7 @@ import pytest
 
 from consistent_stream.errors import ConfigError
 from consistent_stream.job import run_job
-from consistent_stream.sources.catalog import CatalogTables
+from consistent_stream.sink.catalog import CatalogTables
 from consistent_stream.spec import JobSpec
 from helpers import assert_target_equals_batch_evaluation
 

@@ -17,8 +17,11 @@ from __future__ import annotations
 import os
 import random
 from collections import Counter
+from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
@@ -150,3 +153,28 @@ def test_the_change_derived_from_the_log_equals_the_feed_and_the_versions_differ
             assert _derived(ref, a, b) == expected, f"seed {seed}, table {name}, versions {a + 1}..{b}"
             if name == "feed":
                 assert _derived(ref, a, b, use_cdc=True) == expected, f"seed {seed}, feed, versions {a + 1}..{b}"
+
+
+def test_a_deletion_vector_change_decodes_only_the_row_groups_it_touches(tmp_path):
+    """A file whose deletion vector changed (removed with the old vector, added with the new):
+    the change is the rows the vectors disagree on, read from the row groups that hold them."""
+    @dataclass(frozen=True)
+    class C:
+        version: int
+        timestamp_ms: int
+        actions: tuple
+
+    data = pa.table({"k": pa.array(range(20), pa.int64()), "g": [f"g{i % 3}" for i in range(20)],
+                     "v": pa.array(range(100, 120), pa.int64())})
+    pq.write_table(data, tmp_path / "f.parquet", row_group_size=4)
+    dv = {"old": {"storageType": "i", "pathOrInlineDv": "a", "offset": None},
+          "new": {"storageType": "i", "pathOrInlineDv": "b", "offset": None}}
+    old, new = np.ones(20, bool), np.ones(20, bool)
+    old[[1, 9]] = False
+    new[[1, 9, 13, 14]] = False
+    commit = C(2, 0, ({"remove": {"path": "f.parquet", "dataChange": True, "deletionVector": dv["old"]}},
+                      {"add": {"path": "f.parquet", "dataChange": True, "deletionVector": dv["new"]}}))
+    found = changelog(str(tmp_path), [commit], 1, 2, data.schema, [],
+                      deletion_vectors=lambda v: {"f.parquet": old if v == 1 else new})
+    assert _weighted(found.data) == Counter({(13, "g1", 113): -1, (14, "g2", 114): -1})
+    assert found.rows_read == 4   # rows 12..15: the one row group holding 13 and 14

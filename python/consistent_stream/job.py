@@ -517,7 +517,7 @@ def run_model(spark, *, project_root, schema, identifier, model_name, sql, sourc
     if views:
         sql = _expand_view_refs(spark, sql, views)
         sources = [s for s in sources if s.get("kind") != "view"]
-    from .sources.catalog import CatalogTables
+    from .sink.catalog import CatalogTables
     job = JobSpec.from_dbt(project_root=project_root, schema=schema, identifier=identifier,
                            model_name=model_name, sql=sql, sources=sources, config=config,
                            warehouse_dir=warehouse, catalog=CatalogTables(spark))
@@ -562,7 +562,7 @@ def publish_sources(spark, project_root: str, sources: list[dict]) -> list[int]:
     from .sink.catalog import publish_source
     from .sources import SourceSpec
     from .spec import warehouse_path
-    from .sources.catalog import CatalogTables
+    from .sink.catalog import CatalogTables
     base = warehouse_path(project_root, _warehouse_dir(spark, project_root))
     catalog = CatalogTables(spark)
     specs = [SourceSpec.from_dbt(s, project_root, catalog) for s in sources]

@@ -152,7 +152,7 @@ def _source_spec(d: dict, project_root: str, warehouse_dir: str, catalog=None) -
     ``table``, ``incremental``, ``snapshot``, ``seed``, comes the same way with
     ``source_name: ref``) or, with ``kind: model``, an upstream consistent_stream model
     (``{name, relation, schema, identifier, config}``). ``catalog``: a
-    :class:`~consistent_stream.sources.catalog.CatalogTables` for inputs named only by table."""
+    :class:`~consistent_stream.sink.catalog.CatalogTables` for inputs named only by table."""
     if d.get("kind") == "model":
         from .sources.model import model_spec
         target = target_location(project_root, d["schema"], d["identifier"], d.get("config") or {}, warehouse_dir)
@@ -274,7 +274,7 @@ class JobSpec:
         """Validate the materialization's config (keys named as in dbt / dbt-spark) against
         their definition, :data:`consistent_stream.model_config.MODEL_CONFIG` (defaults,
         minimums, accepted values). ``catalog``: a
-        :class:`~consistent_stream.sources.catalog.CatalogTables` that finds the sources named
+        :class:`~consistent_stream.sink.catalog.CatalogTables` that finds the sources named
         only by their table (no ``meta.consistent_stream.location``)."""
         unique_key = [c.lower() for c in _as_list(config.get("unique_key"), "unique_key")]
         partition_by = [c.lower() for c in _as_list(config.get("partition_by"), "partition_by")]

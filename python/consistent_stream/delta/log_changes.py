@@ -191,37 +191,9 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
     names = [f.name for f in schema]
     file_cols = {n: physical.get(n, n) for n in names if n not in partition_columns}
 
-    def read(group: list[_Part]) -> tuple[pa.Table, int, Counter]:
-        """The weighted rows of one file, read once for all its parts: a row's weight is the
-        sum over the parts of the part's weight where its deletion vector keeps the row (a
-        file whose vector changed gives only the rows the vectors disagree on)."""
-        first = group[0]
-        pf = pq.ParquetFile(pa.BufferReader(storage.read_bytes(_file(table_path, first.path))))
-        present = set(pf.schema_arrow.names)
-        wanted = [c for c in file_cols.values() if c in present] + (["_change_type"] if first.cdc else [])
-        raw = pf.read(columns=wanted)
-        n = raw.num_rows
-        values = dict(first.partition_values)
-        cols = {}
-        for f in schema:
-            if f.name in partition_columns:
-                v = values.get(physical.get(f.name, f.name), values.get(f.name))
-                cols[f.name] = pc.cast(pa.array([v] * n, pa.string()), f.type)
-            elif file_cols[f.name] in present:
-                cols[f.name] = raw.column(file_cols[f.name]).cast(f.type)
-            else:   # a column added after the file was written
-                cols[f.name] = pa.nulls(n, f.type)
-        pairs: Counter = Counter()
-        if first.cdc:
-            kinds = raw.column("_change_type")
-            unknown = pc.invert(pc.is_in(kinds, pa.array(list(_SIGN))))
-            if n and pc.any(unknown).as_py():
-                raise ValueError(f"{table_path}: unknown Change Data Feed _change_type "
-                                 f"{pc.filter(kinds, unknown)[0].as_py()!r} in {first.path}")
-            pairs = Counter({k: pc.sum(pc.cast(pc.equal(kinds, k), pa.int64())).as_py() or 0
-                             for k in ("update_preimage", "update_postimage")})
-            cols[WEIGHT] = pc.if_else(pc.is_in(kinds, pa.array(["insert", "update_postimage"])), 1, -1).cast(pa.int64())
-            return pa.table(cols, schema=out_schema), n, pairs
+    def weights(group: list[_Part], n: int) -> np.ndarray:
+        """Each row's weight in a file of ``n`` rows: the sum over the group's parts of the
+        part's weight where its deletion vector keeps the row."""
         weight = np.zeros(n, dtype=np.int64)
         for part in group:
             if part.mask_at is None:
@@ -234,9 +206,54 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
             keep = np.ones(n, dtype=np.int64)
             keep[:min(n, len(mask))] = np.asarray(mask[:n], dtype=bool)
             weight += part.weight * keep
+        return weight
+
+    def read(group: list[_Part]) -> tuple[pa.Table, int, Counter]:
+        """The weighted rows of one file, read once for all its parts (:func:`weights`). When
+        the file's own rows cancel (a file whose deletion vector changed: -1 with the old
+        vector, +1 with the new), only the row groups holding rows the vectors disagree on
+        are decoded."""
+        first = group[0]
+        pf = pq.ParquetFile(pa.BufferReader(storage.read_bytes(_file(table_path, first.path))))
+        present = set(pf.schema_arrow.names)
+        wanted = [c for c in file_cols.values() if c in present] + (["_change_type"] if first.cdc else [])
+        n = pf.metadata.num_rows
+        weight = None if first.cdc else weights(group, n)
+        if weight is not None and sum(p.weight for p in group) == 0 and pf.metadata.num_row_groups > 1:
+            starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)])
+            changed = np.flatnonzero(weight)
+            groups_read = sorted(set(np.searchsorted(starts, changed, side="right") - 1))
+            raw = pf.read_row_groups(groups_read, columns=wanted) if groups_read else \
+                pf.schema_arrow.empty_table().select(wanted)
+            weight = np.concatenate([weight[starts[g]:starts[g + 1]] for g in groups_read]) if groups_read \
+                else np.zeros(0, dtype=np.int64)
+        else:
+            raw = pf.read(columns=wanted)
+        rows = raw.num_rows
+        values = dict(first.partition_values)
+        cols = {}
+        for f in schema:
+            if f.name in partition_columns:
+                v = values.get(physical.get(f.name, f.name), values.get(f.name))
+                cols[f.name] = pc.cast(pa.array([v] * rows, pa.string()), f.type)
+            elif file_cols[f.name] in present:
+                cols[f.name] = raw.column(file_cols[f.name]).cast(f.type)
+            else:   # a column added after the file was written
+                cols[f.name] = pa.nulls(rows, f.type)
+        pairs: Counter = Counter()
+        if first.cdc:
+            kinds = raw.column("_change_type")
+            unknown = pc.invert(pc.is_in(kinds, pa.array(list(_SIGN))))
+            if rows and pc.any(unknown).as_py():
+                raise ValueError(f"{table_path}: unknown Change Data Feed _change_type "
+                                 f"{pc.filter(kinds, unknown)[0].as_py()!r} in {first.path}")
+            pairs = Counter({k: pc.sum(pc.cast(pc.equal(kinds, k), pa.int64())).as_py() or 0
+                             for k in ("update_preimage", "update_postimage")})
+            cols[WEIGHT] = pc.if_else(pc.is_in(kinds, pa.array(["insert", "update_postimage"])), 1, -1).cast(pa.int64())
+            return pa.table(cols, schema=out_schema), rows, pairs
         cols[WEIGHT] = pa.array(weight, pa.int64())
         data = pa.table(cols, schema=out_schema)
-        return data.filter(pa.array(weight != 0)), n, pairs
+        return data.filter(pa.array(weight != 0)), rows, pairs
 
     groups: dict[tuple, list[_Part]] = {}
     for part in parts:

@@ -467,8 +467,9 @@ class TableReader:
             try:
                 actions = tuple(f.result())
             except FileNotFoundError as e:
-                raise SourceError(f"Delta table {self.path}: the commit file of version {v} is gone (its log was "
-                                  f"cleaned up): {e}. Run with --full-refresh") from e
+                raise SourceError(f"Delta table {self.path}: versions {start_exclusive + 1}..{end_inclusive} cannot "
+                                  f"be read: the commit file of version {v} is gone (its log was cleaned up): {e}. "
+                                  f"Run with --full-refresh") from e
             out.append(TailCommit(v, commit_ms(actions), actions))
         return out
 

@@ -82,7 +82,7 @@ class SourceSpec:
 
         A Delta source without ``meta.consistent_stream.location`` (or without
         ``meta.consistent_stream`` at all) is the table the relation names in Spark's catalog:
-        ``catalog`` (a :class:`~consistent_stream.sources.catalog.CatalogTables`) gives its
+        ``catalog`` (a :class:`~consistent_stream.sink.catalog.CatalogTables`) gives its
         location. The primary key is ``meta.consistent_stream.primary_key``, else the
         constraints' key, else none (the source is a bag).
 
@@ -106,8 +106,9 @@ class SourceSpec:
                 raise ConfigError(f"{label}: meta.consistent_stream.location is not set and there is no Spark "
                                   f"session to look {d.get('relation')} up in its catalog; give the Delta table's "
                                   f"path as meta.consistent_stream.location")
-            loc = catalog.location(d["relation"], label)
-            catalog_table = catalog.qualified(d["relation"])
+            parts = normalize_relation(d["relation"])
+            loc = catalog.location(parts, label)
+            catalog_table = ".".join(catalog.qualified(parts))
         if not loc:
             raise ConfigError(f"{label}: meta.consistent_stream.location is required for format: {fmt} (the landing "
                               f"directory of the captured tables)")
