@@ -5,10 +5,12 @@ a source declared by its catalog name alone (``schema`` and ``table``, no
 Feed off). ``dbt build --empty`` first (an empty, typed target and no checkpoint), then
 ``dbt build``; each upstream is then changed by its own command (``dbt run``, ``dbt snapshot``,
 ``dbt seed``) and the marts run after it, every version verified against batch evaluation at
-its cut."""
+its cut. Last, ``dbt run -s mart --defer --state``: the mart in a dev schema over prod's
+upstreams."""
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 
 from consistent_stream.sink.catalog import catalog_entry
@@ -127,5 +129,15 @@ def test_a_mart_over_models_dbt_builds_as_delta_tables_and_a_catalog_source(spar
     assert r.success, messages(r)
     verify("mart")
     assert "west" in {row[0] for row in spark.table(f"{schema}.mart").collect()}
+
+    # --defer: the mart alone in a dev schema, over prod's upstreams (the state of the runs above)
+    shutil.copytree(tmp_path / "target", tmp_path / "prod_state")
+    dev = f"{schema}_dev"
+    write(tmp_path, {"profiles.yml": profile(dev, tmp_path / "spark", "built")})
+    r = dbt(tmp_path, "run", "-s", "mart", "--defer", "--state", str(tmp_path / "prod_state"))
+    assert r.success, messages(r)
+    verify("mart")
+    assert sorted(spark.table(f"{dev}.mart").collect()) == sorted(spark.table(f"{schema}.mart").collect())
+    spark.sql(f"DROP DATABASE IF EXISTS {dev} CASCADE")
     spark.sql(f"DROP DATABASE IF EXISTS {schema} CASCADE")
     spark.sql(f"DROP DATABASE IF EXISTS {source_schema} CASCADE")

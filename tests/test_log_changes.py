@@ -14,6 +14,7 @@ a run reads such a range from the log.)
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 from collections import Counter
@@ -178,3 +179,28 @@ def test_a_deletion_vector_change_decodes_only_the_row_groups_it_touches(tmp_pat
                       deletion_vectors=lambda v: {"f.parquet": old if v == 1 else new})
     assert _weighted(found.data) == Counter({(13, "g1", 113): -1, (14, "g2", 114): -1})
     assert found.rows_read == 4   # rows 12..15: the one row group holding 13 and 14
+
+
+def test_a_rewrite_is_compared_row_by_row_and_stays_exact_when_rows_move(tmp_path):
+    """A copy-on-write rewrite (a file removed, one of as many rows added by the same commit):
+    the rows equal at the same position cancel, NULL against a value is a change, and rows
+    written in another order give the same change (consolidated)."""
+    @dataclass(frozen=True)
+    class C:
+        version: int
+        timestamp_ms: int
+        actions: tuple
+
+    old = pa.table({"k": pa.array(range(10), pa.int64()), "g": ["a"] * 10, "v": pa.array([None] + list(range(1, 10)),
+                                                                                       pa.int64())})
+    new = old.set_column(2, "v", pa.array([0] + list(range(1, 10)), pa.int64()))      # row 0: NULL -> 0
+    moved = new.take(pa.array([9, 8, 7, 6, 5, 4, 3, 2, 1, 0]))
+    for name, data in (("old", old), ("new", new), ("moved", moved)):
+        pq.write_table(data, tmp_path / f"{name}.parquet")
+    for added in ("new", "moved"):
+        commit = C(2, 0, ({"remove": {"path": "old.parquet", "dataChange": True}},
+                          {"add": {"path": f"{added}.parquet", "dataChange": True,
+                                   "stats": json.dumps({"numRecords": 10})}}))
+        found = changelog(str(tmp_path), [commit], 1, 2, old.schema, [])
+        assert _weighted(found.data) == Counter({(0, "a", None): -1, (0, "a", 0): 1}), added
+        assert found.rows_read == 20 and found.files_read == 2

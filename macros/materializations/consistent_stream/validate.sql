@@ -77,11 +77,12 @@ A consistent_stream target is a Delta table: set file_format='delta' or leave it
     {%- else -%}
       {%- set up = graph.nodes.get(uid) -%}
       {%- set materialized = up.config.materialized if up is not none else none -%}
-      {%- set relation = api.Relation.create(database=up.database, schema=up.schema, identifier=up.alias) | string
-          if up is not none else '' -%}
+      {%- set at = consistent_stream_ref_relation(up) if up is not none and materialized != 'ephemeral' else none -%}
+      {%- set relation = api.Relation.create(database=at.database, schema=at.schema, identifier=at.identifier) | string
+          if at is not none else '' -%}
       {%- if materialized == 'consistent_stream' -%}
-        {%- do inputs.append({'kind': 'model', 'name': up.name, 'relation': relation, 'schema': up.schema,
-                              'identifier': up.alias,
+        {%- do inputs.append({'kind': 'model', 'name': up.name, 'relation': relation, 'schema': at.schema,
+                              'identifier': at.identifier,
                               'config': {'location_root': up.config.get('location_root'),
                                          'checkpoint_location': up.config.get('checkpoint_location')}}) -%}
       {%- elif materialized in ('ephemeral', 'view') -%}
@@ -105,6 +106,15 @@ as a dbt source.
       {%- endif -%}
     {%- endif -%}
   {%- endfor -%}
+{% endmacro %}
+
+
+{% macro consistent_stream_ref_relation(node) %}
+  {#-- The relation ref() gives for node here: prod's under `--defer` (dbt's ref() decides), the
+       table itself (not dbt's `--empty` subquery) --#}
+  {%- set r = ref(node.package_name, node.name, v=node.version) if node.version is not none
+      else ref(node.package_name, node.name) -%}
+  {%- do return(api.Relation.create(database=r.database, schema=r.schema, identifier=r.identifier)) -%}
 {% endmacro %}
 
 

@@ -15,6 +15,12 @@ with a deletion vector holds its rows less those the vector marks, so
   table's difference: the batch reads both versions' files (:attr:`LogChanges.whole_table`);
 * OPTIMIZE, REORG and other ``dataChange: false`` commits change nothing and are not read.
 
+A copy-on-write rewrite of one file into another of as many rows (an UPDATE) is compared row
+by row (:func:`rewrite_pairs`): writers keep a file's row order when they rewrite it, so the rows
+equal at the same position cancel there and only the others go on, which spares consolidating
+two whole files. (Were the order not kept, more rows would differ and consolidation would cancel
+them: the pairing is a cost, never a correctness, matter.)
+
 Over a range of commits the add and remove actions are netted first, by file and deletion
 vector: a file added and removed inside the range is never read, and a file whose vector
 changed twice is read once, with the vector it had before the range (its rows at -1) and the
@@ -33,6 +39,7 @@ Out (:class:`LogChanges`): the requested columns (as the caller's Arrow schema) 
 """
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -100,6 +107,7 @@ class _Part:
     cdc: bool
     partition_values: tuple
     version: int
+    num_records: int | None = None
 
 
 def _dv_key(action: dict) -> str | None:
@@ -107,6 +115,48 @@ def _dv_key(action: dict) -> str | None:
     if not dv:
         return None
     return f"{dv.get('storageType')}:{dv.get('pathOrInlineDv')}:{dv.get('offset')}"
+
+
+def _num_records(action: dict) -> int | None:
+    """``numRecords`` of an add or remove action's statistics (None when it has none)."""
+    try:
+        return int(json.loads(action.get("stats") or "{}").get("numRecords"))
+    except (TypeError, ValueError):
+        return None
+
+
+def rewrite_pairs(parts: list[_Part]) -> list[tuple[_Part, _Part]]:
+    """Copy-on-write rewrites among ``parts``: a file removed whole (weight -1, no deletion
+    vector) and a file added whole (+1) by the same commit with the same partition values (an
+    UPDATE rewrites each file it touches into one of as many rows). Within a commit and
+    partition, files whose statistics give the same number of rows are paired first, then
+    those whose count is unknown (a ``remove`` often carries no statistics); a pair whose
+    files turn out to differ in length is read whole. Each part is in at most one pair."""
+    def whole(p: _Part, w: int) -> bool:
+        return not p.cdc and p.weight == w and p.mask_at is None
+
+    removed: dict[tuple, list[_Part]] = {}
+    for p in parts:
+        if whole(p, -1):
+            removed.setdefault((p.version, p.partition_values), []).append(p)
+    pairs, unmatched = [], []
+    for p in parts:
+        if whole(p, 1):
+            candidates = removed.get((p.version, p.partition_values), [])
+            match = next((r for r in candidates if r.num_records is not None and r.num_records == p.num_records),
+                         None)
+            if match is not None:
+                candidates.remove(match)
+                pairs.append((match, p))
+            else:
+                unmatched.append(p)
+    for p in unmatched:
+        candidates = removed.get((p.version, p.partition_values), [])
+        match = next((r for r in candidates if r.num_records is None or p.num_records is None), None)
+        if match is not None:
+            candidates.remove(match)
+            pairs.append((match, p))
+    return pairs
 
 
 def whole_table_rewrite(commit: CommitActions) -> bool:
@@ -149,17 +199,17 @@ def plan_parts(commits: Iterable[CommitActions], start: int, end: int, *,
                     continue
                 key = (unquote(f["path"]), _dv_key(f))
                 net[key] += sign
-                values, seen = info.get(key, (None, {}))
-                info[key] = (f.get("partitionValues") or {}, {**seen, kind: c.version})
+                values, seen, rows = info.get(key, (None, {}, None))
+                info[key] = (f.get("partitionValues") or {}, {**seen, kind: c.version}, _num_records(f) or rows)
     parts = []
     for (path, dv), n in sorted(net.items(), key=lambda kv: kv[0][0] + "\0" + (kv[0][1] or "")):
         if n == 0:
             continue
-        values, seen = info[(path, dv)]
+        values, seen, rows = info[(path, dv)]
         # the file had this deletion vector right after its add, and right before its remove
         at = seen["add"] if n > 0 else seen["remove"] - 1
         parts.append(_Part(path, n, at if dv else None, False, tuple(sorted(values.items())),
-                           seen["add" if n > 0 else "remove"]))
+                           seen["add" if n > 0 else "remove"], rows))
     return cdc_parts + parts, whole, used_cdc
 
 
@@ -191,6 +241,22 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
     names = [f.name for f in schema]
     file_cols = {n: physical.get(n, n) for n in names if n not in partition_columns}
 
+    def columns_of(part: _Part, pf: pq.ParquetFile, raw: pa.Table) -> dict:
+        """The columns asked for of ``raw`` (rows of ``part``'s file): partition values from
+        the action, file columns by physical name, a column the file lacks as NULLs."""
+        present = set(pf.schema_arrow.names)
+        values = dict(part.partition_values)
+        cols = {}
+        for f in schema:
+            if f.name in partition_columns:
+                v = values.get(physical.get(f.name, f.name), values.get(f.name))
+                cols[f.name] = pc.cast(pa.array([v] * raw.num_rows, pa.string()), f.type)
+            elif file_cols[f.name] in present:
+                cols[f.name] = raw.column(file_cols[f.name]).cast(f.type)
+            else:   # a column added after the file was written
+                cols[f.name] = pa.nulls(raw.num_rows, f.type)
+        return cols
+
     def weights(group: list[_Part], n: int) -> np.ndarray:
         """Each row's weight in a file of ``n`` rows: the sum over the group's parts of the
         part's weight where its deletion vector keeps the row."""
@@ -214,7 +280,7 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
         vector, +1 with the new), only the row groups holding rows the vectors disagree on
         are decoded."""
         first = group[0]
-        pf = pq.ParquetFile(pa.BufferReader(storage.read_bytes(_file(table_path, first.path))))
+        pf = _open(table_path, first.path)
         present = set(pf.schema_arrow.names)
         wanted = [c for c in file_cols.values() if c in present] + (["_change_type"] if first.cdc else [])
         n = pf.metadata.num_rows
@@ -230,46 +296,69 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
         else:
             raw = pf.read(columns=wanted)
         rows = raw.num_rows
-        values = dict(first.partition_values)
-        cols = {}
-        for f in schema:
-            if f.name in partition_columns:
-                v = values.get(physical.get(f.name, f.name), values.get(f.name))
-                cols[f.name] = pc.cast(pa.array([v] * rows, pa.string()), f.type)
-            elif file_cols[f.name] in present:
-                cols[f.name] = raw.column(file_cols[f.name]).cast(f.type)
-            else:   # a column added after the file was written
-                cols[f.name] = pa.nulls(rows, f.type)
-        pairs: Counter = Counter()
+        cols = columns_of(first, pf, raw)
+        images: Counter = Counter()
         if first.cdc:
             kinds = raw.column("_change_type")
             unknown = pc.invert(pc.is_in(kinds, pa.array(list(_SIGN))))
             if rows and pc.any(unknown).as_py():
                 raise ValueError(f"{table_path}: unknown Change Data Feed _change_type "
                                  f"{pc.filter(kinds, unknown)[0].as_py()!r} in {first.path}")
-            pairs = Counter({k: pc.sum(pc.cast(pc.equal(kinds, k), pa.int64())).as_py() or 0
-                             for k in ("update_preimage", "update_postimage")})
+            images = Counter({k: pc.sum(pc.cast(pc.equal(kinds, k), pa.int64())).as_py() or 0
+                              for k in ("update_preimage", "update_postimage")})
             cols[WEIGHT] = pc.if_else(pc.is_in(kinds, pa.array(["insert", "update_postimage"])), 1, -1).cast(pa.int64())
-            return pa.table(cols, schema=out_schema), rows, pairs
+            return pa.table(cols, schema=out_schema), rows, images
         cols[WEIGHT] = pa.array(weight, pa.int64())
         data = pa.table(cols, schema=out_schema)
-        return data.filter(pa.array(weight != 0)), rows, pairs
+        return data.filter(pa.array(weight != 0)), rows, images
 
+    def read_pair(pair: tuple[_Part, _Part]) -> tuple[pa.Table, int, Counter]:
+        """A copy-on-write rewrite (:func:`rewrite_pairs`): the two files compared row by row
+        in the columns asked for. Rows equal at the same position cancel; the others are the
+        old rows at -1 and the new at +1. Exact whatever the row order (a writer that reorders
+        makes more rows differ, which consolidation then cancels), and the change is what
+        differs, not the files' rows."""
+        tables = []
+        for part in pair:
+            pf = _open(table_path, part.path)
+            raw = pf.read(columns=[c for c in file_cols.values() if c in set(pf.schema_arrow.names)])
+            tables.append(pa.table(columns_of(part, pf, raw)))
+        old, new = tables
+        if old.num_rows != new.num_rows:   # the statistics did not tell the truth: no pairing
+            differ = None
+        else:
+            differ = pa.array(np.zeros(old.num_rows, dtype=bool))
+            for c in old.column_names:
+                a, b = old.column(c), new.column(c)
+                ne = pc.fill_null(pc.not_equal(a, b), False)
+                one_null = pc.xor(pc.is_null(a), pc.is_null(b))
+                differ = pc.or_(differ, pc.or_(ne, one_null))
+        halves = []
+        for t, w in ((old, -1), (new, 1)):
+            t = t if differ is None else t.filter(differ)
+            halves.append(t.append_column(WEIGHT, pa.array(np.full(t.num_rows, w, dtype=np.int64))).cast(out_schema))
+        return pa.concat_tables(halves), old.num_rows + new.num_rows, Counter()
+
+    pairs = rewrite_pairs(parts)
+    paired = {id(p) for pair in pairs for p in pair}
     groups: dict[tuple, list[_Part]] = {}
     for part in parts:
-        groups.setdefault((part.path, part.cdc, part.version if part.cdc else None), []).append(part)
-    with ThreadPoolExecutor(max_workers=min(16, len(groups)), thread_name_prefix="delta-log-changes") as pool:
-        read_groups = list(pool.map(read, groups.values()))
+        if id(part) not in paired:
+            groups.setdefault((part.path, part.cdc, part.version if part.cdc else None), []).append(part)
+    jobs = [(read, g) for g in groups.values()] + [(read_pair, pair) for pair in pairs]
+    with ThreadPoolExecutor(max_workers=min(16, len(jobs)), thread_name_prefix="delta-log-changes") as pool:
+        read_jobs = list(pool.map(lambda job: job[0](job[1]), jobs))
+    read_groups = read_jobs[:len(groups)]
     per_version: dict[int, Counter] = {}
-    for group, (_, _, pairs) in zip(groups.values(), read_groups):
+    for group, (_, _, images) in zip(groups.values(), read_groups):
         if group[0].cdc:
-            per_version.setdefault(group[0].version, Counter()).update(pairs)
-    for version, pairs in sorted(per_version.items()):
-        if pairs["update_preimage"] != pairs["update_postimage"]:
-            raise UnpairedUpdate(version, pairs["update_preimage"], pairs["update_postimage"])
-    result.files_read = len(groups)
-    result.rows_read = sum(n for _, n, _ in read_groups)
-    result.data = consolidate(pa.concat_tables([t for t, _, _ in read_groups]))
+            per_version.setdefault(group[0].version, Counter()).update(images)
+    for version, images in sorted(per_version.items()):
+        if images["update_preimage"] != images["update_postimage"]:
+            raise UnpairedUpdate(version, images["update_preimage"], images["update_postimage"])
+    result.files_read = len(groups) + 2 * len(pairs)
+    result.rows_read = sum(n for _, n, _ in read_jobs)
+    result.data = consolidate(pa.concat_tables([t for t, _, _ in read_jobs]))
     if result.data.num_rows:
         newest = max(p.version for p in parts)
         result.commit_ms = next(c.timestamp_ms for c in commits if c.version == newest)
@@ -284,10 +373,20 @@ def consolidate(zset: pa.Table) -> pa.Table:
         return zset
     if any(pa.types.is_nested(zset.schema.field(c).type) for c in cols):
         return zset
-    summed = zset.group_by(cols, use_threads=False).aggregate([(WEIGHT, "sum")])
+    summed = zset.group_by(cols, use_threads=True).aggregate([(WEIGHT, "sum")])
     summed = summed.rename_columns(cols + [WEIGHT]).select(zset.column_names)
     summed = summed.filter(pc.not_equal(summed.column(WEIGHT), 0))
     return summed.cast(zset.schema)
+
+
+def _open(table_path: str, rel: str) -> pq.ParquetFile:
+    """A data file of the table, opened for reading: on local disk by its path (a read then
+    touches only the footer and the column chunks it decodes), on an object store with one GET
+    of the whole file (counted as every request of :mod:`consistent_stream.storage` is)."""
+    path = _file(table_path, rel)
+    if location.is_remote(table_path):
+        return pq.ParquetFile(pa.BufferReader(storage.read_bytes(path)))
+    return pq.ParquetFile(location.fs_path(path))
 
 
 def _file(table_path: str, rel: str) -> str:

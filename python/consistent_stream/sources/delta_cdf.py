@@ -300,8 +300,8 @@ class DeltaSource:
         zschema = _zset_schema(table, None, columns)
         if start == end:
             return SourceChanges(Changelog.empty(views, zschema), 0, None)
-        commits = table.log_commits(start, end)
-        if not _feed_covers(table, commits):
+        commits = self._commits_unless_fed(table, start, end)
+        if commits is not None:
             schema = self.schema()
             physical = {f.name: f.metadata[PHYSICAL_NAME] for f in schema.fields if f.metadata.get(PHYSICAL_NAME)}
             try:
@@ -325,6 +325,13 @@ class DeltaSource:
         keep = [c for c in arrow.column_names if c not in ("_change_type", "_commit_version", "_commit_timestamp")]
         data = arrow.select(keep).append_column(WEIGHT, weight)
         return SourceChanges(Changelog.of_source_change(views, data, schema=zschema), n, commit_ms)
+
+    def _commits_unless_fed(self, table: DeltaTableRef, start: int, end: int) -> list | None:
+        """The commits of ``(start, end]`` (:meth:`DeltaTableRef.log_commits`) when the range
+        is read from the log, None when its Change Data Feed reads it exactly
+        (:func:`_feed_covers`)."""
+        commits = table.log_commits(start, end)
+        return None if _feed_covers(table, commits) else commits
 
     def _logged(self, views, found, zschema: StructType, start: int, end: int) -> SourceChanges:
         """A :class:`~consistent_stream.delta.log_changes.LogChanges` as the batch's change,
