@@ -112,7 +112,8 @@ as a dbt source.
 {% macro consistent_stream_ref_relation(node) %}
   {#-- The relation ref() gives for node here: prod's under `--defer` (dbt's ref() decides), the
        table itself (not dbt's `--empty` subquery) --#}
-  {%- set r = ref(node.package_name, node.name, v=node.version) if node.version is not none
+  {%- set version = node.get('version') -%}
+  {%- set r = ref(node.package_name, node.name, v=version) if version is not none
       else ref(node.package_name, node.name) -%}
   {%- do return(api.Relation.create(database=r.database, schema=r.schema, identifier=r.identifier)) -%}
 {% endmacro %}
