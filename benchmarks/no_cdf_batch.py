@@ -108,8 +108,10 @@ def main() -> None:
     for model in MODELS:
         for dv in ("mor", "cow"):
             with_cdf, without = (model, f"{dv}_cdf"), (model, f"{dv}_nocdf")
-            row = {"sf": args.sf, "model": model, "layout": "merge-on-read (deletion vectors)" if dv == "mor"
-                   else "copy-on-write", "rounds": args.rounds, "orders_per_round": args.orders,
+            command = " ".join(["benchmarks/no_cdf_batch.py", *sys.argv[1:]])
+            layout = "merge-on-read (deletion vectors)" if dv == "mor" else "copy-on-write"
+            row = {"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "command": command, "sf": args.sf,
+                   "model": model, "layout": layout, "rounds": args.rounds, "orders_per_round": args.orders,
                    "cdf_median_s": round(statistics.median(seconds[with_cdf]), 3),
                    "no_cdf_median_s": round(statistics.median(seconds[without]), 3),
                    "cdf_changes_read": changes[with_cdf], "no_cdf_changes_read": changes[without],
@@ -119,6 +121,11 @@ def main() -> None:
             out.append(row)
     print(json.dumps({"summary": True, "sf": args.sf, "max_ratio": max(r["ratio_no_cdf_to_cdf"] for r in out),
                       "all_verified": all(r["verified"] for r in out)}), flush=True)
+
+
+def _commit() -> str:
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
 
 
 if __name__ == "__main__":

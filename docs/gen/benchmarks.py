@@ -270,6 +270,16 @@ def refresh_vs_full() -> str:
     return out
 
 
+def no_cdf_batch() -> str:
+    recs = load("no_cdf_batch.jsonl")
+    rows = [r for r in recs if not is_summary(r)]
+    cols = [Col("model", "model"), Col("source layout", "layout"), Col("with the feed: s (median)", "cdf_median_s"),
+            Col("without: s (median)", "no_cdf_median_s"), Col("without / with", "ratio_no_cdf_to_cdf"),
+            Col("source rows changed, each round", "no_cdf_changes_read"), Col("verified", "verified")]
+    return sources_line("no_cdf_batch.jsonl") + runs_newest_first(
+        group(rows, lambda r: (r.get("date"), r.get("commit"))), lambda run: table(cols, run.records), title_of)
+
+
 def tpch_models() -> str:
     recs = load("tpch_models.jsonl")
     rows = [r for r in recs if not is_summary(r)]
@@ -809,6 +819,9 @@ BENCHMARKS = [
               ("connect_vs_classic.jsonl",)),
     Benchmark("driver_rebuild", "Where a rebuild runs", "a `--full-refresh` on the driver against the executors",
               "Speed", driver_rebuild, ("driver_rebuild.jsonl",)),
+    Benchmark("no_cdf_batch", "A source without the Change Data Feed",
+              "a small batch read from the Delta log against the same batch read from the feed", "Speed",
+              no_cdf_batch, ("no_cdf_batch.jsonl",)),
     Benchmark("object_store", "Local disk against an S3 server",
               "run time and requests with every location on S3 (s3proxy)", "Deployment", object_store,
               ("object_store.jsonl",)),
