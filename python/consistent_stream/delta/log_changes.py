@@ -24,11 +24,12 @@ them: the pairing is a cost, never a correctness, matter.)
 Over a range of commits the add and remove actions are netted first, by file and deletion
 vector: a file added and removed inside the range is never read, and a file whose vector
 changed twice is read once, with the vector it had before the range (its rows at -1) and the
-one it has at the end (+1): only the rows the two disagree on are kept. What is left is read
-(one GET per file, all at once), its rows less the rows of its deletion vector, and
-consolidated: rows that appear at +1 and -1
-cancel, so the changelog is the change, whichever way the writer wrote it. Rows of a type Arrow
-cannot group (lists, maps, structs) are left unconsolidated (a Z-set either way).
+one it has at the end (+1): only the rows the two disagree on are kept, from the row groups
+that hold them. What is left is read (all at once; a local file by path, so only the column
+chunks decoded are read; a file on an object store in one GET), its rows less the rows of its
+deletion vector, and consolidated: rows that appear at +1 and -1 cancel, so the changelog is
+the change, whichever way the writer wrote it. Rows of a type Arrow cannot group (lists, maps,
+structs) are left unconsolidated (a Z-set either way).
 
 Deletion vectors are read by delta-rs (``DeltaTable.deletion_vectors``: each file's keep mask
 at a version); the data files by pyarrow, by their physical column names under column mapping
