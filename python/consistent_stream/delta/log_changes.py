@@ -96,6 +96,15 @@ class LogChanges:
     used_deletion_vectors: bool = False
     commit_ms: int | None = None
 
+    @property
+    def change_rows(self) -> int:
+        """The change rows of the range, as a Change Data Feed would count them: the sum of
+        the consolidated weights' magnitudes (a row inserted twice counts 2; an update of one
+        row in a rewritten file counts 2, its pre- and post-image)."""
+        if not self.data.num_rows:
+            return 0
+        return int(pc.sum(pc.abs(self.data.column(WEIGHT))).as_py())
+
 
 @dataclass(frozen=True)
 class _Part:
