@@ -16,7 +16,7 @@ verify_all() {
 example_copy() {
     local dir=$1 python=$2
     mkdir "$dir"
-    cp -r "$repo/models/example/"{dbt_project.yml,profiles.yml,models,tests} "$dir/"
+    cp -r "$repo/models/example/"{dbt_project.yml,profiles.yml,models,macros,tests} "$dir/"
     "$python" - "$dir/dbt_project.yml" <<'PY'
 import sys
 import yaml

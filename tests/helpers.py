@@ -244,14 +244,15 @@ def example_copy(tmp: Path, schema_prefix: str) -> tuple[Path, str, Path]:
     """A copy of the example project (``dbt_project.yml``, its models, data tests and
     profiles) at ``tmp/example`` whose profiles write to a fresh schema
     ``<schema_prefix>_<8 hex digits>`` instead of ``tpch_example``, with TPC-H at SF 0.01
-    generated in its ``data/tpch``; returns ``(project, schema, data directory)``."""
+    generated in its ``data/tpch`` (``orders`` without the Change Data Feed, as ``make demo``
+    writes it); returns ``(project, schema, data directory)``."""
     import shutil
     import uuid
 
     from consistent_stream_testing.tpch.generate import generate
     project = tmp / "example"
     project.mkdir()
-    for name in ("dbt_project.yml", "models", "tests", "profiles.yml"):
+    for name in ("dbt_project.yml", "models", "macros", "tests", "profiles.yml"):
         src = EXAMPLE / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, project / name)
     schema = f"{schema_prefix}_{uuid.uuid4().hex[:8]}"
@@ -259,7 +260,7 @@ def example_copy(tmp: Path, schema_prefix: str) -> tuple[Path, str, Path]:
     assert "schema: tpch_example" in profile
     (project / "profiles.yml").write_text(profile.replace("schema: tpch_example", f"schema: {schema}"))
     data = project / "data" / "tpch"
-    generate(0.01, data)
+    generate(0.01, data, without_cdf=["orders"])
     return project, schema, data
 
 

@@ -24,7 +24,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables else ALL
     try:
-        counts = generate(args.sf, args.dir, tables=tables)
+        without = [t.strip() for t in args.without_cdf.split(",") if t.strip()] if args.without_cdf else ()
+        counts = generate(args.sf, args.dir, tables=tables, without_cdf=without)
     except (TpchGenError, ValueError, OSError, ConsistentStreamError) as e:
         print(f"tpch-generate: error: {e}", file=sys.stderr)
         return 1
@@ -70,7 +71,7 @@ def add_tpch_commands(subparsers) -> None:
     local directory or an S3 URI (``s3://bucket/prefix``, reached through the AWS chain:
     ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID`` ...).
 
-    * ``tpch-generate --sf FLOAT --dir PATH [--tables a,b,...]``: see
+    * ``tpch-generate --sf FLOAT --dir PATH [--tables a,b,...] [--without-cdf a,b,...]``: see
       :func:`consistent_stream_testing.tpch.generate.generate`.
     * ``tpch-refresh --dir PATH --round N [--seed S]``: see
       :func:`consistent_stream_testing.tpch.refresh.refresh_round`.
@@ -79,7 +80,7 @@ def add_tpch_commands(subparsers) -> None:
         "tpch-generate",
         help="generate TPC-H tables as Delta tables with Change Data Feed",
         description="Generate the 8 TPC-H tables with tpchgen-cli and write each as a "
-        "Delta table DIR/<table> with delta.enableChangeDataFeed=true.",
+        "Delta table DIR/<table> with delta.enableChangeDataFeed=true (false for --without-cdf).",
     )
     g.add_argument("--sf", type=float, required=True, help="TPC-H scale factor, e.g. 0.1")
     g.add_argument("--dir", required=True, help="root directory (or s3://bucket/prefix) of the Delta tables")
@@ -87,6 +88,11 @@ def add_tpch_commands(subparsers) -> None:
         "--tables",
         default=None,
         help="comma-separated subset of tables (default: all 8)",
+    )
+    g.add_argument(
+        "--without-cdf",
+        default=None,
+        help="comma-separated tables written with the Change Data Feed off (default: none)",
     )
     g.set_defaults(func=_cmd_generate)
 

@@ -1,4 +1,4 @@
-"""Generate the TPC-H source tables as Delta tables with Change Data Feed on.
+"""Generate the TPC-H source tables as Delta tables, with Change Data Feed on (or off, per table).
 
 The data comes from ``tpchgen-cli`` (PyPI package ``tpchgen-cli``, a Rust port of
 TPC-H ``dbgen``), written as Parquet into a temporary directory and then copied into
@@ -253,7 +253,7 @@ def _prepare_target(path: str) -> bool:
     return False
 
 
-def _write_delta(path: str, files: list[Path], schema: pa.Schema) -> int:
+def _write_delta(path: str, files: list[Path], schema: pa.Schema, *, cdf: bool = True) -> int:
     from deltalake import DeltaTable, write_deltalake
 
     existed = _prepare_target(path)
@@ -265,13 +265,14 @@ def _write_delta(path: str, files: list[Path], schema: pa.Schema) -> int:
         reader,
         mode="overwrite",
         schema_mode="overwrite" if existed else None,
-        configuration=CDF_CONFIGURATION,
+        configuration=CDF_CONFIGURATION if cdf else None,
         storage_options=options,
     )
     dt = DeltaTable(path, storage_options=options)
-    if dt.metadata().configuration.get("delta.enableChangeDataFeed") != "true":
-        # Overwriting an existing table may keep its old properties: turn CDF on.
-        dt.alter.set_table_properties(CDF_CONFIGURATION)
+    on = dt.metadata().configuration.get("delta.enableChangeDataFeed") == "true"
+    if on != cdf:
+        # Overwriting an existing table may keep its old properties: set the feed as asked.
+        dt.alter.set_table_properties({"delta.enableChangeDataFeed": "true" if cdf else "false"})
     return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 
 
@@ -280,14 +281,15 @@ def generate(
     root: str | Path,
     *,
     tables: Iterable[str] = ALL,
+    without_cdf: Iterable[str] = (),
 ) -> dict[str, int]:
     """Generate TPC-H at scale factor ``sf`` as Delta tables under ``root``.
 
     Each table is written to ``root/<table>`` (``region``, ``nation``, ``supplier``,
     ``customer``, ``part``, ``partsupp``, ``orders``, ``lineitem``) with table property
-    ``delta.enableChangeDataFeed=true``, in one ``WRITE`` commit. A table that already
-    exists there is overwritten by a new version (it stays a Delta table, its history
-    is kept, CDF stays on); delta-rs 1.6 records that overwrite in the Change Data Feed
+    ``delta.enableChangeDataFeed=true`` (``false`` for those in ``without_cdf``), in one
+    ``WRITE`` commit. A table that already exists there is overwritten by a new version (it
+    stays a Delta table, its history is kept, the feed is set as asked); delta-rs 1.6 records that overwrite in the Change Data Feed
     as a ``delete`` of every old row plus an ``insert`` of every new one. Schemas:
     :data:`SCHEMAS` (see the module docstring).
 
@@ -303,6 +305,9 @@ def generate(
             S3 URI ``s3://bucket/prefix`` (the bucket must exist; endpoint and credentials
             from the AWS chain, see :mod:`consistent_stream.location`).
         tables: which tables to (re)generate (lower-case names); default all 8.
+        without_cdf: tables written with the Change Data Feed off
+            (``delta.enableChangeDataFeed=false``): their changes exist only in the Delta
+            log's added and removed files, as on a table whose owner never turned the feed on.
 
     Returns:
         Rows written per table, e.g. ``{"orders": 15000, ...}`` at SF 0.01.
@@ -318,6 +323,7 @@ def generate(
     if not sf > 0:
         raise ValueError(f"scale factor must be > 0, got {sf!r}")
     names = _normalize_tables(tables)
+    plain = set(_normalize_tables(without_cdf)) if without_cdf else set()
     root = location.normalize(str(root), key="--dir")
     storage.make_dirs(root)
     location.check_reachable(root, key="--dir")
@@ -328,5 +334,6 @@ def generate(
         out_dir = Path(tmp)
         _run_tpchgen(sf, out_dir, names)
         for t in names:
-            counts[t] = _write_delta(table_path(root, t), _parquet_files(out_dir, t), SCHEMAS[t])
+            counts[t] = _write_delta(table_path(root, t), _parquet_files(out_dir, t), SCHEMAS[t],
+                                     cdf=t not in plain)
     return counts
