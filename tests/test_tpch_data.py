@@ -101,6 +101,15 @@ def test_generate_overwrites_existing_table(root):
     assert dt.metadata().configuration.get("delta.enableChangeDataFeed") == "true"
 
 
+def test_generate_without_cdf_turns_the_feed_off_and_back_on(root):
+    """``without_cdf`` writes the table with the feed off, also over a table that had it on;
+    generated again without it, the feed is on again."""
+    generate(SF, root, tables=["nation"], without_cdf=["nation"])
+    assert DeltaTable(str(root / "nation")).metadata().configuration.get("delta.enableChangeDataFeed") == "false"
+    generate(SF, root, tables=["nation"])
+    assert DeltaTable(str(root / "nation")).metadata().configuration.get("delta.enableChangeDataFeed") == "true"
+
+
 def _check_round(root: Path, res: RefreshResult, prev_max: int) -> dict[str, set[int]]:
     """Check one round's CDF against its RefreshResult; return the keys it touched."""
     assert [(c.table, c.operation) for c in res.commits] == [

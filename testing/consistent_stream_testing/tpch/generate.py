@@ -289,8 +289,9 @@ def generate(
     ``customer``, ``part``, ``partsupp``, ``orders``, ``lineitem``) with table property
     ``delta.enableChangeDataFeed=true`` (``false`` for those in ``without_cdf``), in one
     ``WRITE`` commit. A table that already exists there is overwritten by a new version (it
-    stays a Delta table, its history is kept, the feed is set as asked); delta-rs 1.6 records that overwrite in the Change Data Feed
-    as a ``delete`` of every old row plus an ``insert`` of every new one. Schemas:
+    stays a Delta table, its history is kept, the feed is set as asked); with the feed on,
+    delta-rs 1.6 records that overwrite in the Change Data Feed as a ``delete`` of every old
+    row plus an ``insert`` of every new one. Schemas:
     :data:`SCHEMAS` (see the module docstring).
 
     Row counts follow TPC-H: e.g. at SF 1, 150 000 customers, 1 500 000 orders,
