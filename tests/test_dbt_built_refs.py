@@ -55,6 +55,7 @@ def _yaml(source_schema: str) -> str:
             schema: {source_schema}
             tables:
               - name: orders
+                freshness: {{warn_after: {{count: 1, period: day}}}}
                 columns:
                   - name: oid
                     constraints: [{{type: primary_key}}]
@@ -105,6 +106,10 @@ def test_a_mart_over_models_dbt_builds_as_delta_tables_and_a_catalog_source(spar
     assert r.success, messages(r)
     verify("mart", "by_customer")
     assert spark.table(f"{schema}.mart").count() == 3
+    r = dbt(tmp_path, "source", "freshness")   # from the Delta log of the table the catalog names
+    assert r.success, messages(r)
+    [result] = json.loads((tmp_path / "target" / "sources.json").read_text())["results"]
+    assert result["status"] == "pass" and result["max_loaded_at_time_ago_in_s"] < 3600, result
 
     spark.sql(f"UPDATE {orders} SET amount = amount + 40 WHERE oid % 5 = 0")
     spark.sql(f"DELETE FROM {orders} WHERE oid IN (2, 3)")
@@ -138,6 +143,19 @@ def test_a_mart_over_models_dbt_builds_as_delta_tables_and_a_catalog_source(spar
     assert r.success, messages(r)
     verify("mart")
     assert sorted(spark.table(f"{dev}.mart").collect()) == sorted(spark.table(f"{schema}.mart").collect())
+
+    # dbt clone: what dbt-spark gives a Delta `table` (a shallow clone of prod's target); a
+    # later run in dev replaces the clone with a target of its own
+    r = dbt(tmp_path, "clone", "-s", "by_customer", "--state", str(tmp_path / "prod_state"))
+    assert r.success, messages(r)
+    entry = catalog_entry(spark, dev, "by_customer")
+    assert entry is not None and not entry.is_target()
+    assert sorted(spark.table(f"{dev}.by_customer").collect()) == sorted(spark.table(f"{schema}.by_customer").collect())
+    r = dbt(tmp_path, "run", "-s", "by_customer", "--defer", "--state", str(tmp_path / "prod_state"))
+    assert r.success, messages(r)
+    verify("by_customer")
+    entry = catalog_entry(spark, dev, "by_customer")
+    assert entry is not None and entry.is_target()
     spark.sql(f"DROP DATABASE IF EXISTS {dev} CASCADE")
     spark.sql(f"DROP DATABASE IF EXISTS {schema} CASCADE")
     spark.sql(f"DROP DATABASE IF EXISTS {source_schema} CASCADE")

@@ -286,7 +286,8 @@ class ConsistentSparkAdapter(SparkAdapter):
         """The result of ``get_relation_last_modified`` for metadata-based ``dbt source
         freshness``: one row ``(schema, identifier, last_modified, snapshotted_at)`` per
         source (``{"source_name", "name", "relation", "meta"}``, named ``[schema,
-        identifier]`` in ``names``), ``last_modified`` its newest commit (UTC)."""
+        identifier]`` in ``names``), ``last_modified`` its newest commit (UTC). A source with
+        no ``meta.consistent_stream.location`` is looked up in the session's catalog."""
         import agate
         from dbt.adapters.contracts.connection import AdapterResponse
         from dbt_common.utils import AttrDict
@@ -294,8 +295,12 @@ class ConsistentSparkAdapter(SparkAdapter):
         project_root = os.path.abspath(self.config.project_root)
         try:
             from consistent_stream.job import sources_last_modified
+            from consistent_stream.sink.catalog import CatalogTables
 
-            commits = sources_last_modified(project_root, [_plain(source) for source in sources])
+            plain = [_plain(source) for source in sources]
+            by_name = any(not (s.get("meta") or {}).get("location") for s in plain)
+            catalog = CatalogTables(self._spark_session()) if by_name else None
+            commits = sources_last_modified(project_root, plain, catalog)
         except Exception as exc:
             raise _engine_error("reading the sources' commit times for freshness", exc) from exc
         now = datetime.now(timezone.utc)

@@ -570,14 +570,17 @@ def publish_sources(spark, project_root: str, sources: list[dict]) -> list[int]:
     return [publish_source(spark, spec, base) for spec in specs if not spec.catalog_table]
 
 
-def sources_last_modified(project_root: str, sources: list[dict]) -> list[int]:
+def sources_last_modified(project_root: str, sources: list[dict], catalog=None) -> list[int]:
     """Entry point of ``dbt source freshness`` (metadata-based): for each dbt source
-    (``{source_name, name, relation, meta}``), the commit time of its newest position, in ms
-    since epoch (a Delta table's newest version; a CDC landing directory's newest captured
-    transaction). Raises SourceError naming a source that cannot be read."""
+    (``{source_name, name, relation, meta, primary_key}``), the commit time of its newest
+    position, in ms since epoch (a Delta table's newest version; a CDC landing directory's
+    newest captured transaction). A source without a location is the Delta table its relation
+    names in the catalog (``catalog``, a :class:`~consistent_stream.sink.catalog.CatalogTables`).
+    Raises SourceError naming a source that cannot be read, ConfigError one that is not a
+    Delta table (or that has no location and no ``catalog`` to find it)."""
     from .sources import SourceSpec
     out = []
     for s in sources:
-        source = open_source(SourceSpec.from_dbt(s, project_root))
+        source = open_source(SourceSpec.from_dbt(s, project_root, catalog=catalog))
         out.append(int(source.commit_ms(source.latest_position())))
     return out
