@@ -17,15 +17,19 @@ from collections.abc import Sequence
 __all__ = ["add_tpch_commands", "main"]
 
 
+def _table_list(text: str | None) -> list[str]:
+    """The table names of a comma-separated option (``--tables``, ``--without-cdf``); [] when unset."""
+    return [t.strip() for t in (text or "").split(",") if t.strip()]
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from consistent_stream.errors import ConsistentStreamError
     from .generate import ALL, TpchGenError, generate
 
     t0 = time.perf_counter()
-    tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables else ALL
+    tables = _table_list(args.tables) or ALL
     try:
-        without = [t.strip() for t in args.without_cdf.split(",") if t.strip()] if args.without_cdf else ()
-        counts = generate(args.sf, args.dir, tables=tables, without_cdf=without)
+        counts = generate(args.sf, args.dir, tables=tables, without_cdf=_table_list(args.without_cdf))
     except (TpchGenError, ValueError, OSError, ConsistentStreamError) as e:
         print(f"tpch-generate: error: {e}", file=sys.stderr)
         return 1
