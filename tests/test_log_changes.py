@@ -27,7 +27,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from consistent_stream.delta import DeltaTableRef
-from consistent_stream.delta.log_changes import WEIGHT, changelog
+from consistent_stream.delta.log_changes import WEIGHT, _DataFile, _same_chunks, changelog
 
 SEEDS = [int(s) for s in os.environ.get("CS_PROPERTY_SEED", "7").split(",")]
 STEPS = 9
@@ -156,9 +156,10 @@ def test_the_change_derived_from_the_log_equals_the_feed_and_the_versions_differ
                 assert _derived(ref, a, b, use_cdc=True) == expected, f"seed {seed}, feed, versions {a + 1}..{b}"
 
 
-def test_a_deletion_vector_change_decodes_only_the_row_groups_it_touches(tmp_path):
+def test_a_deletion_vector_change_reads_only_the_rows_it_touches(tmp_path):
     """A file whose deletion vector changed (removed with the old vector, added with the new):
-    the change is the rows the vectors disagree on, read from the row groups that hold them."""
+    the change is the rows the vectors disagree on, read by position from a local file (DuckDB)
+    and from the row groups that hold them from bytes (an object store's file, pyarrow)."""
     @dataclass(frozen=True)
     class C:
         version: int
@@ -178,7 +179,13 @@ def test_a_deletion_vector_change_decodes_only_the_row_groups_it_touches(tmp_pat
     found = changelog(str(tmp_path), [commit], 1, 2, data.schema, [],
                       deletion_vectors=lambda v: {"f.parquet": old if v == 1 else new})
     assert _weighted(found.data) == Counter({(13, "g1", 113): -1, (14, "g2", 114): -1})
-    assert found.rows_read == 4   # rows 12..15: the one row group holding 13 and 14
+    assert (found.rows_read, found.rows_decoded) == (20, 2)
+    raw = (tmp_path / "f.parquet").read_bytes()
+    remote = _DataFile(pq.ParquetFile(pa.BufferReader(raw)), buffer=raw)
+    at = np.array([1, 13, 14, 18])     # in row groups 0, 3 and 4 of five
+    types = {"k": pa.int64(), "g": pa.string()}
+    for f in (remote, _DataFile(pq.ParquetFile(tmp_path / "f.parquet"), local=str(tmp_path / "f.parquet"))):
+        assert f.take(["k", "g"], at, types).to_pydict() == {"k": [1, 13, 14, 18], "g": ["g1", "g1", "g2", "g0"]}
 
 
 def test_a_rewrite_is_compared_row_by_row_and_stays_exact_when_rows_move(tmp_path):
@@ -204,3 +211,9 @@ def test_a_rewrite_is_compared_row_by_row_and_stays_exact_when_rows_move(tmp_pat
         found = changelog(str(tmp_path), [commit], 1, 2, old.schema, [])
         assert _weighted(found.data) == Counter({(0, "a", None): -1, (0, "a", 0): 1}), added
         assert found.rows_read == 20 and found.files_read == 2
+    # k and g are stored byte for byte the same in old and new (only v is decoded to compare);
+    # moved, every column differs
+    opened = {name: _DataFile(pq.ParquetFile(tmp_path / f"{name}.parquet"), local=str(tmp_path / f"{name}.parquet"))
+              for name in ("old", "new", "moved")}
+    assert [_same_chunks(opened["old"], opened["new"], c) for c in ("k", "g", "v")] == [True, True, False]
+    assert [_same_chunks(opened["old"], opened["moved"], c) for c in ("k", "v")] == [False, False]

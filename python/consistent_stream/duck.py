@@ -1,6 +1,7 @@
 """The process's in-memory DuckDB databases, shared by the driver's change-sized work (the
-local engine's delta queries, :mod:`.exec.local`, and the keyed state scan,
-:mod:`.state.arrangement`).
+local engine's delta queries, :mod:`.exec.local`, the keyed state scan,
+:mod:`.state.arrangement`, and the rows of a source's data file by position,
+:mod:`.delta.log_changes`).
 
 Opening a DuckDB database (``duckdb.connect()``) has a fixed cost that a change-sized batch
 notices, and a batch opened two; a cursor of an open database costs next to nothing. So each
@@ -132,6 +133,11 @@ def prewarm(threads: int | None = None) -> threading.Thread | None:
     return t
 
 
+def dq(name: str) -> str:
+    """An identifier double-quoted as ANSI SQL does (DuckDB, delta-rs' DataFusion)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 UNSUPPORTED = object()
 
 
@@ -173,7 +179,6 @@ class KeyedScan:
         rows match; ``UNSUPPORTED`` when this scan cannot answer exactly."""
         import duckdb
 
-        from .delta.deltars import dq
         if not all(any(ok(schema.field(c).type) for ok in self.KEY_TYPES) for c in keys):
             return UNSUPPORTED
         names, conds = [], []
@@ -201,3 +206,51 @@ class KeyedScan:
         finally:
             for name in names:
                 self.con.unregister(name)
+
+
+def exact_by_position(t: pa.DataType) -> bool:
+    """Whether DuckDB's Parquet reader gives a column of Arrow type ``t`` (as pyarrow reads the
+    file) back exactly after a safe cast: flat types only, and no nanosecond timestamps
+    (INT96 and TIMESTAMP_NANOS, which DuckDB may read at microseconds)."""
+    if pa.types.is_timestamp(t):
+        return t.unit != "ns"
+    return any(ok(t) for ok in (pa.types.is_integer, pa.types.is_floating, pa.types.is_string,
+                                pa.types.is_large_string, pa.types.is_string_view, pa.types.is_binary,
+                                pa.types.is_large_binary, pa.types.is_binary_view,
+                                pa.types.is_decimal, pa.types.is_date, pa.types.is_boolean))
+
+
+def rows_at(path: str, schema: pa.Schema, positions) -> pa.Table | object:
+    """The rows at ``positions`` (ascending, distinct 0-based row numbers; a numpy integer
+    array) of the local Parquet file ``path``, in ``schema``'s columns (names as in the file,
+    types cast to), in that order; ``UNSUPPORTED`` when a column's type is not read exactly
+    this way (:func:`exact_by_position`) or DuckDB fails, and the caller decodes the file with
+    pyarrow instead. The caller checks the types the file stores with
+    :func:`exact_by_position` too.
+
+    Why DuckDB. pyarrow decodes a row group's column chunks whole, so a few rows of a file of
+    one large row group (delta-spark writes such files) cost the whole file. DuckDB's reader
+    filters on ``file_row_number`` while it scans: the pages holding none of the rows are
+    skipped, and the other columns are decoded only where rows match. The change of a file
+    whose deletion vector grew, or of a copy-on-write rewrite, is a few rows of a large file
+    (:mod:`.delta.log_changes`; the comparison is ``benchmarks/no_cdf_batch.py``)."""
+    import duckdb
+    import numpy as np
+    if not schema.names or not all(exact_by_position(f.type) for f in schema):
+        return UNSUPPORTED
+    con = database().cursor()
+    try:
+        con.register("__positions", pa.table({"r": pa.array(np.asarray(positions, dtype=np.int64))}))
+        cols = ", ".join(f"s.{dq(n)}" for n in schema.names)
+        file = "'" + path.replace("'", "''") + "'"
+        out = arrow(con, f"SELECT {cols} FROM read_parquet({file}, file_row_number = true) s "
+                         f"SEMI JOIN __positions p ON s.file_row_number = p.r ORDER BY s.file_row_number")
+        if out.num_rows != len(positions):
+            log.debug("rows by position: %s gave %d rows for %d positions", path, out.num_rows, len(positions))
+            return UNSUPPORTED
+        return out.rename_columns(schema.names).cast(schema, safe=True)
+    except (duckdb.Error, pa.ArrowException) as e:
+        log.debug("rows by position: DuckDB could not read %s exactly: %s", path, e)
+        return UNSUPPORTED
+    finally:
+        con.close()

@@ -19,13 +19,16 @@ A copy-on-write rewrite of one file into another of as many rows (an UPDATE) is 
 by row (:func:`rewrite_pairs`): writers keep a file's row order when they rewrite it, so the rows
 equal at the same position cancel there and only the others go on, which spares consolidating
 two whole files. (Were the order not kept, more rows would differ and consolidation would cancel
-them: the pairing is a cost, never a correctness, matter.)
+them: the pairing is a cost, never a correctness, matter.) A column stored byte for byte the
+same in both files (delta-spark re-encodes the columns an UPDATE left alone identically) holds
+the same values and is not decoded to compare; it is read only at the rows that differ.
 
 Over a range of commits the add and remove actions are netted first, by file and deletion
 vector: a file added and removed inside the range is never read, and a file whose vector
 changed twice is read once, with the vector it had before the range (its rows at -1) and the
-one it has at the end (+1): only the rows the two disagree on are kept, from the row groups
-that hold them. What is left is read (all at once; a local file by path, so only the column
+one it has at the end (+1): only the rows the two disagree on are kept, read by position
+(DuckDB's reader skips the pages that hold none of them; on an object store, the row groups
+that hold them are decoded). What is left is read (all at once; a local file by path, so only the column
 chunks decoded are read; a file on an object store in one GET), its rows less the rows of its
 deletion vector, and consolidated: rows that appear at +1 and -1 cancel, so the changelog is
 the change, whichever way the writer wrote it. Rows of a type Arrow cannot group (lists, maps,
@@ -53,7 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import location, storage
+from .. import duck, location, storage
 
 WEIGHT = "__weight"
 _SIGN = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1}
@@ -83,7 +86,9 @@ class UnpairedUpdate(Exception):
 @dataclass
 class LogChanges:
     """The changelog of a range: ``data`` (the columns asked for plus ``__weight``), the files
-    and rows read for it, the versions that rewrote the table whole (``whole_table``), whether
+    it opened and their rows (``files_read``, ``rows_read``), the rows it decoded of them
+    (``rows_decoded``: fewer where it read rows by position or compared only the columns a
+    rewrite changed), the versions that rewrote the table whole (``whole_table``), whether
     any commit of the range had Change Data Feed files (``used_cdc``) and whether any file
     was read with a deletion vector (``used_deletion_vectors``); ``commit_ms``: the commit time
     (ms since epoch) of the newest commit of the range that changed rows, None when the
@@ -91,6 +96,7 @@ class LogChanges:
     data: pa.Table
     files_read: int = 0
     rows_read: int = 0
+    rows_decoded: int = 0
     whole_table: list = field(default_factory=list)
     used_cdc: bool = False
     used_deletion_vectors: bool = False
@@ -250,6 +256,7 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
     physical = physical or {}
     names = [f.name for f in schema]
     file_cols = {n: physical.get(n, n) for n in names if n not in partition_columns}
+    file_types = {file_cols[f.name]: f.type for f in schema if f.name in file_cols}
 
     def columns_of(part: _Part, pf: pq.ParquetFile, raw: pa.Table) -> dict:
         """The columns asked for of ``raw`` (rows of ``part``'s file): partition values from
@@ -284,70 +291,84 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
             weight += part.weight * keep
         return weight
 
-    def read(group: list[_Part]) -> tuple[pa.Table, int, Counter]:
-        """The weighted rows of one file, read once for all its parts (:func:`weights`). When
-        the file's own rows cancel (a file whose deletion vector changed: -1 with the old
-        vector, +1 with the new), only the row groups holding rows the vectors disagree on
-        are decoded."""
+    def read(group: list[_Part]) -> tuple[pa.Table, int, int, Counter]:
+        """The weighted rows of one file, read once for all its parts (:func:`weights`):
+        the table, the file's rows, the rows decoded and the update images of a Change Data
+        Feed file. Where few of the file's rows have a weight (a file whose deletion vector
+        changed: -1 with the old vector, +1 with the new, the other rows cancel), only those
+        rows are read (:meth:`_DataFile.take`)."""
         first = group[0]
-        pf = _open(table_path, first.path)
-        present = set(pf.schema_arrow.names)
-        wanted = [c for c in file_cols.values() if c in present] + (["_change_type"] if first.cdc else [])
-        n = pf.metadata.num_rows
+        f = _open(table_path, first.path)
+        wanted = f.present(file_cols.values()) + (["_change_type"] if first.cdc else [])
+        n = f.pf.metadata.num_rows
         weight = None if first.cdc else weights(group, n)
-        if weight is not None and sum(p.weight for p in group) == 0 and pf.metadata.num_row_groups > 1:
-            starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)])
-            changed = np.flatnonzero(weight)
-            groups_read = sorted(set(np.searchsorted(starts, changed, side="right") - 1))
-            raw = pf.read_row_groups(groups_read, columns=wanted) if groups_read else \
-                pf.schema_arrow.empty_table().select(wanted)
-            weight = np.concatenate([weight[starts[g]:starts[g + 1]] for g in groups_read]) if groups_read \
-                else np.zeros(0, dtype=np.int64)
+        if weight is not None and np.count_nonzero(weight) * _FEW < n:
+            at = np.flatnonzero(weight)
+            raw, weight = f.take(wanted, at, file_types), weight[at]
         else:
-            raw = pf.read(columns=wanted)
-        rows = raw.num_rows
-        cols = columns_of(first, pf, raw)
+            raw = f.pf.read(columns=wanted)
+        cols = columns_of(first, f.pf, raw)
         images: Counter = Counter()
         if first.cdc:
             kinds = raw.column("_change_type")
             unknown = pc.invert(pc.is_in(kinds, pa.array(list(_SIGN))))
-            if rows and pc.any(unknown).as_py():
+            if raw.num_rows and pc.any(unknown).as_py():
                 raise ValueError(f"{table_path}: unknown Change Data Feed _change_type "
                                  f"{pc.filter(kinds, unknown)[0].as_py()!r} in {first.path}")
             images = Counter({k: pc.sum(pc.cast(pc.equal(kinds, k), pa.int64())).as_py() or 0
                               for k in ("update_preimage", "update_postimage")})
             cols[WEIGHT] = pc.if_else(pc.is_in(kinds, pa.array(["insert", "update_postimage"])), 1, -1).cast(pa.int64())
-            return pa.table(cols, schema=out_schema), rows, images
+            return pa.table(cols, schema=out_schema), n, raw.num_rows, images
         cols[WEIGHT] = pa.array(weight, pa.int64())
         data = pa.table(cols, schema=out_schema)
-        return data.filter(pa.array(weight != 0)), rows, images
+        return data.filter(pa.array(weight != 0)), n, raw.num_rows, images
 
-    def read_pair(pair: tuple[_Part, _Part]) -> tuple[pa.Table, int, Counter]:
+    def at_weight(t: pa.Table, w: int) -> pa.Table:
+        """``t`` (the columns asked for) with every row at weight ``w``, as ``out_schema``."""
+        return t.append_column(WEIGHT, pa.array(np.full(t.num_rows, w, dtype=np.int64))).cast(out_schema)
+
+    def read_pair(pair: tuple[_Part, _Part]) -> tuple[pa.Table, int, int, Counter]:
         """A copy-on-write rewrite (:func:`rewrite_pairs`): the two files compared row by row
         in the columns asked for. Rows equal at the same position cancel; the others are the
         old rows at -1 and the new at +1. Exact whatever the row order (a writer that reorders
         makes more rows differ, which consolidation then cancels), and the change is what
-        differs, not the files' rows."""
-        tables = []
-        for part in pair:
-            pf = _open(table_path, part.path)
-            raw = pf.read(columns=[c for c in file_cols.values() if c in set(pf.schema_arrow.names)])
-            tables.append(pa.table(columns_of(part, pf, raw)))
-        old, new = tables
-        if old.num_rows != new.num_rows:   # the statistics did not tell the truth: no pairing
-            differ = None
-        else:
-            differ = pa.array(np.zeros(old.num_rows, dtype=bool))
-            for c in old.column_names:
-                a, b = old.column(c), new.column(c)
-                ne = pc.fill_null(pc.not_equal(a, b), False)
-                one_null = pc.xor(pc.is_null(a), pc.is_null(b))
-                differ = pc.or_(differ, pc.or_(ne, one_null))
+        differs, not the files' rows.
+
+        A column whose chunks are byte for byte the same in both files (:func:`_same_chunks`:
+        a writer that rewrites a file re-encodes its unchanged columns identically, as
+        delta-spark does) holds the same values in both, so it cannot tell the rows apart: only
+        the other columns are decoded and compared, and the equal columns are read at the rows
+        that differ, once (:meth:`_DataFile.take`)."""
+        old_f, new_f = (_open(table_path, p.path) for p in pair)
+        cols = old_f.present(file_cols.values())
+        n_old, n_new = old_f.pf.metadata.num_rows, new_f.pf.metadata.num_rows
+        if n_old != n_new or cols != new_f.present(file_cols.values()):
+            # the statistics did not tell the truth, or the files' columns differ: no pairing
+            halves = [at_weight(pa.table(columns_of(part, f.pf, f.pf.read(columns=cols))), w)
+                      for part, f, w in ((pair[0], old_f, -1), (pair[1], new_f, 1))]
+            return pa.concat_tables(halves), n_old + n_new, n_old + n_new, Counter()
+        same = [c for c in cols if _same_chunks(old_f, new_f, c)]
+        compared = [c for c in cols if c not in same]
+        # as the caller's types (a file may store a string as string_view)
+        decoded = [f.pf.read(columns=compared).cast(pa.schema([pa.field(c, file_types[c]) for c in compared]))
+                   for f in (old_f, new_f)] if compared else []
+        differ = np.zeros(n_old, dtype=bool)
+        for c in compared:
+            a, b = decoded[0].column(c), decoded[1].column(c)
+            ne = pc.fill_null(pc.not_equal(a, b), False)
+            differ |= pc.or_(ne, pc.xor(pc.is_null(a), pc.is_null(b))).to_numpy(zero_copy_only=False)
+        at = np.flatnonzero(differ)
+        kept = new_f.take(same, at, file_types) if same else None
         halves = []
-        for t, w in ((old, -1), (new, 1)):
-            t = t if differ is None else t.filter(differ)
-            halves.append(t.append_column(WEIGHT, pa.array(np.full(t.num_rows, w, dtype=np.int64))).cast(out_schema))
-        return pa.concat_tables(halves), old.num_rows + new.num_rows, Counter()
+        for part, f, t, w in ((pair[0], old_f, decoded[0] if decoded else None, -1),
+                              (pair[1], new_f, decoded[1] if decoded else None, 1)):
+            raw = {}
+            for c in cols:
+                raw[c] = kept.column(c) if c in same else t.column(c).take(pa.array(at))
+            raw = pa.table(raw) if cols else pa.table({"__rows": pa.nulls(len(at))})
+            halves.append(at_weight(pa.table(columns_of(part, f.pf, raw)), w))
+        decoded_rows = (2 * n_old if compared else 0) + (len(at) if same else 0)
+        return pa.concat_tables(halves), n_old + n_new, decoded_rows, Counter()
 
     pairs = rewrite_pairs(parts)
     paired = {id(p) for pair in pairs for p in pair}
@@ -360,15 +381,16 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
         read_jobs = list(pool.map(lambda job: job[0](job[1]), jobs))
     read_groups = read_jobs[:len(groups)]
     per_version: dict[int, Counter] = {}
-    for group, (_, _, images) in zip(groups.values(), read_groups):
+    for group, (_, _, _, images) in zip(groups.values(), read_groups):
         if group[0].cdc:
             per_version.setdefault(group[0].version, Counter()).update(images)
     for version, images in sorted(per_version.items()):
         if images["update_preimage"] != images["update_postimage"]:
             raise UnpairedUpdate(version, images["update_preimage"], images["update_postimage"])
     result.files_read = len(groups) + 2 * len(pairs)
-    result.rows_read = sum(n for _, n, _ in read_jobs)
-    result.data = consolidate(pa.concat_tables([t for t, _, _ in read_jobs]))
+    result.rows_read = sum(n for _, n, _, _ in read_jobs)
+    result.rows_decoded = sum(n for _, _, n, _ in read_jobs)
+    result.data = consolidate(pa.concat_tables([t for t, _, _, _ in read_jobs]))
     if result.data.num_rows:
         newest = max(p.version for p in parts)
         result.commit_ms = next(c.timestamp_ms for c in commits if c.version == newest)
@@ -389,14 +411,91 @@ def consolidate(zset: pa.Table) -> pa.Table:
     return summed.cast(zset.schema)
 
 
-def _open(table_path: str, rel: str) -> pq.ParquetFile:
+_FEW = 8
+"""A file's rows are read by position (:meth:`_DataFile.take`) when fewer than one in
+``_FEW`` of them are wanted; above that, decoding the file whole costs about as much."""
+
+
+@dataclass
+class _DataFile:
+    """A data file opened for reading: ``pf``; ``local``: its path on local disk, None on an
+    object store, whose bytes (one GET) are ``buffer``."""
+    pf: pq.ParquetFile
+    local: str | None = None
+    buffer: bytes | None = None
+
+    def present(self, columns: Iterable[str]) -> list[str]:
+        """``columns`` (physical names) the file has, in the order given."""
+        have = set(self.pf.schema_arrow.names)
+        return [c for c in columns if c in have]
+
+    def chunk(self, row_group: int, leaf: int) -> bytes:
+        """The bytes of one column chunk (its dictionary page and data pages)."""
+        meta = self.pf.metadata.row_group(row_group).column(leaf)
+        start = meta.dictionary_page_offset if meta.has_dictionary_page else meta.data_page_offset
+        if self.buffer is not None:
+            return self.buffer[start:start + meta.total_compressed_size]
+        with open(self.local, "rb") as f:
+            f.seek(start)
+            return f.read(meta.total_compressed_size)
+
+    def take(self, columns: list[str], at: np.ndarray, types: dict[str, pa.DataType]) -> pa.Table:
+        """``columns`` at rows ``at`` (ascending positions), cast to ``types`` (by column): by
+        position through DuckDB (:func:`consistent_stream.duck.rows_at`) for a local file whose
+        types it reads exactly, else decoded by pyarrow (only the row groups that hold the
+        rows) and taken."""
+        stored = pa.schema([self.pf.schema_arrow.field(c) for c in columns])
+        schema = pa.schema([pa.field(c, types[c]) for c in columns])
+        if self.local is not None and len(at) and all(duck.exact_by_position(f.type) for f in stored):
+            found = duck.rows_at(self.local, schema, at)
+            if found is not duck.UNSUPPORTED:
+                return found
+        if not len(at):
+            return schema.empty_table()
+        meta = self.pf.metadata
+        starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+        group_of = np.searchsorted(starts, at, side="right") - 1
+        groups = sorted(set(group_of.tolist()))    # only the row groups that hold the rows
+        base = dict(zip(groups, np.cumsum([0] + [starts[g + 1] - starts[g] for g in groups[:-1]])))
+        within = at - starts[group_of] + np.array([base[g] for g in group_of], dtype=np.int64)
+        return self.pf.read_row_groups(groups, columns=columns).cast(schema).take(pa.array(within))
+
+
+def _same_chunks(old: _DataFile, new: _DataFile, column: str) -> bool:
+    """Whether top-level ``column`` is stored byte for byte the same in both files: the same
+    row groups of the same row counts, and each of its leaf columns' chunks the same bytes with
+    the same physical type and codec (equal bytes then decode to equal values)."""
+    mo, mn = old.pf.metadata, new.pf.metadata
+    if "." in column or mo.num_row_groups != mn.num_row_groups or \
+            old.pf.schema_arrow.field(column).type != new.pf.schema_arrow.field(column).type:
+        return False
+    leaves = [j for j in range(mo.num_columns)
+              if mo.schema.column(j).path.split(".")[0] == column]
+    if not leaves or leaves != [j for j in range(mn.num_columns) if mn.schema.column(j).path.split(".")[0] == column]:
+        return False
+    for g in range(mo.num_row_groups):
+        if mo.row_group(g).num_rows != mn.row_group(g).num_rows:
+            return False
+        for j in leaves:
+            a, b = mo.row_group(g).column(j), mn.row_group(g).column(j)
+            if (a.physical_type, a.compression, a.total_compressed_size) != \
+                    (b.physical_type, b.compression, b.total_compressed_size):
+                return False
+            if old.chunk(g, j) != new.chunk(g, j):
+                return False
+    return True
+
+
+def _open(table_path: str, rel: str) -> _DataFile:
     """A data file of the table, opened for reading: on local disk by its path (a read then
     touches only the footer and the column chunks it decodes), on an object store with one GET
     of the whole file (counted as every request of :mod:`consistent_stream.storage` is)."""
     path = _file(table_path, rel)
     if location.is_remote(table_path):
-        return pq.ParquetFile(pa.BufferReader(storage.read_bytes(path)))
-    return pq.ParquetFile(location.fs_path(path))
+        data = storage.read_bytes(path)
+        return _DataFile(pq.ParquetFile(pa.BufferReader(data)), buffer=data)
+    local = location.fs_path(path)
+    return _DataFile(pq.ParquetFile(local), local=local)
 
 
 def _file(table_path: str, rel: str) -> str:

@@ -6,9 +6,9 @@ and our metadata), :class:`DataFile` (a data file as its add or remove action de
 and those actions as delta-rs and the log's JSON take them), :class:`Docs` (dbt's
 ``persist_docs`` as Delta keeps it), the Arrow forms of a table's schema and rows
 (:func:`arrow_schema`, :func:`plain_schema`, :func:`plain_arrow`), a commit's changed rows
-from its operation metrics (:func:`changed_rows`), and the quoting of paths and identifiers
-(:func:`as_uri`, :func:`dq`). Values only: nothing here reads or writes a table, and nothing
-raises beyond pyarrow's own errors for a cast that cannot be done.
+from its operation metrics (:func:`changed_rows`), and the quoting of paths (:func:`as_uri`;
+identifiers: :func:`consistent_stream.duck.dq`). Values only: nothing here reads or writes a
+table, and nothing raises beyond pyarrow's own errors for a cast that cannot be done.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import pyarrow as pa
 from deltalake.transaction import AddAction, RemoveAction
 
+from ..duck import dq
 from .log import log_path
 
 META_PREFIX = "consistent_stream."
@@ -183,11 +184,6 @@ def changed_rows(metrics: dict) -> int | None:
 def _same(cols: list[str]) -> str:
     """Target row ``t`` and source row ``s`` agree on ``cols`` (NULLs equal)."""
     return " AND ".join(f"(t.{dq(c)} IS NOT DISTINCT FROM s.{dq(c)})" for c in cols)
-
-
-def dq(name: str) -> str:
-    """An identifier double-quoted as ANSI SQL does (delta-rs' DataFusion, DuckDB)."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 def as_uri(path: str) -> str:

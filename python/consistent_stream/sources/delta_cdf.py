@@ -343,11 +343,11 @@ class DeltaSource:
                      "(%d files, %d rows read; %d changed)", self.spec.key, self.spec.location,
                      ", ".join(map(str, found.whole_table)), found.files_read, found.rows_read, found.change_rows)
         else:
-            log.info("source %s: versions %d..%d read from the log (%s%s): %d files, %d rows read, %d changed",
-                     self.spec.key, start + 1, end,
+            log.info("source %s: versions %d..%d read from the log (%s%s): %d files, %d rows in them, %d decoded, "
+                     "%d changed", self.spec.key, start + 1, end,
                      "Change Data Feed files" if found.used_cdc else "the files the commits added and removed",
                      ", with deletion vectors" if found.used_deletion_vectors else "",
-                     found.files_read, found.rows_read, found.change_rows)
+                     found.files_read, found.rows_read, found.rows_decoded, found.change_rows)
         return SourceChanges(Changelog.of_source_change(views, found.data, schema=zschema), found.change_rows,
                              found.commit_ms)
 
