@@ -56,6 +56,8 @@ setup(
         "botocore>=1.34",
         "sqlglot>=26",
         "pyarrow>=15",
+        # Delta deletion vectors' bitmaps (consistent_stream.delta.deletion_vectors)
+        "pyroaring>=1.0,<2",
         "pandas<3",
         "duckdb>=1.1",
         # capture postgres (consistent_stream.capture.postgres: wal2json logical replication)

@@ -1,0 +1,192 @@
+"""Delta deletion vectors as the protocol stores them (Delta's PROTOCOL.md, "Deletion Vector
+Format" and "Deletion Vector Descriptor Schema"), read and written here.
+
+A deletion vector marks rows of one data file as deleted: row ``i`` is the ``i``-th row of
+the Parquet file (0-based). Its bytes are a ``RoaringBitmapArray`` in the portable format:
+
+* the magic number 1681511377 (int32, little-endian);
+* the number of 32-bit bitmaps (int64, little-endian), then for each, its key (the high 32
+  bits of the positions it holds; int32, little-endian) and the bitmap in Roaring's portable
+  serialization (pyroaring, CRoaring's own).
+
+A descriptor (an ``add`` or ``remove`` action's ``deletionVector``) says where the bytes are:
+
+* ``storageType: "i"`` (inline): ``pathOrInlineDv`` is the bytes in Z85 (zero-padded to a
+  multiple of 4), ``sizeInBytes`` their length;
+* ``"u"``: a file ``deletion_vector_<uuid>.bin`` under the table's root (under a random prefix
+  directory when ``pathOrInlineDv`` has more than the 20 Z85 characters of the UUID);
+  ``"p"``: an absolute path. Such a file is a version byte (1), then for each vector it holds,
+  its size (int32, big-endian), its bytes and their CRC-32 (big-endian); ``offset`` is where
+  the size is;
+* ``cardinality``: the number of rows marked.
+
+Positions in and out are numpy ``int64`` arrays, ascending and distinct. Raises ValueError for
+bytes that are not a deletion vector (wrong magic, version, size or checksum), naming what is
+wrong.
+"""
+from __future__ import annotations
+
+import base64
+import struct
+import uuid
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+from pyroaring import BitMap
+
+from .. import location, storage
+
+MAGIC = 1681511377
+_FILE_VERSION = 1
+_B85 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+_TO_Z85 = str.maketrans(_B85, _Z85)
+_FROM_Z85 = str.maketrans(_Z85, _B85)
+
+
+def z85_encode(data: bytes) -> str:
+    """``data`` (a multiple of 4 bytes) in Z85, the alphabet Delta encodes deletion vectors
+    and their file names in (ZeroMQ RFC 32). Python's ``base64.b85encode`` is the same
+    big-endian base-85 code in RFC 1924's alphabet; the characters are mapped across."""
+    if len(data) % 4:
+        raise ValueError(f"Z85 encodes a multiple of 4 bytes, not {len(data)}")
+    return base64.b85encode(data).decode("ascii").translate(_TO_Z85)
+
+
+def z85_decode(text: str) -> bytes:
+    """The bytes of Z85 ``text`` (a multiple of 5 characters)."""
+    if len(text) % 5:
+        raise ValueError(f"Z85 text has a multiple of 5 characters, not {len(text)}: {text!r}")
+    return base64.b85decode(text.translate(_FROM_Z85).encode("ascii"))
+
+
+def serialize(positions) -> bytes:
+    """The ``RoaringBitmapArray`` bytes of row ``positions`` (the module docstring)."""
+    rows = np.unique(np.asarray(positions, dtype=np.int64))
+    if len(rows) and rows[0] < 0:
+        raise ValueError(f"a row position is negative: {int(rows[0])}")
+    highs = np.unique(rows >> 32)
+    out = [struct.pack("<Iq", MAGIC, len(highs))]
+    for high in highs:
+        bm = BitMap((rows[(rows >> 32) == high] & 0xFFFFFFFF).astype(np.uint32))
+        bm.run_optimize()
+        out.append(struct.pack("<I", int(high)) + bm.serialize())
+    return b"".join(out)
+
+
+def deserialize(data: bytes) -> np.ndarray:
+    """The row positions of ``RoaringBitmapArray`` bytes (ascending ``int64``)."""
+    if len(data) < 12:
+        raise ValueError(f"a deletion vector of {len(data)} bytes is shorter than its header")
+    magic, count = struct.unpack_from("<Iq", data, 0)
+    if magic != MAGIC:
+        raise ValueError(f"not a deletion vector: magic number {magic}, expected {MAGIC}")
+    at, parts = 12, []
+    for _ in range(count):
+        (high,) = struct.unpack_from("<I", data, at)
+        bm = BitMap.deserialize(data[at + 4:])
+        at += 4 + len(bm.serialize())     # the same container types serialize to the same size
+        parts.append(np.asarray(bm.to_array(), dtype=np.int64) | (np.int64(high) << 32))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """A deletion vector descriptor as an action carries it (the module docstring)."""
+    storage_type: str
+    path_or_inline_dv: str
+    size_in_bytes: int
+    cardinality: int
+    offset: int | None = None
+
+    def to_action(self) -> dict:
+        """The descriptor as the log's JSON has it (``offset`` absent for an inline one)."""
+        out = {"storageType": self.storage_type, "pathOrInlineDv": self.path_or_inline_dv}
+        if self.offset is not None:
+            out["offset"] = self.offset
+        out.update(sizeInBytes=self.size_in_bytes, cardinality=self.cardinality)
+        return out
+
+    @staticmethod
+    def of_action(d: dict) -> "Descriptor":
+        """A descriptor from an action's ``deletionVector``; KeyError naming a missing field."""
+        return Descriptor(d["storageType"], d["pathOrInlineDv"], int(d["sizeInBytes"]), int(d["cardinality"]),
+                          None if d.get("offset") is None else int(d["offset"]))
+
+    @property
+    def unique_id(self) -> str:
+        """The vector's identity within its table (the protocol's ``uniqueId``)."""
+        return self.storage_type + self.path_or_inline_dv + ("" if self.offset is None else f"@{self.offset}")
+
+
+def inline(positions) -> Descriptor:
+    """An inline descriptor of row ``positions``: the bytes in the log itself, for a vector small
+    enough that a file of its own costs more than the commit's extra bytes."""
+    data = serialize(positions)
+    padded = data + b"\0" * (-len(data) % 4)
+    return Descriptor("i", z85_encode(padded), len(data), int(len(np.unique(np.asarray(positions)))))
+
+
+def file_name(path_or_inline_dv: str) -> str:
+    """The relative path of a ``"u"`` descriptor's file: its random prefix directory (the
+    characters before the last 20, if any) and ``deletion_vector_<uuid>.bin``."""
+    prefix, encoded = path_or_inline_dv[:-20], path_or_inline_dv[-20:]
+    name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(encoded))}.bin"
+    return f"{prefix}/{name}" if prefix else name
+
+
+def file_bytes(vectors: list) -> tuple[bytes, list[int]]:
+    """The bytes of a deletion vector file holding ``vectors`` (each a positions array), and
+    each vector's ``offset`` in it."""
+    out, offsets, at = [bytes([_FILE_VERSION])], [], 1
+    for positions in vectors:
+        data = serialize(positions)
+        offsets.append(at)
+        out.append(struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data)))
+        at += 8 + len(data)
+    return b"".join(out), offsets
+
+
+def write_file(table_path: str, vectors: list) -> list[Descriptor]:
+    """Write ``vectors`` (each a positions array) into one new ``deletion_vector_<uuid>.bin`` at
+    ``table_path``'s root and return their ``"u"`` descriptors, in order. The file is not in the
+    table until a commit's ``add`` refers to it: a file no commit names is garbage that VACUUM
+    (and the sink's maintenance) removes."""
+    data, offsets = file_bytes(vectors)
+    key = uuid.uuid4()
+    encoded = z85_encode(key.bytes)
+    storage.create_bytes(_join(table_path, file_name(encoded)), data)
+    return [Descriptor("u", encoded, len(serialize(v)), int(len(np.unique(np.asarray(v)))), offset)
+            for v, offset in zip(vectors, offsets)]
+
+
+def read(table_path: str, descriptor: Descriptor) -> np.ndarray:
+    """The row positions ``descriptor`` marks, of a data file of the table at ``table_path``;
+    ValueError when its bytes do not match the descriptor (size, checksum, cardinality)."""
+    if descriptor.storage_type == "i":
+        data = z85_decode(descriptor.path_or_inline_dv)[:descriptor.size_in_bytes]
+    elif descriptor.storage_type in ("u", "p"):
+        path = (_join(table_path, file_name(descriptor.path_or_inline_dv)) if descriptor.storage_type == "u"
+                else descriptor.path_or_inline_dv)
+        raw = storage.read_bytes(path)
+        at = descriptor.offset or 1
+        if raw[:1] != bytes([_FILE_VERSION]):
+            raise ValueError(f"{path}: deletion vector file version {raw[:1]!r}, expected {_FILE_VERSION}")
+        (size,) = struct.unpack_from(">i", raw, at)
+        if size != descriptor.size_in_bytes:
+            raise ValueError(f"{path}@{at}: a deletion vector of {size} bytes, the log says {descriptor.size_in_bytes}")
+        data = raw[at + 4:at + 4 + size]
+        (crc,) = struct.unpack_from(">I", raw, at + 4 + size)
+        if zlib.crc32(data) != crc:
+            raise ValueError(f"{path}@{at}: the deletion vector's checksum does not match its bytes")
+    else:
+        raise ValueError(f"unknown deletion vector storageType {descriptor.storage_type!r}")
+    rows = deserialize(data)
+    if len(rows) != descriptor.cardinality:
+        raise ValueError(f"a deletion vector of {len(rows)} rows, the log says {descriptor.cardinality}")
+    return rows
+
+
+def _join(table_path: str, rel: str) -> str:
+    return location.fs_path(f"{table_path.rstrip('/')}/{rel}")
