@@ -28,9 +28,9 @@ vector: a file added and removed inside the range is never read, and a file whos
 changed twice is read once, with the vector it had before the range (its rows at -1) and the
 one it has at the end (+1): only the rows the two disagree on are kept, read by position
 (DuckDB's reader skips the pages that hold none of them; on an object store, the row groups
-that hold them are decoded). What is left is read (all at once; a local file by path, so only the column
-chunks decoded are read; a file on an object store in one GET), its rows less the rows of its
-deletion vector, and consolidated: rows that appear at +1 and -1 cancel, so the changelog is
+that hold them are decoded). What is left is read (all at once; a local file by path, so only
+the column chunks decoded are read; a file on an object store in one GET), its rows less the
+rows of its deletion vector, and consolidated: rows that appear at +1 and -1 cancel, so the changelog is
 the change, whichever way the writer wrote it. Rows of a type Arrow cannot group (lists, maps,
 structs) are left unconsolidated (a Z-set either way).
 
