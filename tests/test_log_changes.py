@@ -19,6 +19,7 @@ import os
 import random
 from collections import Counter
 from dataclasses import dataclass
+from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
@@ -217,3 +218,37 @@ def test_a_rewrite_is_compared_row_by_row_and_stays_exact_when_rows_move(tmp_pat
               for name in ("old", "new", "moved")}
     assert [_same_chunks(opened["old"], opened["new"], c) for c in ("k", "g", "v")] == [True, True, False]
     assert [_same_chunks(opened["old"], opened["moved"], c) for c in ("k", "v")] == [False, False]
+
+
+def test_rows_by_position_equal_pyarrows_for_every_flat_type(tmp_path):
+    """``duck.rows_at`` (DuckDB's reader, by ``file_row_number``) gives the rows pyarrow reads,
+    in every flat type it takes, NULLs included; a type it would not read exactly (nanosecond
+    timestamps) is declined, and :meth:`_DataFile.take` decodes with pyarrow instead."""
+    from consistent_stream import duck
+    n = 5000
+    rng = np.random.default_rng(3)
+    valid = rng.random(n) > 0.1
+    ints = rng.integers(-10**12, 10**12, n)
+    data = pa.table({
+        "i8": pa.array(ints % 100, pa.int8(), mask=~valid), "i64": pa.array(ints, pa.int64()),
+        "u32": pa.array(np.abs(ints) % 2**32, pa.uint32()), "f64": pa.array(rng.standard_normal(n)),
+        "f32": pa.array(rng.standard_normal(n), pa.float32()),
+        "d": pa.array([None if not v else Decimal(int(x)) / 100 for x, v in zip(ints, valid)], pa.decimal128(15, 2)),
+        "d38": pa.array([Decimal(int(x)) * 10**20 / 10**6 for x in ints], pa.decimal128(38, 6)),
+        "s": pa.array([f"s{x}é" for x in ints]), "b": pa.array([bytes([x % 256, 0, 255]) for x in ints]),
+        "day": pa.array((ints % 30000).astype("int32"), pa.date32()),
+        "ts": pa.array(ints % 10**15, pa.timestamp("us", tz="UTC")), "ntz": pa.array(ints % 10**15, pa.timestamp("us")),
+        "ms": pa.array(ints % 10**12, pa.timestamp("ms")), "ok": pa.array(ints % 2 == 0),
+        "ns": pa.array(ints, pa.timestamp("ns")),
+    })
+    path = tmp_path / "types.parquet"
+    pq.write_table(data, path, row_group_size=1000, use_dictionary=["s"])
+    at = np.array([0, 1, 999, 1000, 2500, 4999])
+    flat = pa.schema([f for f in data.schema if f.name != "ns"])
+    found = duck.rows_at(str(path), flat, at)
+    assert found is not duck.UNSUPPORTED
+    assert found.equals(data.select(flat.names).take(pa.array(at)))
+    assert duck.rows_at(str(path), pa.schema([data.schema.field("ns")]), at) is duck.UNSUPPORTED
+    f = _DataFile(pq.ParquetFile(path), local=str(path))
+    assert f.take(["ns", "s"], at, {"ns": pa.timestamp("ns"), "s": pa.string()}).equals(
+        data.select(["ns", "s"]).take(pa.array(at)))
