@@ -63,6 +63,11 @@ def z85_decode(text: str) -> bytes:
 
 def serialize(positions) -> bytes:
     """The ``RoaringBitmapArray`` bytes of row ``positions`` (the module docstring)."""
+    return _serialized(positions)[0]
+
+
+def _serialized(positions) -> tuple[bytes, int]:
+    """:func:`serialize`'s bytes and the number of distinct positions (the cardinality)."""
     rows = np.unique(np.asarray(positions, dtype=np.int64))
     if len(rows) and rows[0] < 0:
         raise ValueError(f"a row position is negative: {int(rows[0])}")
@@ -72,7 +77,7 @@ def serialize(positions) -> bytes:
         bm = BitMap((rows[(rows >> 32) == high] & 0xFFFFFFFF).astype(np.uint32))
         bm.run_optimize()
         out.append(struct.pack("<I", int(high)) + bm.serialize())
-    return b"".join(out)
+    return b"".join(out), len(rows)
 
 
 def deserialize(data: bytes) -> np.ndarray:
@@ -123,9 +128,9 @@ class Descriptor:
 def inline(positions) -> Descriptor:
     """An inline descriptor of row ``positions``: the bytes in the log itself, for a vector small
     enough that a file of its own costs more than the commit's extra bytes."""
-    data = serialize(positions)
+    data, cardinality = _serialized(positions)
     padded = data + b"\0" * (-len(data) % 4)
-    return Descriptor("i", z85_encode(padded), len(data), int(len(np.unique(np.asarray(positions)))))
+    return Descriptor("i", z85_encode(padded), len(data), cardinality)
 
 
 def file_name(path_or_inline_dv: str) -> str:
@@ -136,16 +141,16 @@ def file_name(path_or_inline_dv: str) -> str:
     return f"{prefix}/{name}" if prefix else name
 
 
-def file_bytes(vectors: list) -> tuple[bytes, list[int]]:
+def file_bytes(vectors: list) -> tuple[bytes, list[tuple[int, int, int]]]:
     """The bytes of a deletion vector file holding ``vectors`` (each a positions array), and
-    each vector's ``offset`` in it."""
-    out, offsets, at = [bytes([_FILE_VERSION])], [], 1
+    each vector's ``(offset, sizeInBytes, cardinality)`` in it."""
+    out, placed, at = [bytes([_FILE_VERSION])], [], 1
     for positions in vectors:
-        data = serialize(positions)
-        offsets.append(at)
+        data, cardinality = _serialized(positions)
+        placed.append((at, len(data), cardinality))
         out.append(struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data)))
         at += 8 + len(data)
-    return b"".join(out), offsets
+    return b"".join(out), placed
 
 
 def write_file(table_path: str, vectors: list) -> list[Descriptor]:
@@ -153,12 +158,10 @@ def write_file(table_path: str, vectors: list) -> list[Descriptor]:
     ``table_path``'s root and return their ``"u"`` descriptors, in order. The file is not in the
     table until a commit's ``add`` refers to it: a file no commit names is garbage that VACUUM
     (and the sink's maintenance) removes."""
-    data, offsets = file_bytes(vectors)
-    key = uuid.uuid4()
-    encoded = z85_encode(key.bytes)
+    data, placed = file_bytes(vectors)
+    encoded = z85_encode(uuid.uuid4().bytes)
     storage.create_bytes(_join(table_path, file_name(encoded)), data)
-    return [Descriptor("u", encoded, len(serialize(v)), int(len(np.unique(np.asarray(v)))), offset)
-            for v, offset in zip(vectors, offsets)]
+    return [Descriptor("u", encoded, size, cardinality, offset) for offset, size, cardinality in placed]
 
 
 def read(table_path: str, descriptor: Descriptor) -> np.ndarray:
