@@ -212,6 +212,17 @@ def test_a_rewrite_is_compared_row_by_row_and_stays_exact_when_rows_move(tmp_pat
         found = changelog(str(tmp_path), [commit], 1, 2, old.schema, [])
         assert _weighted(found.data) == Counter({(0, "a", None): -1, (0, "a", 0): 1}), added
         assert found.rows_read == 20 and found.files_read == 2
+    # a rewrite that adds a column (w, NULL in the old file): the pair's files differ in columns
+    widened = new.append_column("w", pa.array(range(10), pa.int64()))
+    pq.write_table(widened, tmp_path / "widened.parquet")
+    commit = C(2, 0, ({"remove": {"path": "old.parquet", "dataChange": True}},
+                      {"add": {"path": "widened.parquet", "dataChange": True,
+                               "stats": json.dumps({"numRecords": 10})}}))
+    found = changelog(str(tmp_path), [commit], 1, 2, widened.schema, [])
+    expected = Counter({(k, "a", v, None): -1 for k, v in zip(range(10), old.column("v").to_pylist())})
+    expected.update({(k, "a", v, k): 1 for k, v in zip(range(10), new.column("v").to_pylist())})
+    assert Counter({r: w for r, w in zip(zip(*[found.data.column(c).to_pylist() for c in ("k", "g", "v", "w")]),
+                                         found.data.column(WEIGHT).to_pylist())}) == expected
     # k and g are stored byte for byte the same in old and new (only v is decoded to compare);
     # moved, every column differs
     opened = {name: _DataFile(pq.ParquetFile(tmp_path / f"{name}.parquet"), local=str(tmp_path / f"{name}.parquet"))

@@ -344,7 +344,7 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
         n_old, n_new = old_f.pf.metadata.num_rows, new_f.pf.metadata.num_rows
         if n_old != n_new or cols != new_f.present(file_cols.values()):
             # the statistics did not tell the truth, or the files' columns differ: no pairing
-            halves = [at_weight(pa.table(columns_of(part, f.pf, f.pf.read(columns=cols))), w)
+            halves = [at_weight(pa.table(columns_of(part, f.pf, f.pf.read(columns=f.present(file_cols.values())))), w)
                       for part, f, w in ((pair[0], old_f, -1), (pair[1], new_f, 1))]
             return pa.concat_tables(halves), n_old + n_new, n_old + n_new, Counter()
         same = [c for c in cols if _same_chunks(old_f, new_f, c)]
@@ -469,9 +469,8 @@ def _same_chunks(old: _DataFile, new: _DataFile, column: str) -> bool:
     if "." in column or mo.num_row_groups != mn.num_row_groups or \
             old.pf.schema_arrow.field(column).type != new.pf.schema_arrow.field(column).type:
         return False
-    leaves = [j for j in range(mo.num_columns)
-              if mo.schema.column(j).path.split(".")[0] == column]
-    if not leaves or leaves != [j for j in range(mn.num_columns) if mn.schema.column(j).path.split(".")[0] == column]:
+    leaves = _leaves(mo, column)
+    if not leaves or leaves != _leaves(mn, column):
         return False
     for g in range(mo.num_row_groups):
         if mo.row_group(g).num_rows != mn.row_group(g).num_rows:
@@ -484,6 +483,11 @@ def _same_chunks(old: _DataFile, new: _DataFile, column: str) -> bool:
             if old.chunk(g, j) != new.chunk(g, j):
                 return False
     return True
+
+
+def _leaves(meta: pq.FileMetaData, column: str) -> list[int]:
+    """The indexes of top-level ``column``'s leaf columns in a file's metadata."""
+    return [j for j in range(meta.num_columns) if meta.schema.column(j).path.split(".")[0] == column]
 
 
 def _open(table_path: str, rel: str) -> _DataFile:
