@@ -184,6 +184,16 @@ MODEL_CONFIG: tuple[ConfigKey, ...] = (
         "recomputing it each batch.",
         True),
     ConfigKey(
+        "target_deletion_vectors", "boolean", "boolean", True, "`true` or `false`",
+        "An incremental batch retracts the rows of a large target file by marking them in the file's "
+        "Delta deletion vector (merge-on-read: the table gets the `deletionVectors` feature, reader "
+        "version 3, writer version 7, and `delta.enableDeletionVectors`) instead of rewriting the file; "
+        "a file with a quarter of its rows marked is rewritten (purged). `false`: every touched file is "
+        "rewritten (copy-on-write), for readers without the feature. A target that already has the "
+        "feature keeps it; rebuild it under a new name, or drop it, to give such readers a table "
+        "without it.",
+        False),
+    ConfigKey(
         "log_retention_hours", "number", "number of hours", 720.0, "a number >= 0 (fractions allowed)",
         "Delta's `delta.logRetentionDuration` (default 30 days): the target's log entries older than "
         "this are deleted, only below a Delta checkpoint, so every later version stays readable (time "

@@ -551,7 +551,8 @@ class QueryRuntime:
         else:
             changes = bag_changes(out.arrow, multiplicities(spark, self.target, prev_version, out.arrow),
                                   job.model, first=False)
-        return commit_changes(self.target, changes, unique_key=self.key, txn=txn, metadata=md)
+        return commit_changes(self.target, changes, unique_key=self.key, txn=txn, metadata=md,
+                              deletion_vectors=job.target_deletion_vectors)
 
 
 __all__ = ["BatchMeta", "BatchResult", "QueryRuntime", "target_key", "INITIAL"]

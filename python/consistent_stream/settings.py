@@ -27,6 +27,18 @@ REWRITE_ROWS = 5_000_000
 """Target rows a change-sized MERGE done on the driver (:mod:`consistent_stream.sink.rewrite`)
 may rewrite: the rows of the files it touches, held whole while they are rewritten. Above it
 delta-rs' MERGE, which streams them, applies the change."""
+DV_MIN_ROWS = 20_000
+"""A target file of at least this many rows whose matched rows a MERGE retracts keeps them,
+marked in its deletion vector (:mod:`consistent_stream.sink.rewrite`, with
+``target_deletion_vectors``); a smaller one is rewritten (its rows cost less to write again
+than a vector costs every reader)."""
+DV_PURGE_SHARE = 0.25
+"""A target file whose deletion vector would mark more than this share of its rows is
+rewritten instead (a purge, as ``REORG TABLE .. APPLY (PURGE)`` does): its readers stop
+decoding rows that are gone."""
+DV_INLINE_BYTES = 256
+"""A deletion vector of at most this many bytes is kept in the commit itself (``storageType``
+"i"); a larger one goes into the commit's vector file."""
 ROWS_PER_TASK = 100_000
 """Rows per shuffle partition of a change-sized query."""
 STATE_FILE_ROWS = 1_000_000

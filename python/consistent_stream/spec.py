@@ -66,6 +66,19 @@ def _as_list(value, key: str) -> list[str]:
     raise ConfigError(f"config {key} must be a column name or a list of column names, got {value!r}")
 
 
+def _boolean(config: dict, key: str, model_name: str) -> bool:
+    """Boolean config ``key`` (``true``/``false``, also as strings), its default when unset.
+    Raises ConfigError naming the model and key for another value."""
+    value = config.get(key)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        value = value.lower() == "true"
+    if value is None:
+        return KEYS[key].default
+    if not isinstance(value, bool):
+        raise ConfigError(f"model {model_name}: config {key} must be true or false, got {value!r}")
+    return value
+
+
 def _number(config: dict, key: str, model: str, default=None):
     """Config ``key`` (a ``number`` or ``integer`` of :data:`~.model_config.KEYS`) as a float or
     an int, at least the key's minimum (ConfigError naming it); ``default``, else the key's own,
@@ -174,7 +187,9 @@ class JobSpec:
     change-sized delta queries over driver-side relations run, ``duckdb`` (in-process, exact
     or not at all, see :mod:`consistent_stream.exec.local`) or ``spark`` (always as Spark
     jobs); ``incremental_only``: a query block without a delta rule is a compile error
-    instead of being recomputed (:mod:`consistent_stream.plan.recompute`).
+    instead of being recomputed (:mod:`consistent_stream.plan.recompute`);
+    ``target_deletion_vectors``: a batch may mark retracted target rows in deletion vectors
+    instead of rewriting their files (:mod:`.sink.rewrite`).
     ``log_retention_hours``, ``deleted_file_retention_hours``, ``state_retention_versions``,
     ``checkpoint_interval``: what table maintenance keeps (:mod:`.sink.maintenance`).
     ``on_configuration_change``, ``on_schema_change``: what a run does when the definition
@@ -205,6 +220,7 @@ class JobSpec:
     driver_rebuild_rows: int = DRIVER_REBUILD_ROWS
     local_engine: str = KEYS["local_engine"].default
     incremental_only: bool = KEYS["incremental_only"].default
+    target_deletion_vectors: bool = KEYS["target_deletion_vectors"].default
     log_retention_hours: float = LOG_RETENTION_HOURS
     deleted_file_retention_hours: float = DELETED_FILE_RETENTION_HOURS
     state_retention_versions: int = STATE_RETENTION_VERSIONS
@@ -294,12 +310,8 @@ class JobSpec:
         driver_rows = _number(config, "driver_rebuild_rows", model_name)
         local_engines = KEYS["local_engine"].choices
         local_engine = str(config.get("local_engine") or local_engines[0]).lower()
-        incremental_only = config.get("incremental_only")
-        if isinstance(incremental_only, str) and incremental_only.lower() in ("true", "false"):
-            incremental_only = incremental_only.lower() == "true"
-        if incremental_only is not None and not isinstance(incremental_only, bool):
-            raise ConfigError(f"model {model_name}: config incremental_only must be true or false, "
-                              f"got {incremental_only!r}")
+        incremental_only = _boolean(config, "incremental_only", model_name)
+        deletion_vectors = _boolean(config, "target_deletion_vectors", model_name)
         retention = dict(
             log_retention_hours=_number(config, "log_retention_hours", model_name),
             deleted_file_retention_hours=_number(config, "deleted_file_retention_hours", model_name),
@@ -332,6 +344,7 @@ class JobSpec:
                        unique_key=unique_key, target_path=target, checkpoint_location=ckpt,
                        partition_by=partition_by, trigger=trigger, recompute_threshold=threshold,
                        state_file_rows=file_rows, max_batch_rows=batch_rows, driver_rebuild_rows=driver_rows,
-                       local_engine=local_engine, incremental_only=bool(incremental_only), contract=contract,
+                       local_engine=local_engine, incremental_only=incremental_only,
+                       target_deletion_vectors=deletion_vectors, contract=contract,
                        constraints=constraints, docs=docs,
                        autoscale=autoscale, **retention, **policies)

@@ -38,7 +38,7 @@ from deltalake.transaction import CommitProperties, Transaction
 
 from ..errors import CommitError
 from ..faults import fault_point
-from .log import ConflictingCommit, OwnedLog, log_path
+from .log import ConflictingCommit, OwnedLog, log_path, with_deletion_vectors
 from .reader import TableReader
 from .values import (META_PREFIX, DataFile, Docs, Txn, _add_dict, _commented, _remove_dict, _same, dq, plain_arrow,
                      plain_schema)
@@ -47,6 +47,18 @@ HOOKS = PostCommitHookProperties(create_checkpoint=True, cleanup_expired_logs=Fa
 """delta-rs' hooks after each of our commits: its checkpoint every ``delta.checkpointInterval``
 commits, but no expired-log cleanup (a listing of the whole log after each commit; maintenance
 cleans the logs, :mod:`consistent_stream.sink.maintenance`)."""
+
+
+def _replaced_configuration(current: dict, wanted: dict | None) -> dict:
+    """The table properties of a table replaced by delta-rs (CREATE OR REPLACE): the current
+    ones with ``wanted`` set over them, less ``delta.enableDeletionVectors``: with it delta-rs
+    1.6 gives the table reader and writer features this package does not write
+    (``variantType``), without it the plain protocol; the new files have no deletion vector,
+    and the next batch that marks rows upgrades the protocol itself
+    (:meth:`TableCommitter.commit_rewrite`)."""
+    conf = {**current, **(wanted or {})}
+    conf.pop("delta.enableDeletionVectors", None)
+    return conf
 
 
 class TableCommitter:
@@ -136,7 +148,8 @@ class TableCommitter:
                                           [a.add_action() for a in adds], mode="overwrite",
                                           storage_options=self.reader.storage_options,
                                           partition_by=partition_by or None, description=wanted.description,
-                                          configuration={**dt.metadata().configuration, **(configuration or {})},
+                                          configuration=_replaced_configuration(dt.metadata().configuration,
+                                                                                configuration),
                                           commit_properties=self._props(txn, metadata),
                                           post_commithook_properties=HOOKS)
         else:
@@ -165,11 +178,11 @@ class TableCommitter:
 
     def _commit_own(self, adds: list[DataFile], removes: list[DataFile], txn: Txn | None,
                     metadata: dict[str, Any] | None, *, operation: str = "WRITE", metrics: dict | None = None,
-                    cdc: list[DataFile] = ()) -> int:
+                    cdc: list[DataFile] = (), table: list[dict] = ()) -> int:
         """ONE commit through the replayed log (:meth:`.log.OwnedLog.commit`): ``adds``,
-        ``removes``, the Change Data Feed files ``cdc``, recording ``txn``, ``metadata`` and
-        the operation's ``metrics`` (delta-rs' names). Raises CommitError when another writer
-        took the version."""
+        ``removes``, the Change Data Feed files ``cdc``, the ``protocol`` / ``metaData``
+        actions ``table``, recording ``txn``, ``metadata`` and the operation's ``metrics``
+        (delta-rs' names). Raises CommitError when another writer took the version."""
         meta = self._props(txn, metadata).custom_metadata or {}
         if metrics is None:
             metrics = {"num_added_files": len(adds), "num_removed_files": len(removes),
@@ -182,7 +195,7 @@ class TableCommitter:
             return self.reader.own().commit([_add_dict(a, now) for a in adds],
                                             [_remove_dict(r, now) for r in removes],
                                             txn=(txn.app_id, txn.version) if txn else None, info=info,
-                                            cdc=cdc_actions)
+                                            cdc=cdc_actions, table=table)
         except ConflictingCommit as e:
             raise CommitError(f"commit to {self.path} refused: {e}") from e
         except OSError as e:
@@ -217,13 +230,23 @@ class TableCommitter:
         return str(conf.get("delta.enableChangeDataFeed", "false")).lower() == "true"
 
     def commit_rewrite(self, adds: list[DataFile], removes: list[DataFile], cdc: list[DataFile], *, txn: Txn,
-                       metadata: dict[str, Any], metrics: dict[str, int]) -> int:
-        """ONE commit of a copy-on-write MERGE done by the caller (a :meth:`rewritable`
-        table): ``removes`` the files it rewrote, ``adds`` their new files, ``cdc`` its Change
-        Data Feed files (under ``_change_data/``), recording ``txn``, ``metadata`` and
-        ``metrics`` (delta-rs' MERGE metric names). Returns the new version. Raises
-        CommitError when another writer took the version."""
-        return self._commit_own(adds, removes, txn, metadata, operation="MERGE", metrics=metrics, cdc=cdc)
+                       metadata: dict[str, Any], metrics: dict[str, int], deletion_vectors: bool = False) -> int:
+        """ONE commit of a MERGE done by the caller (a :meth:`rewritable` table): ``removes``
+        the files it rewrote or whose deletion vectors it replaced (each with its old
+        vector), ``adds`` their new files and the same files with their new vectors, ``cdc``
+        its Change Data Feed files (under ``_change_data/``), recording ``txn``, ``metadata``
+        and ``metrics`` (delta-rs' MERGE metric names). ``deletion_vectors``: some add has a
+        vector; a table without the ``deletionVectors`` feature gets it in this commit
+        (:func:`.log.with_deletion_vectors`, and ``delta.enableDeletionVectors``). Returns the
+        new version. Raises CommitError when another writer took the version."""
+        own = self.reader.own()
+        table = []
+        if deletion_vectors and not own.deletion_vectors:
+            conf = {**own.configuration, "delta.enableDeletionVectors": "true"}
+            table = [{"protocol": with_deletion_vectors(own.protocol)},
+                     {"metaData": {**own.metadata, "configuration": conf}}]
+        return self._commit_own(adds, removes, txn, metadata, operation="MERGE", metrics=metrics, cdc=cdc,
+                                table=table)
 
     def commit_empty(self, *, txn: Txn, metadata: dict[str, Any]) -> int:
         """A commit with no data change that records ``txn`` and ``metadata``."""

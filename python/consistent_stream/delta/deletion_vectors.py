@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import base64
 import struct
+import threading
 import uuid
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,7 +130,10 @@ class Descriptor:
 def inline(positions) -> Descriptor:
     """An inline descriptor of row ``positions``: the bytes in the log itself, for a vector small
     enough that a file of its own costs more than the commit's extra bytes."""
-    data, cardinality = _serialized(positions)
+    return _inline(*_serialized(positions))
+
+
+def _inline(data: bytes, cardinality: int) -> Descriptor:
     padded = data + b"\0" * (-len(data) % 4)
     return Descriptor("i", z85_encode(padded), len(data), cardinality)
 
@@ -137,16 +142,30 @@ def file_name(path_or_inline_dv: str) -> str:
     """The relative path of a ``"u"`` descriptor's file: its random prefix directory (the
     characters before the last 20, if any) and ``deletion_vector_<uuid>.bin``."""
     prefix, encoded = path_or_inline_dv[:-20], path_or_inline_dv[-20:]
-    name = f"deletion_vector_{uuid.UUID(bytes=z85_decode(encoded))}.bin"
+    name = f"{FILE_PREFIX}{uuid.UUID(bytes=z85_decode(encoded))}.bin"
     return f"{prefix}/{name}" if prefix else name
+
+
+def file_of(action: dict) -> str | None:
+    """The relative path (decoded) of the deletion vector file an ``add`` or ``remove`` action's
+    vector is stored in; None for a file without a vector, an inline one or an absolute path."""
+    dv = action.get("deletionVector")
+    return file_name(dv["pathOrInlineDv"]) if dv and dv.get("storageType") == "u" else None
+
+
+FILE_PREFIX = "deletion_vector_"
+"""How the name of a deletion vector file (``"u"``) starts."""
 
 
 def file_bytes(vectors: list) -> tuple[bytes, list[tuple[int, int, int]]]:
     """The bytes of a deletion vector file holding ``vectors`` (each a positions array), and
     each vector's ``(offset, sizeInBytes, cardinality)`` in it."""
+    return _file_bytes([_serialized(positions) for positions in vectors])
+
+
+def _file_bytes(serialized: list[tuple[bytes, int]]) -> tuple[bytes, list[tuple[int, int, int]]]:
     out, placed, at = [bytes([_FILE_VERSION])], [], 1
-    for positions in vectors:
-        data, cardinality = _serialized(positions)
+    for data, cardinality in serialized:
         placed.append((at, len(data), cardinality))
         out.append(struct.pack(">i", len(data)) + data + struct.pack(">I", zlib.crc32(data)))
         at += 8 + len(data)
@@ -158,37 +177,114 @@ def write_file(table_path: str, vectors: list) -> list[Descriptor]:
     ``table_path``'s root and return their ``"u"`` descriptors, in order. The file is not in the
     table until a commit's ``add`` refers to it: a file no commit names is garbage that VACUUM
     (and the sink's maintenance) removes."""
-    data, placed = file_bytes(vectors)
+    return _write_file(table_path, [_serialized(positions) for positions in vectors])
+
+
+def _write_file(table_path: str, serialized: list[tuple[bytes, int]]) -> list[Descriptor]:
+    data, placed = _file_bytes(serialized)
     encoded = z85_encode(uuid.uuid4().bytes)
     storage.create_bytes(_join(table_path, file_name(encoded)), data)
     return [Descriptor("u", encoded, size, cardinality, offset) for offset, size, cardinality in placed]
 
 
+def write(table_path: str, vectors: list, *, inline_bytes: int) -> list[Descriptor]:
+    """Descriptors of ``vectors`` (each a positions array, ascending and distinct), in order:
+    inline those whose bytes are at most ``inline_bytes`` long, the others in one new vector
+    file (:func:`write_file`; none when every vector is inline). Each is remembered
+    (:data:`KNOWN`), so the next batch reads none of them."""
+    out: list[Descriptor | None] = [None] * len(vectors)
+    spilled = []
+    for i, positions in enumerate(vectors):
+        data, cardinality = _serialized(positions)
+        if len(data) <= inline_bytes:
+            out[i] = _inline(data, cardinality)
+        else:
+            spilled.append((i, (data, cardinality)))
+    if spilled:
+        for (i, _), d in zip(spilled, _write_file(table_path, [x for _, x in spilled])):
+            out[i] = d
+    for d, positions in zip(out, vectors):
+        KNOWN.put(d.unique_id, np.asarray(positions, dtype=np.int64))
+    return out
+
+
 def read(table_path: str, descriptor: Descriptor) -> np.ndarray:
     """The row positions ``descriptor`` marks, of a data file of the table at ``table_path``;
     ValueError when its bytes do not match the descriptor (size, checksum, cardinality)."""
-    if descriptor.storage_type == "i":
-        data = z85_decode(descriptor.path_or_inline_dv)[:descriptor.size_in_bytes]
-    elif descriptor.storage_type in ("u", "p"):
-        path = (_join(table_path, file_name(descriptor.path_or_inline_dv)) if descriptor.storage_type == "u"
-                else descriptor.path_or_inline_dv)
-        raw = storage.read_bytes(path)
-        at = descriptor.offset or 1
-        if raw[:1] != bytes([_FILE_VERSION]):
-            raise ValueError(f"{path}: deletion vector file version {raw[:1]!r}, expected {_FILE_VERSION}")
-        (size,) = struct.unpack_from(">i", raw, at)
-        if size != descriptor.size_in_bytes:
-            raise ValueError(f"{path}@{at}: a deletion vector of {size} bytes, the log says {descriptor.size_in_bytes}")
-        data = raw[at + 4:at + 4 + size]
-        (crc,) = struct.unpack_from(">I", raw, at + 4 + size)
-        if zlib.crc32(data) != crc:
-            raise ValueError(f"{path}@{at}: the deletion vector's checksum does not match its bytes")
-    else:
-        raise ValueError(f"unknown deletion vector storageType {descriptor.storage_type!r}")
-    rows = deserialize(data)
-    if len(rows) != descriptor.cardinality:
-        raise ValueError(f"a deletion vector of {len(rows)} rows, the log says {descriptor.cardinality}")
-    return rows
+    return read_many(table_path, [descriptor])[0]
+
+
+def read_many(table_path: str, descriptors: list[Descriptor | None]) -> list[np.ndarray]:
+    """The row positions of each of ``descriptors`` (None: no row deleted, an empty array),
+    in order: each vector file read once (on an object store one GET each, all at once), the
+    vectors this process wrote or read lately (:data:`KNOWN`) without a read. Raises as
+    :func:`read` does."""
+    out: list[np.ndarray | None] = [np.zeros(0, dtype=np.int64) if d is None else KNOWN.get(d.unique_id)
+                                    for d in descriptors]
+    paths = sorted({_stored_at(table_path, d) for d, o in zip(descriptors, out) if o is None and d.storage_type != "i"})
+    raw = dict(zip(paths, storage.read_many(paths, "dv-read")))
+    for i, (d, o) in enumerate(zip(descriptors, out)):
+        if o is None:
+            data = (z85_decode(d.path_or_inline_dv)[:d.size_in_bytes] if d.storage_type == "i"
+                    else _in_file(_stored_at(table_path, d), raw[_stored_at(table_path, d)], d))
+            rows = deserialize(data)
+            if len(rows) != d.cardinality:
+                raise ValueError(f"a deletion vector of {len(rows)} rows, the log says {d.cardinality}")
+            out[i] = KNOWN.put(d.unique_id, rows)
+    return out
+
+
+def _stored_at(table_path: str, d: Descriptor) -> str:
+    """Where a ``"u"`` or ``"p"`` vector's file is."""
+    if d.storage_type == "u":
+        return _join(table_path, file_name(d.path_or_inline_dv))
+    if d.storage_type == "p":
+        return d.path_or_inline_dv
+    raise ValueError(f"unknown deletion vector storageType {d.storage_type!r}")
+
+
+def _in_file(path: str, raw: bytes, d: Descriptor) -> bytes:
+    """The bytes of the vector at ``d.offset`` of vector file ``path`` (``raw``), checked."""
+    at = d.offset or 1
+    if raw[:1] != bytes([_FILE_VERSION]):
+        raise ValueError(f"{path}: deletion vector file version {raw[:1]!r}, expected {_FILE_VERSION}")
+    (size,) = struct.unpack_from(">i", raw, at)
+    if size != d.size_in_bytes:
+        raise ValueError(f"{path}@{at}: a deletion vector of {size} bytes, the log says {d.size_in_bytes}")
+    data = raw[at + 4:at + 4 + size]
+    (crc,) = struct.unpack_from(">I", raw, at + 4 + size)
+    if zlib.crc32(data) != crc:
+        raise ValueError(f"{path}@{at}: the deletion vector's checksum does not match its bytes")
+    return data
+
+
+class KnownVectors:
+    """The positions of the deletion vectors the process wrote or read lately, by ``uniqueId``
+    (a vector never changes: a new one has a new id), at most ``limit`` of them, least
+    recently used first out."""
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._rows: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, unique_id: str) -> np.ndarray | None:
+        with self._lock:
+            rows = self._rows.get(unique_id)
+            if rows is not None:
+                self._rows.move_to_end(unique_id)
+            return rows
+
+    def put(self, unique_id: str, rows: np.ndarray) -> np.ndarray:
+        with self._lock:
+            self._rows[unique_id] = rows
+            while len(self._rows) > self.limit:
+                self._rows.popitem(last=False)
+        return rows
+
+
+KNOWN = KnownVectors()
+"""The process's :class:`KnownVectors`."""
 
 
 def _join(table_path: str, rel: str) -> str:

@@ -205,8 +205,9 @@ class DeltaTableRef:
         return self.committer.change_feed_on()
 
     def commit_rewrite(self, adds: list[DataFile], removes: list[DataFile], cdc: list[DataFile], *, txn: Txn,
-                       metadata: dict[str, Any], metrics: dict[str, int]) -> int:
-        return self.committer.commit_rewrite(adds, removes, cdc, txn=txn, metadata=metadata, metrics=metrics)
+                       metadata: dict[str, Any], metrics: dict[str, int], deletion_vectors: bool = False) -> int:
+        return self.committer.commit_rewrite(adds, removes, cdc, txn=txn, metadata=metadata, metrics=metrics,
+                                             deletion_vectors=deletion_vectors)
 
     def commit_empty(self, *, txn: Txn, metadata: dict[str, Any]) -> int:
         return self.committer.commit_empty(txn=txn, metadata=metadata)

@@ -27,6 +27,7 @@ import uuid
 from collections import OrderedDict
 from urllib.parse import unquote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
@@ -34,7 +35,9 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
 from .. import location, storage
-from .values import DataFile, as_uri, plain_arrow, plain_schema
+from .deletion_vectors import Descriptor
+from .deletion_vectors import read_many as read_vectors
+from .values import DataFile, as_uri, data_file_path, plain_arrow, plain_schema
 
 MAX_STRING_STAT = 32
 """Strings longer than this get no min/max statistics (Delta truncates them; we skip)."""
@@ -214,6 +217,27 @@ def read_whole(paths: list[str], sizes: list[int], columns: list[str], *, hold: 
                                   f"{', '.join(t.column_names)})")
         tables.append(t.select(columns))
     return tables
+
+
+def read_live(table_path: str, files: list[DataFile], columns: list[str], *, hold: bool = True,
+              name: str = "read") -> list[tuple[pa.Table, np.ndarray]]:
+    """For each of a table's data ``files`` (at ``table_path``), its rows less those its
+    deletion vector marks, only ``columns``, and each row's position in the file's Parquet
+    (int64): the files as :func:`read_whole` reads them, their vectors as
+    :func:`.deletion_vectors.read_many` does (each vector file once, the process's own from
+    memory). Raises as those do."""
+    tables = read_whole([data_file_path(table_path, f.path) for f in files], [f.size for f in files], columns,
+                        hold=hold, name=name)
+    marked = read_vectors(table_path, [Descriptor.of_action(f.deletion_vector) if f.deletion_vector else None
+                                       for f in files])
+    out = []
+    for t, gone in zip(tables, marked):
+        positions = np.arange(t.num_rows, dtype=np.int64)
+        if len(gone):
+            live = ~np.isin(positions, gone, assume_unique=True)
+            t, positions = t.filter(pa.array(live)), positions[live]
+        out.append((t, positions))
+    return out
 
 
 def footer_stats(fs: pafs.FileSystem, full_path: str, schema: pa.Schema) -> tuple[int, str]:

@@ -28,9 +28,14 @@ protocol, "Action Reconciliation", "Checkpoints"):
   (Parquet, the action columns Delta readers look for) and ``_last_checkpoint``: two PUTs. A
   checkpoint that fails to be written is logged and left for maintenance; the commit stands.
 
+Deletion vectors are replayed as the protocol reconciles them: a file is keyed by its path
+and its vector's ``uniqueId`` (a ``remove`` of the file with its old vector and an ``add`` of
+the same path with a new one, in one commit, mark more of its rows deleted), and a
+:attr:`~OwnedLog.plain` table may have the ``deletionVectors`` feature (reader 3, writer 7).
+
 What it does not replay (:class:`UnsupportedLog`, the caller opens the table with delta-rs
-instead): v2 checkpoints (sidecars), deletion vectors, a gap in the versions. Tables written
-this way are plain Delta tables: delta-rs and delta-spark read them and their checkpoints.
+instead): v2 checkpoints (sidecars), a gap in the versions. Tables written this way are
+Delta tables delta-rs and delta-spark read, with their checkpoints.
 """
 from __future__ import annotations
 
@@ -53,8 +58,30 @@ DEFAULT_CHECKPOINT_INTERVAL = 10
 
 
 MAX_WRITER_VERSION = 4
-"""The newest writer protocol version :attr:`OwnedLog.plain` tables may have (without table
-features)."""
+"""The newest writer protocol version :attr:`OwnedLog.plain` tables may have without table
+features."""
+
+LEGACY_WRITER_FEATURES = {2: ("appendOnly", "invariants"), 3: ("appendOnly", "invariants", "checkConstraints"),
+                          4: ("appendOnly", "invariants", "checkConstraints", "changeDataFeed", "generatedColumns")}
+"""The writer features a legacy writer version (2 to 4) implies (the Delta protocol, "Table
+Features": a table upgraded to writer version 7 lists them)."""
+
+DELETION_VECTORS = "deletionVectors"
+PLAIN_WRITER_FEATURES = frozenset(LEGACY_WRITER_FEATURES[4]) | {DELETION_VECTORS}
+"""The table features a :attr:`OwnedLog.plain` table may list: writer version 4's and
+deletion vectors (a reader feature too), nothing a commit must write beyond its actions."""
+
+
+def with_deletion_vectors(protocol: dict) -> dict:
+    """``protocol`` (a ``protocol`` action) upgraded to table features with
+    ``deletionVectors``: reader version 3, writer version 7, the features the old versions
+    implied kept (:data:`LEGACY_WRITER_FEATURES`)."""
+    writer = int(protocol.get("minWriterVersion", 2))
+    wf = list(protocol.get("writerFeatures") or LEGACY_WRITER_FEATURES.get(writer, LEGACY_WRITER_FEATURES[2]))
+    rf = list(protocol.get("readerFeatures") or [])
+    return {"minReaderVersion": 3, "minWriterVersion": 7,
+            "readerFeatures": rf + [DELETION_VECTORS] * (DELETION_VECTORS not in rf),
+            "writerFeatures": wf + [DELETION_VECTORS] * (DELETION_VECTORS not in wf)}
 
 
 class UnsupportedLog(Exception):
@@ -72,15 +99,19 @@ def _map(t: pa.DataType | None = None) -> pa.DataType:
 
 
 _STRINGS = pa.list_(pa.field("element", pa.string(), nullable=False))
+_DV = pa.struct([pa.field("storageType", pa.string(), False), pa.field("pathOrInlineDv", pa.string(), False),
+                 ("offset", pa.int32()), pa.field("sizeInBytes", pa.int32(), False),
+                 pa.field("cardinality", pa.int64(), False)])
 CHECKPOINT_SCHEMA = pa.schema([
     ("txn", pa.struct([pa.field("appId", pa.string(), False), pa.field("version", pa.int64(), False),
                        ("lastUpdated", pa.int64())])),
     ("add", pa.struct([pa.field("path", pa.string(), False), pa.field("partitionValues", _map(), False),
                        pa.field("size", pa.int64(), False), pa.field("modificationTime", pa.int64(), False),
-                       pa.field("dataChange", pa.bool_(), False), ("stats", pa.string()), ("tags", _map())])),
+                       pa.field("dataChange", pa.bool_(), False), ("stats", pa.string()), ("tags", _map()),
+                       ("deletionVector", _DV)])),
     ("remove", pa.struct([pa.field("path", pa.string(), False), ("deletionTimestamp", pa.int64()),
                           pa.field("dataChange", pa.bool_(), False), ("extendedFileMetadata", pa.bool_()),
-                          ("partitionValues", _map()), ("size", pa.int64())])),
+                          ("partitionValues", _map()), ("size", pa.int64()), ("deletionVector", _DV)])),
     ("metaData", pa.struct([pa.field("id", pa.string(), False), ("name", pa.string()), ("description", pa.string()),
                             pa.field("format", pa.struct([pa.field("provider", pa.string(), False),
                                                           pa.field("options", _map(), False)]), False),
@@ -137,7 +168,7 @@ class OwnedLog:
         self.metadata: dict = {}
         self.txns: dict[str, dict] = {}          # app id -> its newest txn action
         self.files: dict[str, dict] = {}         # log path -> add action
-        self.tombstones: dict[str, dict] = {}    # log path -> remove action
+        self.tombstones: dict[tuple[str, str], dict] = {}   # (log path, vector id) -> remove action
         self.commits: dict[int, CommitInfo] = {}  # commits replayed from their files (not those in a checkpoint)
 
     # ---- replay -------------------------------------------------------------------------------
@@ -217,13 +248,14 @@ class OwnedLog:
 
     def _apply(self, kind: str, action: dict) -> None:
         if kind == "add":
-            if action.get("deletionVector"):
-                raise UnsupportedLog("deletion vectors")
             self.files[action["path"]] = action
-            self.tombstones.pop(action["path"], None)
+            self.tombstones.pop(file_key(action), None)
         elif kind == "remove":
-            self.files.pop(action["path"], None)
-            self.tombstones[action["path"]] = action
+            key = file_key(action)
+            live = self.files.get(action["path"])
+            if live is not None and file_key(live) == key:
+                del self.files[action["path"]]
+            self.tombstones[key] = action
         elif kind == "txn":
             self.txns[action["appId"]] = action
         elif kind == "metaData":
@@ -247,10 +279,20 @@ class OwnedLog:
         """Whether this package may write the table's commits and checkpoints: a protocol
         without table features, reader version 1 (no column mapping) and writer version 4
         at most (invariants, CHECK constraints, Change Data Feed, generated columns: nothing
-        a commit must add to the rows or the log beyond their actions)."""
+        a commit must add to the rows or the log beyond their actions); or reader 3 / writer 7
+        with those features and deletion vectors only (:data:`PLAIN_WRITER_FEATURES`)."""
         p = self.protocol
-        return (int(p.get("minReaderVersion", 1)) <= 1 and int(p.get("minWriterVersion", 2)) <= MAX_WRITER_VERSION
-                and not p.get("readerFeatures") and not p.get("writerFeatures"))
+        reader, writer = int(p.get("minReaderVersion", 1)), int(p.get("minWriterVersion", 2))
+        if reader <= 1 and writer <= MAX_WRITER_VERSION:
+            return not p.get("readerFeatures") and not p.get("writerFeatures")
+        return (reader == 3 and writer == 7 and set(p.get("readerFeatures") or ()) <= {DELETION_VECTORS}
+                and set(p.get("writerFeatures") or ()) <= PLAIN_WRITER_FEATURES)
+
+    @property
+    def deletion_vectors(self) -> bool:
+        """Whether the table's protocol has the ``deletionVectors`` feature (its commits may
+        mark rows deleted in a file's deletion vector)."""
+        return DELETION_VECTORS in (self.protocol.get("writerFeatures") or ())
 
     def txn_version(self, app_id: str) -> int | None:
         t = self.txns.get(app_id)
@@ -258,10 +300,12 @@ class OwnedLog:
 
     # ---- commits ------------------------------------------------------------------------------
     def commit(self, adds: list[dict], removes: list[dict], *, txn: tuple[str, int] | None,
-               info: dict, cdc: list[dict] = (), retries: int = 3) -> int:
+               info: dict, cdc: list[dict] = (), table: list[dict] = (), retries: int = 3) -> int:
         """ONE commit of ``adds`` and ``removes`` (add / remove actions, paths in log form),
         and ``cdc`` (Change Data Feed files: ``cdc`` actions), recording ``txn`` (app id,
-        version) and ``info`` (the ``commitInfo``), at the version after the replay's. When
+        version) and ``info`` (the ``commitInfo``), at the version after the replay's;
+        ``table``: ``protocol`` / ``metaData`` actions (``{"protocol": {...}}``) the commit
+        also makes (a protocol upgrade with the table property that goes with it). When
         another writer took that version with a commit that changes no data and records no
         transaction of ``txn``'s app (table maintenance: a property, a checkpoint's commit),
         the replay reads it and the commit goes to the next version; any other commit there
@@ -270,6 +314,7 @@ class OwnedLog:
         lines = [{"commitInfo": {"timestamp": now, **info}}]
         if txn is not None:
             lines.append({"txn": {"appId": txn[0], "version": int(txn[1]), "lastUpdated": now}})
+        lines += list(table)
         lines += [{"remove": r} for r in removes] + [{"add": a} for a in adds] + [{"cdc": c} for c in cdc]
         body = "\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode() + b"\n"
         for _ in range(retries + 1):
@@ -346,6 +391,16 @@ class OwnedLog:
             {"version": self.version, "size": table.num_rows, "sizeInBytes": buf.size,
              "numOfAddFiles": len(self.files)}).encode())
         self.checkpoint_version = self.version
+
+
+def file_key(action: dict) -> tuple[str, str]:
+    """The key the protocol reconciles an ``add`` or ``remove`` by: its path and its deletion
+    vector's ``uniqueId`` ("" without one)."""
+    dv = action.get("deletionVector")
+    if not dv:
+        return action["path"], ""
+    offset = dv.get("offset")
+    return action["path"], dv["storageType"] + dv["pathOrInlineDv"] + ("" if offset is None else f"@{offset}")
 
 
 def _dicts(kind: str, action: dict) -> dict:

@@ -39,8 +39,8 @@ from . import changes
 from .changes import SchemaChange
 from .log import OwnedLog, UnsupportedLog
 from .snapshot import DATASET, DELTA_SPARK, ReadPlan, Snapshot
-from .values import (Commit, DataFile, Txn, _num_records, as_uri, changed_rows, dq, our_metadata, plain_arrow,
-                     plain_schema)
+from .values import (Commit, DataFile, Txn, _num_records, as_uri, changed_rows, data_file_path, dq, our_metadata,
+                     plain_arrow, plain_schema)
 
 log = logging.getLogger("consistent_stream")
 
@@ -269,14 +269,15 @@ class TableReader:
         return self._files[version]
 
     def data_files(self, version: int) -> list[DataFile] | None:
-        """The data files of ``version`` with their Delta statistics JSON, from the replayed
-        log of an ``own_log`` table at that version (no read); None otherwise (read
-        :meth:`add_actions`). Paths as the log holds them."""
+        """The data files of ``version`` with their Delta statistics JSON and deletion vectors,
+        from the replayed log of an ``own_log`` table at that version (no read); None otherwise
+        (read :meth:`add_actions`). Paths as the log holds them."""
         own = self.own()
         if own is None or own.version != version:
             return None
         return [DataFile(a["path"], int(a.get("size") or 0), _num_records(a.get("stats")),
-                         dict(a.get("partitionValues") or {}), a.get("stats") or "") for a in own.files.values()]
+                         dict(a.get("partitionValues") or {}), a.get("stats") or "", a.get("deletionVector"))
+                for a in own.files.values()]
 
     def num_records(self, version: int) -> int:
         """Number of rows of ``version`` (from the log's file statistics, no data scan)."""
@@ -295,8 +296,7 @@ class TableReader:
     def file_path(self, rel: str) -> str:
         """Where a data file (its path relative to the table root, as in the log) is read
         from: a local path for a table on the local file system, else its URI."""
-        from urllib.parse import unquote
-        return os.path.join(self.path, unquote(rel)) if "://" not in self.path else self.file_uri(rel)
+        return data_file_path(self.path, rel)
 
     # ---- commits ---------------------------------------------------------------------------
     def txn_version(self, app_id: str) -> int | None:

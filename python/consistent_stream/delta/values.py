@@ -17,6 +17,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+from urllib.parse import unquote
 
 import pyarrow as pa
 from deltalake.transaction import AddAction, RemoveAction
@@ -55,13 +56,22 @@ class DataFile:
     ``path``: relative to the table root, not URL-encoded; ``size``: bytes; ``num_records``:
     rows; ``partition_values``: partition column -> Delta's string form of the value (None for
     NULL); ``stats``: Delta's JSON statistics (``numRecords``, ``minValues``, ``maxValues``,
-    ``nullCount``), "" when unknown.
+    ``nullCount``), "" when unknown; ``deletion_vector``: the action's ``deletionVector``
+    descriptor (:mod:`.deletion_vectors`), None when no row of the file is deleted.
+    ``num_records`` counts the file's rows, those its deletion vector marks included (Delta's
+    ``numRecords``); :attr:`live_records` leaves them out.
     """
     path: str
     size: int
     num_records: int
     partition_values: Mapping[str, str | None] = field(default_factory=dict)
     stats: str = ""
+    deletion_vector: Mapping[str, Any] | None = None
+
+    @property
+    def live_records(self) -> int:
+        """Rows of the file its deletion vector does not mark."""
+        return self.num_records - int((self.deletion_vector or {}).get("cardinality") or 0)
 
     def add_action(self) -> AddAction:
         return AddAction(self.path, self.size, dict(self.partition_values), int(time.time() * 1000), True,
@@ -146,16 +156,24 @@ def _num_records(stats: str | None) -> int:
 
 
 def _add_dict(f: DataFile, now_ms: int) -> dict:
-    """The log's ``add`` action of data file ``f`` (path in log form)."""
-    return {"path": log_path(f.path), "partitionValues": dict(f.partition_values), "size": int(f.size),
-            "modificationTime": now_ms, "dataChange": True,
-            "stats": f.stats or json.dumps({"numRecords": f.num_records})}
+    """The log's ``add`` action of data file ``f`` (path in log form, its deletion vector if
+    it has one)."""
+    out = {"path": log_path(f.path), "partitionValues": dict(f.partition_values), "size": int(f.size),
+           "modificationTime": now_ms, "dataChange": True,
+           "stats": f.stats or json.dumps({"numRecords": f.num_records})}
+    if f.deletion_vector:
+        out["deletionVector"] = dict(f.deletion_vector)
+    return out
 
 
 def _remove_dict(f: DataFile, now_ms: int) -> dict:
-    """The log's ``remove`` action of data file ``f`` (path in log form)."""
-    return {"path": log_path(f.path), "deletionTimestamp": now_ms, "dataChange": True,
-            "extendedFileMetadata": True, "partitionValues": dict(f.partition_values), "size": int(f.size)}
+    """The log's ``remove`` action of data file ``f`` (path in log form, its deletion vector if
+    it has one: a remove names the file *and* vector it removes)."""
+    out = {"path": log_path(f.path), "deletionTimestamp": now_ms, "dataChange": True,
+           "extendedFileMetadata": True, "partitionValues": dict(f.partition_values), "size": int(f.size)}
+    if f.deletion_vector:
+        out["deletionVector"] = dict(f.deletion_vector)
+    return out
 
 
 INSERTED_METRICS = ("num_added_rows", "num_target_rows_inserted", "numOutputRows", "numTargetRowsInserted")
@@ -184,6 +202,15 @@ def changed_rows(metrics: dict) -> int | None:
 def _same(cols: list[str]) -> str:
     """Target row ``t`` and source row ``s`` agree on ``cols`` (NULLs equal)."""
     return " AND ".join(f"(t.{dq(c)} IS NOT DISTINCT FROM s.{dq(c)})" for c in cols)
+
+
+def data_file_path(table_path: str, rel: str) -> str:
+    """Where data file ``rel`` (relative to the table root, as the log holds it) of the table
+    at ``table_path`` is read from: a local path for a table on the local file system, else
+    its URI."""
+    if "://" not in table_path:
+        return os.path.join(table_path, unquote(rel))
+    return as_uri(os.path.join(table_path, "")) + unquote(rel)
 
 
 def as_uri(path: str) -> str:

@@ -56,6 +56,8 @@ from dataclasses import asdict, dataclass, field
 from urllib.parse import unquote
 
 from .. import storage
+from ..delta.deletion_vectors import FILE_PREFIX as DV_FILE_PREFIX
+from ..delta.deletion_vectors import file_of as dv_file_of
 from ..location import fs_path
 
 log = logging.getLogger(__name__)
@@ -186,14 +188,18 @@ def _data_path(name: str) -> bool:
 
 def _unreferenced(root: str, referenced: set[str], cutoff_ms: float | None,
                   removed_ms: dict[str, int] | None = None) -> list[str]:
-    """The data files (``.parquet``) under table ``root`` (one listing) that no path in ``referenced``
-    (relative, decoded) names and that expired: a tombstone in ``removed_ms`` older than
-    ``cutoff_ms``, or, without one, a modification time older than it (None: any)."""
+    """The data files (``.parquet``) and deletion vector files (``deletion_vector_*.bin``) under
+    table ``root`` (one listing) that no path in ``referenced`` (relative, decoded) names and
+    that expired: a tombstone in ``removed_ms`` older than ``cutoff_ms``, or, without one, a
+    modification time older than it (None: any). A vector file a crashed batch wrote and no
+    commit names is one of them."""
     out = []
     removed_ms = removed_ms or {}
     for p, st in storage.list_files(root, skip_dirs=lambda name: not _data_path(name)):
         rel = p[len(root.rstrip("/")) + 1:]
-        if rel in referenced or not rel.endswith(".parquet") or rel.rsplit("/", 1)[-1].startswith(("_", ".")):
+        name = rel.rsplit("/", 1)[-1]
+        ours = rel.endswith(".parquet") or (name.startswith(DV_FILE_PREFIX) and name.endswith(".bin"))
+        if rel in referenced or not ours or name.startswith(("_", ".")):
             continue
         if cutoff_ms is not None:
             t = removed_ms.get(rel)
@@ -219,8 +225,13 @@ def vacuum_target(ref, retention_hours: float, now_s: float) -> tuple[int, int]:
     if own is not None:
         if own.checkpoint_version < 0:
             return 0, 0
-        live = {unquote(p) for p in own.files}
-        removed = {unquote(p): int(r.get("deletionTimestamp") or 0) for p, r in own.tombstones.items()}
+        live = {unquote(p) for p in own.files} | {f for a in own.files.values() if (f := dv_file_of(a))}
+        removed: dict[str, int] = {}
+        for (p, _), r in own.tombstones.items():
+            # a file whose vector was replaced is live still; the old vector's file is not
+            for rel in (unquote(p), dv_file_of(r)):
+                if rel and rel not in live:
+                    removed[rel] = max(removed.get(rel, 0), int(r.get("deletionTimestamp") or 0))
         data = storage.remove_many(_unreferenced(root, live, cutoff_ms, removed))
     else:
         dt = ref.table()
@@ -239,7 +250,7 @@ def _referenced(ref, keep_from: int) -> set[str]:
     ``keep_from`` removes (from the replay's commits, or, for one the replay did not read,
     its commit file: :meth:`DeltaTableRef.log_actions`)."""
     own = ref.replayed_log()
-    paths = set(own.files)
+    paths = set(own.files) | {f for a in own.files.values() if (f := dv_file_of(a))}
     for v in range(max(0, keep_from) + 1, own.version + 1):
         c = own.commits.get(v)
         paths.update(c.removed if c is not None else

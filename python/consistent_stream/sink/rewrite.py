@@ -1,23 +1,38 @@
-"""A change-sized MERGE into the target done here, copy-on-write, and committed through the
-target's replayed log (:meth:`~consistent_stream.delta.DeltaTableRef.commit_rewrite`), instead
-of delta-rs' MERGE, which opens the table (its whole log replay) and reads each file it
-rewrites in several ranged requests: on an object store most of a small batch's requests.
+"""A change-sized MERGE into the target done here, committed through the target's replayed log
+(:meth:`~consistent_stream.delta.DeltaTableRef.commit_rewrite`), instead of delta-rs' MERGE,
+which opens the table (its whole log replay), reads each file it rewrites in several ranged
+requests and rewrites every file it touches (delta-rs writes no deletion vectors).
 
-What it does is what Delta's copy-on-write MERGE does (the Delta protocol: a file is never
-changed, only removed and replaced):
+What it does is what Delta's MERGE does, copy-on-write or merge-on-read per file (the Delta
+protocol: a data file is never changed; its rows are retracted by removing it, or by
+replacing its deletion vector, "Deletion Vectors"):
 
 1. **pick** the target's files whose statistics (:func:`~consistent_stream.delta.files.
    stats_bounds`) may hold a row the change matches: by the unique key's values for an upsert
    or delete by key, by every column's for a bag's deletes (a bag's inserts match nothing);
 2. **read** those files whole (one GET each, at once; a file this process wrote or read
    before is held, :data:`~consistent_stream.delta.files.HELD`, and not read again: batch
-   after batch, the file the previous MERGE wrote) and split their rows into the matched
-   and the kept ones (NULLs compare equal, as the MERGE's IS NOT DISTINCT FROM);
-3. **write** the kept rows (in their order) with the upserted or inserted ones (sorted by the
-   key) as new files, written at once, and the Change Data Feed rows
-   (``delete``, ``update_preimage``/``update_postimage`` for a key upserted over a row,
-   ``insert``) as one file under ``_change_data/`` when the table records its feed;
-4. **commit** once: the picked files removed, the new ones added, the feed's file, the txn.
+   after batch, the file the previous MERGE wrote), less the rows their deletion vectors
+   already mark (:mod:`~consistent_stream.delta.deletion_vectors`), and split their rows into
+   the matched and the kept ones (NULLs compare equal, as the MERGE's IS NOT DISTINCT FROM);
+   a picked file with no matched row is left as it is;
+3. for each file with matched rows, choose (:func:`_marks`): **mark** them in its deletion
+   vector (merge-on-read: the table allows vectors, ``target_deletion_vectors``, the file has
+   at least ``settings.DV_MIN_ROWS`` rows and would have at most ``settings.DV_PURGE_SHARE``
+   of them marked) or **rewrite** it (copy-on-write: its kept rows go into the new files; a
+   file past the share is purged so);
+4. **write** the rewritten files' kept rows (in their order) with the upserted or inserted
+   ones (sorted by the key) as new files, written at once; the marked files' new vectors
+   (inline when small, else one vector file, :func:`~consistent_stream.delta.
+   deletion_vectors.write`); and the Change Data Feed rows (``delete``,
+   ``update_preimage``/``update_postimage`` for a key upserted over a row, ``insert``) as one
+   file under ``_change_data/`` when the table records its feed;
+5. **commit** once: the rewritten files removed and the new ones added; each marked file
+   removed with its old vector and added with its new one (same path, statistics no longer
+   tight); the feed's file; the txn; and, the first time a vector is written, the protocol
+   upgraded to the ``deletionVectors`` feature (reader 3, writer 7) with
+   ``delta.enableDeletionVectors``. A vector file written for a commit that never happens (a
+   crash) is named by no version: maintenance deletes it as Delta's VACUUM would.
 
 Delta rule (keyed): target' = (target - rows at the change's keys) + upserted rows; a bag:
 target' = (target - every copy of each deleted row) + inserted rows. The caller's changes
@@ -26,15 +41,19 @@ effect, at most one row per key.
 """
 from __future__ import annotations
 
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import settings
 from ..delta import DataFile, DeltaTableRef, Txn
-from ..delta.files import HELD, may_hold, new_dir, read_whole, stats_bounds, wanted_values, write_arrow
+from ..delta import deletion_vectors as dvs
+from ..delta.files import HELD, may_hold, new_dir, read_live, stats_bounds, wanted_values, write_arrow
 from ..faults import fault_point
 from .unique import key_in
 
@@ -45,18 +64,21 @@ is written as several files at once)."""
 
 
 def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, txn: Txn,
-          metadata: dict) -> tuple[int, dict] | None:
+          metadata: dict, deletion_vectors: bool = False) -> tuple[int, dict] | None:
     """Apply ``changes`` to ``target`` (a :meth:`~DeltaTableRef.rewritable` table) in ONE
     commit recording ``txn`` and ``metadata``; returns the new version and the MERGE's
     metrics (delta-rs' names: ``num_target_rows_copied``, ``_updated``, ``_deleted``,
-    ``_inserted``, ``num_target_files_added`` / ``_removed``), or None when the changes'
-    columns do not cast to the target's (the caller's delta-rs MERGE says why) or the files
-    the change touches hold more than ``settings.REWRITE_ROWS`` rows (delta-rs' MERGE streams
-    them).
+    ``_inserted``, ``num_target_files_added`` / ``_removed``; and
+    ``num_target_deletion_vectors_added``, the files whose rows it marked deleted), or None
+    when the changes' columns do not cast to the target's (the caller's delta-rs MERGE says
+    why) or the files the change touches hold more than ``settings.REWRITE_ROWS`` rows
+    (delta-rs' MERGE streams them). ``deletion_vectors``: matched rows of large files may be
+    marked in their deletion vectors instead of rewriting the files (module docstring).
 
     ``changes``: the target's columns plus ``__op``: with a ``key``, 'upsert' or 'delete' and
     one row per key; without (a bag), 'delete' (every copy of that row, distinct rows) or
-    'insert' (one copy each). Raises CommitError when another writer took the version."""
+    'insert' (one copy each). Raises CommitError when another writer took the version,
+    ValueError when a deletion vector of the target does not match its descriptor."""
     version = target.version()
     schema = target.plain_arrow_schema()
     cols = schema.names
@@ -72,11 +94,15 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
         upserts = rows.filter(pc.equal(ops, "insert"))
         lookup, match = rows.filter(pc.equal(ops, "delete")), cols
     picked = _pick(target.data_files(version), schema, lookup, match)
-    if sum(f.num_records for f in picked) > settings.REWRITE_ROWS:
+    if sum(f.live_records for f in picked) > settings.REWRITE_ROWS:
         return None
-    old = _read(target, picked, schema)
-    hit = key_in(old, lookup, match)
-    kept, gone = old.filter(pc.invert(hit)), old.filter(hit)
+    old, where, pos = _read(target, picked, schema)
+    hit = key_in(old, lookup, match).to_numpy(zero_copy_only=False)
+    hits = np.bincount(where[hit], minlength=len(picked))
+    marked = [i for i, f in enumerate(picked) if hits[i] and deletion_vectors and _marks(f, int(hits[i]))]
+    rewritten = sorted(set(np.flatnonzero(hits).tolist()) - set(marked))
+    kept = old.filter(pa.array(~hit & np.isin(where, rewritten)))
+    gone = old.filter(pa.array(hit))
     if key is not None:
         pre = key_in(gone, upserts, match)
         post = key_in(upserts, gone, match)
@@ -87,21 +113,62 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     if key is not None and upserts.num_rows:
         upserts = upserts.take(pc.sort_indices(upserts, [(c, "ascending") for c in key]))
     adds = _write(target, pa.concat_tables([kept, upserts]))
+    adds += _mark(target, [picked[i] for i in marked], [pos[hit & (where == i)] for i in marked])
     cdc = []
     feed = pa.concat_tables([t.append_column("_change_type", pa.array([kind] * t.num_rows, pa.string()))
                              for t, kind in parts])
     if feed.num_rows and target.change_feed_on():
         cdc = [write_arrow(target.path, "_change_data", feed)]
     counts = {kind: t.num_rows for t, kind in parts}
+    removed = [picked[i] for i in rewritten + marked]
     metrics = {"num_source_rows": changes.num_rows, "num_target_rows_copied": kept.num_rows,
                "num_target_rows_updated": counts.get("update_preimage", 0),
                "num_target_rows_deleted": counts["delete"], "num_target_rows_inserted": counts["insert"],
-               "num_target_files_added": len(adds), "num_target_files_removed": len(picked),
+               "num_target_files_added": len(adds) - len(marked), "num_target_files_removed": len(rewritten),
+               "num_target_deletion_vectors_added": len(marked),
                "num_output_rows": kept.num_rows + upserts.num_rows}
     fault_point("files_written")
-    version = target.commit_rewrite(adds, picked, cdc, txn=txn, metadata=metadata, metrics=metrics)
-    HELD.drop([target.file_path(f.path) for f in picked])
+    version = target.commit_rewrite(adds, removed, cdc, txn=txn, metadata=metadata, metrics=metrics,
+                                    deletion_vectors=bool(marked))
+    HELD.drop([target.file_path(picked[i].path) for i in rewritten])
     return version, metrics
+
+
+def _marks(f: DataFile, hits: int) -> bool:
+    """Whether ``hits`` more rows of file ``f`` are marked in its deletion vector (else it is
+    rewritten): a file of at least ``settings.DV_MIN_ROWS`` rows that would keep more than
+    ``1 - settings.DV_PURGE_SHARE`` of them."""
+    return (f.num_records >= settings.DV_MIN_ROWS
+            and f.num_records - f.live_records + hits <= settings.DV_PURGE_SHARE * f.num_records)
+
+
+def _mark(target: DeltaTableRef, files: list[DataFile], positions: list[np.ndarray]) -> list[DataFile]:
+    """``files`` as their adds with ``positions[i]`` (rows of the file's Parquet) marked in
+    their deletion vectors besides the rows already marked; the vectors written
+    (:func:`~consistent_stream.delta.deletion_vectors.write`). Statistics stay (Delta's
+    ``numRecords`` counts the file's rows) but are no longer tight (``tightBounds``)."""
+    if not files:
+        return []
+    before = dvs.read_many(target.path, [_descriptor(f) for f in files])
+    vectors = [np.union1d(b, p) for b, p in zip(before, positions)]
+    written = dvs.write(target.path, vectors, inline_bytes=settings.DV_INLINE_BYTES)
+    return [replace(f, stats=_wide(f), deletion_vector=d.to_action()) for f, d in zip(files, written)]
+
+
+def _wide(f: DataFile) -> str:
+    """``f``'s statistics JSON with ``tightBounds: false`` (the protocol's "Per-file
+    Statistics": with rows marked deleted, a bound may be of a deleted row)."""
+    try:
+        stats = json.loads(f.stats) if f.stats else {}
+    except ValueError:
+        stats = {}
+    stats.setdefault("numRecords", f.num_records)
+    stats["tightBounds"] = False
+    return json.dumps(stats, separators=(",", ":"))
+
+
+def _descriptor(f: DataFile) -> dvs.Descriptor | None:
+    return dvs.Descriptor.of_action(f.deletion_vector) if f.deletion_vector else None
 
 
 def _write(target: DeltaTableRef, rows: pa.Table) -> list[DataFile]:
@@ -124,12 +191,14 @@ def _pick(files: list[DataFile], schema: pa.Schema, lookup: pa.Table, match: lis
     return [f for f in files if may_hold(stats_bounds(f.stats, schema), f.num_records, wanted)]
 
 
-def _read(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema) -> pa.Table:
-    """The rows of ``files``, whole, as ``schema`` (one read each, at once, of the files the
-    process does not hold: :func:`~consistent_stream.delta.files.read_whole`)."""
+def _read(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """The rows of ``files`` as ``schema``, less those their deletion vectors mark
+    (:func:`~consistent_stream.delta.files.read_live`: one read each, at once, of the files
+    the process does not hold), and for each row its file (index into ``files``, int32) and
+    its position in that file's Parquet (int64)."""
     if not files:
-        return schema.empty_table()
-    tables = read_whole([target.file_path(f.path) for f in files], [f.size for f in files], schema.names,
-                        name="merge-read")
-    return pa.concat_tables([t.cast(schema) for t in tables])
-
+        return schema.empty_table(), np.zeros(0, np.int32), np.zeros(0, np.int64)
+    live = read_live(target.path, files, schema.names, name="merge-read")
+    return (pa.concat_tables([t.cast(schema) for t, _ in live]),
+            np.concatenate([np.full(len(p), i, np.int32) for i, (_, p) in enumerate(live)]),
+            np.concatenate([p for _, p in live]))

@@ -198,14 +198,16 @@ def _multiplicities_on_spark(spark, target: DeltaTableRef, version: int, neg: pa
 
 
 def commit_changes(target: DeltaTableRef, changes: pa.Table, *, unique_key: list[str] | None, txn: Txn,
-                   metadata: dict) -> tuple[int, int, int]:
+                   metadata: dict, deletion_vectors: bool = False) -> tuple[int, int, int]:
     """An incremental batch's commit: ONE MERGE of the change-sized ``changes`` (from
     :func:`sink_changes` with a ``unique_key``, or :func:`bag_changes` for a bag): done here,
-    copy-on-write, through the target's replayed log (:mod:`.rewrite`) where the table allows
-    it (:meth:`~DeltaTableRef.rewritable`), else by delta-rs. Returns
+    through the target's replayed log (:mod:`.rewrite`; with ``deletion_vectors``, a large
+    file's retracted rows marked in its deletion vector, else the file rewritten) where the
+    table allows it (:meth:`~DeltaTableRef.rewritable`), else by delta-rs. Returns
     ``(new version, rows written, target rows rewritten)``; the last counts the rows the MERGE
-    copied unchanged into new files plus those it changed (copy-on-write)."""
-    done = rewrite.merge(target, changes, unique_key, txn=txn, metadata=metadata) \
+    copied unchanged into new files plus those it changed."""
+    done = rewrite.merge(target, changes, unique_key, txn=txn, metadata=metadata,
+                         deletion_vectors=deletion_vectors) \
         if changes.num_rows and target.rewritable() is None else None
     if done is not None:
         version, m = done
@@ -334,7 +336,14 @@ def commit_bulk_merge(target: DeltaTableRef, prev_version: int, changes: DataFra
 
 
 def _current_files(target: DeltaTableRef) -> list:
+    """The files of the target's current version, each with its deletion vector (a remove
+    must name the file and vector it removes, or the file stays in the table): from the
+    replayed log, else from delta-rs' add actions (a table delta-rs serves, whose files this
+    package never gave vectors)."""
     from ..delta.deltars import DataFile
+    replayed = target.data_files(target.version())
+    if replayed is not None:
+        return replayed
     actions = target.add_actions(target.version())
     parts = [c for c in actions.column_names if c.startswith("partition.")]
     out = []

@@ -18,7 +18,7 @@ from .. import location
 from ..changelog import WEIGHT
 from ..delta import DeltaTableRef
 from ..delta.deltars import plain_arrow
-from ..delta.files import MAX_STRING_STAT, may_hold, read_whole, stats_bounds, wanted_values
+from ..delta.files import MAX_STRING_STAT, may_hold, read_live, stats_bounds, wanted_values
 from ..errors import CommitError, UniqueKeyViolation
 
 
@@ -117,9 +117,10 @@ def _target_keys(target: DeltaTableRef, version: int, new: pa.Table, unique_key:
         schema = target.plain_arrow_schema()
         wanted = wanted_values(new, unique_key)
         picked = [f for f in files if wanted is None or may_hold(stats_bounds(f.stats, schema), f.num_records, wanted)]
-        tables = read_whole([target.file_path(f.path) for f in picked], [f.size for f in picked], unique_key,
-                            hold=False, name="key-read")
+        tables = [t for t, _ in read_live(target.path, picked, unique_key, hold=False, name="key-read")]
         return pa.concat_tables(tables) if tables else new.select(unique_key).slice(0, 0)
+    if "deletionVectors" in target.reader_features(version):   # delta-rs' scan applies them
+        return target.read_snapshot_arrow(version, unique_key)
     actions = target.add_actions(version)
     parts = [c[len("partition."):] for c in actions.column_names if c.startswith("partition.")]
     stored = [c for c in unique_key if c not in parts]
