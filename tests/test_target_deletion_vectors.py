@@ -111,13 +111,13 @@ def test_targets_with_deletion_vectors_read_alike_everywhere_and_purge(spark, tm
                 "d", [_ref(tmp_path, "rows")])
     run_job(spark, by_g)
     dt = DeltaTable(src)
-    steps = [lambda: dt.update(updates={"x": "x + 1"}, predicate="k % 151 = 5"),              # scattered updates
+    steps = [lambda: dt.update(updates={"x": "x + 1"}, predicate="k % 151 = 5"),   # scattered updates
              lambda: dt.delete("k % 211 = 7"),                                 # scattered deletes
              lambda: write_deltalake(src, pa.table({"k": pa.array(range(30_000, 30_050), pa.int64()),
                                                     "g": pa.array([1] * 50, pa.int64()),
                                                     "x": pa.array(range(50), pa.int64())}), mode="append"),
-             lambda: dt.update(updates={"x": "x + 2"}, predicate="k % 6 = 1"),                  # a sixth: marked, under the share
-             lambda: dt.update(updates={"x": "x + 3"}, predicate="k % 6 = 2")]                  # another: past it, purged
+             lambda: dt.update(updates={"x": "x + 2"}, predicate="k % 6 = 1"),   # a sixth: marked, under the share
+             lambda: dt.update(updates={"x": "x + 3"}, predicate="k % 6 = 2")],  # another: past it, purged
     for step in steps:
         step()
         dt.update_incremental()
