@@ -117,7 +117,7 @@ def test_targets_with_deletion_vectors_read_alike_everywhere_and_purge(spark, tm
                                                     "g": pa.array([1] * 50, pa.int64()),
                                                     "x": pa.array(range(50), pa.int64())}), mode="append"),
              lambda: dt.update(updates={"x": "x + 2"}, predicate="k % 6 = 1"),   # a sixth: marked, under the share
-             lambda: dt.update(updates={"x": "x + 3"}, predicate="k % 6 = 2")],  # another: past it, purged
+             lambda: dt.update(updates={"x": "x + 3"}, predicate="k % 6 = 2")]   # another: past it, purged
     for step in steps:
         step()
         dt.update_incremental()
