@@ -28,7 +28,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from consistent_stream.delta import DeltaTableRef
-from consistent_stream.delta.log_changes import WEIGHT, _DataFile, _same_chunks, changelog
+from consistent_stream.delta.files import ParquetRows
+from consistent_stream.delta.log_changes import WEIGHT, _same_chunks, changelog
 
 SEEDS = [int(s) for s in os.environ.get("CS_PROPERTY_SEED", "7").split(",")]
 STEPS = 9
@@ -182,10 +183,10 @@ def test_a_deletion_vector_change_reads_only_the_rows_it_touches(tmp_path):
     assert _weighted(found.data) == Counter({(13, "g1", 113): -1, (14, "g2", 114): -1})
     assert (found.rows_read, found.rows_decoded) == (20, 2)
     raw = (tmp_path / "f.parquet").read_bytes()
-    remote = _DataFile(pq.ParquetFile(pa.BufferReader(raw)), buffer=raw)
+    remote = ParquetRows(pq.ParquetFile(pa.BufferReader(raw)), buffer=raw)
     at = np.array([1, 13, 14, 18])     # in row groups 0, 3 and 4 of five
     types = {"k": pa.int64(), "g": pa.string()}
-    for f in (remote, _DataFile(pq.ParquetFile(tmp_path / "f.parquet"), local=str(tmp_path / "f.parquet"))):
+    for f in (remote, ParquetRows(pq.ParquetFile(tmp_path / "f.parquet"), local=str(tmp_path / "f.parquet"))):
         assert f.take(["k", "g"], at, types).to_pydict() == {"k": [1, 13, 14, 18], "g": ["g1", "g1", "g2", "g0"]}
 
 
@@ -225,7 +226,7 @@ def test_a_rewrite_is_compared_row_by_row_and_stays_exact_when_rows_move(tmp_pat
                                          found.data.column(WEIGHT).to_pylist())}) == expected
     # k and g are stored byte for byte the same in old and new (only v is decoded to compare);
     # moved, every column differs
-    opened = {name: _DataFile(pq.ParquetFile(tmp_path / f"{name}.parquet"), local=str(tmp_path / f"{name}.parquet"))
+    opened = {name: ParquetRows(pq.ParquetFile(tmp_path / f"{name}.parquet"), local=str(tmp_path / f"{name}.parquet"))
               for name in ("old", "new", "moved")}
     assert [_same_chunks(opened["old"], opened["new"], c) for c in ("k", "g", "v")] == [True, True, False]
     assert [_same_chunks(opened["old"], opened["moved"], c) for c in ("k", "v")] == [False, False]
@@ -234,7 +235,7 @@ def test_a_rewrite_is_compared_row_by_row_and_stays_exact_when_rows_move(tmp_pat
 def test_rows_by_position_equal_pyarrows_for_every_flat_type(tmp_path):
     """``duck.rows_at`` (DuckDB's reader, by ``file_row_number``) gives the rows pyarrow reads,
     in every flat type it takes, NULLs included; a type it would not read exactly (nanosecond
-    timestamps) is declined, and :meth:`_DataFile.take` decodes with pyarrow instead."""
+    timestamps) is declined, and :meth:`ParquetRows.take` decodes with pyarrow instead."""
     from consistent_stream import duck
     n = 5000
     rng = np.random.default_rng(3)
@@ -260,6 +261,6 @@ def test_rows_by_position_equal_pyarrows_for_every_flat_type(tmp_path):
     assert found is not duck.UNSUPPORTED
     assert found.equals(data.select(flat.names).take(pa.array(at)))
     assert duck.rows_at(str(path), pa.schema([data.schema.field("ns")]), at) is duck.UNSUPPORTED
-    f = _DataFile(pq.ParquetFile(path), local=str(path))
+    f = ParquetRows(pq.ParquetFile(path), local=str(path))
     assert f.take(["ns", "s"], at, {"ns": pa.timestamp("ns"), "s": pa.string()}).equals(
         data.select(["ns", "s"]).take(pa.array(at)))

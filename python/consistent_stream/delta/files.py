@@ -25,6 +25,8 @@ import os
 import threading
 import uuid
 from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Iterable
 from urllib.parse import unquote
 
 import numpy as np
@@ -34,7 +36,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
-from .. import location, storage
+from .. import duck, location, storage
 from .deletion_vectors import Descriptor
 from .deletion_vectors import read_many as read_vectors
 from .values import DataFile, as_uri, data_file_path, plain_arrow, plain_schema
@@ -238,6 +240,64 @@ def read_live(table_path: str, files: list[DataFile], columns: list[str], *, hol
             t, positions = t.filter(pa.array(live)), positions[live]
         out.append((t, positions))
     return out
+
+
+@dataclass
+class ParquetRows:
+    """A Parquet data file opened for reading parts of it (columns, rows by position, column
+    chunks' bytes): ``pf``; ``local``: its path on local disk, None on an object store, whose
+    bytes (one GET) are ``buffer``. Opened by :func:`open_rows`."""
+    pf: pq.ParquetFile
+    local: str | None = None
+    buffer: bytes | None = None
+
+    def present(self, columns: Iterable[str]) -> list[str]:
+        """``columns`` (physical names) the file has, in the order given."""
+        have = set(self.pf.schema_arrow.names)
+        return [c for c in columns if c in have]
+
+    def chunk(self, row_group: int, leaf: int) -> bytes:
+        """The bytes of one column chunk (its dictionary page and data pages)."""
+        meta = self.pf.metadata.row_group(row_group).column(leaf)
+        start = meta.dictionary_page_offset if meta.has_dictionary_page else meta.data_page_offset
+        if self.buffer is not None:
+            return self.buffer[start:start + meta.total_compressed_size]
+        with open(self.local, "rb") as f:
+            f.seek(start)
+            return f.read(meta.total_compressed_size)
+
+    def take(self, columns: list[str], at: np.ndarray, types: dict[str, pa.DataType]) -> pa.Table:
+        """``columns`` at rows ``at`` (ascending positions), cast to ``types`` (by column): by
+        position through DuckDB (:func:`consistent_stream.duck.rows_at`) for a local file whose
+        types it reads exactly, else decoded by pyarrow (only the row groups that hold the
+        rows) and taken."""
+        stored = pa.schema([self.pf.schema_arrow.field(c) for c in columns])
+        schema = pa.schema([pa.field(c, types[c]) for c in columns])
+        if self.local is not None and len(at) and all(duck.exact_by_position(f.type) for f in stored):
+            found = duck.rows_at(self.local, schema, at)
+            if found is not duck.UNSUPPORTED:
+                return found
+        if not len(at):
+            return schema.empty_table()
+        meta = self.pf.metadata
+        starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+        group_of = np.searchsorted(starts, at, side="right") - 1
+        groups = sorted(set(group_of.tolist()))    # only the row groups that hold the rows
+        base = dict(zip(groups, np.cumsum([0] + [starts[g + 1] - starts[g] for g in groups[:-1]])))
+        within = at - starts[group_of] + np.array([base[g] for g in group_of], dtype=np.int64)
+        return self.pf.read_row_groups(groups, columns=columns).cast(schema).take(pa.array(within))
+
+
+def open_rows(table_path: str, rel: str) -> ParquetRows:
+    """A data file of the table, opened for reading: on local disk by its path (a read then
+    touches only the footer and the column chunks it decodes), on an object store with one GET
+    of the whole file (counted as every request of :mod:`consistent_stream.storage` is)."""
+    path = data_file_path(table_path, rel)
+    if location.is_remote(table_path):
+        data = storage.read_bytes(path)
+        return ParquetRows(pq.ParquetFile(pa.BufferReader(data)), buffer=data)
+    local = location.fs_path(path)
+    return ParquetRows(pq.ParquetFile(local), local=local)
 
 
 def footer_stats(fs: pafs.FileSystem, full_path: str, schema: pa.Schema) -> tuple[int, str]:

@@ -44,7 +44,6 @@ Out (:class:`LogChanges`): the requested columns (as the caller's Arrow schema) 
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -56,7 +55,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .. import duck, location, storage
+from .files import ParquetRows, open_rows
 
 WEIGHT = "__weight"
 _SIGN = {"insert": 1, "update_postimage": 1, "delete": -1, "update_preimage": -1}
@@ -296,9 +295,9 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
         the table, the file's rows, the rows decoded and the update images of a Change Data
         Feed file. Where few of the file's rows have a weight (a file whose deletion vector
         changed: -1 with the old vector, +1 with the new, the other rows cancel), only those
-        rows are read (:meth:`_DataFile.take`)."""
+        rows are read (:meth:`ParquetRows.take`)."""
         first = group[0]
-        f = _open(table_path, first.path)
+        f = open_rows(table_path, first.path)
         wanted = f.present(file_cols.values()) + (["_change_type"] if first.cdc else [])
         n = f.pf.metadata.num_rows
         weight = None if first.cdc else weights(group, n)
@@ -338,8 +337,8 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
         a writer that rewrites a file re-encodes its unchanged columns identically, as
         delta-spark does) holds the same values in both, so it cannot tell the rows apart: only
         the other columns are decoded and compared, and the equal columns are read at the rows
-        that differ, once (:meth:`_DataFile.take`)."""
-        old_f, new_f = (_open(table_path, p.path) for p in pair)
+        that differ, once (:meth:`ParquetRows.take`)."""
+        old_f, new_f = (open_rows(table_path, p.path) for p in pair)
         cols = old_f.present(file_cols.values())
         n_old, n_new = old_f.pf.metadata.num_rows, new_f.pf.metadata.num_rows
         if n_old != n_new or cols != new_f.present(file_cols.values()):
@@ -412,56 +411,11 @@ def consolidate(zset: pa.Table) -> pa.Table:
 
 
 _FEW = 8
-"""A file's rows are read by position (:meth:`_DataFile.take`) when fewer than one in
+"""A file's rows are read by position (:meth:`ParquetRows.take`) when fewer than one in
 ``_FEW`` of them are wanted; above that, decoding the file whole costs about as much."""
 
 
-@dataclass
-class _DataFile:
-    """A data file opened for reading: ``pf``; ``local``: its path on local disk, None on an
-    object store, whose bytes (one GET) are ``buffer``."""
-    pf: pq.ParquetFile
-    local: str | None = None
-    buffer: bytes | None = None
-
-    def present(self, columns: Iterable[str]) -> list[str]:
-        """``columns`` (physical names) the file has, in the order given."""
-        have = set(self.pf.schema_arrow.names)
-        return [c for c in columns if c in have]
-
-    def chunk(self, row_group: int, leaf: int) -> bytes:
-        """The bytes of one column chunk (its dictionary page and data pages)."""
-        meta = self.pf.metadata.row_group(row_group).column(leaf)
-        start = meta.dictionary_page_offset if meta.has_dictionary_page else meta.data_page_offset
-        if self.buffer is not None:
-            return self.buffer[start:start + meta.total_compressed_size]
-        with open(self.local, "rb") as f:
-            f.seek(start)
-            return f.read(meta.total_compressed_size)
-
-    def take(self, columns: list[str], at: np.ndarray, types: dict[str, pa.DataType]) -> pa.Table:
-        """``columns`` at rows ``at`` (ascending positions), cast to ``types`` (by column): by
-        position through DuckDB (:func:`consistent_stream.duck.rows_at`) for a local file whose
-        types it reads exactly, else decoded by pyarrow (only the row groups that hold the
-        rows) and taken."""
-        stored = pa.schema([self.pf.schema_arrow.field(c) for c in columns])
-        schema = pa.schema([pa.field(c, types[c]) for c in columns])
-        if self.local is not None and len(at) and all(duck.exact_by_position(f.type) for f in stored):
-            found = duck.rows_at(self.local, schema, at)
-            if found is not duck.UNSUPPORTED:
-                return found
-        if not len(at):
-            return schema.empty_table()
-        meta = self.pf.metadata
-        starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
-        group_of = np.searchsorted(starts, at, side="right") - 1
-        groups = sorted(set(group_of.tolist()))    # only the row groups that hold the rows
-        base = dict(zip(groups, np.cumsum([0] + [starts[g + 1] - starts[g] for g in groups[:-1]])))
-        within = at - starts[group_of] + np.array([base[g] for g in group_of], dtype=np.int64)
-        return self.pf.read_row_groups(groups, columns=columns).cast(schema).take(pa.array(within))
-
-
-def _same_chunks(old: _DataFile, new: _DataFile, column: str) -> bool:
+def _same_chunks(old: ParquetRows, new: ParquetRows, column: str) -> bool:
     """Whether top-level ``column`` is stored byte for byte the same in both files: the same
     row groups of the same row counts, and each of its leaf columns' chunks the same bytes with
     the same physical type and codec (equal bytes then decode to equal values)."""
@@ -488,22 +442,3 @@ def _same_chunks(old: _DataFile, new: _DataFile, column: str) -> bool:
 def _leaves(meta: pq.FileMetaData, column: str) -> list[int]:
     """The indexes of top-level ``column``'s leaf columns in a file's metadata."""
     return [j for j in range(meta.num_columns) if meta.schema.column(j).path.split(".")[0] == column]
-
-
-def _open(table_path: str, rel: str) -> _DataFile:
-    """A data file of the table, opened for reading: on local disk by its path (a read then
-    touches only the footer and the column chunks it decodes), on an object store with one GET
-    of the whole file (counted as every request of :mod:`consistent_stream.storage` is)."""
-    path = _file(table_path, rel)
-    if location.is_remote(table_path):
-        data = storage.read_bytes(path)
-        return _DataFile(pq.ParquetFile(pa.BufferReader(data)), buffer=data)
-    local = location.fs_path(path)
-    return _DataFile(pq.ParquetFile(local), local=local)
-
-
-def _file(table_path: str, rel: str) -> str:
-    rel = unquote(rel)
-    if location.is_remote(table_path):
-        return f"{table_path.rstrip('/')}/{rel}"
-    return os.path.join(table_path, rel)

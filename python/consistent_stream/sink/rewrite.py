@@ -45,6 +45,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -53,7 +54,7 @@ import pyarrow.compute as pc
 from .. import settings
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta import deletion_vectors as dvs
-from ..delta.files import HELD, may_hold, new_dir, read_live, stats_bounds, wanted_values, write_arrow
+from ..delta.files import HELD, may_hold, new_dir, open_rows, read_live, stats_bounds, wanted_values, write_arrow
 from ..faults import fault_point
 from .unique import key_in
 
@@ -96,13 +97,25 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     picked = _pick(target.data_files(version), schema, lookup, match)
     if sum(f.live_records for f in picked) > settings.REWRITE_ROWS:
         return None
-    old, where, pos = _read(target, picked, schema)
+    probed = _probe(target, picked, schema, lookup, match) if deletion_vectors else {}
+    # the other files, and a probed one to be purged, are read whole: their kept rows may be rewritten
+    whole = [i for i in range(len(picked)) if i not in probed or
+             (len(probed[i][0]) and not _marks(picked[i], len(probed[i][0])))]
+    old, where, pos = _read(target, [picked[i] for i in whole], schema)
+    where = np.asarray(whole, np.int32)[where]
     hit = key_in(old, lookup, match).to_numpy(zero_copy_only=False)
     hits = np.bincount(where[hit], minlength=len(picked))
-    marked = [i for i, f in enumerate(picked) if hits[i] and deletion_vectors and _marks(f, int(hits[i]))]
+    marked = [i for i in whole if hits[i] and deletion_vectors and _marks(picked[i], int(hits[i]))]
     rewritten = sorted(set(np.flatnonzero(hits).tolist()) - set(marked))
+    positions = {i: pos[hit & (where == i)] for i in marked}
+    gone = [old.filter(pa.array(hit))]
+    for i, (at, rows_of) in probed.items():
+        if i not in whole and len(at):
+            marked.append(i)
+            positions[i] = at
+            gone.append(rows_of(at))
     kept = old.filter(pa.array(~hit & np.isin(where, rewritten)))
-    gone = old.filter(pa.array(hit))
+    gone = pa.concat_tables(gone)
     if key is not None:
         pre = key_in(gone, upserts, match)
         post = key_in(upserts, gone, match)
@@ -113,7 +126,7 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     if key is not None and upserts.num_rows:
         upserts = upserts.take(pc.sort_indices(upserts, [(c, "ascending") for c in key]))
     adds = _write(target, pa.concat_tables([kept, upserts]))
-    adds += _mark(target, [picked[i] for i in marked], [pos[hit & (where == i)] for i in marked])
+    adds += _mark(target, [picked[i] for i in marked], [positions[i] for i in marked])
     cdc = []
     feed = pa.concat_tables([t.append_column("_change_type", pa.array([kind] * t.num_rows, pa.string()))
                              for t, kind in parts])
@@ -132,6 +145,36 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
                                     deletion_vectors=bool(marked))
     HELD.drop([target.file_path(picked[i].path) for i in rewritten])
     return version, metrics
+
+
+def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, lookup: pa.Table,
+           match: list[str]) -> dict[int, tuple[np.ndarray, Callable[[np.ndarray], pa.Table]]]:
+    """The files of ``files`` that may keep their rows (at least ``settings.DV_MIN_ROWS``
+    rows, not held in memory) looked at by their ``match`` columns only: for each (by index
+    into ``files``), the positions of its live rows that match ``lookup`` (ascending), and
+    how to read its rows (all of ``schema``'s columns) at positions, which reads only the
+    pages that hold them (:meth:`~consistent_stream.delta.files.ParquetRows.take`). On an
+    object store each file is one GET, whose bytes serve both reads."""
+    at = [i for i, f in enumerate(files) if f.num_records >= settings.DV_MIN_ROWS
+          and HELD.get(target.file_path(f.path), f.size) is None]
+    if not at:
+        return {}
+    deleted = dvs.read_many(target.path, [_descriptor(files[i]) for i in at])
+    key_schema = pa.schema([schema.field(c) for c in match])
+    types = {f.name: f.type for f in schema}
+
+    def one(i: int, gone: np.ndarray):
+        opened = open_rows(target.path, files[i].path)
+        keys = opened.pf.read(columns=match).cast(key_schema)
+        live = np.arange(keys.num_rows, dtype=np.int64)
+        if len(gone):
+            live = live[~np.isin(live, gone, assume_unique=True)]
+            keys = keys.take(pa.array(live))
+        matched = live[key_in(keys, lookup, match).to_numpy(zero_copy_only=False)]
+        return i, (matched, lambda positions: opened.take(schema.names, positions, types).cast(schema))
+
+    with ThreadPoolExecutor(max_workers=min(len(at), 4), thread_name_prefix="merge-probe") as pool:
+        return dict(pool.map(one, at, deleted))
 
 
 def _marks(f: DataFile, hits: int) -> bool:
