@@ -177,6 +177,36 @@ def test_a_merge_on_s3_gets_only_the_files_this_process_did_not_write(s3):
         [{"k": 2, "v": "B"}, {"k": 3, "v": "C"}]
 
 
+def test_merges_on_s3_mark_rows_in_deletion_vectors(s3, monkeypatch):
+    """The MERGE's merge-on-read commits on the store: a file probed by its key column (one
+    GET, whose bytes also give the matched rows), vectors inline and in a vector file PUT beside
+    the data, and every version read back by delta-rs and the engine as the changes applied."""
+    from consistent_stream import settings
+    from consistent_stream.delta import Txn
+    from consistent_stream.delta.deletion_vectors import FILE_PREFIX
+    from consistent_stream.sink import rewrite
+    monkeypatch.setattr(settings, "DV_MIN_ROWS", 100)
+    path = f"s3://{BUCKET}/dv/t"
+    storage.remove_tree(path)
+    n = 1_000
+    write_deltalake(path, pa.table({"k": pa.array(range(n), pa.int64()), "v": [f"v{i}" for i in range(n)]}),
+                    configuration=CDF)
+    want = {k: f"v{k}" for k in range(n)}
+    batches = [([3, 500], ["upsert", "delete"]),                     # a small vector, inline
+               (list(range(1, n, 5)), ["delete"] * len(range(1, n, 5)))]   # 200 rows: a vector file
+    for i, (keys, ops) in enumerate(batches, 1):
+        ref = DeltaTableRef(path, own_log=True)
+        changes = pa.table({"k": pa.array(keys, pa.int64()), "v": [f"b{i}"] * len(keys), "__op": ops})
+        _, m = rewrite.merge(ref, changes, ["k"], txn=Txn("q", i), metadata={}, deletion_vectors=True)
+        assert m["num_target_deletion_vectors_added"] == 1 and m["num_target_rows_copied"] == 0
+        for k, op in zip(keys, ops):
+            want.pop(k) if op == "delete" else want.__setitem__(k, f"b{i}")
+        got = DeltaTableRef(path).read_snapshot_arrow(ref.version())
+        assert dict(zip(got.column("k").to_pylist(), got.column("v").to_pylist())) == want and got.num_rows == len(want)
+    assert [p for p, _ in storage.list_files(path, skip_dirs=lambda d: d.startswith("_"))
+            if p.rsplit("/", 1)[-1].startswith(FILE_PREFIX)]
+
+
 def test_maintenance_on_s3_is_counted_by_the_run_and_leaves_what_retention_keeps(spark, s3, tmp_path,
                                                                                    monkeypatch):
     """A maintenance pass after every batch (retention 0, a checkpoint every 2 commits) on the

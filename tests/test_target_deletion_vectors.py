@@ -161,6 +161,29 @@ def test_the_flag_off_writes_plain_files(spark, tmp_path, monkeypatch):
     assert protocol.min_reader_version == 1 and not protocol.reader_features
 
 
+def test_a_rebuild_with_new_columns_replaces_a_target_with_deletion_vectors(spark, tmp_path, monkeypatch):
+    """A definition change that changes the output's columns replaces the target (delta-rs'
+    CREATE OR REPLACE): every file goes with its vector, the protocol is plain again, and the
+    next batch that marks rows upgrades it once more."""
+    monkeypatch.setattr(settings, "DV_MIN_ROWS", 100)
+    src = str(tmp_path / "src" / "t")
+    _source(src, 3_000)
+    job = _job(tmp_path, "m", "SELECT k, g, x FROM src.t", "k", [_src(src)])
+    run_job(spark, job)
+    DeltaTable(src).update(updates={"x": "x + 1"}, predicate="k % 97 = 5")
+    run_job(spark, job)
+    assert DeltaTable(job.target_path).protocol().min_reader_version == 3
+    wider = _job(tmp_path, "m", "SELECT k, g, x, x + 1 AS y FROM src.t", "k", [_src(src)])
+    run_job(spark, wider)
+    assert_target_equals_batch_evaluation(spark, wider, "rebuilt")
+    protocol = DeltaTable(wider.target_path).protocol()
+    assert protocol.min_reader_version == 1 and not protocol.writer_features, protocol
+    DeltaTable(src).update(updates={"x": "x + 1"}, predicate="k % 89 = 3")
+    run_job(spark, wider)
+    assert_target_equals_batch_evaluation(spark, wider, "after a batch")
+    assert DeltaTable(wider.target_path).protocol().reader_features == ["deletionVectors"]
+
+
 RUNNER = """
 import sys
 from pyspark.sql import SparkSession

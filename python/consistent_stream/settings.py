@@ -8,6 +8,7 @@ in ``benchmarks/`` (``keyed_read.py``, ``driver_rebuild.py``), not restated here
 from __future__ import annotations
 
 import math
+import os
 from contextlib import contextmanager
 
 from pyspark.sql import SparkSession
@@ -27,11 +28,12 @@ REWRITE_ROWS = 5_000_000
 """Target rows a change-sized MERGE done on the driver (:mod:`consistent_stream.sink.rewrite`)
 may rewrite: the rows of the files it touches, held whole while they are rewritten. Above it
 delta-rs' MERGE, which streams them, applies the change."""
-DV_MIN_ROWS = 20_000
+DV_MIN_ROWS = int(os.environ.get("CONSISTENT_STREAM_DV_MIN_ROWS") or 20_000)
 """A target file of at least this many rows whose matched rows a MERGE retracts keeps them,
 marked in its deletion vector (:mod:`consistent_stream.sink.rewrite`, with
 ``target_deletion_vectors``); a smaller one is rewritten (its rows cost less to write again
-than a vector costs every reader)."""
+than a vector costs every reader). The environment's ``CONSISTENT_STREAM_DV_MIN_ROWS`` sets it
+(the crash campaign's small tables get vectors so)."""
 DV_PURGE_SHARE = 0.25
 """A target file whose deletion vector would mark more than this share of its rows is
 rewritten instead (a purge, as ``REORG TABLE .. APPLY (PURGE)`` does): its readers stop

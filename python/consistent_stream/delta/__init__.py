@@ -17,7 +17,8 @@ version of a table as an immutable value, and its read plan), :mod:`.reader` (th
 commits and rows of a table), :mod:`.changes` (its Change Data Feed), :mod:`.committer` (its
 idempotent commits), :mod:`.deltars` (:class:`DeltaTableRef`, the reader and the committer
 as one face), :mod:`.log` (the replayed logs), :mod:`.tail` (a source's log read from a
-version on), :mod:`.files` (data files written and read).
+version on), :mod:`.log_changes` (a range's change from its log), :mod:`.files` (data files
+written and read), :mod:`.deletion_vectors` (the deletion vector format, read and written).
 """
 from deltalake.exceptions import DeltaError  # noqa: F401  (what delta-rs raises for a table it cannot read)
 

@@ -108,12 +108,10 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     marked = [i for i in whole if hits[i] and deletion_vectors and _marks(picked[i], int(hits[i]))]
     rewritten = sorted(set(np.flatnonzero(hits).tolist()) - set(marked))
     positions = {i: pos[hit & (where == i)] for i in marked}
-    gone = [old.filter(pa.array(hit))]
-    for i, (at, rows_of) in probed.items():
-        if i not in whole and len(at):
-            marked.append(i)
-            positions[i] = at
-            gone.append(rows_of(at))
+    probed_marked = [i for i, (at, _) in probed.items() if i not in whole and len(at)]
+    marked += probed_marked
+    positions.update({i: probed[i][0] for i in probed_marked})
+    gone = [old.filter(pa.array(hit))] + _at_once(lambda i: probed[i][1](probed[i][0]), probed_marked, "merge-take")
     kept = old.filter(pa.array(~hit & np.isin(where, rewritten)))
     gone = pa.concat_tables(gone)
     if key is not None:
@@ -173,8 +171,16 @@ def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, look
         matched = live[key_in(keys, lookup, match).to_numpy(zero_copy_only=False)]
         return i, (matched, lambda positions: opened.take(schema.names, positions, types).cast(schema))
 
-    with ThreadPoolExecutor(max_workers=min(len(at), 4), thread_name_prefix="merge-probe") as pool:
-        return dict(pool.map(one, at, deleted))
+    return dict(_at_once(lambda args: one(*args), list(zip(at, deleted)), "merge-probe"))
+
+
+def _at_once(fn: Callable, items: list, name: str) -> list:
+    """``fn`` of each of ``items``, in order, on up to 4 threads (pyarrow's and DuckDB's reads
+    release the GIL)."""
+    if len(items) < 2:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=min(len(items), 4), thread_name_prefix=name) as pool:
+        return list(pool.map(fn, items))
 
 
 def _marks(f: DataFile, hits: int) -> bool:
