@@ -14,8 +14,12 @@ replacing its deletion vector, "Deletion Vectors"):
    before is held, :data:`~consistent_stream.delta.files.HELD`, and not read again: batch
    after batch, the file the previous MERGE wrote), less the rows their deletion vectors
    already mark (:mod:`~consistent_stream.delta.deletion_vectors`), and split their rows into
-   the matched and the kept ones (NULLs compare equal, as the MERGE's IS NOT DISTINCT FROM);
-   a picked file with no matched row is left as it is;
+   the matched and the kept ones (NULLs compare equal, as the MERGE's IS NOT DISTINCT FROM).
+   With deletion vectors, a large file not held is first read by its key columns only
+   (:func:`_probe`), and read whole only if it is to be rewritten; its matched rows are read
+   by position. A large picked file with no matched row is left as it is, a small one (under
+   ``settings.DV_MIN_ROWS`` rows) is rewritten with the others, so the small files batches
+   add are folded together;
 3. for each file with matched rows, choose (:func:`_marks`): **mark** them in its deletion
    vector (merge-on-read: the table allows vectors, ``target_deletion_vectors``, the file has
    at least ``settings.DV_MIN_ROWS`` rows and would have at most ``settings.DV_PURGE_SHARE``
@@ -106,7 +110,10 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     hit = key_in(old, lookup, match).to_numpy(zero_copy_only=False)
     hits = np.bincount(where[hit], minlength=len(picked))
     marked = [i for i in whole if hits[i] and deletion_vectors and _marks(picked[i], int(hits[i]))]
-    rewritten = sorted(set(np.flatnonzero(hits).tolist()) - set(marked))
+    # a small picked file goes into the new file even with no matched row: batch after batch the
+    # small files the upserts make are folded together, not left to pile up
+    small = {i for i in whole if picked[i].num_records < settings.DV_MIN_ROWS}
+    rewritten = sorted((set(np.flatnonzero(hits).tolist()) | small) - set(marked))
     positions = {i: pos[hit & (where == i)] for i in marked}
     probed_marked = [i for i, (at, _) in probed.items() if i not in whole and len(at)]
     marked += probed_marked
