@@ -127,6 +127,12 @@ class Descriptor:
         return self.storage_type + self.path_or_inline_dv + ("" if self.offset is None else f"@{self.offset}")
 
 
+def descriptor_of(deletion_vector: dict | None) -> Descriptor | None:
+    """The descriptor of an action's (or :class:`~.values.DataFile`'s) ``deletionVector``, None
+    for a file without one."""
+    return Descriptor.of_action(deletion_vector) if deletion_vector else None
+
+
 def inline(positions) -> Descriptor:
     """An inline descriptor of row ``positions``: the bytes in the log itself, for a vector small
     enough that a file of its own costs more than the commit's extra bytes."""

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
 from .. import duck, location, storage
-from .deletion_vectors import Descriptor
+from .deletion_vectors import descriptor_of
 from .deletion_vectors import read_many as read_vectors
 from .values import DataFile, as_uri, data_file_path, plain_arrow, plain_schema
 
@@ -230,8 +230,7 @@ def read_live(table_path: str, files: list[DataFile], columns: list[str], *, hol
     memory). Raises as those do."""
     tables = read_whole([data_file_path(table_path, f.path) for f in files], [f.size for f in files], columns,
                         hold=hold, name=name)
-    marked = read_vectors(table_path, [Descriptor.of_action(f.deletion_vector) if f.deletion_vector else None
-                                       for f in files])
+    marked = read_vectors(table_path, [descriptor_of(f.deletion_vector) for f in files])
     out = []
     for t, gone in zip(tables, marked):
         positions = np.arange(t.num_rows, dtype=np.int64)

@@ -164,7 +164,7 @@ def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, look
           and HELD.get(target.file_path(f.path), f.size) is None]
     if not at:
         return {}
-    deleted = dvs.read_many(target.path, [_descriptor(files[i]) for i in at])
+    deleted = dvs.read_many(target.path, [dvs.descriptor_of(files[i].deletion_vector) for i in at])
     key_schema = pa.schema([schema.field(c) for c in match])
     types = {f.name: f.type for f in schema}
 
@@ -205,7 +205,7 @@ def _mark(target: DeltaTableRef, files: list[DataFile], positions: list[np.ndarr
     ``numRecords`` counts the file's rows) but are no longer tight (``tightBounds``)."""
     if not files:
         return []
-    before = dvs.read_many(target.path, [_descriptor(f) for f in files])
+    before = dvs.read_many(target.path, [dvs.descriptor_of(f.deletion_vector) for f in files])
     vectors = [np.union1d(b, p) for b, p in zip(before, positions)]
     written = dvs.write(target.path, vectors, inline_bytes=settings.DV_INLINE_BYTES)
     return [replace(f, stats=_wide(f), deletion_vector=d.to_action()) for f, d in zip(files, written)]
@@ -221,10 +221,6 @@ def _wide(f: DataFile) -> str:
     stats.setdefault("numRecords", f.num_records)
     stats["tightBounds"] = False
     return json.dumps(stats, separators=(",", ":"))
-
-
-def _descriptor(f: DataFile) -> dvs.Descriptor | None:
-    return dvs.Descriptor.of_action(f.deletion_vector) if f.deletion_vector else None
 
 
 def _write(target: DeltaTableRef, rows: pa.Table) -> list[DataFile]:
