@@ -170,6 +170,41 @@ def test_merges_batch_after_batch_read_the_file_the_previous_one_wrote_from_memo
         sorted([(2, "B"), (5, "e"), (6, "f"), (9, "I"), (7, "G")], key=repr)
 
 
+def test_rows_marked_deleted_take_their_pre_images_from_the_changelog_and_keys_are_held(tmp_path, monkeypatch):
+    """A merge-on-read MERGE into a large file reads its key column once (then held,
+    ``delta.files.HELD_KEYS``), and takes the feed's pre-images of the rows it marks from the
+    changelog's retractions where they hold every matched key, reading the file by position
+    only where they do not: the second MERGE runs with the file's bytes gone."""
+    from consistent_stream import settings
+    from consistent_stream.delta.files import HELD_KEYS
+    monkeypatch.setattr(settings, "DV_MIN_ROWS", 100)
+    path = str(tmp_path / "t")
+    n = 200
+    _target(path, {"k": pa.array(range(n), pa.int64()), "v": [f"v{i}" for i in range(n)]})
+    ref = DeltaTableRef(path, own_log=True)
+    (big,) = ref.data_files(ref.version())
+    changes = _changes({"k": pa.array([3, 7], pa.int64()), "v": ["X", None]}, ["upsert", "delete"])
+    # the retractions lack key 7: its pre-image is read from the file; key 3's is the changelog's
+    retracted = pa.table({"k": pa.array([3], pa.int64()), "v": ["v3 as the view had it"]})
+    v1, m = rewrite.merge(ref, changes, ["k"], txn=Txn("q", 1), metadata={}, deletion_vectors=True,
+                          retracted=retracted)
+    assert m["num_target_deletion_vectors_added"] == 1 and m["num_target_rows_copied"] == 0
+    assert _feed(path, v1) == sorted([(3, "v3 as the view had it", "update_preimage"), (3, "X", "update_postimage"),
+                                      (7, "v7", "delete")], key=repr)
+    assert HELD_KEYS.get(ref.file_path(big.path), big.size) is not None
+    with open(ref.file_path(big.path), "r+b") as f:   # the file's bytes are not read again
+        f.truncate(0)
+    changes = _changes({"k": pa.array([4, 150], pa.int64()), "v": ["Y", None]}, ["upsert", "delete"])
+    retracted = pa.table({"k": pa.array([150, 4], pa.int64()), "v": ["v150", "v4"]})
+    v2, m = rewrite.merge(ref, changes, ["k"], txn=Txn("q", 2), metadata={}, deletion_vectors=True,
+                          retracted=retracted)
+    assert m["num_target_deletion_vectors_added"] == 1 and m["num_target_rows_deleted"] == 1
+    assert _feed(path, v2) == sorted([(4, "v4", "update_preimage"), (4, "Y", "update_postimage"),
+                                      (150, "v150", "delete")], key=repr)
+    marked = [f for f in ref.data_files(v2) if f.path == big.path]
+    assert len(marked) == 1 and marked[0].live_records == n - 4
+
+
 def test_held_files_are_bounded_least_recently_used_first_and_known_by_size(monkeypatch):
     from consistent_stream.delta import files
     held = files.HeldFiles()

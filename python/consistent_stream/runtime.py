@@ -54,7 +54,8 @@ from .plan import CompiledModel
 from .plan.clock import Instant, commit_instants, plan_reads_clock
 from .exec.evaluator import BatchEvaluator, PlanTypes
 from .exec.local import LocalEngine, Translations, session_supported
-from .sink.target import bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, multiplicities, sink_changes
+from .sink.target import (bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, multiplicities, retractions,
+                          sink_changes)
 from .sink.constraints import check_constraints
 from .sink.maintenance import retention_of, state_properties, table_properties
 from .sink.unique import check_new_keys
@@ -545,14 +546,16 @@ class QueryRuntime:
             return commit_bulk_merge(self.target, prev_version, out.df, unique_key=self.key,
                                      partition_by=job.partition_by, file_rows=job.state_file_rows, txn=txn,
                                      metadata=md, model=job.model)
+        retracted = None
         if self.key is not None:
             changes = sink_changes(out.arrow, self.key, job.model, first=False)
             check_new_keys(self.target, prev_version, out.arrow, self.key, job.model)
+            retracted = retractions(out.arrow)
         else:
             changes = bag_changes(out.arrow, multiplicities(spark, self.target, prev_version, out.arrow),
                                   job.model, first=False)
         return commit_changes(self.target, changes, unique_key=self.key, txn=txn, metadata=md,
-                              deletion_vectors=job.target_deletion_vectors)
+                              deletion_vectors=job.target_deletion_vectors, retracted=retracted)
 
 
 __all__ = ["BatchMeta", "BatchResult", "QueryRuntime", "target_key", "INITIAL"]

@@ -151,9 +151,13 @@ class HeldFiles:
     never rewrites one, and every name here carries a fresh UUID), so an entry is never stale,
     only unused; the size, from the log's add action, is checked too. Bounded by
     :data:`HELD_BYTES` of Arrow buffers, least recently used out first; a table larger than
-    the bound is not kept. Thread-safe (the threads of a ``dbt run`` share it)."""
+    the bound is not kept. Thread-safe (the threads of a ``dbt run`` share it).
 
-    def __init__(self):
+    ``share``: the part of :data:`HELD_BYTES` this one keeps (:data:`HELD_KEYS`, a
+    quarter)."""
+
+    def __init__(self, share: float = 1.0):
+        self.share = share
         self._rows: OrderedDict[tuple[str, int], pa.Table] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -171,14 +175,15 @@ class HeldFiles:
         if rows.num_columns and rows.column(0).num_chunks > HELD_CHUNKS:
             rows = rows.combine_chunks()   # a file rewritten batch after batch: one chunk more each time
         n = rows.nbytes
+        budget = HELD_BYTES * self.share
         with self._lock:
             old = self._rows.pop((path, size), None)
             self._bytes -= old.nbytes if old is not None else 0
-            if n > HELD_BYTES:
+            if n > budget:
                 return
             self._rows[(path, size)] = rows
             self._bytes += n
-            while self._bytes > HELD_BYTES:
+            while self._bytes > budget:
                 _, dropped = self._rows.popitem(last=False)
                 self._bytes -= dropped.nbytes
 
@@ -192,6 +197,13 @@ class HeldFiles:
 
 HELD = HeldFiles()
 """The process's :class:`HeldFiles`."""
+
+HELD_KEYS = HeldFiles(share=0.25)
+"""The key columns of large target files whose other columns are not held: what a MERGE
+reads of a file it may mark rows of (:func:`consistent_stream.sink.rewrite._probe`), kept so
+that the next batch's MERGE into the same file reads nothing of it. A file's rows at its
+path never change (its deletion vector does, and is read apart), so entries are the whole
+file's key columns, before any vector."""
 
 
 def read_whole(paths: list[str], sizes: list[int], columns: list[str], *, hold: bool = True,

@@ -16,10 +16,12 @@ replacing its deletion vector, "Deletion Vectors"):
    already mark (:mod:`~consistent_stream.delta.deletion_vectors`), and split their rows into
    the matched and the kept ones (NULLs compare equal, as the MERGE's IS NOT DISTINCT FROM).
    With deletion vectors, a large file not held is first read by its key columns only
-   (:func:`_probe`), and read whole only if it is to be rewritten; its matched rows are read
-   by position. A large picked file with no matched row is left as it is, a small one (under
-   ``settings.DV_MIN_ROWS`` rows) is rewritten with the others, so the small files batches
-   add are folded together;
+   (:func:`_probe`; held in :data:`~consistent_stream.delta.files.HELD_KEYS` for the next
+   batch), and read whole only if it is to be rewritten; its matched rows (the Change Data
+   Feed's pre-images) are the changelog's retractions at those keys, read by position only
+   where the changelog lacks one (:func:`_preimages`). A large picked file with no matched
+   row is left as it is, a small one (under ``settings.DV_MIN_ROWS`` rows) is rewritten with
+   the others, so the small files batches add are folded together;
 3. for each file with matched rows, choose (:func:`_marks`): **mark** them in its deletion
    vector (merge-on-read: the table allows vectors, ``target_deletion_vectors``, the file has
    at least ``settings.DV_MIN_ROWS`` rows and would have at most ``settings.DV_PURGE_SHARE``
@@ -49,7 +51,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -58,7 +60,8 @@ import pyarrow.compute as pc
 from .. import settings
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta import deletion_vectors as dvs
-from ..delta.files import HELD, may_hold, new_dir, open_rows, read_live, stats_bounds, wanted_values, write_arrow
+from ..delta.files import (HELD, HELD_KEYS, may_hold, new_dir, open_rows, read_live, stats_bounds, wanted_values,
+                           write_arrow)
 from ..faults import fault_point
 from .unique import key_in
 
@@ -69,7 +72,8 @@ is written as several files at once)."""
 
 
 def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, txn: Txn,
-          metadata: dict, deletion_vectors: bool = False) -> tuple[int, dict] | None:
+          metadata: dict, deletion_vectors: bool = False,
+          retracted: pa.Table | None = None) -> tuple[int, dict] | None:
     """Apply ``changes`` to ``target`` (a :meth:`~DeltaTableRef.rewritable` table) in ONE
     commit recording ``txn`` and ``metadata``; returns the new version and the MERGE's
     metrics (delta-rs' names: ``num_target_rows_copied``, ``_updated``, ``_deleted``,
@@ -82,8 +86,11 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
 
     ``changes``: the target's columns plus ``__op``: with a ``key``, 'upsert' or 'delete' and
     one row per key; without (a bag), 'delete' (every copy of that row, distinct rows) or
-    'insert' (one copy each). Raises CommitError when another writer took the version,
-    ValueError when a deletion vector of the target does not match its descriptor."""
+    'insert' (one copy each). ``retracted``: with a ``key``, the batch's retracted rows (the
+    output changelog's rows of weight -1: the view's rows before the batch at the keys it
+    changes, target columns), whence the pre-images of rows marked in a vector come
+    (:func:`_preimages`); None: they are read from the files. Raises CommitError when
+    another writer took the version, ValueError when a deletion vector of the target does not match its descriptor."""
     version = target.version()
     schema = target.plain_arrow_schema()
     cols = schema.names
@@ -92,6 +99,10 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     ops = changes.column(OP)
+    try:
+        retracted = retracted.select(cols).cast(schema) if retracted is not None and key is not None else None
+    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        retracted = None
     if key is not None:
         upserts = rows.filter(pc.equal(ops, "upsert"))
         lookup, match = rows, list(key)
@@ -104,7 +115,7 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     probed = _probe(target, picked, schema, lookup, match) if deletion_vectors else {}
     # the other files, and a probed one to be purged, are read whole: their kept rows may be rewritten
     whole = [i for i in range(len(picked)) if i not in probed or
-             (len(probed[i][0]) and not _marks(picked[i], len(probed[i][0])))]
+             (len(probed[i].positions) and not _marks(picked[i], len(probed[i].positions)))]
     old, where, pos = _read(target, [picked[i] for i in whole], schema)
     where = np.asarray(whole, np.int32)[where]
     hit = key_in(old, lookup, match).to_numpy(zero_copy_only=False)
@@ -115,10 +126,11 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     small = {i for i in whole if picked[i].num_records < settings.DV_MIN_ROWS}
     rewritten = sorted((set(np.flatnonzero(hits).tolist()) | small) - set(marked))
     positions = {i: pos[hit & (where == i)] for i in marked}
-    probed_marked = [i for i, (at, _) in probed.items() if i not in whole and len(at)]
+    probed_marked = [i for i, p in probed.items() if i not in whole and len(p.positions)]
     marked += probed_marked
-    positions.update({i: probed[i][0] for i in probed_marked})
-    gone = [old.filter(pa.array(hit))] + _at_once(lambda i: probed[i][1](probed[i][0]), probed_marked, "merge-take")
+    positions.update({i: probed[i].positions for i in probed_marked})
+    gone = [old.filter(pa.array(hit))] + _at_once(lambda i: _preimages(probed[i], schema, match, retracted),
+                                                  probed_marked, "merge-take")
     kept = old.filter(pa.array(~hit & np.isin(where, rewritten)))
     gone = pa.concat_tables(gone)
     if key is not None:
@@ -148,18 +160,29 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     fault_point("files_written")
     version = target.commit_rewrite(adds, removed, cdc, txn=txn, metadata=metadata, metrics=metrics,
                                     deletion_vectors=bool(marked))
-    HELD.drop([target.file_path(picked[i].path) for i in rewritten])
+    removed_paths = [target.file_path(picked[i].path) for i in rewritten]
+    HELD.drop(removed_paths)
+    HELD_KEYS.drop(removed_paths)
     return version, metrics
 
 
+class Probed(NamedTuple):
+    """What :func:`_probe` found in one file: ``positions`` of its live rows that match (int64,
+    ascending), those rows' ``keys`` (the match columns, in the same order) and ``take``, which
+    reads the file's rows (every column of the target's schema) at given positions."""
+    positions: np.ndarray
+    keys: pa.Table
+    take: Callable[[np.ndarray], pa.Table]
+
+
 def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, lookup: pa.Table,
-           match: list[str]) -> dict[int, tuple[np.ndarray, Callable[[np.ndarray], pa.Table]]]:
+           match: list[str]) -> dict[int, Probed]:
     """The files of ``files`` that may keep their rows (at least ``settings.DV_MIN_ROWS``
-    rows, not held in memory) looked at by their ``match`` columns only: for each (by index
-    into ``files``), the positions of its live rows that match ``lookup`` (ascending), and
-    how to read its rows (all of ``schema``'s columns) at positions, which reads only the
-    pages that hold them (:meth:`~consistent_stream.delta.files.ParquetRows.take`). On an
-    object store each file is one GET, whose bytes serve both reads."""
+    rows, not held in memory) looked at by their ``match`` columns only, by index into
+    ``files``. The match columns come from :data:`~consistent_stream.delta.files.HELD_KEYS`
+    where it holds them, else are read and held there (on an object store the file is one
+    GET, whose bytes serve a later ``take`` too); ``take`` reads only the pages that hold the
+    rows (:meth:`~consistent_stream.delta.files.ParquetRows.take`)."""
     at = [i for i, f in enumerate(files) if f.num_records >= settings.DV_MIN_ROWS
           and HELD.get(target.file_path(f.path), f.size) is None]
     if not at:
@@ -169,16 +192,47 @@ def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, look
     types = {f.name: f.type for f in schema}
 
     def one(i: int, gone: np.ndarray):
-        opened = open_rows(target.path, files[i].path)
-        keys = opened.pf.read(columns=match).cast(key_schema)
+        f, opened = files[i], []
+
+        def rows():
+            if not opened:
+                opened.append(open_rows(target.path, f.path))
+            return opened[0]
+
+        full = target.file_path(f.path)
+        keys = HELD_KEYS.get(full, f.size)
+        if keys is None or not set(match) <= set(keys.column_names):
+            keys = rows().pf.read(columns=match).cast(key_schema)
+            HELD_KEYS.put(full, f.size, keys)
+        keys = keys.select(match)
         live = np.arange(keys.num_rows, dtype=np.int64)
         if len(gone):
             live = live[~np.isin(live, gone, assume_unique=True)]
             keys = keys.take(pa.array(live))
-        matched = live[key_in(keys, lookup, match).to_numpy(zero_copy_only=False)]
-        return i, (matched, lambda positions: opened.take(schema.names, positions, types).cast(schema))
+        hit = key_in(keys, lookup, match)
+        return i, Probed(live[hit.to_numpy(zero_copy_only=False)], keys.filter(hit),
+                         lambda positions: rows().take(schema.names, positions, types).cast(schema))
 
     return dict(_at_once(lambda args: one(*args), list(zip(at, deleted)), "merge-probe"))
+
+
+def _preimages(found: Probed, schema: pa.Schema, match: list[str], retracted: pa.Table | None) -> pa.Table:
+    """The rows of a probed file at its matched positions (the MERGE's pre-images, for the
+    Change Data Feed), read as little as possible: a bag's matched key columns are all its
+    columns; a keyed view's are the changelog's ``retracted`` rows at the keys where it holds
+    one (the central contract: the view's rows before the batch are the target's rows); the
+    others, and all of them when it holds a key twice, are read by position."""
+    if set(match) == set(schema.names):
+        return found.keys.select(schema.names)
+    if retracted is None or not retracted.num_rows:
+        return found.take(found.positions)
+    before = retracted.filter(key_in(retracted, found.keys, match))
+    have = key_in(found.keys, before, match).to_numpy(zero_copy_only=False)
+    if before.num_rows != int(have.sum()):   # a key retracted twice: not one row per key
+        return found.take(found.positions)
+    if have.all():
+        return before
+    return pa.concat_tables([before, found.take(found.positions[~have])])
 
 
 def _at_once(fn: Callable, items: list, name: str) -> list:

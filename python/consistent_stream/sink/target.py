@@ -52,7 +52,7 @@ def sink_changes(delta: pa.Table, unique_key: list[str], model: str, *, first: b
             f"{abs(w[i].as_py())} identical rows with key {row}. Fix the model SQL or the "
             f"unique_key config; nothing was committed for this batch")
     plus = delta.filter(pc.greater(w, 0)).drop_columns([WEIGHT])
-    minus = delta.filter(pc.less(w, 0)).drop_columns([WEIGHT])
+    minus = retractions(delta)
     if first and minus.num_rows:
         raise CommitError(f"model {model}: the first batch produced retractions; this is a bug")
     _check_one_row_per_key(plus, unique_key, model)
@@ -65,6 +65,13 @@ def sink_changes(delta: pa.Table, unique_key: list[str], model: str, *, first: b
         deletes.append_column(OP, pa.array(["delete"] * deletes.num_rows, pa.string())),
     ])
     return _sorted(ops)
+
+
+def retractions(delta: pa.Table) -> pa.Table:
+    """The rows of weight -1 of a consolidated output changelog (target columns +
+    ``__weight``), without the weight: by the central contract, the target's rows the batch
+    retracts."""
+    return delta.filter(pc.less(delta.column(WEIGHT), 0)).drop_columns([WEIGHT])
 
 
 def _check_one_row_per_key(rows: pa.Table, unique_key: list[str], model: str, weight: str | None = None) -> None:
@@ -198,16 +205,19 @@ def _multiplicities_on_spark(spark, target: DeltaTableRef, version: int, neg: pa
 
 
 def commit_changes(target: DeltaTableRef, changes: pa.Table, *, unique_key: list[str] | None, txn: Txn,
-                   metadata: dict, deletion_vectors: bool = False) -> tuple[int, int, int]:
+                   metadata: dict, deletion_vectors: bool = False,
+                   retracted: pa.Table | None = None) -> tuple[int, int, int]:
     """An incremental batch's commit: ONE MERGE of the change-sized ``changes`` (from
     :func:`sink_changes` with a ``unique_key``, or :func:`bag_changes` for a bag): done here,
     through the target's replayed log (:mod:`.rewrite`; with ``deletion_vectors``, a large
     file's retracted rows marked in its deletion vector, else the file rewritten) where the
     table allows it (:meth:`~DeltaTableRef.rewritable`), else by delta-rs. Returns
     ``(new version, rows written, target rows rewritten)``; the last counts the rows the MERGE
-    copied unchanged into new files plus those it changed."""
+    copied unchanged into new files plus those it changed. ``retracted``: the changelog's
+    retractions (:func:`retractions`), whence the MERGE takes the pre-images of the rows it
+    marks deleted (:func:`.rewrite.merge`)."""
     done = rewrite.merge(target, changes, unique_key, txn=txn, metadata=metadata,
-                         deletion_vectors=deletion_vectors) \
+                         deletion_vectors=deletion_vectors, retracted=retracted) \
         if changes.num_rows and target.rewritable() is None else None
     if done is not None:
         version, m = done
