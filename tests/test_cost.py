@@ -94,6 +94,30 @@ def test_a_small_first_build_runs_on_the_driver_and_writes_what_the_executors_wr
         assert m["strategy"] == "incremental" and m["state_rows_read"] <= 1000, m
 
 
+def test_a_rebuild_reads_an_aggregates_input_once_for_its_sums_and_its_extremes(spark, tmp_path, monkeypatch):
+    """MIN and MAX keep each group's values, an arrangement beside the sums': a rebuild on the
+    executors feeds both from one pass over the snapshot, grouped by the group and the value,
+    so what it writes between them is (group, value) pairs (500 here), not the input's rows
+    (3,000: more than the driver takes, so counted as a change on the executors); the batches
+    after it equal batch evaluation."""
+    monkeypatch.setattr(settings, "MAX_DRIVER_ROWS", 1000)
+    n = 3000
+    sc = Scenario(spark, tmp_path, {
+        "a": pa.table({"id": list(range(n)), "g": [i % 10 for i in range(n)], "d": [i % 50 for i in range(n)],
+                       "x": [i % 17 for i in range(n)]}),
+    }, {"a": ["id"]})
+    job = sc.job("select g, count(*) as n, sum(x) as s, avg(x) as av, min(d) as lo, max(d) as hi "
+                 "from src.a group by g", "g", name="extremes")
+    job.driver_rebuild_rows = 0
+    m = sc.run(job, full_refresh=True)["metrics"][0]
+    assert m["strategy"] == "recompute" and "on the driver" not in m["reason"], m
+    assert m["changes_on_executors"] == 0, m
+    sc.update("a", {"d": "d + 100"}, "id = 7")
+    sc.update("a", {"d": "d - 100", "x": "x + 1"}, "id = 1234")
+    assert sc.run(job)["metrics"][0]["strategy"] == "incremental"
+    _versions_equal_batch_evaluation(spark, job)
+
+
 def test_a_change_too_large_for_the_driver_is_written_by_the_executors(spark, tmp_path, monkeypatch):
     """A rebuild on the driver reads no state, so nothing bounded its intermediate results:
     a join on a key with many rows on both sides (here 60,000 rows from 3,200 source rows)

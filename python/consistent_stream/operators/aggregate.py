@@ -28,6 +28,13 @@ State (two kinds of arrangement, both additive, keyed by the group columns):
   These aggregates are Spark's own functions over the live values of the touched groups, so
   their types and rounding are batch evaluation's.
 
+A change kept on the executors (a rebuild's snapshot) feeds both kinds from one pass over it:
+with one multiset argument and no compensated pair, it is first grouped by the group columns
+and that argument, and each of those rows is both a partial accumulator (summed again per
+group: every accumulator is then an exact SUM) and a value with its weight (its count). With
+several such arguments or a compensated pair, the change is written once and read by each
+arrangement.
+
 Delta rule, for the set G of groups touched by the batch (the groups of its partials):
 
     d(agg(A)) = + rows(agg(A_old + dA) over G where count > 0)
@@ -286,18 +293,31 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
         return None
     linear = [a for a in spec.aggs if a.func in LINEAR_AGGS]
     multiset_args = list(dict.fromkeys(spec.args[a.name] for a in spec.aggs if a.func in MULTISET_AGGS))
-    if multiset_args and delta.arrow is None and delta.rows is None and not delta.local:
-        schema = StructType([StructField(c, spec.arg_types[c], True) for c in delta.columns])
-        delta = materialize(f"SELECT * FROM {delta.sql}", schema)  # read by acc and by each multiset
-
     acc = _accumulators(spec, linear)
     count, value_cols = acc.count, acc.value_cols
     gsel = f"{cols_sql(g)}, " if g else ""
     group_by = f" GROUP BY {cols_sql(g)}" if g else ""
+    by_value = False   # the input is grouped by the group and the one multiset argument (below)
+    if multiset_args and delta.arrow is None and delta.rows is None and not delta.local:
+        if len(multiset_args) == 1 and not acc.pairs:
+            # one pass for both arrangements: the accumulators per (group, value), which summed
+            # again per group are the group's (every one is an exact SUM), and whose count is
+            # the value's weight in the group's multiset
+            by = cols_sql(g + multiset_args)
+            grouped = f"SELECT {by}, {', '.join(acc.exprs)} FROM {delta.sql} GROUP BY {by}"
+            types = delta.views.sql(grouped).schema   # (analysis only)
+            delta, by_value = materialize(grouped, types), True
+        else:
+            schema = StructType([StructField(c, spec.arg_types[c], True) for c in delta.columns])
+            delta = materialize(f"SELECT * FROM {delta.sql}", schema)  # read by acc and by each multiset
+
     # a group whose accumulators did not move (an update of a column the aggregate does not
     # read) is not touched: no state read, no output row for it
     moved = " OR ".join(f"COALESCE({q(c)} <> 0, FALSE)" for c in value_cols)
-    if acc.pairs:   # per bucket of rows, then (stage's consolidation) per group: short lists to fold
+    if by_value:   # each sum of sums typed as the sums (the arrangement's types, whatever the path)
+        sums = ", ".join(f"CAST(SUM({q(c)}) AS {types[c].dataType.simpleString()}) AS {q(c)}" for c in value_cols)
+        partial_sql = f"SELECT * FROM (SELECT {gsel}{sums} FROM {delta.sql}{group_by}) WHERE {moved}"
+    elif acc.pairs:   # per bucket of rows, then (stage's consolidation) per group: short lists to fold
         bucket = bucket_sql([q(c) for c in delta.columns])
         partial_sql = (f"SELECT {gsel}{', '.join(acc.exprs)} FROM (SELECT *, {bucket} AS `__fs_bucket` "
                        f"FROM {delta.sql}) GROUP BY {cols_sql(g + ['__fs_bucket'])}")
@@ -307,7 +327,12 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
                           live=f"{q(count)} <> 0", consolidated=not acc.pairs, compensated=acc.pairs)
     vals = {}
     for i, x in enumerate(multiset_args):
-        vals_sql = consolidate_sql(f"(SELECT {gsel}{q(x)}, {W} FROM {delta.sql} WHERE {q(x)} IS NOT NULL)", g + [x])
+        if by_value:   # each (group, value) once already
+            vals_sql = (f"SELECT {gsel}{q(x)}, {q(count)} AS {W} FROM {delta.sql} "
+                        f"WHERE {q(x)} IS NOT NULL AND {q(count)} <> 0")
+        else:
+            vals_sql = consolidate_sql(f"(SELECT {gsel}{q(x)}, {W} FROM {delta.sql} WHERE {q(x)} IS NOT NULL)",
+                                       g + [x])
         vals[x] = state.stage(f"vals{i}", vals_sql, g + [x, WEIGHT], g, consolidated=True)
     # the groups whose accumulators or value multisets moved
     touched = union_keys([partial.keys(g)] + [v.keys(g) for v in vals.values()]) if g else None
