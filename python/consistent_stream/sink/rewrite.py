@@ -90,7 +90,8 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     output changelog's rows of weight -1: the view's rows before the batch at the keys it
     changes, target columns), whence the pre-images of rows marked in a vector come
     (:func:`_preimages`); None: they are read from the files. Raises CommitError when
-    another writer took the version, ValueError when a deletion vector of the target does not match its descriptor."""
+    another writer took the version, ValueError when a deletion vector of the target does not
+    match its descriptor."""
     version = target.version()
     schema = target.plain_arrow_schema()
     cols = schema.names
