@@ -11,12 +11,13 @@ from deltalake import DeltaTable
 
 from consistent_stream import settings
 from consistent_stream.changelog import arrow_to_spark
-from consistent_stream.delta import DeltaTableRef
+from consistent_stream.delta import DeltaTableRef, Txn
 from consistent_stream.delta.log import OwnedLog
-from consistent_stream.errors import UniqueKeyViolation
+from consistent_stream.errors import CommitError, UniqueKeyViolation
 from consistent_stream.job import run_job
 from consistent_stream.oracle import batch_dataframe
 from consistent_stream.runtime import BatchMeta
+from consistent_stream.sink.target import commit_rebuild
 from consistent_stream.sources import Cut
 from consistent_stream.state import arrangement
 from consistent_stream.state.arrangement import CompactionPolicy
@@ -175,6 +176,23 @@ def test_a_rebuild_that_breaks_the_unique_key_commits_nothing(spark, tmp_path, w
                                                  r"has 2 rows in the output"):
         run_job(spark, job, full_refresh=True)
     assert not DeltaTableRef(job.target_path).exists()
+
+
+@pytest.mark.parametrize("key", [["g"], None])
+def test_a_rebuild_with_a_retraction_fails_its_write_and_commits_nothing(spark, tmp_path, key):
+    """A rebuild's rows all have positive weights (a retraction there is a delta rule's bug):
+    the check runs inside the write's job, keyed or bag, whose failure commits nothing."""
+    rows = spark.createDataFrame([("a", 1, 1), ("b", 2, -1), ("c", 3, 2 if key is None else 1)],
+                                 "g string, h long, __weight long")
+    target = DeltaTableRef(str(tmp_path / "t"))
+    with pytest.raises(CommitError, match=r"model m: the rebuild produced retractions; this is a bug"):
+        commit_rebuild(target, rows, unique_key=key, partition_by=[], file_rows=100, txn=Txn("q", 1), metadata={},
+                       model="m")
+    assert not target.exists()
+    ok = rows.where("__weight > 0")
+    commit_rebuild(target, ok, unique_key=key, partition_by=[], file_rows=100, txn=Txn("q", 1), metadata={},
+                   model="m")
+    assert sorted(delta_pandas(target.path)["g"]) == (["a", "c"] if key else ["a", "c", "c"])
 
 
 def test_a_run_without_source_changes_runs_no_spark_job_and_commits_nothing(spark, tmp_path):

@@ -95,15 +95,10 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     version = target.version()
     schema = target.plain_arrow_schema()
     cols = schema.names
-    try:
-        rows = changes.select(cols).cast(schema)
-    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+    rows = _as_target(changes, schema)
+    if rows is None:
         return None
     ops = changes.column(OP)
-    try:
-        retracted = retracted.select(cols).cast(schema) if retracted is not None and key is not None else None
-    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        retracted = None
     if key is not None:
         upserts = rows.filter(pc.equal(ops, "upsert"))
         lookup, match = rows, list(key)
@@ -128,8 +123,11 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     rewritten = sorted((set(np.flatnonzero(hits).tolist()) | small) - set(marked))
     positions = {i: pos[hit & (where == i)] for i in marked}
     probed_marked = [i for i, p in probed.items() if i not in whole and len(p.positions)]
+    before = dict(zip(marked, _vectors(target, [picked[i] for i in marked])))
+    before.update({i: probed[i].deleted for i in probed_marked})
     marked += probed_marked
     positions.update({i: probed[i].positions for i in probed_marked})
+    retracted = _as_target(retracted, schema) if probed_marked and key is not None else None
     gone = [old.filter(pa.array(hit))] + _at_once(lambda i: _preimages(probed[i], schema, match, retracted),
                                                   probed_marked, "merge-take")
     kept = old.filter(pa.array(~hit & np.isin(where, rewritten)))
@@ -144,7 +142,7 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     if key is not None and upserts.num_rows:
         upserts = upserts.take(pc.sort_indices(upserts, [(c, "ascending") for c in key]))
     adds = _write(target, pa.concat_tables([kept, upserts]))
-    adds += _mark(target, [picked[i] for i in marked], [positions[i] for i in marked])
+    adds += _mark(target, [picked[i] for i in marked], [np.union1d(before[i], positions[i]) for i in marked])
     cdc = []
     feed = pa.concat_tables([t.append_column("_change_type", pa.array([kind] * t.num_rows, pa.string()))
                              for t, kind in parts])
@@ -169,11 +167,13 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
 
 class Probed(NamedTuple):
     """What :func:`_probe` found in one file: ``positions`` of its live rows that match (int64,
-    ascending), those rows' ``keys`` (the match columns, in the same order) and ``take``, which
-    reads the file's rows (every column of the target's schema) at given positions."""
+    ascending), those rows' ``keys`` (the match columns, in the same order), ``take``, which
+    reads the file's rows (every column of the target's schema) at given positions, and the
+    positions its deletion vector marked ``deleted`` already."""
     positions: np.ndarray
     keys: pa.Table
     take: Callable[[np.ndarray], pa.Table]
+    deleted: np.ndarray
 
 
 def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, lookup: pa.Table,
@@ -188,7 +188,7 @@ def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, look
           and HELD.get(target.file_path(f.path), f.size) is None]
     if not at:
         return {}
-    deleted = dvs.read_many(target.path, [dvs.descriptor_of(files[i].deletion_vector) for i in at])
+    deleted = _vectors(target, [files[i] for i in at])
     key_schema = pa.schema([schema.field(c) for c in match])
     types = {f.name: f.type for f in schema}
 
@@ -212,7 +212,7 @@ def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, look
             keys = keys.take(pa.array(live))
         hit = key_in(keys, lookup, match)
         return i, Probed(live[hit.to_numpy(zero_copy_only=False)], keys.filter(hit),
-                         lambda positions: rows().take(schema.names, positions, types).cast(schema))
+                         lambda positions: rows().take(schema.names, positions, types).cast(schema), gone)
 
     return dict(_at_once(lambda args: one(*args), list(zip(at, deleted)), "merge-probe"))
 
@@ -236,6 +236,15 @@ def _preimages(found: Probed, schema: pa.Schema, match: list[str], retracted: pa
     return pa.concat_tables([before, found.take(found.positions[~have])])
 
 
+def _as_target(rows: pa.Table | None, schema: pa.Schema) -> pa.Table | None:
+    """``rows`` with the target's columns and types; None when they do not cast (the
+    pre-images are then read from the files)."""
+    try:
+        return rows.select(schema.names).cast(schema) if rows is not None else None
+    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+
+
 def _at_once(fn: Callable, items: list, name: str) -> list:
     """``fn`` of each of ``items``, in order, on up to 4 threads (pyarrow's and DuckDB's reads
     release the GIL)."""
@@ -253,15 +262,19 @@ def _marks(f: DataFile, hits: int) -> bool:
             and f.num_records - f.live_records + hits <= settings.DV_PURGE_SHARE * f.num_records)
 
 
-def _mark(target: DeltaTableRef, files: list[DataFile], positions: list[np.ndarray]) -> list[DataFile]:
-    """``files`` as their adds with ``positions[i]`` (rows of the file's Parquet) marked in
-    their deletion vectors besides the rows already marked; the vectors written
-    (:func:`~consistent_stream.delta.deletion_vectors.write`). Statistics stay (Delta's
-    ``numRecords`` counts the file's rows) but are no longer tight (``tightBounds``)."""
+def _vectors(target: DeltaTableRef, files: list[DataFile]) -> list[np.ndarray]:
+    """The positions (int64, ascending) each of ``files``' deletion vectors marks deleted;
+    empty for a file without one."""
+    return dvs.read_many(target.path, [dvs.descriptor_of(f.deletion_vector) for f in files])
+
+
+def _mark(target: DeltaTableRef, files: list[DataFile], vectors: list[np.ndarray]) -> list[DataFile]:
+    """``files`` as their adds with the rows at ``vectors[i]`` (positions in the file's
+    Parquet: those marked before and the batch's) marked in their deletion vectors; the
+    vectors written (:func:`~consistent_stream.delta.deletion_vectors.write`). Statistics stay
+    (Delta's ``numRecords`` counts the file's rows) but are no longer tight (``tightBounds``)."""
     if not files:
         return []
-    before = dvs.read_many(target.path, [dvs.descriptor_of(f.deletion_vector) for f in files])
-    vectors = [np.union1d(b, p) for b, p in zip(before, positions)]
     written = dvs.write(target.path, vectors, inline_bytes=settings.DV_INLINE_BYTES)
     return [replace(f, stats=_wide(f), deletion_vector=d.to_action()) for f, d in zip(files, written)]
 

@@ -230,26 +230,45 @@ def commit_changes(target: DeltaTableRef, changes: pa.Table, *, unique_key: list
     return version, changes.num_rows, rewritten
 
 
-def _check_rebuilt(df: DataFrame, unique_key: list[str] | None, model: str) -> None:
-    """A rebuilt view's consolidated rows (columns + ``__weight``) must all have positive
-    weights, and a keyed view one row per key. One Spark job."""
+_REBUILD_FAULT = "consistent-stream rebuild check:"
+"""The prefix of the message a rebuild's folded-in check raises on the executors
+(:func:`_checked_rebuild`), which :func:`_write_rebuilt_spark` turns back into its error."""
+
+
+def _checked_rebuild(rows: DataFrame, unique_key: list[str] | None) -> DataFrame:
+    """``rows`` (a rebuilt view's consolidated rows: columns + ``__weight``; a keyed view's
+    range-partitioned by the key already) with the rebuild's checks folded in, so the write
+    that consumes them checks them and no job of their own evaluates the view again: every
+    weight positive, and a keyed view one row per key (a sum of weights over the key, a window
+    whose partitioning the range partitioning by the key already satisfies: no shuffle). A
+    failing row fails the write's job with ``raise_error`` and a message that starts with
+    ``_REBUILD_FAULT``: ``retraction`` or ``duplicate <key as JSON> <rows>``."""
+    from pyspark.sql import Window
     w = F.col(WEIGHT)
+    ok = F.when(w < 0, F.raise_error(F.lit(f"{_REBUILD_FAULT} retraction ~")))
     if unique_key:
-        probe = (df.groupBy(*[F.col(f"`{k}`") for k in unique_key])
-                 .agg(F.sum(w).alias("__n"), F.min(w).alias("__min"))
-                 .where((F.col("__n") > 1) | (F.col("__min") < 0)).limit(1).collect())
-        if probe:
-            row = probe[0].asDict()
-            if row["__min"] < 0:
-                raise CommitError(f"model {model}: the rebuild produced retractions; this is a bug")
-            key = {k: row[k] for k in unique_key}
-            raise UniqueKeyViolation(
-                f"model {model}: unique_key {unique_key} is not unique: key {key} has {row['__n']} rows in "
-                f"the output. Fix the model SQL or the unique_key config; nothing was committed for this batch")
-    else:
-        bad = df.where(w < 0).limit(1).collect()
-        if bad:
-            raise CommitError(f"model {model}: the rebuild produced retractions; this is a bug")
+        key = [F.col(f"`{k}`") for k in unique_key]
+        n = F.sum(w).over(Window.partitionBy(*key))
+        ok = ok.when(n > 1, F.raise_error(F.concat(F.lit(f"{_REBUILD_FAULT} duplicate "), F.to_json(F.struct(*key)),
+                                                   F.lit(" "), n.cast("string"), F.lit(" ~"))))
+    # a column, not a WHERE: Spark allows no window function in a filter
+    return rows.withColumn("__ok", ok.otherwise(F.lit(True))).where(F.col("__ok")).drop("__ok")
+
+
+def _rebuild_fault(e: Exception, unique_key: list[str] | None, model: str) -> Exception | None:
+    """The error a write's failure stands for when :func:`_checked_rebuild`'s check raised
+    it; None when it is another failure."""
+    import json
+    import re
+    found = re.search(re.escape(_REBUILD_FAULT) + r" (retraction|duplicate (\{.*?\}) (\d+)) ~", str(e))
+    if found is None:
+        return None
+    if found.group(1) == "retraction":
+        return CommitError(f"model {model}: the rebuild produced retractions; this is a bug")
+    key = json.loads(found.group(2))
+    return UniqueKeyViolation(
+        f"model {model}: unique_key {unique_key} is not unique: key {key} has {found.group(3)} rows in the "
+        f"output. Fix the model SQL or the unique_key config; nothing was committed for this batch")
 
 
 def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, unique_key: list[str] | None,
@@ -291,19 +310,26 @@ def _write_rebuilt_spark(target: DeltaTableRef, output: DataFrame, unique_key: l
     """:func:`commit_rebuild`'s files, written by Spark's executors; and their Arrow schema."""
     from ..delta.deltars import arrow_schema
     from ..delta.files import new_dir, write_spark
-    _check_rebuilt(output, unique_key, model)
     data_cols = [c for c in output.columns if c != WEIGHT]
     rows = output.select(*[F.col(f"`{c}`") for c in data_cols], F.col(WEIGHT))
+    if unique_key:
+        key = [F.col(f"`{k}`") for k in unique_key]
+        rows = rows.repartitionByRange(default_parallelism(rows.sparkSession), *key)
+    rows = _checked_rebuild(rows, unique_key)
     # a bag's row of weight w is w rows of the table
     rows = rows.withColumn("__copy", F.explode(F.array_repeat(F.lit(1), F.col(WEIGHT).cast("int")))) \
         .select(*[F.col(f"`{c}`") for c in data_cols])
     if unique_key:
-        key = [F.col(f"`{k}`") for k in unique_key]
-        n = default_parallelism(rows.sparkSession)
-        rows = rows.repartitionByRange(n, *key).sortWithinPartitions(*key)
+        rows = rows.sortWithinPartitions(*key)
     spark = rows.sparkSession
-    with spark_confs(spark, {"spark.sql.files.maxRecordsPerFile": str(file_rows)}):
-        files = write_spark(rows, target.path, new_dir("part"), partition_by=partition_by)
+    try:
+        with spark_confs(spark, {"spark.sql.files.maxRecordsPerFile": str(file_rows)}):
+            files = write_spark(rows, target.path, new_dir("part"), partition_by=partition_by)
+    except Exception as e:
+        fault = _rebuild_fault(e, unique_key, model)
+        if fault is None:
+            raise
+        raise fault from None
     return files, arrow_schema(output.select(*[F.col(f"`{c}`") for c in data_cols]).schema)
 
 
