@@ -464,9 +464,17 @@ class StateStore:
     def rebuild(self, arrangement: Arrangement, sql: str) -> Changelog:
         """Replace ``arrangement`` by the rows of the SELECT ``sql`` (a rebuild from snapshots),
         written now by Spark's executors as base files; returns the written rows as a changelog
-        read back from those files (so the caller never computes ``sql`` twice)."""
-        df = self.views.sql(arrangement.consolidate_sql(f"({sql})"))
-        files = self._write_base(arrangement, df)
+        read back from those files (so the caller never computes ``sql`` twice).
+
+        A keyed arrangement's rows are consolidated within the ranges of the key they are
+        partitioned by (:meth:`_write_base` ``merge``): one exchange of the rows, where
+        consolidating first and range-partitioning the result takes two. An arrangement
+        without a key is written as one range, so its rows are consolidated first, by all
+        the executors."""
+        if arrangement.key:
+            files = self._write_base(arrangement, self.views.sql(sql), merge=True)
+        else:
+            files = self._write_base(arrangement, self.views.sql(arrangement.consolidate_sql(f"({sql})")))
         self._staged[arrangement.name] = ("replace", files)
         rows = sum(f.num_records for f in files)
         if not files:
@@ -480,12 +488,12 @@ class StateStore:
         """Write ``df`` (the arrangement's columns) as base files: range-partitioned and sorted
         by the key, at most ``file_rows`` rows a file, by Spark's executors.
 
-        ``merge``: ``df`` is the arrangement's files, not consolidated (a compaction). They
-        are range-partitioned by the key first and consolidated within each range, which
+        ``merge``: ``df`` is not consolidated (a compaction's files, a keyed rebuild's rows).
+        They are range-partitioned by the key first and consolidated within each range, which
         needs no second shuffle (a range of the key holds all rows of its groups): one
-        shuffle instead of two, each an exchange of all the arrangement's rows. A rebuild's
-        ``df`` comes consolidated: range partitioning samples its input first, which would
-        compute a rebuild's query twice."""
+        shuffle instead of two, each an exchange of all the arrangement's rows. (The range
+        partitioning samples ``df`` first, a job of its own; the exchanges ``df``'s query
+        makes are not made again by the write's job, which reuses their output.)"""
         cols = [F.col(f"`{f.name}`") for f in arrangement.schema.fields]
         df = df.select(*cols)
         key = [F.col(f"`{c}`") for c in arrangement.key]
