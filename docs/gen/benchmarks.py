@@ -240,6 +240,9 @@ def refresh_vs_full() -> str:
             Col("incremental run s", "incremental_s"), Col("dbt `table` s", "table_model_s"),
             Col("dbt `incremental` (merge) s", "merge_model_s"), Col("`--full-refresh` s", "full_refresh_s"),
             Col("table / incremental", "ratio_table_to_incremental"),
+            Col("`--full-refresh` / table",
+                lambda r: num(round(r["full_refresh_s"] / r["table_model_s"], 2))
+                if r.get("full_refresh_s") and r.get("table_model_s") else num(None)),
             Col("merge / incremental", "ratio_merge_to_incremental"), Col("merge rows wrong", "merge_rows_wrong"),
             Col("Spark jobs a batch", "spark_jobs_per_batch"),
             Col("delta queries local / Spark",
