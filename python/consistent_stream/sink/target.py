@@ -249,7 +249,7 @@ def _checked_rebuild(rows: DataFrame, unique_key: list[str] | None) -> DataFrame
     if unique_key:
         key = [F.col(f"`{k}`") for k in unique_key]
         n = F.sum(w).over(Window.partitionBy(*key))
-        ok = ok.when(n > 1, F.raise_error(F.concat(F.lit(f"{_REBUILD_FAULT} duplicate "), F.to_json(F.struct(*key)),
+        ok = ok.when(n > 1, F.raise_error(F.concat(F.lit(f"{_REBUILD_FAULT} duplicate "), F.to_json(F.struct(*key), {"ignoreNullFields": "false"}),
                                                    F.lit(" "), n.cast("string"), F.lit(" ~"))))
     # a column, not a WHERE: Spark allows no window function in a filter
     return rows.withColumn("__ok", ok.otherwise(F.lit(True))).where(F.col("__ok")).drop("__ok")
@@ -265,7 +265,10 @@ def _rebuild_fault(e: Exception, unique_key: list[str] | None, model: str) -> Ex
         return None
     if found.group(1) == "retraction":
         return CommitError(f"model {model}: the rebuild produced retractions; this is a bug")
-    key = json.loads(found.group(2))
+    try:
+        key = json.loads(found.group(2))
+    except ValueError:
+        key = found.group(2)
     return UniqueKeyViolation(
         f"model {model}: unique_key {unique_key} is not unique: key {key} has {found.group(3)} rows in the "
         f"output. Fix the model SQL or the unique_key config; nothing was committed for this batch")
