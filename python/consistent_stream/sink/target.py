@@ -19,9 +19,12 @@ commit whatever Spark's partitioning and shuffle order were.
 """
 from __future__ import annotations
 
+import json
+import re
+
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from .. import settings
@@ -243,23 +246,22 @@ def _checked_rebuild(rows: DataFrame, unique_key: list[str] | None) -> DataFrame
     whose partitioning the range partitioning by the key already satisfies: no shuffle). A
     failing row fails the write's job with ``raise_error`` and a message that starts with
     ``_REBUILD_FAULT``: ``retraction`` or ``duplicate <key as JSON> <rows>``."""
-    from pyspark.sql import Window
     w = F.col(WEIGHT)
     ok = F.when(w < 0, F.raise_error(F.lit(f"{_REBUILD_FAULT} retraction ~")))
     if unique_key:
         key = [F.col(f"`{k}`") for k in unique_key]
-        n = F.sum(w).over(Window.partitionBy(*key))
-        ok = ok.when(n > 1, F.raise_error(F.concat(F.lit(f"{_REBUILD_FAULT} duplicate "), F.to_json(F.struct(*key), {"ignoreNullFields": "false"}),
-                                                   F.lit(" "), n.cast("string"), F.lit(" ~"))))
+        rows = rows.withColumn("__n", F.sum(w).over(Window.partitionBy(*key)))
+        n = F.col("__n")
+        named = F.to_json(F.struct(*key), {"ignoreNullFields": "false"})
+        ok = ok.when(n > 1, F.raise_error(F.concat(F.lit(f"{_REBUILD_FAULT} duplicate "), named, F.lit(" "),
+                                                   n.cast("string"), F.lit(" ~"))))
     # a column, not a WHERE: Spark allows no window function in a filter
-    return rows.withColumn("__ok", ok.otherwise(F.lit(True))).where(F.col("__ok")).drop("__ok")
+    return rows.withColumn("__ok", ok.otherwise(F.lit(True))).where(F.col("__ok")).drop("__ok", "__n")
 
 
 def _rebuild_fault(e: Exception, unique_key: list[str] | None, model: str) -> Exception | None:
     """The error a write's failure stands for when :func:`_checked_rebuild`'s check raised
     it; None when it is another failure."""
-    import json
-    import re
     found = re.search(re.escape(_REBUILD_FAULT) + r" (retraction|duplicate (\{.*?\}) (\d+)) ~", str(e))
     if found is None:
         return None
