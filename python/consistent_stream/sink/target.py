@@ -86,11 +86,20 @@ def _check_one_row_per_key(rows: pa.Table, unique_key: list[str], model: str, we
     counts = rows.group_by(unique_key, use_threads=False).aggregate(agg)
     dup = counts.filter(pc.greater(counts.column(n), 1))
     if dup.num_rows:
-        row = {k: dup.column(k)[0].as_py() for k in unique_key}
-        raise UniqueKeyViolation(
-            f"model {model}: unique_key {unique_key} is not unique: key {row} has "
-            f"{dup.column(n)[0].as_py()} rows in the output. Fix the model SQL or the "
-            f"unique_key config; nothing was committed for this batch")
+        raise _duplicate_key(model, unique_key, {k: dup.column(k)[0].as_py() for k in unique_key},
+                             dup.column(n)[0].as_py())
+
+
+def _duplicate_key(model: str, unique_key: list[str], key, rows) -> UniqueKeyViolation:
+    """The error of an output with ``rows`` rows at ``key`` (its values by column)."""
+    return UniqueKeyViolation(
+        f"model {model}: unique_key {unique_key} is not unique: key {key} has {rows} rows in the output. Fix the "
+        f"model SQL or the unique_key config; nothing was committed for this batch")
+
+
+def _rebuilt_retraction(model: str) -> CommitError:
+    """The error of a rebuild whose rows hold a retraction (a delta rule's bug)."""
+    return CommitError(f"model {model}: the rebuild produced retractions; this is a bug")
 
 
 def _sorted(t: pa.Table) -> pa.Table:
@@ -266,14 +275,12 @@ def _rebuild_fault(e: Exception, unique_key: list[str] | None, model: str) -> Ex
     if found is None:
         return None
     if found.group(1) == "retraction":
-        return CommitError(f"model {model}: the rebuild produced retractions; this is a bug")
+        return _rebuilt_retraction(model)
     try:
         key = json.loads(found.group(2))
     except ValueError:
         key = found.group(2)
-    return UniqueKeyViolation(
-        f"model {model}: unique_key {unique_key} is not unique: key {key} has {found.group(3)} rows in the "
-        f"output. Fix the model SQL or the unique_key config; nothing was committed for this batch")
+    return _duplicate_key(model, unique_key, key, found.group(3))
 
 
 def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, unique_key: list[str] | None,
@@ -346,7 +353,7 @@ def _write_rebuilt_arrow(target: DeltaTableRef, output: pa.Table, unique_key: li
     from ..delta.files import new_dir, write_arrow
     w = output.column(WEIGHT)
     if output.num_rows and pc.min(w).as_py() < 0:
-        raise CommitError(f"model {model}: the rebuild produced retractions; this is a bug")
+        raise _rebuilt_retraction(model)
     data = output.drop_columns([WEIGHT])
     if unique_key and output.num_rows:
         _check_one_row_per_key(output, unique_key, model, weight=WEIGHT)
