@@ -5,6 +5,8 @@ otherwise, and a reopened log (from its checkpoint) says what the committing one
 from __future__ import annotations
 
 import os
+import shutil
+import time
 
 import pyarrow as pa
 import pytest
@@ -12,6 +14,8 @@ from deltalake import DeltaTable, write_deltalake
 
 from consistent_stream.delta import DeltaTableRef, Txn
 from consistent_stream.delta.files import write_arrow
+from consistent_stream.delta.log import OwnedLog, log_path
+from consistent_stream.delta.log_cache import MAX_BEHIND, LogCopy
 from consistent_stream.errors import CommitError
 
 SCHEMA = pa.schema([("k", pa.int64()), ("s", pa.string()), ("__arrangement", pa.string())])
@@ -119,3 +123,80 @@ def test_the_targets_version_checksums_are_what_delta_spark_computes(tmp_path, s
         .write.format("delta").mode("append").save(root)
     assert os.path.exists(os.path.join(log_dir, "00000000000000000006.crc"))
     assert spark.read.format("delta").load(root).count() == DeltaTable(root).to_pyarrow_table().num_rows
+
+
+def _add(f) -> dict:
+    return {"path": log_path(f.path), "partitionValues": dict(f.partition_values), "size": int(f.size),
+            "modificationTime": 1, "dataChange": True, "stats": f.stats}
+
+
+def _set_fields(value):
+    """``value`` with the None fields of its dicts left out (recursively)."""
+    if isinstance(value, dict):
+        return {k: _set_fields(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_set_fields(v) for v in value)
+    return value
+
+
+def _replay(root: str, *, copy: bool, from_copy: bool = False) -> OwnedLog:
+    own = OwnedLog(root, copy=copy)
+    assert own.load() and own.from_copy == from_copy
+    return own
+
+
+def test_a_log_reopened_from_its_local_copy_equals_one_replayed_from_the_table(tmp_path, monkeypatch):
+    """The local copy (consistent_stream.delta.log_cache) is used only while it is the
+    table's: reopened from it, a log says what a replay from the checkpoint says, with the
+    commits made since by others read on top; a table dropped and made again at the same path
+    (same version, other commit) and a copy too far behind are misses."""
+    monkeypatch.setenv("CONSISTENT_STREAM_CACHE_DIR", str(tmp_path / "cache"))
+    root = str(tmp_path / "state")
+    ref = DeltaTableRef(root, own_log=True)
+    _commit(ref, [_file(root, "a", [1, 2])], [], 0, configuration={"delta.checkpointInterval": "3"})
+    writer = OwnedLog(root, copy=True)
+    assert writer.load() and writer.version == 0
+    copy = LogCopy(root)
+    assert copy.read() is not None
+    for batch in range(1, 5):
+        new = _file(root, "b", [10 * batch])
+        gone = [{"path": p, "dataChange": True,
+                 "deletionTimestamp": int(time.time() * 1000)} for p in list(writer.files)[:1]]
+        writer.commit([_add(new)], gone, txn=("q", batch), info={"operation": "WRITE"})
+    assert copy.read()[1]["version"] == 4
+
+    def same(a: OwnedLog, b: OwnedLog) -> None:
+        # (a checkpoint's row has its absent fields as NULLs, a commit's JSON leaves them out)
+        def held(o: OwnedLog):
+            return _set_fields((o.version, o.files, o.txns, o.protocol, o.metadata, set(o.tombstones)))
+        assert held(a) == held(b)
+
+    reopened = _replay(root, copy=True, from_copy=True)
+    same(reopened, _replay(root, copy=False))
+    assert reopened.commits[4].txns == {"q": 4}   # commits kept (the checkpoint at 3 has none)
+    # a property set by delta-rs after the copy: read on top of it
+    DeltaTable(root).alter.set_table_properties({"delta.logRetentionDuration": "interval 30 days"})
+    reopened = _replay(root, copy=True, from_copy=True)
+    same(reopened, _replay(root, copy=False))
+    assert reopened.version == 5 and reopened.configuration["delta.logRetentionDuration"] == "interval 30 days"
+
+    # dropped and made again: the copy's version has another commit -> replayed from the table
+    shutil.rmtree(root)
+    ref = DeltaTableRef(root, own_log=True)
+    _commit(ref, [_file(root, "c", [7])], [], 0)
+    for batch in range(1, 6):
+        _commit(ref, [_file(root, "c", [7 + batch])], [], batch)
+    assert copy.read()[1]["version"] == 5
+    reopened = _replay(root, copy=True)
+    same(reopened, _replay(root, copy=False))
+    assert {f["partitionValues"]["__arrangement"] for f in reopened.files.values()} == {"c"}
+
+    # more than MAX_BEHIND commits since the copy: replayed from the checkpoint
+    for batch in range(6, 6 + MAX_BEHIND + 1):
+        _commit(ref, [_file(root, "c", [100 + batch])], [], batch)
+    reopened = _replay(root, copy=True)
+    same(reopened, _replay(root, copy=False))
+    assert _replay(root, copy=True, from_copy=True).version == 6 + MAX_BEHIND   # (the miss wrote it again)
+    # a torn copy is no copy
+    copy.file.write_text('{"format": 1, "tab')
+    same(_replay(root, copy=True), _replay(root, copy=False))

@@ -51,7 +51,8 @@ def s3(tmp_path_factory):
     srv = s3server.start(tmp_path_factory.mktemp("s3server"), buckets=(BUCKET,), request_log=True)
     saved = dict(os.environ)
     os.environ.update(srv.env(), AWS_ALLOW_HTTP="true", AWS_CONDITIONAL_PUT="etag",
-                      CONSISTENT_STREAM_LOCK_LEASE_S=str(LEASE_S))
+                      CONSISTENT_STREAM_LOCK_LEASE_S=str(LEASE_S),
+                      CONSISTENT_STREAM_CACHE_DIR=str(tmp_path_factory.mktemp("cache")))
     location.reset()
     yield srv
     os.environ.clear()
@@ -175,6 +176,33 @@ def test_a_merge_on_s3_gets_only_the_files_this_process_did_not_write(s3):
     assert gets == [1, 0]
     assert sorted(DeltaTable(path).to_pyarrow_table().to_pylist(), key=repr) == \
         [{"k": 2, "v": "B"}, {"k": 3, "v": "C"}]
+
+
+def test_an_owned_table_reopened_on_s3_from_its_local_copy_lists_its_log_and_reads_only_newer_commits(s3):
+    """An owned table's log reopened from this machine's copy of its replay
+    (``delta.log_cache``): one LIST and no GET when nothing was committed since; one GET per
+    commit another writer made since; what it holds is what a replay from the store holds."""
+    from consistent_stream.delta.log import OwnedLog
+    path = f"s3://{BUCKET}/copy/t"
+    storage.remove_tree(path)
+    rows = pa.table({"k": pa.array([1, 2], pa.int64()), "v": ["a", "b"]})
+    write_deltalake(path, rows)
+    write_deltalake(path, rows, mode="append")
+
+    def reopen() -> tuple[OwnedLog, dict]:
+        before = location.REQUESTS.snapshot()
+        own = OwnedLog(path)
+        assert own.load()
+        return own, location.REQUESTS.since(before)["by_method"]
+    first, _ = reopen()
+    assert not first.from_copy and first.version == 1
+    again, requests = reopen()
+    assert again.from_copy and again.files == first.files and requests == {"LIST": 1}
+    write_deltalake(path, rows, mode="append")     # another writer's commit: read on top of the copy
+    newer, requests = reopen()
+    assert newer.from_copy and requests == {"LIST": 1, "GET": 1}
+    plain = OwnedLog(path, copy=False)
+    assert plain.load() and (newer.version, newer.files) == (plain.version, plain.files) == (2, plain.files)
 
 
 def test_merges_on_s3_mark_rows_in_deletion_vectors(s3, monkeypatch):

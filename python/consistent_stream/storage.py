@@ -280,12 +280,14 @@ def write_bytes(path: str, data: bytes, *, fsync: bool = False) -> None:
             os.fsync(f.fileno())
 
 
-def create_bytes(path: str, data: bytes) -> None:
+def create_bytes(path: str, data: bytes) -> str | None:
     """Create file ``path`` holding ``data`` unless a file is there already: the put-if-absent
     a Delta commit needs (two writers of one version: one wins, the other is told). On an
     object store one conditional PUT (``If-None-Match: *``); locally a hidden temporary file
     hard-linked to the name (atomic, and refused when the name exists; readers never see a
-    partial file). Raises FileExistsError when the file exists, OSError otherwise."""
+    partial file). Returns the file's :func:`write tag <list_after>` (None when the store
+    answers the PUT without an ETag). Raises FileExistsError when the file exists, OSError
+    otherwise."""
     _forget_under(path)
     if location.is_remote(path):
         import obstore
@@ -293,13 +295,13 @@ def create_bytes(path: str, data: bytes) -> None:
         store, key = _store(path)
         location.REQUESTS.add("PUT", path)
         try:
-            obstore.put(store, key, bytes(data), mode="create")
+            put = obstore.put(store, key, bytes(data), mode="create")
         except (AlreadyExistsError, PreconditionError):
             raise FileExistsError(path) from None
         except Exception as e:
             raise OSError(f"cannot write {path}: {e}") from e
         _remember(path, bytes(data))
-        return
+        return _tag(len(data), put.get("e_tag"))
     tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
     write_bytes(tmp, data)
     try:
@@ -307,6 +309,18 @@ def create_bytes(path: str, data: bytes) -> None:
     finally:
         os.unlink(tmp)
     _remember(path, bytes(data))
+    return _local_tag(path)
+
+
+def _tag(size: int, etag: str | None) -> str | None:
+    """An object's write tag: its size and ETag (None without an ETag)."""
+    return None if not etag else f"{int(size)}:{etag.strip(chr(34))}"
+
+
+def _local_tag(path: str) -> str:
+    """A local file's write tag: its size and modification time in ns."""
+    st = os.stat(path)
+    return f"{st.st_size}:{st.st_mtime_ns}"
 
 
 def rename(src: str, dst: str) -> None:
@@ -404,28 +418,41 @@ def list_dir(path: str) -> list[str]:
         return []
 
 
-def list_after(path: str, name: str) -> list[str]:
+def list_after(path: str, name: str, *, tags: bool = False) -> list:
     """The names of the files directly in directory ``path`` that sort after ``name``, in
     order; empty when it does not exist. On an object store one LIST that starts after that
-    key (a Delta log's commits after a known version, not the whole log). Raises OSError
-    when it cannot be read."""
+    key (a Delta log's commits after a known version, not the whole log). With ``tags``,
+    ``(name, write tag)`` pairs: what tells one write of a file from another, the size and
+    ETag on an object store (from the listing itself, None when the store gives no ETag),
+    the size and modification time locally (one ``stat`` a file); :func:`create_bytes`
+    returns the same tag for the file it writes. Raises OSError when it cannot be read."""
     if location.is_remote(path):
         import obstore
         store, key = _store(path)
         prefix = _prefix(key)
         try:
-            found = [m["path"][len(prefix):] for chunk in obstore.list(store, prefix or None, offset=prefix + name)
-                     for m in chunk]
+            found = [(m["path"][len(prefix):], _tag(m["size"], m.get("e_tag")))
+                     for chunk in obstore.list(store, prefix or None, offset=prefix + name) for m in chunk]
             location.REQUESTS.add("LIST", path, 1 + len(found) // 1000)
         except FileNotFoundError:
             return []
         except Exception as e:
             raise OSError(f"cannot list {path}: {e}") from e
-        return sorted(n for n in found if n and "/" not in n and n > name)
-    try:
-        return sorted(n for n in os.listdir(path) if n > name and os.path.isfile(os.path.join(path, n)))
-    except FileNotFoundError:
-        return []
+        found = sorted(f for f in found if f[0] and "/" not in f[0] and f[0] > name)
+    else:
+        try:
+            names = sorted(n for n in os.listdir(path) if n > name and os.path.isfile(os.path.join(path, n)))
+        except FileNotFoundError:
+            return []
+        if not tags:
+            return names
+        found = []
+        for n in names:
+            try:
+                found.append((n, _local_tag(os.path.join(path, n))))
+            except FileNotFoundError:
+                continue   # removed while listed
+    return found if tags else [n for n, _ in found]
 
 
 def list_files(path: str, *, skip_dirs=lambda name: False) -> Iterator[tuple[str, FileStat]]:

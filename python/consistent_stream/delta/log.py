@@ -9,13 +9,16 @@ replays the log once more. A run opens and commits its state table and its targe
 batch, so that is most of what a small batch costs on an object store. Here (the Delta
 protocol, "Action Reconciliation", "Checkpoints"):
 
-* **open** (:meth:`OwnedLog.load`): ``_last_checkpoint`` (one GET), the checkpoint's parts
-  (one GET each, whole, read at once), one LIST of the commits after it and one GET of each
-  (at once). Reconciliation: the newest ``protocol`` and ``metaData``, the newest ``txn`` per
+* **open** (:meth:`OwnedLog.load`): from this machine's copy of the replay when it is
+  current (:mod:`.log_cache`, on an object store: one LIST of the commits from the copy's
+  version, one GET of each commit after it, at once), else ``_last_checkpoint`` (one GET), the
+  checkpoint's parts (one GET each, whole, read at once), one LIST of the commits from it and
+  one GET of each after it (at once). Reconciliation: the newest ``protocol`` and ``metaData``, the newest ``txn`` per
   app id, and the live files (an ``add`` not followed by a ``remove`` of its path).
 * **commit** (:meth:`OwnedLog.commit`): the commit file of the next version written once, if
   absent (one conditional PUT: two writers of a version cannot both win), and the replay
-  moved by the commit's own actions, nothing read back.
+  moved by the commit's own actions, nothing read back (the copy of the replay written
+  again, locally).
 * **version checksum** (``checksums=True``, the model's target): after each commit, its
   ``NNN.crc`` (one PUT), the state the replay holds (live files and their bytes, ``metaData``,
   ``protocol``), as the protocol's "Version Checksum File" says writers should. delta-spark
@@ -43,13 +46,14 @@ import json
 import logging
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import storage
+from .. import location, storage
+from .log_cache import MAX_BEHIND, LogCopy, enabled as copies_enabled
 
 log = logging.getLogger("consistent_stream")
 
@@ -152,12 +156,18 @@ class CommitInfo:
 
 class OwnedLog:
     """The replayed log of the Delta table at ``table_path`` (module docstring). ``version``
-    is -1 until :meth:`load` finds the table."""
+    is -1 until :meth:`load` finds the table. ``copy``: keep a local copy of the replay
+    (:mod:`.log_cache`); by default on an object store, where it saves round trips, unless
+    ``CONSISTENT_STREAM_LOG_CACHE=off``."""
 
-    def __init__(self, table_path: str, *, checksums: bool = False):
+    def __init__(self, table_path: str, *, checksums: bool = False, copy: bool | None = None):
         self.path = table_path.rstrip("/")
         self.log_dir = f"{self.path}/_delta_log"
         self.checksums = checksums
+        if copy is None:
+            copy = location.is_remote(self.path) and copies_enabled()
+        self._copy = LogCopy(self.path) if copy else None
+        self.from_copy = False   # whether the last load replayed from the local copy
         self._reset()
 
     def _reset(self) -> None:
@@ -170,14 +180,18 @@ class OwnedLog:
         self.files: dict[str, dict] = {}         # log path -> add action
         self.tombstones: dict[tuple[str, str], dict] = {}   # (log path, vector id) -> remove action
         self.commits: dict[int, CommitInfo] = {}  # commits replayed from their files (not those in a checkpoint)
+        self._tag: str | None = None   # the write tag of this version's commit file (None: not known)
 
     # ---- replay -------------------------------------------------------------------------------
     def load(self) -> bool:
-        """Replay the log from its newest checkpoint. Returns False when there is no table
-        (no commit, no checkpoint). Raises UnsupportedLog, OSError when a file cannot be read."""
+        """Replay the log: from the local copy when it is current (:mod:`.log_cache`), else from
+        the newest checkpoint. Returns False when there is no table (no commit, no
+        checkpoint). Raises UnsupportedLog, OSError when a file cannot be read."""
         self._reset()
+        self.from_copy = self._copy is not None and self._load_copy()
+        if self.from_copy:
+            return True
         last = storage.read_text(f"{self.log_dir}/_last_checkpoint")
-        start = ""
         if last:
             try:
                 cp = json.loads(last)
@@ -187,16 +201,79 @@ class OwnedLog:
                 if cp.get("v2Checkpoint") or cp.get("checkpointSchema", {}).get("sidecar"):
                     raise UnsupportedLog("a v2 checkpoint")
                 self._read_checkpoint(int(cp["version"]), cp.get("parts"))
-                start = f"{self.checkpoint_version:020d}.json"
-        return self._read_commits(start) or self.checkpoint_version >= 0
+        listed = self._listed_from(self.version)
+        found = self._read_commits(listed) or self.checkpoint_version >= 0
+        self._tag = dict(listed).get(f"{self.version:020d}.json")
+        self._keep()
+        return found
 
     def refresh(self) -> int:
         """Read the commits written since (one LIST, a GET each); returns the newest version."""
         if self.version < 0:
             self.load()
-        else:
-            self._read_commits(f"{self.version:020d}.json")
+        elif self._read_commits(self._listed_from(self.version)):
+            self._keep()
         return self.version
+
+    def _listed_from(self, version: int) -> list[tuple[str, str | None]]:
+        """The log's files from ``version``'s commit file on (all of them for -1), with their
+        write tags when a copy is kept (else None): one LIST."""
+        start = f"{version:020d}.crc" if version >= 0 else ""
+        if self._copy is None:
+            return [(n, None) for n in storage.list_after(self.log_dir, start)]
+        return storage.list_after(self.log_dir, start, tags=True)
+
+    def _load_copy(self) -> bool:
+        """Replay from the local copy when the log still holds the commit it was made at
+        (the same write tag) and at most MAX_BEHIND commits after it; False otherwise
+        (nothing replayed)."""
+        kept = self._copy.read()
+        if kept is None:
+            return False
+        tag, state = kept
+        try:
+            version = int(state["version"])
+            listed = self._listed_from(version)
+            if dict(listed).get(f"{version:020d}.json") != tag or len(_versions(listed, version)) > MAX_BEHIND:
+                return False
+            self._restore(state)
+        except (KeyError, TypeError, ValueError):
+            self._reset()
+            return False
+        self._tag = tag
+        if self._read_commits(listed):
+            self._keep()
+        return True
+
+    def _keep(self) -> None:
+        """Write the local copy of the replay (when kept); a table not found drops it."""
+        if self._copy is not None:
+            if self.version < 0:
+                self._copy.drop()
+            else:
+                self._copy.write(self._tag, self.replay_state())
+
+    def replay_state(self) -> dict:
+        """What the replay holds, as JSON values (what :mod:`.log_cache` keeps): ``version``,
+        ``checkpoint_version``, ``protocol``, ``metadata``, ``txns`` (app id -> txn action),
+        ``files`` and ``tombstones`` (add and remove actions), ``commits`` (:class:`CommitInfo`
+        fields)."""
+        return {"version": self.version, "checkpoint_version": self.checkpoint_version,
+                "protocol": self.protocol, "metadata": self.metadata, "txns": self.txns,
+                "files": list(self.files.values()), "tombstones": list(self.tombstones.values()),
+                "commits": [asdict(c) for c in self.commits.values()]}
+
+    def _restore(self, state: dict) -> None:
+        """The replay made :meth:`replay_state` ``state``."""
+        self.version = int(state["version"])
+        self.checkpoint_version = int(state["checkpoint_version"])
+        self.protocol = dict(state["protocol"])
+        self.metadata = dict(state["metadata"])
+        self.txns = dict(state["txns"])
+        self.files = {a["path"]: a for a in state["files"]}
+        self.tombstones = {file_key(r): r for r in state["tombstones"]}
+        self.commits = {int(c["version"]): CommitInfo(**{**c, "removed": tuple(c["removed"])})
+                        for c in state["commits"]}
 
     def _read_checkpoint(self, version: int, parts: int | None) -> None:
         names = ([f"{version:020d}.checkpoint.parquet"] if not parts else
@@ -213,10 +290,10 @@ class OwnedLog:
                         self._apply(kind, _dicts(kind, action))
         self.checkpoint_version = self.version = version
 
-    def _read_commits(self, start: str) -> bool:
-        names = storage.list_after(self.log_dir, start)
-        versions = sorted(int(n[:20]) for n in names if len(n) == 25 and n.endswith(".json") and n[:20].isdigit())
-        versions = [v for v in versions if v > self.version]
+    def _read_commits(self, listed: list[tuple[str, str | None]]) -> bool:
+        """Read and replay the commits after the replay's version among ``listed`` (log file
+        names and write tags), at once; False when there are none."""
+        versions = _versions(listed, self.version)
         if not versions:
             return False
         if versions != list(range(self.version + 1, versions[-1] + 1)):
@@ -224,6 +301,7 @@ class OwnedLog:
         texts = storage.read_many([f"{self.log_dir}/{v:020d}.json" for v in versions], "delta-log")
         for v, text in zip(versions, texts):
             self._replay(v, [json.loads(line) for line in text.splitlines() if line.strip()])
+        self._tag = dict(listed).get(f"{self.version:020d}.json")
         return True
 
     def _replay(self, version: int, actions: list[dict]) -> None:
@@ -320,14 +398,16 @@ class OwnedLog:
         for _ in range(retries + 1):
             version = self.version + 1
             try:
-                storage.create_bytes(f"{self.log_dir}/{version:020d}.json", body)
+                tag = storage.create_bytes(f"{self.log_dir}/{version:020d}.json", body)
             except FileExistsError:
                 self._accept_concurrent(txn)
                 continue
             self._replay(version, lines)
+            self._tag = tag
             if self.checksums:
                 self._write_checksum()
             self._maybe_checkpoint()
+            self._keep()
             return version
         raise ConflictingCommit(f"{self.path}: the versions after {self.version} keep being taken by other writers")
 
@@ -391,6 +471,12 @@ class OwnedLog:
             {"version": self.version, "size": table.num_rows, "sizeInBytes": buf.size,
              "numOfAddFiles": len(self.files)}).encode())
         self.checkpoint_version = self.version
+
+
+def _versions(listed: list[tuple[str, str | None]], after: int) -> list[int]:
+    """The commit versions after ``after`` among log file names ``listed`` (name, tag), in order."""
+    return sorted(v for v in (int(n[:20]) for n, _ in listed if len(n) == 25 and n.endswith(".json")
+                              and n[:20].isdigit()) if v > after)
 
 
 def file_key(action: dict) -> tuple[str, str]:
