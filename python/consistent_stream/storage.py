@@ -127,18 +127,20 @@ _once = threading.local()
 
 
 @contextmanager
-def read_once_under(prefix: str, prefetch: tuple[str, ...] = ()):
-    """Within the block, on this thread, each file under directory ``prefix`` is read at most
-    once, its absence included: a run asks its checkpoint's small files (the definition, the
-    fingerprint, the plan, the query's record) in several checks, and holds the model's
-    writer lock, so nothing else changes them meanwhile. Writes and removals under ``prefix``
-    through this module update what is remembered. (On an object store each read is a GET:
-    the files named in ``prefetch``, paths under ``prefix``, are read at block entry all at
-    once, one round trip for all; a file that cannot be read then is read again when asked.)"""
+def read_once_under(prefixes: str | tuple[str, ...], prefetch: tuple[str, ...] = ()):
+    """Within the block, on this thread, each file under the directories ``prefixes`` (one or
+    several) is read at most once, its absence included: a run asks its checkpoint's small
+    files (the definition, the fingerprint, the plan, the query's record) and its target's
+    publish record in several checks, and holds the model's writer lock, so nothing else
+    changes them meanwhile. Writes and removals under them through this module update what is
+    remembered. (On an object store each read is a GET: the files named in ``prefetch``,
+    paths under ``prefixes``, are read at block entry all at once, one round trip for all; a
+    file that cannot be read then is read again when asked.)"""
     saved = getattr(_once, "scope", None)
     files: dict = {}
-    _once.scope = (prefix.rstrip("/") + "/", files)
-    remote = [p for p in prefetch if location.is_remote(p) and p.startswith(_once.scope[0])]
+    under = tuple(p.rstrip("/") + "/" for p in ((prefixes,) if isinstance(prefixes, str) else prefixes))
+    _once.scope = (under, files)
+    remote = [p for p in prefetch if location.is_remote(p) and p.startswith(under)]
     if len(remote) > 1:
         def get(path):
             try:

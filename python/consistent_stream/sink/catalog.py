@@ -36,7 +36,8 @@ LEGACY_SNAPSHOTS = "_consistent_stream/snapshots"
 """Where the hard-link snapshot directories of a Parquet catalog entry were kept (removed)."""
 
 
-def _marker(home: str) -> str:
+def publish_record(home: str) -> str:
+    """The file that records our last publish of the target whose directory is ``home``."""
     return os.path.join(home, "_consistent_stream", "published.json")
 
 
@@ -44,7 +45,7 @@ def is_target(location: str) -> bool:
     """Whether ``location`` (a path or ``file:`` URI, as the catalog shows it) is a target
     this module registered: a Delta table with our publish record in it."""
     path = fs_path(location)
-    return storage.exists(_marker(path)) and storage.is_dir(os.path.join(path, "_delta_log"))
+    return storage.exists(publish_record(path)) and storage.is_dir(os.path.join(path, "_delta_log"))
 
 
 UNREAD = object()
@@ -55,7 +56,7 @@ def _registered(spark: SparkSession, name: str, home: str, location: str, entry=
     """Whether the catalog has ``name`` as the Delta table at ``location``: our last publish
     (recorded under ``home``) registered it so, and the catalog still has the table (as
     ``entry`` shows it, when the caller read it, else read here)."""
-    m = storage.read_json(_marker(home))
+    m = storage.read_json(publish_record(home))
     if not (isinstance(m, dict) and m.get("table") == name and m.get("location") == location
             and m.get("provider") == "delta"):
         return False
@@ -86,7 +87,7 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
         drop_entry(spark, schema, identifier)
     spark.sql(f"CREATE TABLE {fq} USING delta LOCATION '{_escaped(location)}'")
     storage.remove_tree(os.path.join(home, LEGACY_SNAPSHOTS), ignore_errors=True)
-    storage.replace_text(_marker(home), json.dumps({"table": name, "location": location, "provider": "delta"}))
+    storage.replace_text(publish_record(home), json.dumps({"table": name, "location": location, "provider": "delta"}))
     return True
 
 

@@ -141,13 +141,16 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
         parts = [(gone, "delete"), (upserts, "insert")]
     if key is not None and upserts.num_rows:
         upserts = upserts.take(pc.sort_indices(upserts, [(c, "ascending") for c in key]))
-    adds = _write(target, pa.concat_tables([kept, upserts]))
-    adds += _mark(target, [picked[i] for i in marked], [np.union1d(before[i], positions[i]) for i in marked])
-    cdc = []
     feed = pa.concat_tables([t.append_column("_change_type", pa.array([kind] * t.num_rows, pa.string()))
                              for t, kind in parts])
-    if feed.num_rows and target.change_feed_on():
-        cdc = [write_arrow(target.path, "_change_data", feed)]
+    feed_on = feed.num_rows and target.change_feed_on()
+    # the new rows' files, the deletion vectors and the Change Data Feed's file: written at once
+    # (on an object store, one round trip for all)
+    written, vectors, cdc = _at_once(lambda write: write(), [
+        lambda: _write(target, pa.concat_tables([kept, upserts])),
+        lambda: _mark(target, [picked[i] for i in marked], [np.union1d(before[i], positions[i]) for i in marked]),
+        lambda: [write_arrow(target.path, "_change_data", feed)] if feed_on else []], "merge-write")
+    adds = written + vectors
     counts = {kind: t.num_rows for t, kind in parts}
     removed = [picked[i] for i in rewritten + marked]
     metrics = {"num_source_rows": changes.num_rows, "num_target_rows_copied": kept.num_rows,
