@@ -19,6 +19,10 @@ pytest_plugins = ["dbt.tests.fixtures.project"]
 
 
 def pytest_configure(config):
+    # what runs on an object store keep on this machine (consistent_stream.local_cache): the
+    # tests' own, not the account's, and inherited by the runs they start as processes
+    import tempfile
+    os.environ.setdefault("CONSISTENT_STREAM_CACHE_DIR", tempfile.mkdtemp(prefix="cs-test-cache-"))
     # the one DuckDB warning the package filters process-wide (consistent_stream.duck.arrow
     # reads results through execute on purpose); pytest resets filters around each test
     from consistent_stream.duck import COPY_WARNING

@@ -14,8 +14,8 @@ from deltalake import DeltaTable, write_deltalake
 
 from consistent_stream.delta import DeltaTableRef, Txn
 from consistent_stream.delta.files import write_arrow
-from consistent_stream.delta.log import OwnedLog, log_path
-from consistent_stream.delta.log_cache import MAX_BEHIND, LogCopy
+from consistent_stream.delta.log import MAX_BEHIND, OwnedLog, log_path
+from consistent_stream.local_cache import Kept
 from consistent_stream.errors import CommitError
 
 SCHEMA = pa.schema([("k", pa.int64()), ("s", pa.string()), ("__arrangement", pa.string())])
@@ -146,7 +146,7 @@ def _replay(root: str, *, copy: bool, from_copy: bool = False) -> OwnedLog:
 
 
 def test_a_log_reopened_from_its_local_copy_equals_one_replayed_from_the_table(tmp_path, monkeypatch):
-    """The local copy (consistent_stream.delta.log_cache) is used only while it is the
+    """The local copy (consistent_stream.local_cache) is used only while it is the
     table's: reopened from it, a log says what a replay from the checkpoint says, with the
     commits made since by others read on top; a table dropped and made again at the same path
     (same version, other commit) and a copy too far behind are misses."""
@@ -156,14 +156,14 @@ def test_a_log_reopened_from_its_local_copy_equals_one_replayed_from_the_table(t
     _commit(ref, [_file(root, "a", [1, 2])], [], 0, configuration={"delta.checkpointInterval": "3"})
     writer = OwnedLog(root, copy=True)
     assert writer.load() and writer.version == 0
-    copy = LogCopy(root)
+    copy = Kept("delta-logs", root)
     assert copy.read() is not None
     for batch in range(1, 5):
         new = _file(root, "b", [10 * batch])
         gone = [{"path": p, "dataChange": True,
                  "deletionTimestamp": int(time.time() * 1000)} for p in list(writer.files)[:1]]
         writer.commit([_add(new)], gone, txn=("q", batch), info={"operation": "WRITE"})
-    assert copy.read()[1]["version"] == 4
+    assert copy.read()["log"]["version"] == 4
 
     def same(a: OwnedLog, b: OwnedLog) -> None:
         # (a checkpoint's row has its absent fields as NULLs, a commit's JSON leaves them out)
@@ -186,7 +186,7 @@ def test_a_log_reopened_from_its_local_copy_equals_one_replayed_from_the_table(t
     _commit(ref, [_file(root, "c", [7])], [], 0)
     for batch in range(1, 6):
         _commit(ref, [_file(root, "c", [7 + batch])], [], batch)
-    assert copy.read()[1]["version"] == 5
+    assert copy.read()["log"]["version"] == 5
     reopened = _replay(root, copy=True)
     same(reopened, _replay(root, copy=False))
     assert {f["partitionValues"]["__arrangement"] for f in reopened.files.values()} == {"c"}

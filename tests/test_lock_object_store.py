@@ -170,6 +170,29 @@ def test_a_release_clears_the_lock_so_the_next_acquire_succeeds_at_once(checkpoi
     assert not caplog.records, caplog.text                  # a released lock is taken with no warning
 
 
+def test_a_lock_this_machine_released_is_taken_with_one_conditional_put_unless_written_since(checkpoint):
+    """The release keeps the empty record's ETag on this machine (``local_cache``): the next
+    acquire here is one conditional PUT on it; once another run has written the lock, that PUT
+    is refused and the lock is read, its holder named as always."""
+    with WriterLock(checkpoint, "orders"):
+        pass
+    before = location.REQUESTS.snapshot()
+    lock = WriterLock(checkpoint, "orders")
+    lock.acquire()
+    taken = location.REQUESTS.since(before)["by_method"]
+    try:
+        assert taken == {"PUT": 1} and lock.holder()["pid"] == os.getpid()
+    finally:
+        lock.release()
+    proc = _holder_process(checkpoint, 60)     # (it takes the lock on that ETag too)
+    try:
+        with pytest.raises(ConcurrentWriterError, match=rf"pid {proc.pid} on host {socket.gethostname()}"):
+            WriterLock(checkpoint, "orders").acquire()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def test_a_lock_overwritten_under_its_holder_is_lost_and_check_raises(checkpoint, caplog):
     caplog.set_level(logging.WARNING, logger=LOGGER)
     lock = WriterLock(checkpoint, "orders")

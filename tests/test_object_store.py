@@ -180,7 +180,7 @@ def test_a_merge_on_s3_gets_only_the_files_this_process_did_not_write(s3):
 
 def test_an_owned_table_reopened_on_s3_from_its_local_copy_lists_its_log_and_reads_only_newer_commits(s3):
     """An owned table's log reopened from this machine's copy of its replay
-    (``delta.log_cache``): one LIST and no GET when nothing was committed since; one GET per
+    (``delta.log``, ``local_cache``): one LIST and no GET when nothing was committed since; one GET per
     commit another writer made since; what it holds is what a replay from the store holds."""
     from consistent_stream.delta.log import OwnedLog
     path = f"s3://{BUCKET}/copy/t"

@@ -10,10 +10,10 @@ batch, so that is most of what a small batch costs on an object store. Here (the
 protocol, "Action Reconciliation", "Checkpoints"):
 
 * **open** (:meth:`OwnedLog.load`): from this machine's copy of the replay when it is
-  current (:mod:`.log_cache`, on an object store: one LIST of the commits from the copy's
-  version, one GET of each commit after it, at once), else ``_last_checkpoint`` (one GET), the
-  checkpoint's parts (one GET each, whole, read at once), one LIST of the commits from it and
-  one GET of each after it (at once). Reconciliation: the newest ``protocol`` and ``metaData``, the newest ``txn`` per
+  current (below: one LIST of the commits from the copy's version, one GET of each commit
+  after it, at once), else ``_last_checkpoint`` (one GET), the checkpoint's parts (one GET
+  each, whole, read at once), one LIST of the commits from it and one GET of each after it
+  (at once). Reconciliation: the newest ``protocol`` and ``metaData``, the newest ``txn`` per
   app id, and the live files (an ``add`` not followed by a ``remove`` of its path).
 * **commit** (:meth:`OwnedLog.commit`): the commit file of the next version written once, if
   absent (one conditional PUT: two writers of a version cannot both win), and the replay
@@ -30,6 +30,18 @@ protocol, "Action Reconciliation", "Checkpoints"):
   (the table's property, Delta's default 10 when unset), a classic single-file checkpoint
   (Parquet, the action columns Delta readers look for) and ``_last_checkpoint``: two PUTs. A
   checkpoint that fails to be written is logged and left for maintenance; the commit stands.
+
+**The local copy** (on an object store, :mod:`consistent_stream.local_cache` kind
+``delta-logs``): each load and commit keeps the replay on this machine (:meth:`OwnedLog.
+replay_state`) with the *write tag* of its version's commit file (the size and ETag the PUT
+or the LIST gave, :func:`consistent_stream.storage.list_after`). The next process that opens
+the table lists the log from that version; the copy is used only when the listing shows that
+commit file with the same tag (the very commit the copy replayed) and at most
+:data:`MAX_BEHIND` commits after it, which are then read and replayed as :meth:`OwnedLog.
+refresh` does. Anything else (the table dropped and made again at the same path, its log
+cleaned up, a copy torn or too old) replays from the checkpoint as without a copy. Sound
+because only the model's run commits data to these tables, under its writer lock; anything
+else that commits (maintenance, a property) makes a new version, which the listing shows.
 
 Deletion vectors are replayed as the protocol reconciles them: a file is keyed by its path
 and its vector's ``uniqueId`` (a ``remove`` of the file with its old vector and an ``add`` of
@@ -52,13 +64,18 @@ from urllib.parse import quote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import location, storage
-from .log_cache import MAX_BEHIND, LogCopy, enabled as copies_enabled
+from .. import local_cache, location, storage
 
 log = logging.getLogger("consistent_stream")
 
 DEFAULT_CHECKPOINT_INTERVAL = 10
 """Delta's ``delta.checkpointInterval`` when the table does not set it."""
+
+MAX_BEHIND = 32
+"""The most commits a local copy of the replay may be behind the table and still be used (a
+checkpoint is nearer then)."""
+COPY_FORMAT = 1
+"""The local copies' format; a copy of another is not used."""
 
 
 MAX_WRITER_VERSION = 4
@@ -157,16 +174,16 @@ class CommitInfo:
 class OwnedLog:
     """The replayed log of the Delta table at ``table_path`` (module docstring). ``version``
     is -1 until :meth:`load` finds the table. ``copy``: keep a local copy of the replay
-    (:mod:`.log_cache`); by default on an object store, where it saves round trips, unless
-    ``CONSISTENT_STREAM_LOG_CACHE=off``."""
+    (module docstring); by default on an object store, where it saves round trips, unless
+    ``CONSISTENT_STREAM_LOCAL_CACHE=off``."""
 
     def __init__(self, table_path: str, *, checksums: bool = False, copy: bool | None = None):
         self.path = table_path.rstrip("/")
         self.log_dir = f"{self.path}/_delta_log"
         self.checksums = checksums
         if copy is None:
-            copy = location.is_remote(self.path) and copies_enabled()
-        self._copy = LogCopy(self.path) if copy else None
+            copy = location.is_remote(self.path) and local_cache.enabled()
+        self._copy = local_cache.Kept("delta-logs", self.path) if copy else None
         self.from_copy = False   # whether the last load replayed from the local copy
         self._reset()
 
@@ -184,7 +201,7 @@ class OwnedLog:
 
     # ---- replay -------------------------------------------------------------------------------
     def load(self) -> bool:
-        """Replay the log: from the local copy when it is current (:mod:`.log_cache`), else from
+        """Replay the log: from the local copy when it is current (module docstring), else from
         the newest checkpoint. Returns False when there is no table (no commit, no
         checkpoint). Raises UnsupportedLog, OSError when a file cannot be read."""
         self._reset()
@@ -228,16 +245,16 @@ class OwnedLog:
         (the same write tag) and at most MAX_BEHIND commits after it; False otherwise
         (nothing replayed)."""
         kept = self._copy.read()
-        if kept is None:
+        if kept is None or kept.get("format") != COPY_FORMAT or not kept.get("tag"):
             return False
-        tag, state = kept
+        tag, state = kept["tag"], kept.get("log")
         try:
             version = int(state["version"])
             listed = self._listed_from(version)
             if dict(listed).get(f"{version:020d}.json") != tag or len(_versions(listed, version)) > MAX_BEHIND:
                 return False
             self._restore(state)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, AttributeError):
             self._reset()
             return False
         self._tag = tag
@@ -246,15 +263,16 @@ class OwnedLog:
         return True
 
     def _keep(self) -> None:
-        """Write the local copy of the replay (when kept); a table not found drops it."""
+        """Write the local copy of the replay (when kept); a table not found, or a commit file
+        whose write tag is not known (a store without ETags), drops it."""
         if self._copy is not None:
-            if self.version < 0:
+            if self.version < 0 or not self._tag:
                 self._copy.drop()
             else:
-                self._copy.write(self._tag, self.replay_state())
+                self._copy.write({"format": COPY_FORMAT, "tag": self._tag, "log": self.replay_state()})
 
     def replay_state(self) -> dict:
-        """What the replay holds, as JSON values (what :mod:`.log_cache` keeps): ``version``,
+        """What the replay holds, as JSON values (what the local copy keeps): ``version``,
         ``checkpoint_version``, ``protocol``, ``metadata``, ``txns`` (app id -> txn action),
         ``files`` and ``tombstones`` (add and remove actions), ``commits`` (:class:`CommitInfo`
         fields)."""

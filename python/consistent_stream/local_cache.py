@@ -1,0 +1,95 @@
+"""What this machine keeps between runs of what it learned from an object store, so that the
+next process (each ``dbt run`` is a new one) asks the store less: small JSON documents, one
+per kind and key (:class:`Kept`). Their users: the replayed Delta logs of a model's target and
+state table (:mod:`consistent_stream.delta.log`) and the ETag of a released writer lock
+(:mod:`consistent_stream.sink.lock`).
+
+Nothing kept is trusted: each user checks it against the store with a request it makes anyway
+(a log copy by its commit file's ETag in the LIST that reads the newer commits, a lock's ETag
+by the conditional write that takes the lock), and a document that is missing, torn, of another
+key or cannot be written is no document: the user asks the store as without it.
+
+Where: ``$CONSISTENT_STREAM_CACHE_DIR`` (default ``~/.cache/consistent-stream``), under
+``<kind>/``, one file per key named by a hash of it; the directories are this account's only
+(mode 0700). ``CONSISTENT_STREAM_LOCAL_CACHE=off`` keeps nothing. Documents not written for
+:data:`KEEP_DAYS` are removed when a key's first document of that kind is written.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+log = logging.getLogger("consistent_stream")
+
+ENV_DIR = "CONSISTENT_STREAM_CACHE_DIR"
+ENV_SWITCH = "CONSISTENT_STREAM_LOCAL_CACHE"
+KEEP_DAYS = 30
+"""Documents not written for this many days are removed."""
+
+
+def enabled() -> bool:
+    """Whether documents are kept (``CONSISTENT_STREAM_LOCAL_CACHE`` is not ``off``)."""
+    return os.environ.get(ENV_SWITCH, "").strip().lower() not in ("off", "0", "false", "no")
+
+
+def directory(kind: str) -> Path:
+    """Where the documents of ``kind`` are: ``$CONSISTENT_STREAM_CACHE_DIR/<kind>``."""
+    base = os.environ.get(ENV_DIR) or os.path.join(os.path.expanduser("~"), ".cache", "consistent-stream")
+    return Path(base) / kind
+
+
+class Kept:
+    """The document of ``kind`` kept for ``key`` (a table's or an object's URI): a JSON object,
+    read back only when it was written for that very key."""
+
+    def __init__(self, kind: str, key: str):
+        self.key = key
+        self.file = directory(kind) / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
+
+    def read(self) -> dict | None:
+        """The document (without its key), or None when there is none this key can use."""
+        try:
+            doc = json.loads(self.file.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            log.debug("%s (kept for %s) is not read: %s", self.file, self.key, e)
+            return None
+        if not isinstance(doc, dict) or doc.pop("key", None) != self.key:
+            return None
+        return doc
+
+    def write(self, doc: dict) -> None:
+        """Keep ``doc`` (JSON values), atomically: a temporary file renamed over the old one."""
+        try:
+            first = not self.file.exists()
+            self.file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"key": self.key, **doc}, separators=(",", ":")))
+            os.replace(tmp, self.file)
+            if first:
+                _remove_old(self.file.parent)
+        except OSError as e:
+            log.debug("%s (kept for %s) is not written: %s", self.file, self.key, e)
+
+    def drop(self) -> None:
+        """Remove the document (if any)."""
+        try:
+            self.file.unlink()
+        except OSError:
+            pass
+
+
+def _remove_old(where: Path) -> None:
+    """Remove the documents under ``where`` not written for :data:`KEEP_DAYS`."""
+    floor = time.time() - KEEP_DAYS * 86400
+    for f in where.glob("*.json"):
+        try:
+            if f.stat().st_mtime < floor:
+                f.unlink()
+        except OSError:
+            continue
