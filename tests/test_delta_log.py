@@ -14,7 +14,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from consistent_stream.delta import DeltaTableRef, Txn
 from consistent_stream.delta.files import write_arrow
-from consistent_stream.delta.log import MAX_BEHIND, OwnedLog, log_path
+from consistent_stream.delta.log import MAX_BEHIND, OwnedLog, log_path, settle
 from consistent_stream.local_cache import Kept
 from consistent_stream.errors import CommitError
 
@@ -109,6 +109,7 @@ def test_the_targets_version_checksums_are_what_delta_spark_computes(tmp_path, s
     again = DeltaTableRef(root, own_log=True, checksums=True)   # replayed from the checkpoint at 3
     assert again.exists() and again.replayed_log().checkpoint_version == 3
     _commit(again, [_file(root, "a", [99])], [live.pop(0)], 5)
+    settle()   # (a checksum is written after its commit returns)
     log_dir = os.path.join(root, "_delta_log")
     crc = json.loads(open(os.path.join(log_dir, "00000000000000000005.crc")).read())
     adds = pa.table(DeltaTable(root).get_add_actions(flatten=True))

@@ -35,6 +35,7 @@ from pyspark.sql.types import StructType
 
 from . import checkpoint, config_change, location, preflight, storage
 from .delta import DeltaError, DeltaTableRef
+from .delta.log import settle as settle_checksums
 from .errors import CompileError, ConfigError, ConsistentStreamError, SourceError
 from .exec.evaluator import PlanTypes, type_plan
 from .oracle import batch_dataframe
@@ -194,6 +195,7 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
                                                   publish_record(job.target_path))):
             summary = _run_job(spark, job, full_refresh=full_refresh, timeout_s=timeout_s, fence=lock.check,
                                catalog_entry=catalog_entry)
+        settle_checksums()   # (the last commit's version checksum, written while the lock was released)
         summary["object_store_requests"] = location.REQUESTS.since(before)
         return summary
     except Exception as e:  # a full or read-only disk, a lost session: say so (docs/troubleshooting.md)

@@ -20,12 +20,13 @@ protocol, "Action Reconciliation", "Checkpoints"):
   moved by the commit's own actions, nothing read back (the copy of the replay written
   again, locally).
 * **version checksum** (``checksums=True``, the model's target): after each commit, its
-  ``NNN.crc`` (one PUT), the state the replay holds (live files and their bytes, ``metaData``,
-  ``protocol``), as the protocol's "Version Checksum File" says writers should. delta-spark
-  reads a table's protocol and metadata from the newest version's checksum instead of running
-  a Spark job over its log, so the first read of a target in a Spark session (``dbt test``, a
-  view over it, ``verify``) starts that much sooner. A checksum that fails to be written is
-  logged; the commit stands (readers do without one).
+  ``NNN.crc`` (one PUT, on a thread of its own: the commit returns without waiting for it, and
+  the table's next commit, or :func:`settle`, waits), the state the replay holds (live files
+  and their bytes, ``metaData``, ``protocol``), as the protocol's "Version Checksum File" says
+  writers should. delta-spark reads a table's protocol and metadata from the newest version's
+  checksum instead of running a Spark job over its log, so the first read of a target in a
+  Spark session (``dbt test``, a view over it, ``verify``) starts that much sooner. A checksum
+  that fails to be written is logged; the commit stands (readers do without one).
 * **checkpoint**: after a commit whose version is a multiple of ``delta.checkpointInterval``
   (the table's property, Delta's default 10 when unset), a classic single-file checkpoint
   (Parquet, the action columns Delta readers look for) and ``_last_checkpoint``: two PUTs. A
@@ -57,7 +58,9 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from urllib.parse import quote
 
@@ -198,6 +201,7 @@ class OwnedLog:
         self.tombstones: dict[tuple[str, str], dict] = {}   # (log path, vector id) -> remove action
         self.commits: dict[int, CommitInfo] = {}  # commits replayed from their files (not those in a checkpoint)
         self._tag: str | None = None   # the write tag of this version's commit file (None: not known)
+        self._checksum: Future | None = None   # the last commit's version checksum being written
 
     # ---- replay -------------------------------------------------------------------------------
     def load(self) -> bool:
@@ -413,6 +417,7 @@ class OwnedLog:
         lines += list(table)
         lines += [{"remove": r} for r in removes] + [{"add": a} for a in adds] + [{"cdc": c} for c in cdc]
         body = "\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode() + b"\n"
+        _wait(self._checksum)
         for _ in range(retries + 1):
             version = self.version + 1
             try:
@@ -423,7 +428,7 @@ class OwnedLog:
             self._replay(version, lines)
             self._tag = tag
             if self.checksums:
-                self._write_checksum()
+                self._checksum = _in_background(self._write_checksum, self.version, self.checksum())
             self._maybe_checkpoint()
             self._keep()
             return version
@@ -449,12 +454,12 @@ class OwnedLog:
                 "numFiles": len(self.files), "numMetadata": 1, "numProtocol": 1,
                 "metadata": self.metadata, "protocol": self.protocol}
 
-    def _write_checksum(self) -> None:
+    def _write_checksum(self, version: int, checksum: dict) -> None:
         try:
-            storage.create_bytes(f"{self.log_dir}/{self.version:020d}.crc",
-                                 json.dumps(self.checksum(), separators=(",", ":")).encode())
+            storage.create_bytes(f"{self.log_dir}/{version:020d}.crc",
+                                 json.dumps(checksum, separators=(",", ":")).encode())
         except Exception as e:  # noqa: BLE001 (optional: readers without it reconstruct the state)
-            log.warning("version checksum of %s at version %d not written: %s", self.path, self.version, e)
+            log.warning("version checksum of %s at version %d not written: %s", self.path, version, e)
 
     def _maybe_checkpoint(self) -> None:
         try:
@@ -489,6 +494,37 @@ class OwnedLog:
             {"version": self.version, "size": table.num_rows, "sizeInBytes": buf.size,
              "numOfAddFiles": len(self.files)}).encode())
         self.checkpoint_version = self.version
+
+
+_BACKGROUND: ThreadPoolExecutor | None = None
+_PENDING: set[Future] = set()
+_PENDING_LOCK = threading.Lock()
+
+
+def _in_background(fn, *args) -> Future:
+    """``fn(*args)`` on the module's writer thread (what :func:`settle` waits for)."""
+    global _BACKGROUND
+    with _PENDING_LOCK:
+        if _BACKGROUND is None:
+            _BACKGROUND = ThreadPoolExecutor(max_workers=2, thread_name_prefix="delta-checksum")
+        future = _BACKGROUND.submit(fn, *args)
+        _PENDING.add(future)
+    future.add_done_callback(lambda f: _PENDING.discard(f))
+    return future
+
+
+def _wait(future: Future | None) -> None:
+    if future is not None:
+        future.result()   # (its function logs its own failures)
+
+
+def settle() -> None:
+    """Wait for the version checksums this process's commits are still writing (a run waits
+    before it reports, so that what it counts and what readers find is whole)."""
+    with _PENDING_LOCK:
+        pending = list(_PENDING)
+    for f in pending:
+        _wait(f)
 
 
 def _versions(listed: list[tuple[str, str | None]], after: int) -> list[int]:
