@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -170,6 +171,7 @@ class Views:
         self.spark = spark
         self.prefix = f"__cs{next(Views._ids)}_"
         self.names: list[str] = []
+        self._naming = threading.Lock()
         self.arrow: dict[str, pa.Table] = {}
         """The views whose rows are on the driver: name -> the same rows as Arrow, with the
         view's Spark types (what :mod:`consistent_stream.exec.local` may read)."""
@@ -178,8 +180,9 @@ class Views:
         """Over Connect: the views' DataFrames by name (nothing registered in the session)."""
 
     def _name(self) -> str:
-        name = f"{self.prefix}{len(self.names)}"
-        self.names.append(name)
+        with self._naming:   # (a batch reads its sources' changes on several threads)
+            name = f"{self.prefix}{len(self.names)}"
+            self.names.append(name)
         return name
 
     def add(self, df: DataFrame, arrow: pa.Table | None = None) -> str:

@@ -63,6 +63,7 @@ from ..delta import deletion_vectors as dvs
 from ..delta.files import (HELD, HELD_KEYS, may_hold, new_dir, open_rows, read_live, stats_bounds, wanted_values,
                            write_arrow)
 from ..faults import fault_point
+from ..threads import at_once
 from .unique import key_in
 
 OP = "__op"
@@ -128,7 +129,7 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     marked += probed_marked
     positions.update({i: probed[i].positions for i in probed_marked})
     retracted = _as_target(retracted, schema) if probed_marked and key is not None else None
-    gone = [old.filter(pa.array(hit))] + _at_once(lambda i: _preimages(probed[i], schema, match, retracted),
+    gone = [old.filter(pa.array(hit))] + at_once(lambda i: _preimages(probed[i], schema, match, retracted),
                                                   probed_marked, "merge-take")
     kept = old.filter(pa.array(~hit & np.isin(where, rewritten)))
     gone = pa.concat_tables(gone)
@@ -146,7 +147,7 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     feed_on = feed.num_rows and target.change_feed_on()
     # the new rows' files, the deletion vectors and the Change Data Feed's file: written at once
     # (on an object store, one round trip for all)
-    written, vectors, cdc = _at_once(lambda write: write(), [
+    written, vectors, cdc = at_once(lambda write: write(), [
         lambda: _write(target, pa.concat_tables([kept, upserts])),
         lambda: _mark(target, [picked[i] for i in marked], [np.union1d(before[i], positions[i]) for i in marked]),
         lambda: [write_arrow(target.path, "_change_data", feed)] if feed_on else []], "merge-write")
@@ -217,7 +218,7 @@ def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, look
         return i, Probed(live[hit.to_numpy(zero_copy_only=False)], keys.filter(hit),
                          lambda positions: rows().take(schema.names, positions, types).cast(schema), gone)
 
-    return dict(_at_once(lambda args: one(*args), list(zip(at, deleted)), "merge-probe"))
+    return dict(at_once(lambda args: one(*args), list(zip(at, deleted)), "merge-probe"))
 
 
 def _preimages(found: Probed, schema: pa.Schema, match: list[str], retracted: pa.Table | None) -> pa.Table:
@@ -246,15 +247,6 @@ def _as_target(rows: pa.Table | None, schema: pa.Schema) -> pa.Table | None:
         return rows.select(schema.names).cast(schema) if rows is not None else None
     except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-
-
-def _at_once(fn: Callable, items: list, name: str) -> list:
-    """``fn`` of each of ``items``, in order, on up to 4 threads (pyarrow's and DuckDB's reads
-    release the GIL)."""
-    if len(items) < 2:
-        return [fn(x) for x in items]
-    with ThreadPoolExecutor(max_workers=min(len(items), 4), thread_name_prefix=name) as pool:
-        return list(pool.map(fn, items))
 
 
 def _marks(f: DataFile, hits: int) -> bool:

@@ -72,8 +72,10 @@ log = logging.getLogger("consistent_stream")
 
 class DeltaSource:
     """A Delta table, with or without the Change Data Feed, read through one handle per run. Each
-    table is its own clock (its versions), and a backlog may end a batch at any version."""
+    table is its own clock (its versions), and a backlog may end a batch at any version. Its
+    reads go through its own handle: they may run beside other sources'."""
     splits_backlog = True
+    reads_beside_others = True
 
     def __init__(self, spec: SourceSpec):
         self.spec = spec

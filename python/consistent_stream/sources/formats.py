@@ -44,10 +44,14 @@ class Source(Protocol):
 
     ``clock``: the transaction clock its positions belong to (sources of one clock are cut
     at one position together and their commits interleave as one log); ``splits_backlog``:
-    whether a backlog may end a batch at any of its commits (:mod:`.backlog`)."""
+    whether a backlog may end a batch at any of its commits (:mod:`.backlog`);
+    ``reads_beside_others``: whether its :meth:`changes` may run on a thread while other
+    sources' do (its reads share no handle with theirs), so that a batch's reads of several
+    sources on an object store take one round trip, not one each."""
     spec: SourceSpec
     clock: str
     splits_backlog: bool
+    reads_beside_others: bool
 
     def columns(self) -> list[str]: ...
 

@@ -388,6 +388,7 @@ class DebeziumSource:
     Every table of the directory shares its clock (the transaction log); a backlog may end a
     batch after any transaction."""
     splits_backlog = True
+    reads_beside_others = False   # (the tables of one landing directory share its process-wide reader)
 
     def __init__(self, spec):
         self.spec = spec
