@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import time
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -84,8 +85,9 @@ class BatchMeta:
     source and overall, ms since epoch), the state version the next batch reads, and how the
     batch was computed: ``changes_read`` source change rows (snapshot rows when recomputed),
     from ``started_ms`` (ms since epoch; 0 in commits of older versions) to the commit, with
-    ``requests_before_commit`` object-store requests (:data:`location.REQUESTS`, the target's
-    commit itself not included: 0 on local disk); ``instant``: the batch's instant
+    ``requests_before_commit`` object-store requests (:data:`location.REQUESTS`, until the
+    state's commit: the target's commit itself not included, the target's files written
+    beside the state's commit may be; 0 on local disk); ``instant``: the batch's instant
     (:class:`~consistent_stream.plan.clock.Instant` as JSON), which ``current_date()`` and the
     other clock calls of the model return in this version, and ``upstream_instants`` those of
     the upstream models' versions it read (model name -> instant, through the chain: what
@@ -495,18 +497,31 @@ class QueryRuntime:
             # table-sized (a compaction, a change too large for the driver, a bag's
             # multiplicities), and adaptive execution sizes its shuffles (a state compaction
             # with Spark's fixed 200 shuffle partitions pays 200 tasks' scheduling a shuffle).
-            # the state first, the target last: the target's commit is the batch's commit point
+            # the state first, the target last: the target's commit is the batch's commit point.
+            # The state's commit runs on a thread while the target's MERGE writes its files
+            # (both on an object store: round trips at once); the target's commit waits for it.
             self.fence()
-            state_version = self.store.commit(b.txn, {"app_id": b.app_id, "batch_id": str(b.batch_id),
-                                                      "start": b.start.versions, "end": b.end.versions,
-                                                      "instant": b.instant.to_json()})
-            fault_point("state_committed")
-            meta = BatchMeta(**{**asdict(e.meta), "state_version": state_version,
-                                "requests_before_commit": location.REQUESTS.since(b.requests)["total"],
-                                "rows_recomputed": e.ev.rows_recomputed})
-            b.phases.mark("commit_state")
-            self.fence()
-            version, written, rewritten = self._commit_target(e.out, e.rebuild, b.txn, meta, b.views)
+            committing = _beside(self.spark, "commit-state", self.store.commit, b.txn, {
+                "app_id": b.app_id, "batch_id": str(b.batch_id), "start": b.start.versions,
+                "end": b.end.versions, "instant": b.instant.to_json()})
+            done: list[BatchMeta] = []
+
+            def state_committed() -> BatchMeta:
+                """The target's metadata, once the state is committed (its version in it)."""
+                if not done:
+                    state_version = committing.result()
+                    fault_point("state_committed")
+                    done.append(BatchMeta(**{**asdict(e.meta), "state_version": state_version,
+                                             "requests_before_commit": location.REQUESTS.since(b.requests)["total"],
+                                             "rows_recomputed": e.ev.rows_recomputed}))
+                    b.phases.mark("commit_state")
+                    self.fence()
+                return done[0]
+            try:
+                version, written, rewritten = self._commit_target(e.out, e.rebuild, b.txn, state_committed, b.views)
+                meta = state_committed()
+            finally:
+                committing.exception()   # (the state's commit ends before the batch does, whatever happened)
             fault_point("target_committed")
             b.phases.mark("commit_target")
         finally:
@@ -526,12 +541,16 @@ class QueryRuntime:
             e.local.close()
             self.translations.save()   # when this batch made new ones
 
-    def _commit_target(self, out, rebuild: bool, txn: Txn, meta: BatchMeta, views: Views) -> tuple[int, int, int]:
+    def _commit_target(self, out, rebuild: bool, txn: Txn, meta: Callable[[], BatchMeta],
+                       views: Views) -> tuple[int, int, int]:
         """Step 5: a rebuild replaces the target (``out``: the SELECT of the whole view, or
         None when empty; on the driver, the view's rows as a materialized changelog); an
-        incremental change (``out``: the materialized changelog) is merged into it."""
+        incremental change (``out``: the materialized changelog) is merged into it. ``meta``
+        returns the target commit's metadata once the state is committed: a change merged on
+        the driver asks for it once its files are written, everything else first."""
         job, spark = self.job, self.spark
-        md = meta.to_metadata()
+        if rebuild or out.arrow is None:
+            md = meta().to_metadata()
         if rebuild:
             out_schema = StructType(list(self.output_schema.fields) + [StructField(WEIGHT, LongType(), True)])
             if out is None:
@@ -560,8 +579,25 @@ class QueryRuntime:
         else:
             changes = bag_changes(out.arrow, multiplicities(spark, self.target, prev_version, out.arrow),
                                   job.model, first=False)
-        return commit_changes(self.target, changes, unique_key=self.key, txn=txn, metadata=md,
+        return commit_changes(self.target, changes, unique_key=self.key, txn=txn,
+                              metadata=lambda: meta().to_metadata(),
                               deletion_vectors=job.target_deletion_vectors, retracted=retracted)
+
+
+def _beside(spark: SparkSession, name: str, fn: Callable, *args) -> Future:
+    """``fn(*args)`` started on a thread of its own that inherits this thread's Spark job group
+    (:class:`pyspark.InheritableThread`: the Spark jobs it runs count in this batch's
+    metrics); its result, or what it raised, in the returned future."""
+    from pyspark import InheritableThread
+    out: Future = Future()
+
+    def run():
+        try:
+            out.set_result(fn(*args))
+        except BaseException as ex:  # noqa: BLE001 (handed to the caller through the future)
+            out.set_exception(ex)
+    InheritableThread(run, name=name, daemon=True, session=spark).start()
+    return out
 
 
 __all__ = ["BatchMeta", "BatchResult", "QueryRuntime", "target_key", "INITIAL"]

@@ -73,7 +73,7 @@ is written as several files at once)."""
 
 
 def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, txn: Txn,
-          metadata: dict, deletion_vectors: bool = False,
+          metadata: dict | Callable[[], dict], deletion_vectors: bool = False,
           retracted: pa.Table | None = None) -> tuple[int, dict] | None:
     """Apply ``changes`` to ``target`` (a :meth:`~DeltaTableRef.rewritable` table) in ONE
     commit recording ``txn`` and ``metadata``; returns the new version and the MERGE's
@@ -84,6 +84,10 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     why) or the files the change touches hold more than ``settings.REWRITE_ROWS`` rows
     (delta-rs' MERGE streams them). ``deletion_vectors``: matched rows of large files may be
     marked in their deletion vectors instead of rewriting the files (module docstring).
+    ``metadata``: the commit's, or a function that returns it, called once the MERGE's files
+    are written, right before its commit (what must be committed first, the state, commits
+    meanwhile; the function waits for it and raises what it raised: the MERGE then commits
+    nothing, and its files are left for maintenance to remove).
 
     ``changes``: the target's columns plus ``__op``: with a ``key``, 'upsert' or 'delete' and
     one row per key; without (a bag), 'delete' (every copy of that row, distinct rows) or
@@ -161,12 +165,17 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
                "num_target_deletion_vectors_added": len(marked),
                "num_output_rows": kept.num_rows + upserts.num_rows}
     fault_point("files_written")
-    version = target.commit_rewrite(adds, removed, cdc, txn=txn, metadata=metadata, metrics=metrics,
+    version = target.commit_rewrite(adds, removed, cdc, txn=txn, metadata=resolved(metadata), metrics=metrics,
                                     deletion_vectors=bool(marked))
     removed_paths = [target.file_path(picked[i].path) for i in rewritten]
     HELD.drop(removed_paths)
     HELD_KEYS.drop(removed_paths)
     return version, metrics
+
+
+def resolved(metadata: dict | Callable[[], dict]) -> dict:
+    """A commit's metadata given as is or as the function that returns it (called now)."""
+    return metadata() if callable(metadata) else metadata
 
 
 class Probed(NamedTuple):

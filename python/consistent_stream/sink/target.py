@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -217,7 +218,7 @@ def _multiplicities_on_spark(spark, target: DeltaTableRef, version: int, neg: pa
 
 
 def commit_changes(target: DeltaTableRef, changes: pa.Table, *, unique_key: list[str] | None, txn: Txn,
-                   metadata: dict, deletion_vectors: bool = False,
+                   metadata: dict | Callable[[], dict], deletion_vectors: bool = False,
                    retracted: pa.Table | None = None) -> tuple[int, int, int]:
     """An incremental batch's commit: ONE MERGE of the change-sized ``changes`` (from
     :func:`sink_changes` with a ``unique_key``, or :func:`bag_changes` for a bag): done here,
@@ -227,16 +228,17 @@ def commit_changes(target: DeltaTableRef, changes: pa.Table, *, unique_key: list
     ``(new version, rows written, target rows rewritten)``; the last counts the rows the MERGE
     copied unchanged into new files plus those it changed. ``retracted``: the changelog's
     retractions (:func:`retractions`), whence the MERGE takes the pre-images of the rows it
-    marks deleted (:func:`.rewrite.merge`)."""
+    marks deleted (:func:`.rewrite.merge`). ``metadata``: the commit's, or a function that
+    returns it, called right before the commit (after the MERGE's files are written)."""
     done = rewrite.merge(target, changes, unique_key, txn=txn, metadata=metadata,
                          deletion_vectors=deletion_vectors, retracted=retracted) \
         if changes.num_rows and target.rewritable() is None else None
     if done is not None:
         version, m = done
     elif unique_key is None:
-        version, m = target.merge_bag(changes, txn=txn, metadata=metadata)
+        version, m = target.merge_bag(changes, txn=txn, metadata=rewrite.resolved(metadata))
     else:
-        version, m = target.merge_by_key(changes, unique_key, txn=txn, metadata=metadata)
+        version, m = target.merge_by_key(changes, unique_key, txn=txn, metadata=rewrite.resolved(metadata))
     rewritten = sum(int(m.get(k, 0) or 0) for k in ("num_target_rows_copied", "num_target_rows_updated",
                                                       "num_target_rows_deleted", "num_target_rows_inserted"))
     return version, changes.num_rows, rewritten
