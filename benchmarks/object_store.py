@@ -185,6 +185,7 @@ def main() -> int:
             reqs = [x["requests"] for x in s3]
             rec = {"sf": args.sf, "model": m, "batches": args.batches, "latency_ms": args.latency_ms,
                    "local_run_s_median": med["local"], "s3_run_s_median": med["s3"],
+                   "s3_run_s": [round(x["run_s"], 3) for x in s3],
                    "ratio_s3_to_local": round(med["s3"] / med["local"], 2),
                    "local_batch_s_median": round(statistics.median(x["batch_s"] or 0 for x in loc), 3),
                    "s3_batch_s_median": round(statistics.median(x["batch_s"] or 0 for x in s3), 3),

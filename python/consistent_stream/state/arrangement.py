@@ -60,6 +60,7 @@ from ..delta.files import may_hold, new_dir, read_whole, stats_bounds, wanted_va
 from ..duck import UNSUPPORTED, KeyedScan
 from ..errors import CommitError
 from ..faults import fault_point
+from ..threads import at_once
 from ..fsum import pair_sum_sql
 from .. import location, settings
 from ..settings import STATE_FILE_ROWS, spark_confs
@@ -572,6 +573,7 @@ class StateStore:
             removes = [f.data for fs in new_files.values() for f in fs]
             new_files = {}
         appended = self._append_staged()
+        kept = []   # the arrangements whose files the batch keeps: compacted when the policy says
         for name, arrangement in sorted(self.arrangements.items()):
             kind, payload = self._staged.get(name, (None, None))
             old = new_files.get(name, [])
@@ -586,7 +588,8 @@ class StateStore:
                 added = appended[name]
                 adds += [f.data for f in added]
                 new_files[name] = old + added
-            compacted = self._maybe_compact(arrangement, new_files.get(name, []))
+            kept.append(name)
+        for name, compacted in self._compact([(n, new_files.get(n, [])) for n in kept]).items():
             if compacted is not None:
                 dropped, kept_new = compacted
                 removes += [f.data for f in dropped if all(f.data is not a for a in adds)]
@@ -653,8 +656,9 @@ class StateStore:
         lo, hi, nulls = stats_bounds(f.stats, _arrow_schema(arrangement.schema))
         return _File(f, _level(f.path), lo, hi, nulls)
 
-    def _maybe_compact(self, arrangement: Arrangement, files: list[_File]):
-        """(files replaced, new files) when the compaction policy fires, else None."""
+    def _compaction(self, files: list[_File]) -> tuple[list[_File], str] | None:
+        """(the files to merge, the level of the result: ``base`` or ``delta``) when the
+        compaction policy fires for an arrangement of ``files``, else None."""
         deltas = [f for f in files if f.level == "delta"]
         if not deltas:
             return None
@@ -662,34 +666,50 @@ class StateStore:
         delta_rows = sum(f.rows for f in deltas)
         p = self.policy
         if delta_rows >= max(p.merge_fraction * base_rows, p.min_merge_rows):
-            targets, level = files, "base"
-        elif len(deltas) >= p.max_delta_files:
-            targets, level = p.delta_merge(deltas), "delta"
-        else:
-            return None
-        rows = sum(f.rows for f in targets)
-        # only a merge of every file is the whole arrangement: deltas alone are a change, whose
-        # rows may fail ``live`` (an update: count 0, sums not 0) and must be kept
-        complete = level == "base"
-        written = self._compact_local(arrangement, targets, level, complete) if rows <= DRIVER_READ_ROWS else None
-        if written is None:
-            df = self.spark.read.schema(arrangement.schema).parquet(
-                *[self.table.file_uri(f.data.path) for f in targets])
-            if level == "base":
-                written = self._write_base(arrangement, df, merge=True)
-            else:
-                merged = arrangement.consolidate(df, complete=complete)
-                rel = f"{ARRANGEMENT}={arrangement.name}/{new_dir('delta')}"
-                if arrangement.key:
-                    merged = merged.coalesce(1).sortWithinPartitions(*[F.col(f"`{c}`") for c in arrangement.key])
-                written = write_spark(merged, self.path, rel, partition_values={ARRANGEMENT: arrangement.name})
-        fault_point("compacted")
-        self.metrics.rows_compacted += rows
-        self.metrics.compactions.append({"arrangement": arrangement.name, "into": level, "files": len(targets),
-                                         "rows": rows})
-        log.info("state %s: compacted %d files (%d rows) of %s into %s files", self.path, len(targets), rows,
-                 arrangement.name, level)
-        return targets, [self._known(f, arrangement) for f in written]
+            return files, "base"
+        if len(deltas) >= p.max_delta_files:
+            return p.delta_merge(deltas), "delta"
+        return None
+
+    def _compact(self, arrangements: list[tuple[str, list[_File]]]) -> dict[str, tuple | None]:
+        """Each of ``arrangements`` (name, its files) compacted when the policy fires: name ->
+        (files replaced, new files), or None. The change-sized compactions run on the driver
+        at once (on an object store their files' PUTs share a round trip); the others with
+        Spark, one after another, on this thread (their jobs in its job group)."""
+        planned = {n: c for n, c in ((n, self._compaction(files)) for n, files in arrangements) if c is not None}
+
+        def local(name: str) -> list[DataFile] | None:
+            targets, level = planned[name]
+            # only a merge of every file is the whole arrangement: deltas alone are a change,
+            # whose rows may fail ``live`` (an update: count 0, sums not 0) and must be kept
+            if sum(f.rows for f in targets) > DRIVER_READ_ROWS:
+                return None
+            return self._compact_local(self.arrangements[name], targets, level, complete=level == "base")
+        written = dict(zip(planned, at_once(local, list(planned), "state-compact")))
+        out: dict[str, tuple | None] = {n: None for n, _ in arrangements}
+        for name, (targets, level) in planned.items():
+            arrangement = self.arrangements[name]
+            if written[name] is None:
+                written[name] = self._compact_spark(arrangement, targets, level)
+            fault_point("compacted")
+            rows = sum(f.rows for f in targets)
+            self.metrics.rows_compacted += rows
+            self.metrics.compactions.append({"arrangement": name, "into": level, "files": len(targets), "rows": rows})
+            log.info("state %s: compacted %d files (%d rows) of %s into %s files", self.path, len(targets), rows,
+                     name, level)
+            out[name] = targets, [self._known(f, arrangement) for f in written[name]]
+        return out
+
+    def _compact_spark(self, arrangement: Arrangement, targets: list[_File], level: str) -> list[DataFile]:
+        """A compaction of ``targets`` into files of ``level`` by Spark."""
+        df = self.spark.read.schema(arrangement.schema).parquet(*[self.table.file_uri(f.data.path) for f in targets])
+        if level == "base":
+            return self._write_base(arrangement, df, merge=True)
+        merged = arrangement.consolidate(df, complete=False)
+        rel = f"{ARRANGEMENT}={arrangement.name}/{new_dir('delta')}"
+        if arrangement.key:
+            merged = merged.coalesce(1).sortWithinPartitions(*[F.col(f"`{c}`") for c in arrangement.key])
+        return write_spark(merged, self.path, rel, partition_values={ARRANGEMENT: arrangement.name})
 
 
     def _compact_local(self, arrangement: Arrangement, targets: list[_File], level: str,
