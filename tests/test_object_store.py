@@ -205,6 +205,30 @@ def test_an_owned_table_reopened_on_s3_from_its_local_copy_lists_its_log_and_rea
     assert plain.load() and (newer.version, newer.files) == (plain.version, plain.files) == (2, plain.files)
 
 
+def test_a_runs_small_files_are_listed_and_only_the_changed_ones_read_from_the_store(s3):
+    """The checkpoint's small files read at a run's start (``storage.read_once_under``): with
+    this machine's copies of them (``local_cache``), one LIST of their directory and a GET of
+    each whose ETag changed since; an absent one is absent, a changed one reads as it is now."""
+    d = f"s3://{BUCKET}/once/_consistent_stream"
+    storage.remove_tree(d)
+    paths = [f"{d}/{n}" for n in ("a.json", "b.json", "c.json", "gone.json")]
+    for p in paths[:3]:
+        storage.replace_text(p, f'{{"v": "{p[-6]}"}}')
+
+    def read() -> tuple[list, dict]:
+        before = location.REQUESTS.snapshot()
+        with storage.read_once_under(d, prefetch=tuple(paths)):
+            requests = location.REQUESTS.since(before)["by_method"]
+            return [storage.read_text(p) for p in paths], requests
+    first, requests = read()
+    assert first == ['{"v": "a"}', '{"v": "b"}', '{"v": "c"}', None] and requests == {"LIST": 1, "GET": 3}
+    again, requests = read()
+    assert again == first and requests == {"LIST": 1}
+    storage.replace_text(paths[1], '{"v": "B"}')
+    changed, requests = read()
+    assert changed == ['{"v": "a"}', '{"v": "B"}', '{"v": "c"}', None] and requests == {"LIST": 1, "GET": 1}
+
+
 def test_merges_on_s3_mark_rows_in_deletion_vectors(s3, monkeypatch):
     """The MERGE's merge-on-read commits on the store: a file probed by its key column (one
     GET, whose bytes also give the matched rows), vectors inline and in a vector file PUT beside

@@ -38,7 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Iterator, NamedTuple
 
-from . import location
+from . import local_cache, location
+from .threads import at_once
 
 log = logging.getLogger("consistent_stream")
 
@@ -135,26 +136,69 @@ def read_once_under(prefixes: str | tuple[str, ...], prefetch: tuple[str, ...] =
     changes them meanwhile. Writes and removals under them through this module update what is
     remembered. (On an object store each read is a GET: the files named in ``prefetch``,
     paths under ``prefixes``, are read at block entry all at once, one round trip for all; a
-    file that cannot be read then is read again when asked.)"""
+    file that cannot be read then is read again when asked. Where this machine kept a copy of
+    them (:mod:`.local_cache`, kind ``files``), a directory's files are listed instead, one
+    LIST, and only those whose write tag changed since the copy are read.)"""
     saved = getattr(_once, "scope", None)
     files: dict = {}
     under = tuple(p.rstrip("/") + "/" for p in ((prefixes,) if isinstance(prefixes, str) else prefixes))
     _once.scope = (under, files)
     remote = [p for p in prefetch if location.is_remote(p) and p.startswith(under)]
     if len(remote) > 1:
-        def get(path):
-            try:
-                return path, _s3_get(path)
-            except FileNotFoundError:
-                return path, None
-            except OSError:
-                return path, ...   # asked again later, where the error is reported
+        by_dir: dict[str, list[str]] = {}
+        for p in remote:
+            by_dir.setdefault(p.rsplit("/", 1)[0], []).append(p)
+        groups = [ps for ps in by_dir.values() if len(ps) > 1 and local_cache.enabled()]
+        singles = [[p] for ps in by_dir.values() if ps not in groups for p in ps]
         with ThreadPoolExecutor(max_workers=min(8, len(remote)), thread_name_prefix="read-once") as pool:
-            files.update({p: d for p, d in pool.map(get, remote) if d is not ...})
+            for found in pool.map(_prefetched, groups + singles):
+                files.update(found)
     try:
         yield
     finally:
         _once.scope = saved
+
+
+def _prefetched(paths: list[str]) -> dict:
+    """Files ``paths`` (on an object store): path -> bytes, None when absent; a path that
+    cannot be read is left out (read again when asked). One path: a GET. Several of one
+    directory: one LIST of it, and a GET of each whose write tag is not that of this
+    machine's copy (each copy written again when read)."""
+    def get(path: str) -> dict:
+        try:
+            return {path: _s3_get(path)}
+        except FileNotFoundError:
+            return {path: None}
+        except OSError:
+            return {}   # asked again later, where the error is reported
+    if len(paths) == 1:
+        return get(paths[0])
+    directory = paths[0].rsplit("/", 1)[0]
+    try:
+        tags = dict(list_after(directory, "", tags=True))
+    except OSError:
+        return {}
+    out: dict = {}
+    stale: list[tuple[str, local_cache.Kept | None]] = []
+    for p in paths:
+        name = p.rsplit("/", 1)[1]
+        if name not in tags:
+            out[p] = None   # not there
+            continue
+        kept = local_cache.Kept("files", p) if tags[name] else None   # (no tag: a store without ETags)
+        copy = kept.read() if kept is not None else None
+        if copy is not None and copy.get("tag") == tags[name] and isinstance(copy.get("text"), str):
+            out[p] = copy["text"].encode()
+        else:
+            stale.append((p, kept))
+    for (p, kept), found in zip(stale, at_once(lambda pk: get(pk[0]), stale, "read-once", limit=8)):
+        out.update(found)
+        if kept is not None and found.get(p) is not None:
+            try:
+                kept.write({"tag": tags[p.rsplit("/", 1)[1]], "text": found[p].decode()})
+            except UnicodeDecodeError:
+                pass
+    return out
 
 
 def _remembered(path: str):
