@@ -412,8 +412,10 @@ class QueryRuntime:
                 return self.sources[key].changes(b.views, b.start.versions[key], b.end.versions[key],
                                                  self.columns[key])
             keys = [k for k in self.sources if k in self.columns]
-            # the sources whose reads may run beside each other's: at once (one round trip)
-            beside = [k for k in keys if getattr(self.sources[k], "reads_beside_others", False)]
+            # on an object store, the sources whose reads may run beside each other's: at once
+            # (one round trip for all; on local disk the threads would cost more than they save)
+            beside = [k for k in keys if getattr(self.sources[k], "reads_beside_others", False)
+                      and location.is_remote(self.sources[k].spec.location)]
             found = dict(zip(beside, at_once(change, beside, "source-changes")))
             for key in keys:
                 lo, hi = b.start.versions[key], b.end.versions[key]
@@ -498,10 +500,11 @@ class QueryRuntime:
             # multiplicities), and adaptive execution sizes its shuffles (a state compaction
             # with Spark's fixed 200 shuffle partitions pays 200 tasks' scheduling a shuffle).
             # the state first, the target last: the target's commit is the batch's commit point.
-            # The state's commit runs on a thread while the target's MERGE writes its files
-            # (both on an object store: round trips at once); the target's commit waits for it.
+            # On an object store the state's commit runs on a thread while the target's MERGE
+            # writes its files (round trips at once); the target's commit waits for it.
             self.fence()
-            committing = _beside(self.spark, "commit-state", self.store.commit, b.txn, {
+            remote = location.is_remote(self.job.state_root) or location.is_remote(self.job.target_path)
+            committing = _beside(self.spark, "commit-state" if remote else None, self.store.commit, b.txn, {
                 "app_id": b.app_id, "batch_id": str(b.batch_id), "start": b.start.versions,
                 "end": b.end.versions, "instant": b.instant.to_json()})
             done: list[BatchMeta] = []
@@ -584,10 +587,12 @@ class QueryRuntime:
                               deletion_vectors=job.target_deletion_vectors, retracted=retracted)
 
 
-def _beside(spark: SparkSession, name: str, fn: Callable, *args) -> Future:
-    """``fn(*args)`` started on a thread of its own that inherits this thread's Spark job group
-    (:class:`pyspark.InheritableThread`: the Spark jobs it runs count in this batch's
-    metrics); its result, or what it raised, in the returned future."""
+def _beside(spark: SparkSession, name: str | None, fn: Callable, *args) -> Future:
+    """``fn(*args)`` started on a thread ``name`` of its own that inherits this thread's Spark
+    job group (:class:`pyspark.InheritableThread`: the Spark jobs it runs count in this
+    batch's metrics); its result, or what it raised, in the returned future. ``name`` None:
+    run here and now (a thread, and its Spark connection, cost a few ms: worth it only where
+    what it overlaps waits on round trips)."""
     from pyspark import InheritableThread
     out: Future = Future()
 
@@ -596,7 +601,10 @@ def _beside(spark: SparkSession, name: str, fn: Callable, *args) -> Future:
             out.set_result(fn(*args))
         except BaseException as ex:  # noqa: BLE001 (handed to the caller through the future)
             out.set_exception(ex)
-    InheritableThread(run, name=name, daemon=True, session=spark).start()
+    if name is None:
+        run()
+    else:
+        InheritableThread(run, name=name, daemon=True, session=spark).start()
     return out
 
 
