@@ -55,6 +55,7 @@ def test_commits_and_checkpoints_read_the_same_in_delta_rs_and_delta_spark(tmp_p
         live.append(new)
         assert _commit(ref, [new], gone, batch) == batch
         assert ref.txn_version("q") == batch
+    settle()   # (a checkpoint is written after its commit returns)
     names = os.listdir(os.path.join(root, "_delta_log"))
     assert {"00000000000000000003.checkpoint.parquet", "00000000000000000006.checkpoint.parquet",
             "_last_checkpoint"} <= set(names)

@@ -29,8 +29,10 @@ protocol, "Action Reconciliation", "Checkpoints"):
   that fails to be written is logged; the commit stands (readers do without one).
 * **checkpoint**: after a commit whose version is a multiple of ``delta.checkpointInterval``
   (the table's property, Delta's default 10 when unset), a classic single-file checkpoint
-  (Parquet, the action columns Delta readers look for) and ``_last_checkpoint``: two PUTs. A
-  checkpoint that fails to be written is logged and left for maintenance; the commit stands.
+  (Parquet, the action columns Delta readers look for) and ``_last_checkpoint``: two PUTs,
+  made on the checksums' thread (the commit does not wait for them; the table's next commit
+  and :func:`settle` do). A checkpoint that fails to be written is logged and left for
+  maintenance; the commit stands.
 
 **The local copy** (on an object store, :mod:`consistent_stream.local_cache` kind
 ``delta-logs``): each load and commit keeps the replay on this machine (:meth:`OwnedLog.
@@ -201,7 +203,7 @@ class OwnedLog:
         self.tombstones: dict[tuple[str, str], dict] = {}   # (log path, vector id) -> remove action
         self.commits: dict[int, CommitInfo] = {}  # commits replayed from their files (not those in a checkpoint)
         self._tag: str | None = None   # the write tag of this version's commit file (None: not known)
-        self._checksum: Future | None = None   # the last commit's version checksum being written
+        self._writing: list[Future] = []   # the last commit's checksum and checkpoint being written
 
     # ---- replay -------------------------------------------------------------------------------
     def load(self) -> bool:
@@ -417,7 +419,7 @@ class OwnedLog:
         lines += list(table)
         lines += [{"remove": r} for r in removes] + [{"add": a} for a in adds] + [{"cdc": c} for c in cdc]
         body = "\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode() + b"\n"
-        _wait(self._checksum)
+        self.flush()
         for _ in range(retries + 1):
             version = self.version + 1
             try:
@@ -428,11 +430,18 @@ class OwnedLog:
             self._replay(version, lines)
             self._tag = tag
             if self.checksums:
-                self._checksum = _in_background(self._write_checksum, self.version, self.checksum())
+                self._writing.append(_in_background(self._write_checksum, self.version, self.checksum()))
             self._maybe_checkpoint()
             self._keep()
             return version
         raise ConflictingCommit(f"{self.path}: the versions after {self.version} keep being taken by other writers")
+
+    def flush(self) -> None:
+        """Wait for the last commit's version checksum and checkpoint being written (each logs
+        its own failure)."""
+        writing, self._writing = self._writing, []
+        for f in writing:
+            f.result()
 
     def _accept_concurrent(self, txn: tuple[str, int] | None) -> None:
         before = self.version
@@ -469,15 +478,17 @@ class OwnedLog:
         if interval <= 0 or self.version % interval or not self.plain:
             return
         try:
-            self.write_checkpoint()
+            self.write_checkpoint(later=True)
         except Exception as e:  # noqa: BLE001 (the commit stands; maintenance writes the checkpoint)
             log.warning("checkpoint of %s at version %d not written (maintenance writes it): %s",
                         self.path, self.version, e)
 
-    def write_checkpoint(self) -> None:
+    def write_checkpoint(self, *, later: bool = False) -> None:
         """A classic checkpoint of the replay's version and ``_last_checkpoint`` pointing at
-        it (two PUTs). Tombstones older than ``delta.deletedFileRetentionDuration`` (Delta's
-        default: one week) are left out, as Delta's own checkpoints do."""
+        it (two PUTs; with ``later``, made on the thread that writes the version checksums,
+        which the table's next commit and :func:`settle` wait for, and a failure logged).
+        Tombstones older than ``delta.deletedFileRetentionDuration`` (Delta's default: one
+        week) are left out, as Delta's own checkpoints do."""
         keep_ms = _interval_ms(self.configuration.get("delta.deletedFileRetentionDuration"), 7 * 24 * 3600 * 1000)
         floor = int(time.time() * 1000) - keep_ms
         rows = [{"protocol": self.protocol}, {"metaData": _lists("metaData", self.metadata)}]
@@ -489,11 +500,24 @@ class OwnedLog:
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, compression="snappy")
         buf = sink.getvalue()
-        storage.write_bytes(f"{self.log_dir}/{self.version:020d}.checkpoint.parquet", buf)
-        storage.replace_bytes(f"{self.log_dir}/_last_checkpoint", json.dumps(
-            {"version": self.version, "size": table.num_rows, "sizeInBytes": buf.size,
-             "numOfAddFiles": len(self.files)}).encode())
-        self.checkpoint_version = self.version
+        version, pointer = self.version, json.dumps({"version": self.version, "size": table.num_rows,
+                                                     "sizeInBytes": buf.size, "numOfAddFiles": len(self.files)})
+
+        def put() -> None:
+            storage.write_bytes(f"{self.log_dir}/{version:020d}.checkpoint.parquet", buf)
+            storage.replace_bytes(f"{self.log_dir}/_last_checkpoint", pointer.encode())
+            self.checkpoint_version = max(self.checkpoint_version, version)
+
+        def put_logged() -> None:
+            try:
+                put()
+            except Exception as e:  # noqa: BLE001 (the commit stands; maintenance writes the checkpoint)
+                log.warning("checkpoint of %s at version %d not written (maintenance writes it): %s",
+                            self.path, version, e)
+        if later:
+            self._writing.append(_in_background(put_logged))
+        else:
+            put()
 
 
 _BACKGROUND: ThreadPoolExecutor | None = None
@@ -506,25 +530,21 @@ def _in_background(fn, *args) -> Future:
     global _BACKGROUND
     with _PENDING_LOCK:
         if _BACKGROUND is None:
-            _BACKGROUND = ThreadPoolExecutor(max_workers=2, thread_name_prefix="delta-checksum")
+            _BACKGROUND = ThreadPoolExecutor(max_workers=2, thread_name_prefix="delta-log-write")
         future = _BACKGROUND.submit(fn, *args)
         _PENDING.add(future)
     future.add_done_callback(lambda f: _PENDING.discard(f))
     return future
 
 
-def _wait(future: Future | None) -> None:
-    if future is not None:
-        future.result()   # (its function logs its own failures)
-
-
 def settle() -> None:
-    """Wait for the version checksums this process's commits are still writing (a run waits
-    before it reports, so that what it counts and what readers find is whole)."""
+    """Wait for the version checksums and checkpoints this process's commits are still
+    writing (a run waits before it reports, so that what it counts and what readers find is
+    whole)."""
     with _PENDING_LOCK:
         pending = list(_PENDING)
     for f in pending:
-        _wait(f)
+        f.result()   # (its function logs its own failures)
 
 
 def _versions(listed: list[tuple[str, str | None]], after: int) -> list[int]:

@@ -126,6 +126,7 @@ def ensure_checkpoint(ref, interval: int) -> bool:
     is asked for its ``_last_checkpoint`` and written by delta-rs."""
     own = ref.replayed_log()
     if own is not None and own.plain:
+        own.flush()   # (the checkpoint its last commit may be writing)
         if not _checkpoint_due(own.version, own.checkpoint_version if own.checkpoint_version >= 0 else None,
                                interval):
             return False
