@@ -34,7 +34,6 @@ import logging
 import os
 import shutil
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Iterator, NamedTuple
 
@@ -150,9 +149,8 @@ def read_once_under(prefixes: str | tuple[str, ...], prefetch: tuple[str, ...] =
             by_dir.setdefault(p.rsplit("/", 1)[0], []).append(p)
         groups = [ps for ps in by_dir.values() if len(ps) > 1 and local_cache.enabled()]
         singles = [[p] for ps in by_dir.values() if ps not in groups for p in ps]
-        with ThreadPoolExecutor(max_workers=min(8, len(remote)), thread_name_prefix="read-once") as pool:
-            for found in pool.map(_prefetched, groups + singles):
-                files.update(found)
+        for found in at_once(_prefetched, groups + singles, "read-once", limit=8):
+            files.update(found)
     try:
         yield
     finally:
@@ -247,10 +245,7 @@ def read_many(paths: list[str], name: str = "read") -> list[bytes]:
     """The bytes of each of ``paths`` (:func:`read_bytes`), in order, read at once on up to 16
     threads (on an object store a GET each: one round trip for all). Raises as
     :func:`read_bytes` does, for the first path that fails."""
-    if len(paths) < 2:
-        return [read_bytes(p) for p in paths]
-    with ThreadPoolExecutor(max_workers=min(16, len(paths)), thread_name_prefix=name) as pool:
-        return list(pool.map(read_bytes, paths))
+    return at_once(read_bytes, paths, name, limit=16)
 
 
 def load_json(path: str):

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Callable, NamedTuple
 
@@ -299,10 +298,8 @@ def _write(target: DeltaTableRef, rows: pa.Table) -> list[DataFile]:
     """``rows`` as new data files of ``FILE_ROWS`` rows at most, written at once (each file's
     encoding runs on a core of its own)."""
     parts = [rows.slice(i, FILE_ROWS) for i in range(0, rows.num_rows, FILE_ROWS)]
-    if len(parts) < 2:
-        return [write_arrow(target.path, new_dir("part"), p, hold=True) for p in parts]
-    with ThreadPoolExecutor(max_workers=min(len(parts), os.cpu_count() or 2), thread_name_prefix="merge-write") as pool:
-        return list(pool.map(lambda p: write_arrow(target.path, new_dir("part"), p, hold=True), parts))
+    return at_once(lambda p: write_arrow(target.path, new_dir("part"), p, hold=True), parts, "merge-write",
+                   limit=os.cpu_count() or 2)
 
 
 def _pick(files: list[DataFile], schema: pa.Schema, lookup: pa.Table, match: list[str]) -> list[DataFile]:
