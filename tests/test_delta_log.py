@@ -165,6 +165,7 @@ def test_a_log_reopened_from_its_local_copy_equals_one_replayed_from_the_table(t
         gone = [{"path": p, "dataChange": True,
                  "deletionTimestamp": int(time.time() * 1000)} for p in list(writer.files)[:1]]
         writer.commit([_add(new)], gone, txn=("q", batch), info={"operation": "WRITE"})
+    writer.flush()   # (a commit's copy is written on the checksums' thread)
     assert copy.read()["log"]["version"] == 4
 
     def same(a: OwnedLog, b: OwnedLog) -> None:
@@ -182,9 +183,12 @@ def test_a_log_reopened_from_its_local_copy_equals_one_replayed_from_the_table(t
     same(reopened, _replay(root, copy=False))
     assert reopened.version == 5 and reopened.configuration["delta.logRetentionDuration"] == "interval 30 days"
 
-    # dropped and made again: the copy's version has another commit -> replayed from the table
+    # dropped and made again (by a writer keeping no copy, as another machine would): the
+    # copy's version has another commit -> replayed from the table
     shutil.rmtree(root)
+    monkeypatch.setenv("CONSISTENT_STREAM_LOCAL_CACHE", "off")
     ref = DeltaTableRef(root, own_log=True)
+    monkeypatch.delenv("CONSISTENT_STREAM_LOCAL_CACHE")
     _commit(ref, [_file(root, "c", [7])], [], 0)
     for batch in range(1, 6):
         _commit(ref, [_file(root, "c", [7 + batch])], [], batch)

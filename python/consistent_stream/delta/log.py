@@ -34,15 +34,19 @@ protocol, "Action Reconciliation", "Checkpoints"):
   and :func:`settle` do). A checkpoint that fails to be written is logged and left for
   maintenance; the commit stands.
 
-**The local copy** (on an object store, :mod:`consistent_stream.local_cache` kind
-``delta-logs``): each load and commit keeps the replay on this machine (:meth:`OwnedLog.
-replay_state`) with the *write tag* of its version's commit file (the size and ETag the PUT
-or the LIST gave, :func:`consistent_stream.storage.list_after`). The next process that opens
+**The local copy** (:mod:`consistent_stream.local_cache` kind ``delta-logs``): each load and
+commit keeps the replay on this machine (:meth:`OwnedLog.replay_state`; after a commit on the
+checksums' thread, which the next commit waits for) with the *write tag* of its version's
+commit file (the size and ETag the PUT or the LIST gave on an object store, the size and
+modification time locally: :func:`consistent_stream.storage.list_after`). The next process that opens
 the table lists the log from that version; the copy is used only when the listing shows that
 commit file with the same tag (the very commit the copy replayed) and at most
 :data:`MAX_BEHIND` commits after it, which are then read and replayed as :meth:`OwnedLog.
 refresh` does. Anything else (the table dropped and made again at the same path, its log
-cleaned up, a copy torn or too old) replays from the checkpoint as without a copy. Sound
+cleaned up, a copy torn or too old) replays from the checkpoint as without a copy. On an
+object store that saves the round trips of ``_last_checkpoint``, the checkpoint and each
+commit since; on local disk the reads of up to ``delta.checkpointInterval`` commit files
+(100 by default there), which were most of opening a small model's target and state. Sound
 because only the model's run commits data to these tables, under its writer lock; anything
 else that commits (maintenance, a property) makes a new version, which the listing shows.
 
@@ -69,7 +73,7 @@ from urllib.parse import quote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .. import local_cache, location, storage
+from .. import local_cache, storage
 
 log = logging.getLogger("consistent_stream")
 
@@ -179,15 +183,14 @@ class CommitInfo:
 class OwnedLog:
     """The replayed log of the Delta table at ``table_path`` (module docstring). ``version``
     is -1 until :meth:`load` finds the table. ``copy``: keep a local copy of the replay
-    (module docstring); by default on an object store, where it saves round trips, unless
-    ``CONSISTENT_STREAM_LOCAL_CACHE=off``."""
+    (module docstring); by default unless ``CONSISTENT_STREAM_LOCAL_CACHE=off``."""
 
     def __init__(self, table_path: str, *, checksums: bool = False, copy: bool | None = None):
         self.path = table_path.rstrip("/")
         self.log_dir = f"{self.path}/_delta_log"
         self.checksums = checksums
         if copy is None:
-            copy = location.is_remote(self.path) and local_cache.enabled()
+            copy = local_cache.enabled()
         self._copy = local_cache.Kept("delta-logs", self.path) if copy else None
         self.from_copy = False   # whether the last load replayed from the local copy
         self._reset()
@@ -268,22 +271,28 @@ class OwnedLog:
             self._keep()
         return True
 
-    def _keep(self) -> None:
-        """Write the local copy of the replay (when kept); a table not found, or a commit file
-        whose write tag is not known (a store without ETags), drops it."""
-        if self._copy is not None:
-            if self.version < 0 or not self._tag:
-                self._copy.drop()
-            else:
-                self._copy.write({"format": COPY_FORMAT, "tag": self._tag, "log": self.replay_state()})
+    def _keep(self, *, later: bool = False) -> None:
+        """Write the local copy of the replay (when kept; with ``later``, on the checksums'
+        thread, of the replay as it is now); a table not found, or a commit file whose write
+        tag is not known (a store without ETags), drops it."""
+        if self._copy is None:
+            return
+        if self.version < 0 or not self._tag:
+            self._copy.drop()
+            return
+        doc = {"format": COPY_FORMAT, "tag": self._tag, "log": self.replay_state()}
+        if later:
+            self._writing.append(_in_background(self._copy.write, doc))
+        else:
+            self._copy.write(doc)
 
     def replay_state(self) -> dict:
         """What the replay holds, as JSON values (what the local copy keeps): ``version``,
         ``checkpoint_version``, ``protocol``, ``metadata``, ``txns`` (app id -> txn action),
         ``files`` and ``tombstones`` (add and remove actions), ``commits`` (:class:`CommitInfo`
-        fields)."""
+        fields), each container a new one (what a later replay changes is not in it)."""
         return {"version": self.version, "checkpoint_version": self.checkpoint_version,
-                "protocol": self.protocol, "metadata": self.metadata, "txns": self.txns,
+                "protocol": dict(self.protocol), "metadata": dict(self.metadata), "txns": dict(self.txns),
                 "files": list(self.files.values()), "tombstones": list(self.tombstones.values()),
                 "commits": [asdict(c) for c in self.commits.values()]}
 
@@ -432,7 +441,7 @@ class OwnedLog:
             if self.checksums:
                 self._writing.append(_in_background(self._write_checksum, self.version, self.checksum()))
             self._maybe_checkpoint()
-            self._keep()
+            self._keep(later=True)
             return version
         raise ConflictingCommit(f"{self.path}: the versions after {self.version} keep being taken by other writers")
 
