@@ -124,12 +124,10 @@ def schema_changes(table, start_exclusive: int, end_inclusive: int) -> list[Sche
     each, in parallel) and the schema at ``start_exclusive`` (a handle at that version):
     for a range known to hold a schema change, never on the common path. Raises
     SourceError when a version or a commit file is gone."""
-    from concurrent.futures import ThreadPoolExecutor
+    from ..threads import at_once
     versions = list(range(start_exclusive + 1, end_inclusive + 1))
     try:
-        with ThreadPoolExecutor(max_workers=min(16, max(1, len(versions))),
-                                thread_name_prefix="delta-log") as pool:
-            commits = list(pool.map(table.log_actions, versions))
+        commits = at_once(table.log_actions, versions, "delta-log", limit=16)
     except Exception as e:
         raise SourceError(f"cannot read the commits {start_exclusive + 1}..{end_inclusive} of the Delta table "
                           f"{table.path}: {e}. If its log was cleaned up, run with --full-refresh") from e

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 from urllib.parse import unquote
@@ -55,6 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ..threads import at_once
 from .files import ParquetRows, open_rows
 
 WEIGHT = "__weight"
@@ -376,8 +376,7 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
         if id(part) not in paired:
             groups.setdefault((part.path, part.cdc, part.version if part.cdc else None), []).append(part)
     jobs = [(read, g) for g in groups.values()] + [(read_pair, pair) for pair in pairs]
-    with ThreadPoolExecutor(max_workers=min(16, len(jobs)), thread_name_prefix="delta-log-changes") as pool:
-        read_jobs = list(pool.map(lambda job: job[0](job[1]), jobs))
+    read_jobs = at_once(lambda job: job[0](job[1]), jobs, "delta-log-changes", limit=16)
     read_groups = read_jobs[:len(groups)]
     per_version: dict[int, Counter] = {}
     for group, (_, _, _, images) in zip(groups.values(), read_groups):

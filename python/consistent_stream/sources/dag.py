@@ -25,9 +25,8 @@ upstreams from the same source versions, or of their common ancestors first).
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 from ..errors import SourceError
+from ..threads import at_once
 from .formats import Source, open_source
 from .model import ModelSource
 from .spec import INITIAL
@@ -44,11 +43,7 @@ def latest_cut(sources: list[Source]) -> dict[str, int]:
     first = {}
     for s in sources:
         first.setdefault(s.clock, s)
-    if len(first) > 1:
-        with ThreadPoolExecutor(max_workers=min(8, len(first)), thread_name_prefix="latest-cut") as pool:
-            clocks = dict(zip(first, pool.map(lambda s: s.latest_position(), first.values())))
-    else:
-        clocks = {c: s.latest_position() for c, s in first.items()}
+    clocks = dict(zip(first, at_once(lambda s: s.latest_position(), list(first.values()), "latest-cut", limit=8)))
     for c, s in first.items():
         if clocks[c] == INITIAL:
             raise SourceError(f"source('{s.spec.source_name}', '{s.spec.name}') has nothing to read yet: "

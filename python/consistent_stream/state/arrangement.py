@@ -44,7 +44,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -615,8 +614,8 @@ class StateStore:
         out: dict[str, list[_File]] = {}
         parallel = [(n, a, c) for n, a, c in staged if c.arrow is not None] if location.is_remote(self.path) else []
         if len(parallel) > 1:
-            with ThreadPoolExecutor(max_workers=min(8, len(parallel)), thread_name_prefix="state-append") as pool:
-                out.update(zip([n for n, _, _ in parallel], pool.map(lambda t: self._append(t[1], t[2]), parallel)))
+            out.update(zip([n for n, _, _ in parallel],
+                           at_once(lambda t: self._append(t[1], t[2]), parallel, "state-append", limit=8)))
         for n, a, c in staged:
             if n not in out:
                 out[n] = self._append(a, c)
