@@ -93,12 +93,13 @@ def test_a_commit_that_changes_no_data_is_taken_in_and_a_data_commit_refused(tmp
     assert DeltaTable(root).version() == 3 and DeltaTable(root).transaction_version("q") == 1
 
 
-def test_the_targets_version_checksums_are_what_delta_spark_computes(tmp_path, spark):
+def test_the_targets_version_checksums_are_what_delta_spark_computes(tmp_path, spark, monkeypatch):
     """A table committed with ``checksums=True`` (a model's target) has a version checksum
     per commit that delta-spark takes its protocol and metadata from and validates against its
     own state reconstruction, also after a reopen from a checkpoint and after files are
     removed; delta-spark then commits on top of it (its own checksum follows from ours)."""
     import json
+    monkeypatch.setenv("CONSISTENT_STREAM_LOCAL_CACHE", "off")   # (reopened from the checkpoint, not a local copy)
     root = str(tmp_path / "target")
     ref = DeltaTableRef(root, own_log=True, checksums=True)
     live = [_file(root, "a", [1, 2]), _file(root, "b", [3])]
@@ -167,6 +168,7 @@ def test_a_log_reopened_from_its_local_copy_equals_one_replayed_from_the_table(t
         writer.commit([_add(new)], gone, txn=("q", batch), info={"operation": "WRITE"})
     writer.flush()   # (a commit's copy is written on the checksums' thread)
     assert copy.read()["log"]["version"] == 4
+    assert copy.read()["log"]["checkpoint_version"] == 3   # (the checkpoint written after the commit at 3)
 
     def same(a: OwnedLog, b: OwnedLog) -> None:
         # (a checkpoint's row has its absent fields as NULLs, a commit's JSON leaves them out)

@@ -148,6 +148,41 @@ def test_a_model_on_s3_equals_batch_evaluation_through_changes_a_chain_and_a_ful
     assert stored and not [p for p in stored if secret.encode() in p.read_bytes()]
 
 
+def test_a_runs_cut_is_taken_beside_the_targets_log_and_again_when_this_machines_copy_is_behind(
+        spark, s3, tmp_path, monkeypatch, caplog):
+    """On S3 the sources resume from the newest target commit this machine's copy of the
+    target's log holds, while the target's LIST checks it (consistent_stream.job.
+    _cut_resumed_ahead). When another machine ran the model since (its run kept no copy here),
+    the guess is dropped and the cut taken from the target as read: every version still equals
+    batch evaluation."""
+    import consistent_stream.job as job_module
+    caplog.set_level("DEBUG", logger="consistent_stream")
+    resumed = []
+    real = job_module.resume_sources
+    monkeypatch.setattr(job_module, "resume_sources", lambda *a: (resumed.append(1), real(*a))[1])
+    src = _shop(f"s3://{BUCKET}/ahead")
+    job = src.job(tmp_path, SQL, "id")
+    run_job(spark, job, full_refresh=True)
+
+    write_deltalake(src.path("orders"), pa.table({"oid": [13], "cid": [3], "amount": [4]}), mode="append")
+    resumed.clear()
+    run_job(spark, job)
+    assert resumed == [], "the cut was not taken from this machine's copy of the target's log"
+    assert_target_equals_batch_evaluation(spark, job, "a cut taken from the copy")
+
+    # another machine runs the model: its run keeps nothing here, so this copy is a run behind
+    write_deltalake(src.path("orders"), pa.table({"oid": [14], "cid": [1], "amount": [6]}), mode="append")
+    monkeypatch.setenv("CONSISTENT_STREAM_LOCAL_CACHE", "off")
+    run_job(spark, job)
+    monkeypatch.delenv("CONSISTENT_STREAM_LOCAL_CACHE")
+    DeltaTable(src.path("customers")).update(updates={"name": "'cyd'"}, predicate="id = 3")
+    resumed.clear()
+    caplog.clear()
+    run_job(spark, job)
+    assert resumed == [1] and "the sources are opened again" in caplog.text
+    assert_target_equals_batch_evaluation(spark, job, "after a run elsewhere")
+
+
 def _parquet_under(table: str) -> set[str]:
     """The data files of table ``table`` on the store (relative paths), not the log's or the
     Change Data Feed's."""

@@ -260,7 +260,8 @@ class _Run:
     def open(spark: SparkSession, job: JobSpec, full_refresh: bool) -> "_Run":
         """Open the sources and take the cut the run processes up to (their newest
         consistent cut, :func:`~consistent_stream.sources.dag.latest_cut`). On an object
-        store the state table's log is read meanwhile, on a thread (:meth:`state_table`)."""
+        store the state table's log is read meanwhile, on a thread (:meth:`state_table`), and
+        so is the target's when this machine keeps a copy of it (:func:`_cut_resumed_ahead`)."""
         t0 = time.time()
         sources = {s.key: open_source(s) for s in job.sources}
         # the run holds the model's writer lock; Spark readers of the target use its checksums
@@ -276,6 +277,9 @@ class _Run:
             opening = threading.Thread(target=open_state, name="open-state", daemon=True)
             opening.start()
         if not full_refresh:
+            sources, ahead = _cut_resumed_ahead(job, sources, target)
+            if ahead is not None:
+                return _Run(spark, job, full_refresh, t0, sources, ahead, target, state, opening, None)
             resume_sources(sources, target)
         compiling = _compile_ahead(spark, job, sources, target)
         try:
@@ -315,6 +319,49 @@ class _Run:
 def _settle(ahead: Future | None) -> None:
     if ahead is not None:
         ahead.exception()   # waits; what it raised is not the run's
+
+
+def _cut_resumed_ahead(job: JobSpec, sources: dict, target: DeltaTableRef) -> tuple[dict, Cut | None]:
+    """``(sources, cut)``: the cut taken while the target's log is read, on an object store.
+    The sources resume from the newest commit this machine's copy of the target's log holds
+    (:meth:`~.delta.reader.TableReader.kept_commit`, no request) and list their logs in the
+    same round trip as the target's LIST, which then says whether that commit is still the
+    newest (the copy used as it is: no commit since). The cut is None when there is no such
+    copy, a source reads with others (Debezium, Kafka: one reader of their landing
+    directory), or the guess was wrong or failed; after a guess, the sources returned are
+    then new ones (nothing of what the guess read is kept), which the caller resumes from the
+    target as read, as without it, and where an error is raised again."""
+    if not location.is_remote(target.path) or not sources or \
+            not all(s.reads_beside_others for s in sources.values()):
+        return sources, None
+    kept = target.kept_commit()
+    meta = BatchMeta.from_commit(kept) if kept is not None else None
+    if meta is None or not meta.cut_offsets:
+        return sources, None
+
+    def open_target() -> None:
+        try:
+            target.exists()
+        except Exception:  # noqa: BLE001 (read again by the caller, which reports it)
+            pass
+    opening = threading.Thread(target=open_target, name="open-target", daemon=True)
+    opening.start()
+    try:
+        for key, src in sources.items():
+            if key in meta.cut:
+                src.resume(meta.cut_offsets, int(meta.cut[key]))
+        cut = Cut(latest_cut(list(sources.values())))
+    except Exception as e:  # noqa: BLE001 (taken again from the target as read, which raises it)
+        log.debug("%s: the cut from this machine's copy of the target's log failed: %s", job.model, e)
+        cut = None
+    finally:
+        opening.join()
+    own = target.replayed_log()
+    if cut is not None and own is not None and own.from_copy and own.version == kept.version:
+        return sources, cut
+    log.debug("%s: the target's newest commit is not the one this machine's copy of its log holds; the sources "
+              "are opened again", job.model)
+    return {s.key: open_source(s) for s in job.sources}, None
 
 
 def resume_sources(sources: dict, target: DeltaTableRef) -> None:

@@ -157,6 +157,9 @@ class DeltaTableRef:
     def commit_rows(self, start_exclusive: int, end_inclusive: int) -> list[tuple[int, int, int | None]]:
         return self.reader.commit_rows(start_exclusive, end_inclusive)
 
+    def kept_commit(self) -> Commit | None:
+        return self.reader.kept_commit()
+
     def latest_commit(self) -> Commit:
         """The newest commit (after a refresh): one commit file read, however long the log."""
         return self.reader.commit_at(self.reader.refresh().version)

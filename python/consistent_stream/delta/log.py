@@ -249,6 +249,21 @@ class OwnedLog:
             return [(n, None) for n in storage.list_after(self.log_dir, start)]
         return storage.list_after(self.log_dir, start, tags=True)
 
+    def kept_head(self) -> CommitInfo | None:
+        """The newest commit this machine's copy of the replay holds (its version's), read
+        without a request and not checked against the table: what the table most likely
+        holds before :meth:`load` says so. None without a copy, or when the copy's version is
+        a checkpoint's (its commit is not kept)."""
+        kept = self._copy.read() if self._copy is not None else None
+        if kept is None or kept.get("format") != COPY_FORMAT:
+            return None
+        try:
+            version = int(kept["log"]["version"])
+            head = next((c for c in kept["log"]["commits"] if int(c["version"]) == version), None)
+            return None if head is None else CommitInfo(**{**head, "removed": tuple(head["removed"])})
+        except (KeyError, TypeError, ValueError):
+            return None
+
     def _load_copy(self) -> bool:
         """Replay from the local copy when the log still holds the commit it was made at
         (the same write tag) and at most MAX_BEHIND commits after it; False otherwise
@@ -271,16 +286,20 @@ class OwnedLog:
             self._keep()
         return True
 
-    def _keep(self, *, later: bool = False) -> None:
+    def _keep(self, *, later: bool = False, checkpoint: bool = False) -> None:
         """Write the local copy of the replay (when kept; with ``later``, on the checksums'
-        thread, of the replay as it is now); a table not found, or a commit file whose write
-        tag is not known (a store without ETags), drops it."""
+        thread, of the replay as it is now; with ``checkpoint``, as of the checkpoint of this
+        version being written there, which a failure leaves to the next interval's); a table
+        not found, or a commit file whose write tag is not known (a store without ETags),
+        drops it."""
         if self._copy is None:
             return
         if self.version < 0 or not self._tag:
             self._copy.drop()
             return
         doc = {"format": COPY_FORMAT, "tag": self._tag, "log": self.replay_state()}
+        if checkpoint:
+            doc["log"]["checkpoint_version"] = self.version
         if later:
             self._writing.append(_in_background(self._copy.write, doc))
         else:
@@ -440,8 +459,7 @@ class OwnedLog:
             self._tag = tag
             if self.checksums:
                 self._writing.append(_in_background(self._write_checksum, self.version, self.checksum()))
-            self._maybe_checkpoint()
-            self._keep(later=True)
+            self._keep(later=True, checkpoint=self._maybe_checkpoint())
             return version
         raise ConflictingCommit(f"{self.path}: the versions after {self.version} keep being taken by other writers")
 
@@ -479,18 +497,22 @@ class OwnedLog:
         except Exception as e:  # noqa: BLE001 (optional: readers without it reconstruct the state)
             log.warning("version checksum of %s at version %d not written: %s", self.path, version, e)
 
-    def _maybe_checkpoint(self) -> None:
+    def _maybe_checkpoint(self) -> bool:
+        """Write a checkpoint of this version (on the checksums' thread) when the interval says
+        so; whether one is being written."""
         try:
             interval = int(self.configuration.get("delta.checkpointInterval", DEFAULT_CHECKPOINT_INTERVAL))
         except ValueError:
             interval = DEFAULT_CHECKPOINT_INTERVAL
         if interval <= 0 or self.version % interval or not self.plain:
-            return
+            return False
         try:
             self.write_checkpoint(later=True)
+            return True
         except Exception as e:  # noqa: BLE001 (the commit stands; maintenance writes the checkpoint)
             log.warning("checkpoint of %s at version %d not written (maintenance writes it): %s",
                         self.path, self.version, e)
+            return False
 
     def write_checkpoint(self, *, later: bool = False) -> None:
         """A classic checkpoint of the replay's version and ``_last_checkpoint`` pointing at

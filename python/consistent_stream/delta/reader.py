@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -34,6 +33,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from .. import location, storage
+from ..threads import at_once
 from ..errors import SourceError
 from . import changes
 from .changes import SchemaChange
@@ -93,6 +93,14 @@ class TableReader:
                 raise SourceError(f"cannot read the Delta log of {self.path}: {e}") from e
             self._log_loaded = True
         return self._log
+
+    def kept_commit(self) -> Commit | None:
+        """The newest commit this machine's copy of the replayed log holds (:meth:`.log.
+        OwnedLog.kept_head`): no request, not checked against the table (after :meth:`own`,
+        :meth:`.log.OwnedLog.from_copy` and the version say whether it is still the newest).
+        None for a table without a replayed log or a copy."""
+        head = self._log.kept_head() if self._log is not None else None
+        return None if head is None else Commit(head.version, head.timestamp_ms, our_metadata(head.info))
 
     def _replayed(self) -> OwnedLog | None:
         """:meth:`own` when it holds the table (version >= 0)."""
@@ -460,18 +468,16 @@ class TableReader:
         SourceError naming the first version whose commit file is gone (its log cleaned up)."""
         from .tail import TailCommit, commit_ms
         versions = list(range(start_exclusive + 1, end_inclusive + 1))
-        with ThreadPoolExecutor(max_workers=max(1, min(16, len(versions))), thread_name_prefix="delta-log") as pool:
-            futures = [pool.submit(self.log_actions, v) for v in versions]
-        out = []
-        for v, f in zip(versions, futures):
+
+        def read(v: int) -> tuple:
             try:
-                actions = tuple(f.result())
+                return tuple(self.log_actions(v))
             except FileNotFoundError as e:
                 raise SourceError(f"Delta table {self.path}: versions {start_exclusive + 1}..{end_inclusive} cannot "
                                   f"be read: the commit file of version {v} is gone (its log was cleaned up): {e}. "
                                   f"Run with --full-refresh") from e
-            out.append(TailCommit(v, commit_ms(actions), actions))
-        return out
+        return [TailCommit(v, commit_ms(actions), actions)
+                for v, actions in zip(versions, at_once(read, versions, "delta-log", limit=16))]
 
     def read_log_changes(self, start_exclusive: int, end_inclusive: int, schema: pa.Schema,
                          partition_columns: list[str], physical: dict[str, str] | None = None,
