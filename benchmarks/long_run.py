@@ -20,8 +20,12 @@ Creates two Delta source tables with the Change Data Feed on under ``DIR/src`` (
   apart, the JVM's heap (used, committed, old generation used: the JDK's ``jstat -gc``),
   the state table's live rows,
   live files, files and bytes on disk and log files, the target's log files and bytes, data
-  files on disk and Change Data Feed files, the checkpoint directory's files and bytes, the
-  cut files.
+  files on disk and Change Data Feed files, its live files with a deletion vector and the
+  deletion vector files on disk, the checkpoint directory's files and bytes, the cut files.
+
+With ``CONSISTENT_STREAM_DV_MIN_ROWS=1`` in the environment every target file a batch
+retracts rows of may keep its rows under a deletion vector (the default, 20,000 rows, is more
+than this target holds), so vectors accumulate and are purged as the run goes on.
 
 When the run stops, the target's last version is compared with DuckDB's evaluation of the
 model's SQL at the cut that version records. Prints one JSON document (``samples``, and a
@@ -183,7 +187,16 @@ def table_sample(path: str, prefix: str, live: bool) -> dict:
                                            if ".checkpoint." in n])
     except OSError:
         out[f"{prefix}_checkpoints"] = 0
+    out[f"{prefix}_dv_disk_files"] = sum(1 for _, _, names in os.walk(path) for n in names
+                                         if n.startswith("deletion_vector_"))
     if live:
+        try:
+            from consistent_stream.delta.log import OwnedLog
+            own = OwnedLog(path, copy=False)
+            if own.load():
+                out[f"{prefix}_files_with_dv"] = sum(1 for a in own.files.values() if a.get("deletionVector"))
+        except Exception as e:  # noqa: BLE001 (a log file cleaned up under us: the next sample reads it)
+            out[f"{prefix}_dv_error"] = str(e)[:200]
         try:
             from deltalake import DeltaTable
             dt = DeltaTable(path)
@@ -452,7 +465,8 @@ def main() -> int:
     keys = ["rss_bytes", "driver_rss_bytes", "jvm_rss_bytes", "jvm_heap_used_bytes", "jvm_heap_committed_bytes",
             "jvm_old_used_bytes", "batch_s", "state_rows", "state_files", "state_disk_files", "state_disk_bytes",
             "state_log_files", "state_log_bytes", "target_log_files", "target_log_bytes", "target_disk_files",
-            "target_disk_bytes", "target_cdc_files", "target_files", "checkpoint_files", "checkpoint_bytes"]
+            "target_disk_bytes", "target_cdc_files", "target_files", "target_files_with_dv", "target_dv_disk_files",
+            "checkpoint_files", "checkpoint_bytes"]
     result["summary"] = {"window_s": window, "batches": sum(s["batches"] for s in samples) + len(batches),
                          **summarize(samples, window, keys)}
     try:
