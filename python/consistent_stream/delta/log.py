@@ -67,7 +67,7 @@ import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -85,6 +85,10 @@ MAX_BEHIND = 32
 checkpoint is nearer then)."""
 COPY_FORMAT = 1
 """The local copies' format; a copy of another is not used."""
+COPY_COMMITS = 16
+"""The newest commits a local copy keeps whole (their ``commitInfo``, txns, removed paths):
+what a run asks of its target's and state's recent commits; an older one is read from its
+commit file when asked, as after a replay from a checkpoint."""
 
 
 MAX_WRITER_VERSION = 4
@@ -309,11 +313,16 @@ class OwnedLog:
         """What the replay holds, as JSON values (what the local copy keeps): ``version``,
         ``checkpoint_version``, ``protocol``, ``metadata``, ``txns`` (app id -> txn action),
         ``files`` and ``tombstones`` (add and remove actions), ``commits`` (:class:`CommitInfo`
-        fields), each container a new one (what a later replay changes is not in it)."""
+        fields, the newest :data:`COPY_COMMITS`; an older one is read from its commit file when
+        asked), each container a new one (what a later replay changes is not in it; the
+        actions themselves are never changed, only replaced)."""
+        newest = sorted(self.commits)[-COPY_COMMITS:]
         return {"version": self.version, "checkpoint_version": self.checkpoint_version,
                 "protocol": dict(self.protocol), "metadata": dict(self.metadata), "txns": dict(self.txns),
                 "files": list(self.files.values()), "tombstones": list(self.tombstones.values()),
-                "commits": [asdict(c) for c in self.commits.values()]}
+                "commits": [{"version": c.version, "timestamp_ms": c.timestamp_ms, "info": c.info,
+                             "txns": dict(c.txns), "data_change": c.data_change, "removed": list(c.removed)}
+                            for c in (self.commits[v] for v in newest)]}
 
     def _restore(self, state: dict) -> None:
         """The replay made :meth:`replay_state` ``state``."""
