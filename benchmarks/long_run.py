@@ -326,16 +326,13 @@ def summarize(samples: list[dict], window_s: float, keys: list[str]) -> dict:
 
 def verify(job) -> dict:
     """The target's last version against DuckDB's evaluation of the SQL at its recorded cut."""
-    import pyarrow as pa
-    from deltalake import DeltaTable
-
     from consistent_stream.delta import DeltaTableRef
     from consistent_stream.oracle import duckdb_result
     from consistent_stream.runtime import BatchMeta
     from consistent_stream.sources import Cut
     ref = DeltaTableRef(job.target_path)
     meta = BatchMeta.from_commit(ref.latest_commit())
-    got = pa.table(DeltaTable(job.target_path, version=ref.version()).to_pyarrow_table()).to_pandas()
+    got = ref.read_snapshot_arrow(ref.version()).to_pandas()   # (deletion vectors applied)
     want = duckdb_result(job.sql, job.sources, Cut(meta.cut))
     got = got.sort_values("id").reset_index(drop=True)
     want = want.sort_values("id").reset_index(drop=True)
