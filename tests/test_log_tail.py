@@ -1,14 +1,19 @@
 """A run that goes on from a cut reads its Delta sources' change from the log's tail, without
 opening them (consistent_stream.delta.tail): inserts, updates and deletes, whole files
 removed, OPTIMIZE, partitioned tables; and opens the table instead for what the tail does not
-read (a schema change). Every run equals batch evaluation (Scenario.run's central check)."""
+read (a schema change); and tells the table the cut read from one created again under its path
+by the cut version's commit file, read only when its write tag is not the one the cut
+recorded. Every run equals batch evaluation (Scenario.run's central check)."""
 from __future__ import annotations
+
+import shutil
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
 import consistent_stream.delta.reader as delta_reader
+import consistent_stream.delta.tail as delta_tail
 from consistent_stream.delta import DeltaTableRef
 from consistent_stream.job import run_job
 from consistent_stream.runtime import BatchMeta
@@ -94,3 +99,39 @@ def test_a_schema_change_in_the_tail_opens_the_table_and_goes_on(spark, tmp_path
     assert _run(sc, job, opened, sc.path("t"))["opened"] > 0             # opened, the change read by delta-rs
     sc.insert("t", _t([4], ["b"], [40]).append_column("w", pa.array([2.5])))
     assert _run(sc, job, opened, sc.path("t"))["opened"] == 0            # and the tail again from there
+
+
+def test_the_cut_versions_commit_is_read_again_only_when_its_write_tag_changed(spark, tmp_path, opened, monkeypatch):
+    sc = Scenario(spark, tmp_path, {"t": _t([1, 2], ["a", "b"], [10, 20])}, {"t": ["k"]})
+    job = sc.job(SQL, "g")
+    sc.run(job, full_refresh=True)
+    src = sc.path("t")
+    read: list[str] = []
+    real = delta_tail.storage.read_many
+
+    def recording(paths, name="read"):
+        read.extend(paths)
+        return real(paths, name)
+    monkeypatch.setattr(delta_tail.storage, "read_many", recording)
+
+    def cut_commit_read(version: int) -> bool:
+        return f"{src}/_delta_log/{version:020d}.json" in read
+
+    sc.insert("t", _t([3], ["a"], [30]))                       # v1; the rebuild's cut (v0) recorded no tag
+    assert _run(sc, job, opened, src)["opened"] == 0 and cut_commit_read(0)
+    for version in (1, 2):                                     # the cut's tag recorded from the tail's listing
+        read.clear()
+        sc.insert("t", _t([10 + version], ["b"], [version]))
+        assert _run(sc, job, opened, src)["opened"] == 0 and not cut_commit_read(version)
+    hint = BatchMeta.from_commit(DeltaTableRef(job.target_path).latest_commit()).cut_offsets["source:src.t"]
+    assert hint["version"] == 3 and hint["commit_tag"]
+
+    # the table created again under the path with as many versions and one more: other writes of
+    # the same file names, told apart by the tag, then by the commit's time; the model is rebuilt
+    shutil.rmtree(src)
+    write_deltalake(src, _t([1, 2], ["c", "c"], [1, 2]), configuration=CDF)
+    for k in range(3, 7):
+        sc.insert("t", _t([k], ["c"], [k]))
+    read.clear()
+    sc.run(job)
+    assert cut_commit_read(3)

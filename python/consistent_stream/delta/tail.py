@@ -7,6 +7,13 @@ files), and a source is opened by every run. A run that goes on from a cut needs
 commits after it: one listing of the log after that version, one GET of each new commit file
 (all at once), and the change files those commits name (one GET each, all at once).
 
+The listing also says whether the table is still the one the cut read: it starts at the cut
+version's own commit, whose write tag (size and ETag on an object store, size and mtime
+locally: :func:`consistent_stream.storage.list_after`) the cut recorded from the listing of the
+run before. The same tag is the same write of that file; another tag, or a cut that recorded
+none, is checked by reading that commit's time (one GET more), which a table created again
+under the path (dropped and created, as dbt seed does) does not share.
+
 What the tail reads (the Delta protocol's Change Data Feed, "Change Data Files"): a commit
 with ``cdc`` actions has its change rows in those files (with ``_change_type``); a commit
 without them changes the rows of its ``add`` files (inserts) and ``remove`` files (deletes,
@@ -95,10 +102,11 @@ class LogTail:
     """The commits of the Delta table at ``table_path`` after version ``after`` (the module
     docstring), read on demand: :meth:`refresh` lists the log and reads the new commits."""
 
-    def __init__(self, table_path: str, after: int, after_ms: int | None = None):
-        self.path, self.after, self.after_ms = table_path, after, after_ms
+    def __init__(self, table_path: str, after: int, after_ms: int | None = None, after_tag: str | None = None):
+        self.path, self.after, self.after_ms, self.after_tag = table_path, after, after_ms, after_tag
         self.log_dir = f"{table_path.rstrip('/')}/_delta_log"
         self.commits: dict[int, TailCommit] = {}
+        self.tags: dict[int, str | None] = {}   # the listed commit files' write tags, by version
         self.listed = False     # the log was listed once
         self.anchored = False   # that listing held the commit of version ``after`` (the table is there)
 
@@ -111,16 +119,19 @@ class LogTail:
         # table is still there with its log (a table moved away or a log cleaned up is not)
         first = not self.commits and not self.listed
         start = (f"{known - 1:020d}.json" if known > 0 else "") if first else f"{known:020d}.json"
-        names = storage.list_after(self.log_dir, start)
-        versions = sorted(int(n[:20]) for n in names if len(n) == 25 and n.endswith(".json") and n[:20].isdigit())
+        listed = {int(n[:20]): tag for n, tag in storage.list_after(self.log_dir, start, tags=True)
+                  if len(n) == 25 and n.endswith(".json") and n[:20].isdigit()}
+        self.tags.update(listed)
+        versions = sorted(listed)
         if first:
             self.listed = True
             self.anchored = known in versions
         new = [v for v in versions if v > known]
-        # the first time, version ``after``'s own commit too when its time is known: another
-        # table created under the path (dropped and created again, as dbt seed does) has other
-        # commits under the same versions
-        check = first and self.anchored and self.after_ms is not None
+        # the first time, version ``after``'s own commit too when its time is known and its
+        # write tag is not the one the cut recorded: another table created under the path
+        # (dropped and created again, as dbt seed does) has other commits under the same versions
+        same_write = self.after_tag is not None and listed.get(known) == self.after_tag
+        check = first and self.anchored and self.after_ms is not None and not same_write
         texts = storage.read_many([f"{self.log_dir}/{v:020d}.json" for v in ([known] if check else []) + new],
                                   "delta-tail")
         if check:
@@ -130,6 +141,11 @@ class LogTail:
             actions = tuple(json.loads(line) for line in text.splitlines() if line.strip())
             self.commits[v] = TailCommit(v, commit_ms(actions), actions)
         return max(self.commits, default=self.after)
+
+    def tag(self, version: int) -> str | None:
+        """The write tag of ``version``'s commit file as the tail listed it (None: not listed,
+        or the store gives none)."""
+        return self.tags.get(version)
 
     def latest(self) -> int:
         return max(self.commits, default=self.after)

@@ -101,7 +101,8 @@ class DeltaSource:
         self._cut_table_id = hint.get("table_id")
         if not set(hint.get("reader_features") or ()) <= FILE_EXACT_FEATURES:
             return False
-        self._hint, self._tail = hint, LogTail(self.spec.location, position, hint.get("commit_ms"))
+        self._hint, self._tail = hint, LogTail(self.spec.location, position, hint.get("commit_ms"),
+                                               hint.get("commit_tag"))
         return True
 
     def _drop_tail(self, why: str) -> None:
@@ -117,14 +118,16 @@ class DeltaSource:
     def cut_metadata(self, position: int) -> dict[str, dict]:
         """What the next run needs to read on from ``position`` without opening the table
         (:meth:`resume`): ``{"cut_offsets": {clock: {version, reader_features, schema,
-        partition_columns, commit_ms, rows, table_id}}}`` (``rows`` None when not known without opening
-        the table at an older version)."""
-        rows = None
+        partition_columns, commit_ms, rows, table_id, commit_tag}}}`` (``rows`` None when not known
+        without opening the table at an older version; ``commit_tag`` the write tag of the version's
+        commit file when the log's tail listed it, else None)."""
+        rows = tag = None
         if self._hint is not None and self._tail is not None and not self._tail.unreadable(self._tail.after, position):
             features, schema, partitions = (self._hint["reader_features"], self._hint["schema"],
                                             self._hint["partition_columns"])
             table_id = self._hint.get("table_id")
             rows = self._counted_rows(position)
+            tag = self._tail.tag(position)
         else:
             table = self._require()
             features = sorted(table.read_plan().features)
@@ -135,7 +138,7 @@ class DeltaSource:
         return {"cut_offsets": {self.clock: {"version": position, "reader_features": list(features),
                                              "schema": schema, "partition_columns": list(partitions),
                                              "commit_ms": self.commit_ms(position) if position >= 0 else 0,
-                                             "rows": rows, "table_id": table_id}}}
+                                             "rows": rows, "table_id": table_id, "commit_tag": tag}}}
 
     def _require(self) -> DeltaTableRef:
         if not self.table.exists():
