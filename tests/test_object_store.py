@@ -243,12 +243,18 @@ def test_an_owned_table_reopened_on_s3_from_its_local_copy_lists_its_log_and_rea
 def test_a_runs_small_files_are_listed_and_only_the_changed_ones_read_from_the_store(s3):
     """The checkpoint's small files read at a run's start (``storage.read_once_under``): with
     this machine's copies of them (``local_cache``), one LIST of their directory and a GET of
-    each whose ETag changed since; an absent one is absent, a changed one reads as it is now."""
+    each whose ETag changed since (a write from this machine keeps its copy); an absent one is
+    absent, a changed one reads as it is now."""
     d = f"s3://{BUCKET}/once/_consistent_stream"
     storage.remove_tree(d)
     paths = [f"{d}/{n}" for n in ("a.json", "b.json", "c.json", "gone.json")]
+
+    def written_elsewhere(path: str, text: str) -> None:   # by another machine: no copy here
+        import obstore
+        store, key = location.object_store(path)
+        obstore.put(store, key, text.encode())
     for p in paths[:3]:
-        storage.replace_text(p, f'{{"v": "{p[-6]}"}}')
+        written_elsewhere(p, f'{{"v": "{p[-6]}"}}')
 
     def read() -> tuple[list, dict]:
         before = location.REQUESTS.snapshot()
@@ -259,9 +265,12 @@ def test_a_runs_small_files_are_listed_and_only_the_changed_ones_read_from_the_s
     assert first == ['{"v": "a"}', '{"v": "b"}', '{"v": "c"}', None] and requests == {"LIST": 1, "GET": 3}
     again, requests = read()
     assert again == first and requests == {"LIST": 1}
-    storage.replace_text(paths[1], '{"v": "B"}')
+    storage.replace_text(paths[1], '{"v": "B"}')             # written here: its copy written with it
     changed, requests = read()
-    assert changed == ['{"v": "a"}', '{"v": "B"}', '{"v": "c"}', None] and requests == {"LIST": 1, "GET": 1}
+    assert changed == ['{"v": "a"}', '{"v": "B"}', '{"v": "c"}', None] and requests == {"LIST": 1}
+    written_elsewhere(paths[2], '{"v": "C"}')
+    changed, requests = read()
+    assert changed == ['{"v": "a"}', '{"v": "B"}', '{"v": "C"}', None] and requests == {"LIST": 1, "GET": 1}
 
 
 def test_merges_on_s3_mark_rows_in_deletion_vectors(s3, monkeypatch):

@@ -65,12 +65,14 @@ def _s3_get(path: str) -> bytes:
         raise OSError(f"cannot read {path}: {e}") from e
 
 
-def _s3_put(path: str, data) -> None:
+def _s3_put(path: str, data) -> str | None:
+    """PUT ``data`` at ``path``; returns its :func:`write tag <list_after>` (None without an ETag)."""
     import obstore
     store, key = _store(path)
     location.REQUESTS.add("PUT", path)
+    data = bytes(data)
     try:
-        obstore.put(store, key, bytes(data))
+        return _tag(len(data), obstore.put(store, key, data).get("e_tag"))
     except Exception as e:
         raise OSError(f"cannot write {path}: {e}") from e
 
@@ -136,8 +138,9 @@ def read_once_under(prefixes: str | tuple[str, ...], prefetch: tuple[str, ...] =
     remembered. (On an object store each read is a GET: the files named in ``prefetch``,
     paths under ``prefixes``, are read at block entry all at once, one round trip for all; a
     file that cannot be read then is read again when asked. Where this machine kept a copy of
-    them (:mod:`.local_cache`, kind ``files``), a directory's files are listed instead, one
-    LIST, and only those whose write tag changed since the copy are read.)"""
+    them (:mod:`.local_cache`, kind ``files``: made when a file is read that way, and when
+    :func:`replace_text` writes one), a directory's files are listed instead, one LIST, and only
+    those whose write tag changed since the copy are read.)"""
     saved = getattr(_once, "scope", None)
     files: dict = {}
     under = tuple(p.rstrip("/") + "/" for p in ((prefixes,) if isinstance(prefixes, str) else prefixes))
@@ -265,7 +268,9 @@ def replace_text(path: str, text: str) -> None:
     if read_text(path) == text:
         return
     if location.is_remote(path):
-        _s3_put(path, text.encode())
+        tag = _s3_put(path, text.encode())
+        if tag and local_cache.enabled():   # this machine's copy, for the next run's listing to match
+            local_cache.Kept("files", path).write({"tag": tag, "text": text})
     else:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".tmp", "w") as f:
