@@ -39,7 +39,8 @@ from .delta.log import settle as settle_checksums
 from .errors import CompileError, ConfigError, ConsistentStreamError, SourceError
 from .exec.evaluator import PlanTypes, type_plan
 from .oracle import batch_dataframe
-from .plan import compile_model, fingerprint
+from .plan import fingerprint
+from .plan_cache import compiled as compiled_model
 from .plan.clock import uses_clock
 from .plan.expand import expand_views
 from .query import StreamingQuery, fold, no_totals, query_id, query_record
@@ -55,14 +56,15 @@ log = logging.getLogger("consistent_stream")
 
 
 def compile_job(spark: SparkSession, job: JobSpec, cut: Cut, sources=None):
-    """Compile the model, and get its output schema (from Spark's analysis of the same SQL, so
-    the target's types are exactly batch evaluation's) and the plan's types; the last two are
-    read from the checkpoint when it holds them for this SQL and these source schemas.
+    """Compile the model (or take this machine's kept plan of it, :mod:`.plan_cache`), and get
+    its output schema (from Spark's analysis of the same SQL, so the target's types are exactly
+    batch evaluation's) and the plan's types; the last two are read from the checkpoint when it
+    holds them for this SQL and these source schemas.
     Returns ``(compiled, output schema, plan types)``."""
     sources = sources or {s.key: open_source(s) for s in job.sources}
     schemas = {k: s.schema() for k, s in sources.items()}
-    compiled = compile_model(job.sql, job.sources, {k: [f.name for f in v.fields] for k, v in schemas.items()},
-                             incremental_only=job.incremental_only)
+    compiled = compiled_model(job.sql, job.sources, {k: [f.name for f in v.fields] for k, v in schemas.items()},
+                              incremental_only=job.incremental_only)
     schema_key = json.dumps({k: json.loads(v.json()) for k, v in sorted(schemas.items())}, sort_keys=True)
     saved = storage.read_json(job.plan_path)
     compiled.plan_changes = config_change.plan_changes(saved, compiled.root)

@@ -2,10 +2,11 @@
 next process (each ``dbt run`` is a new one) asks the store less: small JSON documents, one
 per kind and key (:class:`Kept`). Their users: the replayed Delta logs of a model's target and
 state table (:mod:`consistent_stream.delta.log`), the checkpoint's small files
-(:func:`consistent_stream.storage.read_once_under`) and the ETag of a released writer lock
-(:mod:`consistent_stream.sink.lock`).
+(:func:`consistent_stream.storage.read_once_under`), the ETag of a released writer lock
+(:mod:`consistent_stream.sink.lock`) and compiled plans (:mod:`consistent_stream.plan_cache`,
+the one kind keyed by everything its document is a function of, so used as it is).
 
-Nothing kept is trusted: each user checks it against the store with a request it makes anyway
+Nothing kept of a store is trusted: each user checks it against the store with a request it makes anyway
 (a log copy by its commit file's ETag in the LIST that reads the newer commits, a file's copy
 by its ETag in a LIST of its directory, a lock's ETag by the conditional write that takes the
 lock), and a document that is missing, torn, of another
