@@ -5,7 +5,8 @@ Why. A plan is a function of what it is compiled from, yet every run compiled it
 parse of the SQL, the lowering and the passes of :func:`consistent_stream.plan.compile_model`,
 which cost a small incremental run as much as its own source reads.
 
-Key (all of it, not a hash of it, is compared when a plan is read back): the SQL, the sources
+Key (its SHA-256, which the document holds and is compared with when a plan is read back; the
+SQL and the sources' options are not written out): the SQL, the sources
 (every field of each :class:`~consistent_stream.sources.SourceSpec`), their column names,
 ``incremental_only``, and the code that compiles: the bytes of the compiler's modules (the
 ``plan`` package and ``sources/spec.py``), sqlglot's version and Python's. A plan is
@@ -48,16 +49,20 @@ def code_version() -> str:
     import sqlglot
     package = Path(__file__).resolve().parent
     h = hashlib.sha256(f"sqlglot {sqlglot.__version__}|python {sys.version_info[:2]}".encode())
-    for f in sorted((package / "plan").glob("*.py")) + [package / "sources" / "spec.py"]:
+    files = sorted((package / "plan").glob("*.py")) + [package / "sources" / "spec.py"]
+    if not all(f.is_file() for f in files) or len(files) < 2:
+        return ""   # (an install without its sources: no plans kept)
+    for f in files:
         h.update(f"|{f.name}|".encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:32]
 
 
 def _key(sql: str, sources: list[SourceSpec], schemas: dict[str, list[str]], incremental_only: bool) -> str:
-    return json.dumps({"code": code_version(), "sql": sql, "sources": [repr(s) for s in sources],
+    text = json.dumps({"code": code_version(), "sql": sql, "sources": [repr(s) for s in sources],
                        "schemas": {k: list(v) for k, v in sorted(schemas.items())},
                        "incremental_only": bool(incremental_only)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def compiled(sql: str, sources: list[SourceSpec], schemas: dict[str, list[str]],
@@ -66,7 +71,7 @@ def compiled(sql: str, sources: list[SourceSpec], schemas: dict[str, list[str]],
     plan for them when there is one (the module docstring), else compiled and kept. Raises
     what ``compile_model`` raises (CompileError, NoDeltaRule): a plan that does not compile is
     not kept."""
-    if not local_cache.enabled():
+    if not local_cache.enabled() or not code_version():
         return compile_model(sql, sources, schemas, incremental_only=incremental_only)
     kept = local_cache.Kept(KIND, _key(sql, sources, schemas, incremental_only))
     doc = kept.read()
