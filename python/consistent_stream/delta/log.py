@@ -197,6 +197,7 @@ class OwnedLog:
             copy = local_cache.enabled()
         self._copy = local_cache.Kept("delta-logs", self.path) if copy else None
         self.from_copy = False   # whether the last load replayed from the local copy
+        self._peeked: dict | None = None   # the copy kept_head read, for the next load to use
         self._reset()
 
     def _reset(self) -> None:
@@ -258,7 +259,7 @@ class OwnedLog:
         without a request and not checked against the table: what the table most likely
         holds before :meth:`load` says so. None without a copy, or when the copy's version is
         a checkpoint's (its commit is not kept)."""
-        kept = self._copy.read() if self._copy is not None else None
+        kept = self._peeked = self._copy.read() if self._copy is not None else None
         if kept is None or kept.get("format") != COPY_FORMAT:
             return None
         try:
@@ -272,7 +273,7 @@ class OwnedLog:
         """Replay from the local copy when the log still holds the commit it was made at
         (the same write tag) and at most MAX_BEHIND commits after it; False otherwise
         (nothing replayed)."""
-        kept = self._copy.read()
+        kept, self._peeked = (self._peeked or self._copy.read()), None   # (read once when kept_head read it)
         if kept is None or kept.get("format") != COPY_FORMAT or not kept.get("tag"):
             return False
         tag, state = kept["tag"], kept.get("log")
