@@ -354,6 +354,58 @@ def test_compaction_never_changes_what_state_reads_return(spark, tmp_path, monke
     assert delta_pandas(job.target_path)["total"].sum() == 600
 
 
+@pytest.mark.parametrize("where", ["driver", "executors"])
+def test_a_small_arrangement_is_merged_into_its_base_at_the_driver_floor(spark, tmp_path, monkeypatch, where):
+    """An update's retraction cancels its row only in the base, so delta merges alone let a
+    small arrangement grow by every change. A merge on the driver has no job to amortize: its
+    floor is ``min_driver_merge_rows``, not ``min_merge_rows``, and the complete merge drops the
+    group that was deleted, so the state stays near its live rows; on the executors the Spark
+    floor holds and the deltas pile up."""
+    monkeypatch.setattr(arrangement, "DEFAULT_POLICY", CompactionPolicy(min_merge_rows=10 ** 9,
+                                                                        min_driver_merge_rows=8))
+    if where == "executors":
+        monkeypatch.setattr(arrangement, "DRIVER_READ_ROWS", 0)
+    sc = Scenario(spark, tmp_path, {"t": pa.table({"id": list(range(20)), "g": [i % 5 for i in range(20)],
+                                                   "v": list(range(20))})}, {"t": ["id"]})
+    job = sc.job("select g, count(*) as n, sum(v) as s from src.t group by g", "g")
+    sc.run(job, full_refresh=True)
+
+    def state() -> tuple[int, set]:
+        table = DeltaTable(job.state_root)
+        return table.to_pyarrow_table().num_rows, {f for f in table.file_uris() if "/base-" in f}
+    built_rows, built_base = state()
+    assert built_rows == 5
+    sc.delete("t", "g = 4")
+    rows, base = [], set()
+    for _ in range(8):   # 3 delta rows, then 2 a batch
+        sc.update("t", {"v": "v + 1"}, "g < 2")
+        assert sc.run(job)["batches"] == 1   # checks the target against batch evaluation
+        n, base = state()
+        rows.append(n)
+    if where == "driver":
+        assert base != built_base and 4 in rows and max(rows) <= 5 + 8 + 2, rows
+    else:
+        assert base == built_base and 4 not in rows and max(rows) > 5 + 8 + 2, rows
+
+
+def test_a_driver_merge_keeps_the_rows_that_pass_live():
+    """A complete merge on the driver applies the arrangement's ``live`` predicate (Spark SQL)
+    as Spark's WHERE would: a group whose count is 0 is dropped even when a sum is not (a
+    change's leftover), a NULL predicate drops the row, the schema is kept."""
+    from pyspark.sql.types import DecimalType, LongType, StringType, StructField, StructType
+    import decimal
+    schema = StructType([StructField("g", StringType()), StructField("n`x", LongType()),
+                         StructField("s", DecimalType(20, 2))])
+    a = arrangement.Arrangement("a_acc", schema, ("g",), ("n`x", "s"), live="`n``x` <> 0")
+    rows = pa.table({"g": ["a", "b", "c", None], "n`x": [2, 0, None, 1],
+                     "s": [decimal.Decimal("1.50"), decimal.Decimal("3.00"), None, decimal.Decimal("0")]},
+                    schema=pa.schema([("g", pa.string()), ("n`x", pa.int64()), ("s", pa.decimal128(20, 2))]))
+    kept = a.live_rows(rows)
+    assert kept.schema == rows.schema
+    assert kept.to_pylist() == [{"g": "a", "n`x": 2, "s": decimal.Decimal("1.50")},
+                                {"g": None, "n`x": 1, "s": decimal.Decimal("0.00")}]
+
+
 def test_a_delta_merge_takes_the_smallest_half_of_the_deltas():
     """Size-tiered: with ``max_delta_files`` deltas, the smallest half is merged, so a row is
     rewritten a logarithmic number of times before the base merge, not once every

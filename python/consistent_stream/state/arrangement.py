@@ -30,10 +30,10 @@ what keeps such a read cheap.
 
 Compaction (in the batch's commit, same txn): when an arrangement has ``max_delta_files``
 delta files its smallest deltas are merged into one delta file (cost: those deltas); when its
-delta rows reach ``merge_fraction`` of its base rows, everything is merged into new base files
-(cost: the arrangement, amortized over the ``merge_fraction`` x base rows of change that
-triggered it). Merges of at most ``DRIVER_READ_ROWS`` rows run on the driver with Arrow,
-larger ones on Spark's executors. See :class:`CompactionPolicy`.
+delta rows reach ``merge_fraction`` of its base rows (and a floor), everything is merged into
+new base files (cost: the arrangement, amortized over the ``merge_fraction`` x base rows of
+change that triggered it). Merges of at most ``DRIVER_READ_ROWS`` rows run on the driver with
+Arrow, larger ones on Spark's executors. See :class:`CompactionPolicy`.
 
 Exactly once: the state table's one commit per batch carries txn ``(app id, batch id)`` (step 3
 of the exactly-once protocol, docs/concepts/exactly-once.md); reads happen at the version the
@@ -56,7 +56,7 @@ from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, consolidate_
 from ..connect import default_parallelism
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta.files import may_hold, new_dir, read_whole, stats_bounds, wanted_values, write_arrow, write_spark
-from ..duck import UNSUPPORTED, KeyedScan
+from ..duck import UNSUPPORTED, KeyedScan, arrow, database
 from ..errors import CommitError
 from ..faults import fault_point
 from ..threads import at_once
@@ -72,11 +72,23 @@ ARRANGEMENT = "__arrangement"
 @dataclass(frozen=True)
 class CompactionPolicy:
     """When an arrangement's files are merged (see the module docstring): everything into
-    base files once the delta rows reach ``merge_fraction`` of the base rows and
-    ``min_merge_rows``; else, once there are ``max_delta_files`` delta files, the smallest
-    half of them into one delta file (size-tiered, as Cassandra's and RocksDB's universal
-    compaction: a delta row is rewritten a logarithmic number of times before the base
-    merge, not once per ``max_delta_files`` batches).
+    base files once the delta rows reach ``merge_fraction`` of the base rows and a floor,
+    ``min_merge_rows`` when the merge runs on Spark's executors (more than
+    ``DRIVER_READ_ROWS`` rows in all), ``min_driver_merge_rows`` (never above
+    ``min_merge_rows``) when it runs on the driver; else, once there are ``max_delta_files``
+    delta files, the smallest half of them into one delta file (size-tiered, as Cassandra's
+    and RocksDB's universal compaction: a delta row is rewritten a logarithmic number of times
+    before the base merge, not once per ``max_delta_files`` batches).
+
+    Why two floors: a merge on Spark has a fixed cost (a job, a second at a process's first)
+    that ``min_merge_rows`` amortizes; a merge on the driver costs its rows (Arrow, a few
+    milliseconds for thousands) and one file written. Delta merges alone cannot keep a small
+    arrangement small: an update's retraction cancels its row only in the base, so between
+    base merges every changed row stays twice in the deltas, and under the Spark floor a
+    thousand-row arrangement would grow to ``min_merge_rows`` before its first base merge.
+    The driver floor keeps a tiny arrangement (an aggregate of a few groups, whose every batch
+    changes more rows than it holds) from a base merge every batch, one more file written
+    each.
 
     Why ``merge_fraction`` is 0.5 (it was 0.1): a keyed read scans the picked files on DuckDB
     at a cost ``r`` a row (measured by ``benchmarks/keyed_read.py``), a merge into base
@@ -90,6 +102,15 @@ class CompactionPolicy:
     max_delta_files: int = 8
     merge_fraction: float = 0.5
     min_merge_rows: int = 100_000
+    min_driver_merge_rows: int = 1_000
+
+    def merges_into_base(self, base_rows: int, delta_rows: int) -> bool:
+        """Whether an arrangement of ``base_rows`` base and ``delta_rows`` delta rows is
+        merged into base files now."""
+        floor = self.min_merge_rows
+        if base_rows + delta_rows <= DRIVER_READ_ROWS:
+            floor = min(floor, self.min_driver_merge_rows)
+        return delta_rows > 0 and delta_rows >= max(self.merge_fraction * base_rows, floor)
 
     def delta_merge(self, deltas: list) -> list:
         """The delta files (``.rows``) a delta merge takes: the ``max_delta_files // 2`` (at
@@ -150,6 +171,21 @@ class Arrangement:
         else:
             cond = " OR ".join(f"COALESCE({q(c)} <> 0, FALSE)" for c in self.additive)
         return f"SELECT {cols_sql(self.schema.fieldNames())} FROM ({inner}) WHERE {cond}"
+
+    def live_rows(self, rows: pa.Table) -> pa.Table:
+        """The rows of ``rows`` (consolidated, this arrangement's columns) that pass ``live``,
+        on the driver: the predicate, Spark SQL, translated to DuckDB's by sqlglot and
+        evaluated by the process's DuckDB database over the Arrow table (a row where it is
+        NULL is dropped, as Spark's WHERE drops it). Out: ``rows``' schema."""
+        import sqlglot
+        cond = sqlglot.transpile(self.live, read="spark", write="duckdb")[0]
+        cur = database().cursor()
+        try:
+            cur.register("__rows", rows)
+            keep = arrow(cur, f"SELECT COALESCE({cond}, FALSE) AS keep FROM __rows").column("keep")
+        finally:
+            cur.close()
+        return rows.filter(keep)
 
     @property
     def group_columns(self) -> list[str]:
@@ -664,7 +700,7 @@ class StateStore:
         base_rows = sum(f.rows for f in files if f.level == "base")
         delta_rows = sum(f.rows for f in deltas)
         p = self.policy
-        if delta_rows >= max(p.merge_fraction * base_rows, p.min_merge_rows):
+        if p.merges_into_base(base_rows, delta_rows):
             return files, "base"
         if len(deltas) >= p.max_delta_files:
             return p.delta_merge(deltas), "delta"
@@ -715,16 +751,16 @@ class StateStore:
                        complete: bool) -> list[DataFile] | None:
         """A change-sized compaction (at most ``DRIVER_READ_ROWS`` rows) on the driver, with
         Arrow: no Spark job. The files of :meth:`_write_base` or of a delta merge (sorted by
-        key, at most ``file_rows`` rows a file). None when Arrow cannot consolidate it (a
-        ``live`` predicate, which is SQL, on a complete merge; key types Arrow cannot group
-        by): the caller then compacts with Spark."""
-        if complete and arrangement.live:
-            return None
+        key, at most ``file_rows`` rows a file); a complete merge keeps the rows that pass
+        ``live`` (:meth:`Arrangement.live_rows`). None when Arrow cannot consolidate it (key
+        types Arrow cannot group by): the caller then compacts with Spark."""
         try:
             data = consolidate_arrow(self._read_local(arrangement, targets, None), arrangement.additive,
                                      arrangement.compensated)
         except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
             return None
+        if complete and arrangement.live:
+            data = arrangement.live_rows(data)
         if arrangement.key:
             data = data.sort_by([(c, "ascending") for c in arrangement.key])
         rel = f"{ARRANGEMENT}={arrangement.name}/{new_dir(level)}"
