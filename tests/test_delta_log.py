@@ -208,3 +208,28 @@ def test_a_log_reopened_from_its_local_copy_equals_one_replayed_from_the_table(t
     # a torn copy is no copy
     copy.file.write_text('{"format": 1, "tab')
     same(_replay(root, copy=True), _replay(root, copy=False))
+
+
+def test_tombstones_past_their_retention_leave_the_replay_at_a_checkpoint(tmp_path, monkeypatch):
+    """A checkpoint leaves out the removes older than ``delta.deletedFileRetentionDuration``
+    (as Delta's do), and the committing replay drops them too: it holds what a replay from the
+    checkpoint holds, and its local copy does not grow with every file a long run removed."""
+    monkeypatch.setenv("CONSISTENT_STREAM_CACHE_DIR", str(tmp_path / "cache"))
+    root = str(tmp_path / "state")
+    ref = DeltaTableRef(root, own_log=True)
+    _commit(ref, [_file(root, "a", [1])], [], 0, configuration={
+        "delta.checkpointInterval": "4", "delta.deletedFileRetentionDuration": "interval 1 hours"})
+    writer = OwnedLog(root, copy=True)
+    assert writer.load()
+    now_ms = int(time.time() * 1000)
+    for batch, age_ms in zip(range(1, 4), (3 * 3600_000, 2 * 3600_000, 0)):   # removed 3 h, 2 h and 0 h ago
+        gone = [{"path": p, "dataChange": True, "deletionTimestamp": now_ms - age_ms} for p in writer.files]
+        writer.commit([_add(_file(root, "a", [10 * batch]))], gone, txn=("q", batch), info={"operation": "WRITE"})
+    assert len(writer.tombstones) == 3
+    writer.commit([_add(_file(root, "a", [40]))], [], txn=("q", 4), info={"operation": "WRITE"})   # checkpoint at 4
+    writer.flush()
+    assert [r["deletionTimestamp"] for r in writer.tombstones.values()] == [now_ms]
+    assert len(Kept("delta-logs", root).read()["log"]["tombstones"]) == 1
+    from_checkpoint = _replay(root, copy=False)
+    assert from_checkpoint.checkpoint_version == 4
+    assert set(from_checkpoint.tombstones) == set(writer.tombstones)

@@ -529,14 +529,17 @@ class OwnedLog:
         it (two PUTs; with ``later``, made on the thread that writes the version checksums,
         which the table's next commit and :func:`settle` wait for, and a failure logged).
         Tombstones older than ``delta.deletedFileRetentionDuration`` (Delta's default: one
-        week) are left out, as Delta's own checkpoints do."""
+        week) are left out, as Delta's own checkpoints do, and dropped from the replay too: it
+        then holds what a replay from this checkpoint holds, and a process that commits for
+        weeks (a continuous model: a remove or two each batch) does not carry, and write to
+        its local copy at every commit, every file it ever removed."""
         keep_ms = _interval_ms(self.configuration.get("delta.deletedFileRetentionDuration"), 7 * 24 * 3600 * 1000)
         floor = int(time.time() * 1000) - keep_ms
+        self.tombstones = {k: r for k, r in self.tombstones.items() if int(r.get("deletionTimestamp") or 0) >= floor}
         rows = [{"protocol": self.protocol}, {"metaData": _lists("metaData", self.metadata)}]
         rows += [{"txn": t} for t in self.txns.values()]
         rows += [{"add": _lists("add", a)} for a in self.files.values()]
-        rows += [{"remove": _lists("remove", r)} for r in self.tombstones.values()
-                 if int(r.get("deletionTimestamp") or 0) >= floor]
+        rows += [{"remove": _lists("remove", r)} for r in self.tombstones.values()]
         table = pa.Table.from_pylist(rows, schema=CHECKPOINT_SCHEMA)
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, compression="snappy")
