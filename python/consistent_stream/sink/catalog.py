@@ -52,33 +52,33 @@ UNREAD = object()
 """The ``entry`` of :func:`publish` when the caller has not read the catalog entry."""
 
 
-def _registered(spark: SparkSession, name: str, home: str, location: str, entry=UNREAD) -> bool:
-    """Whether the catalog has ``name`` as the Delta table at ``location``: our last publish
-    (recorded under ``home``) registered it so, and the catalog still has the table (as
-    ``entry`` shows it, when the caller read it, else read here)."""
-    m = storage.read_json(publish_record(home))
-    if not (isinstance(m, dict) and m.get("table") == name and m.get("location") == location
-            and m.get("provider") == "delta"):
-        return False
-    if entry is not UNREAD:
-        return entry is not None and entry.is_at(location)
-    return _entry_exists(spark, *name.split(".", 1))
+def _registered(spark: SparkSession, name: str, location: str, entry=UNREAD) -> bool:
+    """Whether the catalog has ``name`` as the external Delta table at ``location``, the entry
+    :func:`publish` makes (as ``entry`` shows it, when the caller read it, else read here).
+    Our publish record is not read for that (on an object store a GET every run): an entry at
+    the location is what a publish would make, whoever made it. One made without the record
+    (by hand, by an older version) is not :func:`is_target` for the dbt adapter, which drops
+    it before the next ``dbt run``'s engine registers it again, record and all."""
+    if entry is UNREAD:
+        entry = catalog_entry(spark, *name.split(".", 1))
+    return entry is not None and entry.is_at(location)
 
 
 def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, home: str | None = None, *,
             entry=UNREAD) -> bool:
     """Register the Delta table at ``table_path`` as ``schema.identifier`` (``USING delta
-    LOCATION``) unless our last publish (recorded under ``home``, the table's directory by
-    default) already did; returns whether it (re)registered. An entry of the same name that
-    is not this Delta table (a Parquet table over a snapshot directory, as published before
-    delta-spark was in the session) is dropped first: only the entry, an external table's
-    files stay. Creates the schema when missing. ``entry``: the name's :class:`CatalogEntry`
-    (None: no entry) as the caller read it earlier in the same run, e.g. from dbt's relation
-    cache; the catalog is then not asked again when the marker and it agree."""
+    LOCATION``) unless the catalog has it so already (:func:`_registered`); returns whether
+    it (re)registered, and then records the publish under ``home`` (the table's directory by
+    default; :func:`is_target`). An entry of the same name that is not this Delta table
+    (a Parquet table over a snapshot directory, as published before delta-spark was in the
+    session) is dropped first: only the entry, an external table's files stay. Creates the
+    schema when missing. ``entry``: the name's :class:`CatalogEntry` (None: no entry) as the
+    caller read it earlier in the same run, e.g. from dbt's relation cache; the catalog is
+    then not asked again when it is this table."""
     home = home or table_path
     name = f"{schema}.{identifier}"
     location = as_uri(table_path)
-    if _registered(spark, name, home, location, entry):
+    if _registered(spark, name, location, entry):
         return False
     fq = f"`{schema}`.`{identifier}`"
     spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
