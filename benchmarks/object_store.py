@@ -151,7 +151,7 @@ def main() -> int:
                 continue   # a ref() chain's downstream: its upstream's side would have to be built first
             for side, (data, targets) in sides.items():
                 jobs[side][name] = JobSpec.from_dbt(
-                    project_root=str(DATA), schema="bench", identifier=name, model_name=name, sql=sql,
+                    project_root=str(DATA), schema=f"bench_{side}", identifier=name, model_name=name, sql=sql,
                     sources=tpch_sources(data, used), config={"unique_key": config["unique_key"],
                                                               "location_root": targets},
                     warehouse_dir=str(DATA / "warehouse"))

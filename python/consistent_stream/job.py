@@ -45,7 +45,7 @@ from .plan.clock import uses_clock
 from .plan.expand import expand_views
 from .query import StreamingQuery, fold, no_totals, query_id, query_record
 from .runtime import BatchMeta, BatchResult, QueryRuntime, target_key
-from .sink.catalog import UNREAD, publish, publish_record
+from .sink.catalog import UNREAD, publish
 from .sources import Cut
 from .sources.dag import latest_cut
 from .sources.formats import open_source
@@ -187,14 +187,12 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
     before = location.REQUESTS.snapshot()
     reach_storage(spark, job)
     try:
-        # the run owns its checkpoint's small files and its target's publish record: each is read
-        # once (storage.read_once_under), all at once on an object store
+        # the run owns its checkpoint's small files: each is read once (storage.read_once_under),
+        # all at once on an object store
         with WriterLock(job.checkpoint_location, job.model) as lock, \
-                storage.read_once_under((os.path.join(job.checkpoint_location, "_consistent_stream"),
-                                         os.path.dirname(publish_record(job.target_path))),
+                storage.read_once_under((os.path.join(job.checkpoint_location, "_consistent_stream"),),
                                         prefetch=(job.spec_path, job.fingerprint_path, job.plan_path,
-                                                  job.query_path, job.local_sql_path,
-                                                  publish_record(job.target_path))):
+                                                  job.query_path, job.local_sql_path)):
             summary = _run_job(spark, job, full_refresh=full_refresh, timeout_s=timeout_s, fence=lock.check,
                                catalog_entry=catalog_entry)
         settle_checksums()   # (the last commit's version checksum, written while the lock was released)

@@ -132,8 +132,8 @@ _once = threading.local()
 def read_once_under(prefixes: str | tuple[str, ...], prefetch: tuple[str, ...] = ()):
     """Within the block, on this thread, each file under the directories ``prefixes`` (one or
     several) is read at most once, its absence included: a run asks its checkpoint's small
-    files (the definition, the fingerprint, the plan, the query's record) and its target's
-    publish record in several checks, and holds the model's writer lock, so nothing else
+    files (the definition, the fingerprint, the plan, the query's record) in several checks,
+    and holds the model's writer lock, so nothing else
     changes them meanwhile. Writes and removals under them through this module update what is
     remembered. (On an object store each read is a GET: the files named in ``prefetch``,
     paths under ``prefixes``, are read at block entry all at once, one round trip for all; a
