@@ -83,8 +83,7 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
     fq = f"`{schema}`.`{identifier}`"
     spark.sql(f"CREATE SCHEMA IF NOT EXISTS `{schema}`")
     fault_point("publishing")
-    if _entry_exists(spark, schema, identifier):
-        drop_entry(spark, schema, identifier)
+    drop_entry(spark, schema, identifier)   # (any entry of the name: it reads it, and drops it when there)
     spark.sql(f"CREATE TABLE {fq} USING delta LOCATION '{_escaped(location)}'")
     storage.remove_tree(os.path.join(home, LEGACY_SNAPSHOTS), ignore_errors=True)
     storage.replace_text(publish_record(home), json.dumps({"table": name, "location": location, "provider": "delta"}))
@@ -180,10 +179,6 @@ def _external_catalog_entry(spark: SparkSession, schema: str, identifier: str) -
     return CatalogEntry(kind=table.tableType().name().upper(),
                         provider=provider.get().lower() if provider.isDefined() else None,
                         location=location.get().toString() if location.isDefined() else None)
-
-
-def _entry_exists(spark: SparkSession, schema: str, identifier: str) -> bool:
-    return catalog_entry(spark, schema, identifier) is not None
 
 
 def drop_entry(spark: SparkSession, schema: str, identifier: str) -> None:
