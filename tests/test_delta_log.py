@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from consistent_stream import storage
 from consistent_stream.delta import DeltaTableRef, Txn
 from consistent_stream.delta.files import write_arrow
 from consistent_stream.delta.log import MAX_BEHIND, OwnedLog, log_path, settle
@@ -148,6 +149,14 @@ def _replay(root: str, *, copy: bool, from_copy: bool = False) -> OwnedLog:
     return own
 
 
+def same(a: OwnedLog, b: OwnedLog) -> None:
+    """``a`` and ``b`` hold the same replay."""
+    # (a checkpoint's row has its absent fields as NULLs, a commit's JSON leaves them out)
+    def held(o: OwnedLog):
+        return _set_fields((o.version, o.files, o.txns, o.protocol, o.metadata, set(o.tombstones)))
+    assert held(a) == held(b)
+
+
 def test_a_log_reopened_from_its_local_copy_equals_one_replayed_from_the_table(tmp_path, monkeypatch):
     """The local copy (consistent_stream.local_cache) is used only while it is the
     table's: reopened from it, a log says what a replay from the checkpoint says, with the
@@ -167,14 +176,9 @@ def test_a_log_reopened_from_its_local_copy_equals_one_replayed_from_the_table(t
                  "deletionTimestamp": int(time.time() * 1000)} for p in list(writer.files)[:1]]
         writer.commit([_add(new)], gone, txn=("q", batch), info={"operation": "WRITE"})
     writer.flush()   # (a commit's copy is written on the checksums' thread)
-    assert copy.read()["log"]["version"] == 4
-    assert copy.read()["log"]["checkpoint_version"] == 3   # (the checkpoint written after the commit at 3)
-
-    def same(a: OwnedLog, b: OwnedLog) -> None:
-        # (a checkpoint's row has its absent fields as NULLs, a commit's JSON leaves them out)
-        def held(o: OwnedLog):
-            return _set_fields((o.version, o.files, o.txns, o.protocol, o.metadata, set(o.tombstones)))
-        assert held(a) == held(b)
+    assert OwnedLog(root, copy=True).kept_head().version == 4   # (its journal's entry)
+    # (written whole at the checkpoint after the commit at 3)
+    assert copy.read()["log"]["version"] == copy.read()["log"]["checkpoint_version"] == 3
 
     reopened = _replay(root, copy=True, from_copy=True)
     same(reopened, _replay(root, copy=False))
@@ -233,3 +237,64 @@ def test_tombstones_past_their_retention_leave_the_replay_at_a_checkpoint(tmp_pa
     from_checkpoint = _replay(root, copy=False)
     assert from_checkpoint.checkpoint_version == 4
     assert set(from_checkpoint.tombstones) == set(writer.tombstones)
+
+
+def test_a_commit_appends_to_the_local_copys_journal_and_a_reopened_log_replays_it(tmp_path, monkeypatch):
+    """A commit adds its actions to the local copy's journal instead of writing the whole replay
+    again (a long run's target holds a week of tombstones); a log reopened from the copy replays
+    the journal's entries of that copy in consecutive versions, up to a torn line, passing over
+    those of a copy since replaced, and reads the rest from the table; a commit bigger than the
+    copy writes it whole."""
+    monkeypatch.setenv("CONSISTENT_STREAM_CACHE_DIR", str(tmp_path / "cache"))
+    root = str(tmp_path / "target")
+    ref = DeltaTableRef(root, own_log=True)
+    _commit(ref, [_file(root, "a", [i]) for i in range(20)], [], 0, configuration={"delta.checkpointInterval": "1000"})
+    writer = OwnedLog(root, copy=True)
+    assert writer.load()
+    copy = Kept("delta-logs", root)
+    document = copy.file.read_bytes()
+
+    def batch(n: int) -> None:
+        gone = [{"path": p, "dataChange": True, "deletionTimestamp": int(time.time() * 1000)}
+                for p in list(writer.files)[:1]]
+        writer.commit([_add(_file(root, "a", [n]))], gone, txn=("q", n), info={"operation": "WRITE"})
+        writer.flush()
+
+    for n in range(1, 5):
+        batch(n)
+    assert copy.file.read_bytes() == document   # (not written again)
+    assert [e["version"] for e in copy.read_journal()] == [1, 2, 3, 4]
+    read = []
+    real_read_many = storage.read_many
+    monkeypatch.setattr(storage, "read_many", lambda paths, *a: read.extend(paths) or real_read_many(paths, *a))
+    reopened = _replay(root, copy=True, from_copy=True)
+    assert read == []   # (every commit from the copy)
+    same(reopened, _replay(root, copy=False))
+    assert reopened.commits[4].txns == {"q": 4} and reopened.commits[4].removed
+
+    # a torn last line: the entries before it, and the commit it held read from the table
+    copy.journal.write_bytes(copy.journal.read_bytes()[:-20])
+    assert [e["version"] for e in copy.read_journal()] == [1, 2, 3]
+    read.clear()
+    same(_replay(root, copy=True, from_copy=True), _replay(root, copy=False))
+    assert [p.rsplit("/", 1)[1] for p in read[:1]] == [f"{4:020d}.json"]
+
+    # the copy replaced by another process (its document gone, written again by a new replay):
+    # what the first writer still appends is another copy's and passed over
+    writer = _replay(root, copy=True, from_copy=True)
+    copy.drop()
+    _replay(root, copy=True)
+    for n in range(5, 7):
+        batch(n)
+    assert {e["version"] for e in copy.read_journal()} == {5, 6}
+    reopened = _replay(root, copy=True, from_copy=True)
+    same(reopened, _replay(root, copy=False))
+    assert reopened.version == 6
+
+    # a commit with more actions than the copy holds writes it whole
+    writer = reopened
+    many = [_add(_file(root, "b", [100 + i])) for i in range(40)]
+    writer.commit(many, [], txn=("q", 7), info={"operation": "WRITE"})
+    writer.flush()
+    assert copy.read()["log"]["version"] == 7 and copy.read_journal() == []
+    same(_replay(root, copy=True, from_copy=True), _replay(root, copy=False))

@@ -12,10 +12,17 @@ by its ETag in a LIST of its directory, a lock's ETag by the conditional write t
 lock), and a document that is missing, torn, of another
 key or cannot be written is no document: the user asks the store as without it.
 
+A document may have a *journal*: JSON lines appended after it (:meth:`Kept.append`), which
+its user reads back on top of it (:meth:`Kept.read_journal`), so that what changes a little at a
+time (a replayed log, one commit after another) is not written whole each time; writing the
+document again starts an empty journal. A torn last line (a process killed while appending) ends
+the journal there.
+
 Where: ``$CONSISTENT_STREAM_CACHE_DIR`` (default ``~/.cache/consistent-stream``), under
-``<kind>/``, one file per key named by a hash of it; the directories are this account's only
-(mode 0700). ``CONSISTENT_STREAM_LOCAL_CACHE=off`` keeps nothing. Documents not written for
-:data:`KEEP_DAYS` are removed when a key's first document of that kind is written.
+``<kind>/``, one file per key named by a hash of it (``.json``, its journal ``.jsonl``); the
+directories are this account's only (mode 0700). ``CONSISTENT_STREAM_LOCAL_CACHE=off`` keeps
+nothing. Documents not written for :data:`KEEP_DAYS` are removed when a key's first document of
+that kind is written.
 """
 from __future__ import annotations
 
@@ -52,6 +59,7 @@ class Kept:
     def __init__(self, kind: str, key: str):
         self.key = key
         self.file = directory(kind) / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
+        self.journal = self.file.with_suffix(".jsonl")
 
     def read(self) -> dict | None:
         """The document (without its key), or None when there is none this key can use."""
@@ -67,30 +75,60 @@ class Kept:
         return doc
 
     def write(self, doc: dict) -> None:
-        """Keep ``doc`` (JSON values), atomically: a temporary file renamed over the old one."""
+        """Keep ``doc`` (JSON values), atomically: a temporary file renamed over the old one;
+        the old document's journal is removed."""
         try:
             first = not self.file.exists()
             self.file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps({"key": self.key, **doc}, separators=(",", ":")))
             os.replace(tmp, self.file)
+            self.journal.unlink(missing_ok=True)
             if first:
                 _remove_old(self.file.parent)
         except OSError as e:
             log.debug("%s (kept for %s) is not written: %s", self.file, self.key, e)
 
-    def drop(self) -> None:
-        """Remove the document (if any)."""
+    def append(self, entry: dict) -> None:
+        """Append ``entry`` (JSON values) to the document's journal: one line, not synced (a
+        line lost or torn by a crash is one the reader does without)."""
         try:
-            self.file.unlink()
+            with open(self.journal, "a") as f:
+                f.write(json.dumps(entry, separators=(",", ":")) + "\n")
+        except OSError as e:
+            log.debug("%s (kept for %s) is not appended to: %s", self.journal, self.key, e)
+
+    def read_journal(self) -> list[dict]:
+        """The journal's entries in the order appended, up to the first line that is not a
+        whole JSON object (none without a journal)."""
+        try:
+            text = self.journal.read_text()
         except OSError:
-            pass
+            return []
+        entries = []
+        for line in text.split("\n"):
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                break
+            if not isinstance(entry, dict):
+                break
+            entries.append(entry)
+        return entries
+
+    def drop(self) -> None:
+        """Remove the document (if any) and its journal."""
+        for f in (self.file, self.journal):
+            try:
+                f.unlink()
+            except OSError:
+                pass
 
 
 def _remove_old(where: Path) -> None:
     """Remove the documents under ``where`` not written for :data:`KEEP_DAYS`."""
     floor = time.time() - KEEP_DAYS * 86400
-    for f in where.glob("*.json"):
+    for f in [*where.glob("*.json"), *where.glob("*.jsonl")]:
         try:
             if f.stat().st_mtime < floor:
                 f.unlink()

@@ -34,21 +34,27 @@ protocol, "Action Reconciliation", "Checkpoints"):
   and :func:`settle` do). A checkpoint that fails to be written is logged and left for
   maintenance; the commit stands.
 
-**The local copy** (:mod:`consistent_stream.local_cache` kind ``delta-logs``): each load and
-commit keeps the replay on this machine (:meth:`OwnedLog.replay_state`; after a commit on the
-checksums' thread, which the next commit waits for) with the *write tag* of its version's
-commit file (the size and ETag the PUT or the LIST gave on an object store, the size and
-modification time locally: :func:`consistent_stream.storage.list_after`). The next process that opens
-the table lists the log from that version; the copy is used only when the listing shows that
-commit file with the same tag (the very commit the copy replayed) and at most
-:data:`MAX_BEHIND` commits after it, which are then read and replayed as :meth:`OwnedLog.
-refresh` does. Anything else (the table dropped and made again at the same path, its log
-cleaned up, a copy torn or too old) replays from the checkpoint as without a copy. On an
-object store that saves the round trips of ``_last_checkpoint``, the checkpoint and each
-commit since; on local disk the reads of up to ``delta.checkpointInterval`` commit files
-(100 by default there), which were most of opening a small model's target and state. Sound
-because only the model's run commits data to these tables, under its writer lock; anything
-else that commits (maintenance, a property) makes a new version, which the listing shows.
+**The local copy** (:mod:`consistent_stream.local_cache` kind ``delta-logs``): each load keeps
+the replay on this machine (:meth:`OwnedLog.replay_state`) with the *write tag* of its
+version's commit file (the size and ETag the PUT or the LIST gave on an object store, the size
+and modification time locally: :func:`consistent_stream.storage.list_after`), and each commit
+appends its actions and its file's write tag to that document's journal (on the checksums'
+thread, which the next commit waits for), so that a commit's local write is the commit's size,
+not the table's (a long-running model's target holds a week of tombstones). The document is
+written whole again at a checkpoint (which drops expired tombstones), after
+:data:`JOURNAL_COMMITS` commits, and when the replay moved by other commits than this process's
+own. The next process that opens the table replays the document and its journal (the entries of
+that document, in consecutive versions) and lists the log from the version they reach; the copy
+is used only when the listing shows that commit file with the same tag (the very commit the
+copy replayed) and at most :data:`MAX_BEHIND` commits after it, which are then read and
+replayed as :meth:`OwnedLog.refresh` does. Anything else (the table dropped and made again at
+the same path, its log cleaned up, a copy torn or too old) replays from the checkpoint as
+without a copy. On an object store that saves the round trips of ``_last_checkpoint``, the
+checkpoint and each commit since; on local disk the reads of up to ``delta.checkpointInterval``
+commit files (100 by default there), which were most of opening a small model's target and
+state. Sound because only the model's run commits data to these tables, under its writer lock;
+anything else that commits (maintenance, a property) makes a new version, which the listing
+shows.
 
 Deletion vectors are replayed as the protocol reconciles them: a file is keyed by its path
 and its vector's ``uniqueId`` (a ``remove`` of the file with its old vector and an ``add`` of
@@ -66,6 +72,7 @@ import logging
 import re
 import threading
 import time
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import quote
@@ -83,8 +90,11 @@ DEFAULT_CHECKPOINT_INTERVAL = 10
 MAX_BEHIND = 32
 """The most commits a local copy of the replay may be behind the table and still be used (a
 checkpoint is nearer then)."""
-COPY_FORMAT = 1
+COPY_FORMAT = 2
 """The local copies' format; a copy of another is not used."""
+JOURNAL_COMMITS = 64
+"""The most commits a local copy's journal holds before the copy is written whole again: what
+a process that opens the table replays on top of the document."""
 COPY_COMMITS = 16
 """The newest commits a local copy keeps whole (their ``commitInfo``, txns, removed paths):
 what a run asks of its target's and state's recent commits; an older one is read from its
@@ -184,6 +194,21 @@ class CommitInfo:
     removed: tuple = ()
 
 
+@dataclass(frozen=True)
+class _KeptCopy:
+    """The local copy a process wrote last: its ``id``, the ``version`` its document and journal
+    reach, the document's ``size`` (files and tombstones, at least 1) and its journal's
+    ``entries`` and ``journal_actions``."""
+    id: str
+    version: int
+    size: int
+    entries: int = 0
+    journal_actions: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "size", max(1, self.size))
+
+
 class OwnedLog:
     """The replayed log of the Delta table at ``table_path`` (module docstring). ``version``
     is -1 until :meth:`load` finds the table. ``copy``: keep a local copy of the replay
@@ -197,7 +222,8 @@ class OwnedLog:
             copy = local_cache.enabled()
         self._copy = local_cache.Kept("delta-logs", self.path) if copy else None
         self.from_copy = False   # whether the last load replayed from the local copy
-        self._peeked: dict | None = None   # the copy kept_head read, for the next load to use
+        self._peeked: tuple[dict, list[dict]] | None = None   # the copy kept_head read, for the next load
+        self._kept: _KeptCopy | None = None   # the local copy this process wrote last
         self._reset()
 
     def _reset(self) -> None:
@@ -259,34 +285,45 @@ class OwnedLog:
         without a request and not checked against the table: what the table most likely
         holds before :meth:`load` says so. None without a copy, or when the copy's version is
         a checkpoint's (its commit is not kept)."""
-        kept = self._peeked = self._copy.read() if self._copy is not None else None
+        if self._copy is None:
+            return None
+        kept = self._copy.read()
+        self._peeked = None if kept is None else (kept, self._copy.read_journal())
         if kept is None or kept.get("format") != COPY_FORMAT:
             return None
         try:
+            entries, _, _ = _journal_chain(kept, self._peeked[1])
+            if entries:
+                return commit_info(int(entries[-1]["version"]), entries[-1]["actions"])
             version = int(kept["log"]["version"])
             head = next((c for c in kept["log"]["commits"] if int(c["version"]) == version), None)
             return None if head is None else CommitInfo(**{**head, "removed": tuple(head["removed"])})
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, AttributeError):
             return None
 
     def _load_copy(self) -> bool:
-        """Replay from the local copy when the log still holds the commit it was made at
-        (the same write tag) and at most MAX_BEHIND commits after it; False otherwise
-        (nothing replayed)."""
-        kept, self._peeked = (self._peeked or self._copy.read()), None   # (read once when kept_head read it)
-        if kept is None or kept.get("format") != COPY_FORMAT or not kept.get("tag"):
+        """Replay from the local copy (its document and journal) when the log still holds the
+        commit it reaches (the same write tag) and at most MAX_BEHIND commits after it; False
+        otherwise (nothing replayed)."""
+        # (read once when kept_head read it)
+        kept, journal = self._peeked or (self._copy.read(), None)
+        self._peeked = None
+        if kept is None or kept.get("format") != COPY_FORMAT or not kept.get("tag") or not kept.get("id"):
             return False
-        tag, state = kept["tag"], kept.get("log")
         try:
-            version = int(state["version"])
+            entries, version, tag = _journal_chain(kept, self._copy.read_journal() if journal is None else journal)
             listed = self._listed_from(version)
             if dict(listed).get(f"{version:020d}.json") != tag or len(_versions(listed, version)) > MAX_BEHIND:
                 return False
-            self._restore(state)
+            self._restore(kept["log"])
+            for e in entries:
+                self._replay(int(e["version"]), e["actions"])
         except (KeyError, TypeError, ValueError, AttributeError):
             self._reset()
             return False
         self._tag = tag
+        size = len(kept["log"]["files"]) + len(kept["log"]["tombstones"])
+        self._kept = _KeptCopy(kept["id"], version, size, len(entries), sum(len(e["actions"]) for e in entries))
         if self._read_commits(listed):
             self._keep()
         return True
@@ -300,15 +337,36 @@ class OwnedLog:
         if self._copy is None:
             return
         if self.version < 0 or not self._tag:
+            self._kept = None
             self._copy.drop()
             return
-        doc = {"format": COPY_FORMAT, "tag": self._tag, "log": self.replay_state()}
+        doc = {"format": COPY_FORMAT, "id": uuid.uuid4().hex, "tag": self._tag, "log": self.replay_state()}
+        self._kept = _KeptCopy(doc["id"], self.version, len(self.files) + len(self.tombstones))
         if checkpoint:
             doc["log"]["checkpoint_version"] = self.version
         if later:
             self._writing.append(_in_background(self._copy.write, doc))
         else:
             self._copy.write(doc)
+
+    def _keep_commit(self, lines: list[dict], *, checkpoint: bool) -> None:
+        """After this process's commit of ``lines`` (its actions) at the replay's version: its
+        entry appended to the local copy's journal, on the checksums' thread, when the copy
+        this process wrote is at the version before and its journal stays within
+        :data:`JOURNAL_COMMITS` entries and the document's own number of actions (so a process
+        opening the table replays at most twice the document, and what is written over a run
+        is at most about twice what it commits); else (and at a checkpoint) the copy written
+        whole, as :meth:`_keep` does."""
+        if self._copy is None:
+            return
+        k = self._kept
+        if (checkpoint or not self._tag or k is None or k.version != self.version - 1
+                or k.entries >= JOURNAL_COMMITS or k.journal_actions + len(lines) > k.size):
+            self._keep(later=True, checkpoint=checkpoint)
+            return
+        entry = {"copy": k.id, "version": self.version, "tag": self._tag, "actions": lines}
+        self._writing.append(_in_background(self._copy.append, entry))
+        self._kept = _KeptCopy(k.id, self.version, k.size, k.entries + 1, k.journal_actions + len(lines))
 
     def replay_state(self) -> dict:
         """What the replay holds, as JSON values (what the local copy keeps): ``version``,
@@ -367,21 +425,11 @@ class OwnedLog:
         return True
 
     def _replay(self, version: int, actions: list[dict]) -> None:
-        info, txns, changed, removed = {}, {}, False, []
         for a in actions:
             for kind, action in a.items():
-                if kind == "commitInfo":
-                    info = action
-                    continue
-                self._apply(kind, action)
-                if kind == "txn":
-                    txns[action["appId"]] = int(action["version"])
-                elif kind in ("add", "remove") and action.get("dataChange", True):
-                    changed = True
-                if kind == "remove":
-                    removed.append(action["path"])
-        ts = int(info.get("inCommitTimestamp") or info.get("timestamp") or 0)
-        self.commits[version] = CommitInfo(version, ts, info, txns, changed, tuple(removed))
+                if kind != "commitInfo":
+                    self._apply(kind, action)
+        self.commits[version] = commit_info(version, actions)
         for v in sorted(self.commits)[:-64]:
             del self.commits[v]
         self.version = version
@@ -469,7 +517,7 @@ class OwnedLog:
             self._tag = tag
             if self.checksums:
                 self._writing.append(_in_background(self._write_checksum, self.version, self.checksum()))
-            self._keep(later=True, checkpoint=self._maybe_checkpoint())
+            self._keep_commit(lines, checkpoint=self._maybe_checkpoint())
             return version
         raise ConflictingCommit(f"{self.path}: the versions after {self.version} keep being taken by other writers")
 
@@ -589,6 +637,40 @@ def settle() -> None:
         pending = list(_PENDING)
     for f in pending:
         f.result()   # (its function logs its own failures)
+
+
+def commit_info(version: int, actions: list[dict]) -> CommitInfo:
+    """What the commit of ``actions`` (its file's lines, each ``{kind: action}``) at
+    ``version`` says (:class:`CommitInfo`)."""
+    info, txns, changed, removed = {}, {}, False, []
+    for a in actions:
+        for kind, action in a.items():
+            if kind == "commitInfo":
+                info = action
+            elif kind == "txn":
+                txns[action["appId"]] = int(action["version"])
+            elif kind in ("add", "remove"):
+                changed = changed or action.get("dataChange", True)
+                if kind == "remove":
+                    removed.append(action["path"])
+    ts = int(info.get("inCommitTimestamp") or info.get("timestamp") or 0)
+    return CommitInfo(version, ts, info, txns, bool(changed), tuple(removed))
+
+
+def _journal_chain(kept: dict, journal: list[dict]) -> tuple[list[dict], int, str]:
+    """The entries of local copy ``kept``'s ``journal`` that replay on top of it (its own, in
+    consecutive versions from the one after its replay's; an entry of another copy, which a
+    process still holding that copy appended after this one replaced it, is passed over), and
+    the version and write tag they reach."""
+    version, tag, entries = int(kept["log"]["version"]), kept["tag"], []
+    for e in journal:
+        if e.get("copy") != kept["id"]:
+            continue
+        if int(e["version"]) != version + 1:
+            break
+        entries.append(e)
+        version, tag = version + 1, e["tag"]
+    return entries, version, tag
 
 
 def _versions(listed: list[tuple[str, str | None]], after: int) -> list[int]:
