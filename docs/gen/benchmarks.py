@@ -612,6 +612,20 @@ def crash_campaign() -> str:
     return out + table(cols, sorted(recs, key=lambda r: r["date"], reverse=True))
 
 
+def log_copy() -> str:
+    recs = load("log_copy.jsonl")
+    cols = [Col("commit", "commit"), Col("tombstones", "tombstones"), Col("live files", "files"),
+            Col("commit median / p90 ms", lambda r: f"{num(r['commit_median_ms'])} / {num(r['commit_p90_ms'])}"),
+            Col("open from copy ms", "open_from_copy_ms"), Col("open from checkpoint ms", "open_from_checkpoint_ms"),
+            Col("copy bytes", "copy_bytes")]
+    r = recs[-1] if recs else {}
+    return (sources_line("log_copy.jsonl")
+            + "## Runs\n\nEach row the code of its commit (a day's runs alternated the commits, base and new).\n\n"
+            + f"- **Machine:** {r.get('machine', 'not recorded')}\n"
+            + f"- **Command:** `.venv/bin/python {r.get('command')}`\n\n"
+            + table(cols, recs))
+
+
 def long_run() -> str:
     recs = load("long_run.jsonl")
     windows = [r for r in recs if "window_min" in r]
@@ -836,6 +850,9 @@ BENCHMARKS = [
               ("autoscale_load_step.json", "autoscale_load_step_cluster.json")),
     Benchmark("long_run", "A long continuous run", "memory, state and logs of a continuous model over half an hour",
               "Deployment", long_run, ("long_run.jsonl",)),
+    Benchmark("log_copy", "A commit against a week of tombstones",
+              "a target's commit and open as its log's removed files grow", "Deployment", log_copy,
+              ("log_copy.jsonl",)),
     Benchmark("kafka_catch_up", "Debezium on Kafka: catch-up against Flink SQL",
               "the same query over the same topics, both answers checked", "Sources", kafka_catch_up,
               ("kafka_catch_up.jsonl",)),
