@@ -659,8 +659,22 @@ def long_run() -> str:
                                 ("state rows, highest sample", summary.get("state_rows_highest_sample")),
                                 ("last version equals batch evaluation",
                                  summary.get("last_version_equals_batch_evaluation"))])
+    later = [r for r in recs if r.get("summary") and r is not summary]
+    if later:
+        cols = [Col("date", "date"), Col("commit", "commit"), Col("command", lambda r: f"`{r.get('command')}`"),
+                Col("micro-batches", "micro_batches"),
+                Col("batch s, first / last 5 min",
+                    lambda r: f"{num(r.get('batch_s_first_5_min'))} / {num(r.get('batch_s_last_5_min'))}"),
+                Col("state commit s, first / last 100 batches",
+                    lambda r: f"{num(r.get('commit_state_s_first_100_batches'))} / "
+                              f"{num(r.get('commit_state_s_last_100_batches'))}"),
+                Col("state rows (range)", lambda r: r.get("state_rows_range")),
+                Col("driver RSS last / first", "driver_rss_ratio_last_to_first"),
+                Col("last version equals batch evaluation", "last_version_equals_batch_evaluation"),
+                Col("note", "note")]
+        out += "\n## Later runs, newest first\n\n" + table(cols, list(reversed(later)))
     if (RESULTS / "long_run.png").exists():
-        out += "\n![The long run: memory, batch time, state and logs over time](long_run.png)\n"
+        out += ("\n![The long run: memory, batch time, state and logs over time (the newest run)](long_run.png)\n")
     return out
 
 
