@@ -9,13 +9,15 @@ import shutil
 import time
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from consistent_stream import storage
 from consistent_stream.delta import DeltaTableRef, Txn
 from consistent_stream.delta.files import write_arrow
-from consistent_stream.delta.log import MAX_BEHIND, OwnedLog, log_path, settle
+from consistent_stream.delta.log import (CHECKPOINT_SCHEMA, MAX_BEHIND, OwnedLog, checkpoint_table, file_key, log_path,
+                                         settle)
 from consistent_stream.local_cache import Kept
 from consistent_stream.errors import CommitError
 
@@ -176,9 +178,8 @@ def test_a_log_reopened_from_its_local_copy_equals_one_replayed_from_the_table(t
                  "deletionTimestamp": int(time.time() * 1000)} for p in list(writer.files)[:1]]
         writer.commit([_add(new)], gone, txn=("q", batch), info={"operation": "WRITE"})
     writer.flush()   # (a commit's copy is written on the checksums' thread)
-    assert OwnedLog(root, copy=True).kept_head().version == 4   # (its journal's entry)
-    # (written whole at the checkpoint after the commit at 3)
-    assert copy.read()["log"]["version"] == copy.read()["log"]["checkpoint_version"] == 3
+    assert OwnedLog(root, copy=True).kept_head().version == 4
+    assert copy.read()["log"]["checkpoint_version"] == 3   # (the checkpoint written after the commit at 3)
 
     reopened = _replay(root, copy=True, from_copy=True)
     same(reopened, _replay(root, copy=False))
@@ -233,7 +234,7 @@ def test_tombstones_past_their_retention_leave_the_replay_at_a_checkpoint(tmp_pa
     writer.commit([_add(_file(root, "a", [40]))], [], txn=("q", 4), info={"operation": "WRITE"})   # checkpoint at 4
     writer.flush()
     assert [r["deletionTimestamp"] for r in writer.tombstones.values()] == [now_ms]
-    assert len(Kept("delta-logs", root).read()["log"]["tombstones"]) == 1
+    assert len(_replay(root, copy=True, from_copy=True).tombstones) == 1   # (the copy's journal says so)
     from_checkpoint = _replay(root, copy=False)
     assert from_checkpoint.checkpoint_version == 4
     assert set(from_checkpoint.tombstones) == set(writer.tombstones)
@@ -248,7 +249,7 @@ def test_a_commit_appends_to_the_local_copys_journal_and_a_reopened_log_replays_
     monkeypatch.setenv("CONSISTENT_STREAM_CACHE_DIR", str(tmp_path / "cache"))
     root = str(tmp_path / "target")
     ref = DeltaTableRef(root, own_log=True)
-    _commit(ref, [_file(root, "a", [i]) for i in range(20)], [], 0, configuration={"delta.checkpointInterval": "1000"})
+    _commit(ref, [_file(root, "a", [i]) for i in range(80)], [], 0, configuration={"delta.checkpointInterval": "1000"})
     writer = OwnedLog(root, copy=True)
     assert writer.load()
     copy = Kept("delta-logs", root)
@@ -298,3 +299,123 @@ def test_a_commit_appends_to_the_local_copys_journal_and_a_reopened_log_replays_
     writer.flush()
     assert copy.read()["log"]["version"] == 7 and copy.read_journal() == []
     same(_replay(root, copy=True, from_copy=True), _replay(root, copy=False))
+
+
+def test_a_checkpoint_table_holds_every_action_as_the_log_does():
+    """The checkpoint's columns, built field by field, hold what Arrow builds from the actions
+    row by row: maps as pairs, a deletion vector, tags, a protocol with table features, the
+    fields a commit leaves out as NULLs, a field the schema does not know left out."""
+    dv = {"storageType": "u", "pathOrInlineDv": "ab^-aqEH.-t@S}K{vb[*k^", "offset": 1, "sizeInBytes": 36,
+          "cardinality": 2}
+    protocol = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"],
+                "writerFeatures": ["appendOnly", "invariants", "deletionVectors"]}
+    metadata = {"id": "m", "format": {"provider": "parquet", "options": {}}, "schemaString": "{}",
+                "partitionColumns": ["p"], "configuration": {"delta.checkpointInterval": "4"}, "createdTime": 7}
+    txns = [{"appId": "q", "version": 3, "lastUpdated": 9}, {"appId": "r", "version": 1}]
+    files = [{"path": "p=1/a.parquet", "partitionValues": {"p": "1"}, "size": 10, "modificationTime": 1,
+              "dataChange": True, "stats": '{"numRecords":2}', "tags": {"t": "x"}, "deletionVector": dv},
+             {"path": "b.parquet", "partitionValues": {}, "size": 11, "modificationTime": 2, "dataChange": False,
+              "baseRowId": 5}]
+    tombstones = [{"path": "c.parquet", "deletionTimestamp": 5, "dataChange": True},
+                  {"path": "p=1/a.parquet", "deletionTimestamp": 6, "dataChange": True, "extendedFileMetadata": True,
+                   "partitionValues": {"p": "1"}, "size": 10, "deletionVector": dict(dv, offset=None)}]
+
+    def pairs(action: dict, *names: str) -> dict:
+        return {k: (list(v.items()) if k in names and isinstance(v, dict) else v) for k, v in action.items()}
+    rows = ([{"protocol": protocol}, {"metaData": {**pairs(metadata, "configuration"),
+                                                  "format": {"provider": "parquet", "options": []}}}]
+            + [{"txn": t} for t in txns] + [{"add": pairs(a, "partitionValues", "tags")} for a in files]
+            + [{"remove": pairs(r, "partitionValues")} for r in tombstones])
+    want = pa.Table.from_pylist(rows, schema=CHECKPOINT_SCHEMA)
+    got = checkpoint_table(protocol, metadata, txns, files, tombstones)
+    assert got.schema == CHECKPOINT_SCHEMA and got.to_pylist() == want.to_pylist()
+
+
+def test_a_checkpoint_is_an_entry_of_the_local_copys_journal(tmp_path, monkeypatch):
+    """A commit that writes a checkpoint adds an entry to the journal too (the copy is not
+    written whole at every checkpoint, every four commits on an object store), with the floor
+    below which the checkpoint dropped tombstones: a log reopened from the copy drops them too
+    (at the last checkpoint's entry alone, the floors never falling) and holds what the replay
+    from the checkpoint holds, an old tombstone made after the last checkpoint kept."""
+    monkeypatch.setenv("CONSISTENT_STREAM_CACHE_DIR", str(tmp_path / "cache"))
+    root = str(tmp_path / "target")
+    ref = DeltaTableRef(root, own_log=True)
+    _commit(ref, [_file(root, "a", [i]) for i in range(90)], [], 0, configuration={
+        "delta.checkpointInterval": "2", "delta.deletedFileRetentionDuration": "interval 1 hours"})
+    writer = OwnedLog(root, copy=True)
+    assert writer.load()
+    copy = Kept("delta-logs", root)
+    document = copy.file.read_bytes()
+    now_ms = int(time.time() * 1000)
+    old_ms, removed = 3 * 3600_000, []
+    for n, age_ms in zip(range(1, 6), (old_ms, 0, old_ms, 0, old_ms)):   # removed 3 h ago or just now
+        gone = [{"path": list(writer.files)[0], "dataChange": True, "deletionTimestamp": now_ms - age_ms}]
+        removed.append(gone[0]["path"])
+        writer.commit([_add(_file(root, "a", [100 + n]))], gone, txn=("q", n), info={"operation": "WRITE"})
+    writer.flush()
+    assert copy.file.read_bytes() == document
+    entries = copy.read_journal()
+    assert [e["version"] for e in entries] == [1, 2, 3, 4, 5]
+    assert ["checkpoint" in e for e in entries] == [False, True, False, True, False]
+    # the old ones of commits 1 and 3 expired at the checkpoints at 2 and 4; commit 5's is kept
+    assert sorted(k[0] for k in writer.tombstones) == sorted([removed[1], removed[3], removed[4]])
+    reopened = _replay(root, copy=True, from_copy=True)
+    assert reopened.checkpoint_version == 4 and set(reopened.tombstones) == set(writer.tombstones)
+    from_checkpoint = _replay(root, copy=False)
+    assert from_checkpoint.checkpoint_version == 4
+    same(reopened, from_checkpoint)
+
+
+def test_a_checkpoints_removes_built_from_the_last_one_are_the_replays_tombstones(tmp_path):
+    """The remove column a checkpoint builds from the previous checkpoint's (the rows expired or
+    replaced since dropped, the tombstones made since appended) holds exactly the replay's
+    tombstones, which equal a replay's from that checkpoint: random commits of adds, removes
+    of live and of removed files (a path removed again, a file re-added, a deletion vector's
+    remove and add), removes of several ages around the retention (some kept by one checkpoint
+    and expired by the next)."""
+    import random
+    rnd = random.Random(7)
+    root = str(tmp_path / "t")
+    os.makedirs(os.path.join(root, "_delta_log"))
+    log = OwnedLog(root, copy=False)
+    log.load()
+    meta = {"id": "m", "format": {"provider": "parquet", "options": {}}, "schemaString": "{}", "partitionColumns": [],
+            "configuration": {"delta.checkpointInterval": "2",
+                              "delta.deletedFileRetentionDuration": "interval 1 hours"}}
+    log.commit([], [], txn=None, info={}, table=[{"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+                                                  {"metaData": meta}])
+    paths = [f"f{i}.parquet" for i in range(30)]
+
+    def add(path, dv=None):
+        a = {"path": path, "partitionValues": {}, "size": 1, "modificationTime": 1, "dataChange": True}
+        return dict(a, deletionVector=dv) if dv else a
+    checkpoints = 0
+    for n in range(1, 41):
+        now = int(time.time() * 1000)
+        adds, removes = [], []
+        for path in rnd.sample(paths, 4):
+            live = log.files.get(path)
+            # (the retention less 40 ms: kept by this checkpoint, expired by the next one)
+            age = rnd.choice([0, 20 * 60_000, 3600_000 - 40, 2 * 3600_000])
+            if live is None:
+                adds.append(add(path))
+            elif rnd.random() < 0.3:   # rows of it marked deleted: its vector's remove and add
+                dv = {"storageType": "i", "pathOrInlineDv": f"v{n}{path}", "sizeInBytes": 4, "cardinality": 1}
+                removes.append({**live, "deletionTimestamp": now - age, "dataChange": True})
+                adds.append(add(path, dv))
+            else:
+                removes.append({"path": path, "deletionTimestamp": now - age, "dataChange": True,
+                                **({"deletionVector": live["deletionVector"]} if live.get("deletionVector") else {})})
+        log.commit(adds, removes, txn=("q", n), info={})
+        time.sleep(0.05)
+        if n % 2 == 0:
+            log.flush()
+            checkpoints += 1
+            written = pq.read_table(os.path.join(root, "_delta_log", f"{log.version:020d}.checkpoint.parquet"))
+            rows = [r for r in written.column("remove").to_pylist() if r is not None]
+            assert sorted((file_key(r), r["deletionTimestamp"]) for r in rows) == \
+                sorted((k, r["deletionTimestamp"]) for k, r in log.tombstones.items())
+            again = OwnedLog(root, copy=False)
+            again.load()
+            assert again.checkpoint_version == log.version and set(again.tombstones) == set(log.tombstones)
+    assert checkpoints == 20 and log._removes is not None   # (the column was kept, not built again)

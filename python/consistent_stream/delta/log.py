@@ -77,7 +77,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import local_cache, storage
@@ -168,6 +170,15 @@ CHECKPOINT_SCHEMA = pa.schema([
 ])
 """A classic checkpoint's columns (the Delta protocol, "Checkpoint Schema"): one action per
 row, the others NULL. Maps are key/value lists in Parquet, as delta-rs and delta-spark write them."""
+_REMOVE = CHECKPOINT_SCHEMA.field("remove").type
+
+
+@dataclass
+class _RemoveColumn:
+    """The ``remove`` column a checkpoint wrote (``rows``) and the tombstone keys the replay
+    assigned or dropped since (``touched``): what the next checkpoint's column is built from."""
+    rows: pa.StructArray
+    touched: set
 
 _MAP_FIELDS = {"add": ("partitionValues", "tags"), "remove": ("partitionValues",),
                "metaData": ("configuration",)}
@@ -237,6 +248,8 @@ class OwnedLog:
         self.tombstones: dict[tuple[str, str], dict] = {}   # (log path, vector id) -> remove action
         self.commits: dict[int, CommitInfo] = {}  # commits replayed from their files (not those in a checkpoint)
         self._tag: str | None = None   # the write tag of this version's commit file (None: not known)
+        self._expired_before: int | None = None   # the last checkpoint's tombstone floor (ms), for the journal
+        self._removes: _RemoveColumn | None = None   # the last checkpoint's remove column, kept for the next
         self._writing: list[Future] = []   # the last commit's checksum and checkpoint being written
 
     # ---- replay -------------------------------------------------------------------------------
@@ -316,8 +329,14 @@ class OwnedLog:
             if dict(listed).get(f"{version:020d}.json") != tag or len(_versions(listed, version)) > MAX_BEHIND:
                 return False
             self._restore(kept["log"])
-            for e in entries:
+            floors = [int(e["checkpoint"]["expired_before_ms"]) if "checkpoint" in e else None for e in entries]
+            expiring = _expiring(floors)
+            for e, floor, expire in zip(entries, floors, expiring):
                 self._replay(int(e["version"]), e["actions"])
+                if floor is not None:
+                    if expire:
+                        self._expire_tombstones(floor)
+                    self.checkpoint_version = self.version
         except (KeyError, TypeError, ValueError, AttributeError):
             self._reset()
             return False
@@ -353,18 +372,22 @@ class OwnedLog:
         """After this process's commit of ``lines`` (its actions) at the replay's version: its
         entry appended to the local copy's journal, on the checksums' thread, when the copy
         this process wrote is at the version before and its journal stays within
-        :data:`JOURNAL_COMMITS` entries and the document's own number of actions (so a process
-        opening the table replays at most twice the document, and what is written over a run
-        is at most about twice what it commits); else (and at a checkpoint) the copy written
-        whole, as :meth:`_keep` does."""
+        :data:`JOURNAL_COMMITS` entries and a quarter of the document's number of actions (so
+        a process opening the table replays little more than the document, and what is written
+        over a run is a few times what it commits); else the copy written whole, as
+        :meth:`_keep` does. With ``checkpoint`` (one of this version is being written), the entry also says
+        so, with the floor below which the checkpoint dropped tombstones
+        (:meth:`_expire_tombstones`), which a replay of the journal applies too."""
         if self._copy is None:
             return
         k = self._kept
-        if (checkpoint or not self._tag or k is None or k.version != self.version - 1
-                or k.entries >= JOURNAL_COMMITS or k.journal_actions + len(lines) > k.size):
+        if (not self._tag or k is None or k.version != self.version - 1
+                or k.entries >= JOURNAL_COMMITS or 4 * (k.journal_actions + len(lines)) > k.size):
             self._keep(later=True, checkpoint=checkpoint)
             return
         entry = {"copy": k.id, "version": self.version, "tag": self._tag, "actions": lines}
+        if checkpoint:
+            entry["checkpoint"] = {"expired_before_ms": self._expired_before}
         self._writing.append(_in_background(self._copy.append, entry))
         self._kept = _KeptCopy(k.id, self.version, k.size, k.entries + 1, k.journal_actions + len(lines))
 
@@ -392,6 +415,7 @@ class OwnedLog:
         self.txns = dict(state["txns"])
         self.files = {a["path"]: a for a in state["files"]}
         self.tombstones = {file_key(r): r for r in state["tombstones"]}
+        self._removes = None
         self.commits = {int(c["version"]): CommitInfo(**{**c, "removed": tuple(c["removed"])})
                         for c in state["commits"]}
 
@@ -434,16 +458,65 @@ class OwnedLog:
             del self.commits[v]
         self.version = version
 
+    def _expire_tombstones(self, floor_ms: int) -> None:
+        """Drop the tombstones removed before ``floor_ms`` (epoch ms), as a checkpoint of this
+        version leaves them out; the journal's entry of the commit records the floor."""
+        self.tombstones = {k: r for k, r in self.tombstones.items()
+                           if int(r.get("deletionTimestamp") or 0) >= floor_ms}
+        self._expired_before = floor_ms
+
+    def _checkpoint_removes(self, floor_ms: int) -> pa.StructArray | None:
+        """The checkpoint's ``remove`` column (None: no tombstone), the tombstones removed
+        before ``floor_ms`` dropped from it and from the replay (:meth:`_expire_tombstones`).
+        Built from the column the last checkpoint wrote, kept in memory: its rows expired or
+        replaced since dropped (Arrow's kernels over the column), the tombstones made since
+        appended; so a checkpoint's Python work is the commits' since, not the table's week of
+        tombstones (the Parquet encoding is still the whole column)."""
+        kept = self._removes
+        if kept is None:
+            self._expire_tombstones(floor_ms)
+            rows = _action_array("remove", list(self.tombstones.values()), _REMOVE) if self.tombstones else None
+        else:
+            rows, touched = kept.rows, kept.touched
+            live = pc.greater_equal(pc.fill_null(rows.field("deletionTimestamp"), 0), floor_ms)
+            if touched:   # rows whose key was replaced or dropped since: the replay holds their news
+                paths = pa.array(sorted({k[0] for k in touched}), pa.string())
+                stale = [i for i in pc.indices_nonzero(pc.is_in(rows.field("path"), value_set=paths)).to_pylist()
+                         if file_key(rows[i].as_py()) in touched]
+                if stale:
+                    keep = np.ones(len(rows), dtype=bool)
+                    keep[stale] = False
+                    live = pc.and_(live, pa.array(keep))
+            for i in pc.indices_nonzero(pc.invert(live)).to_pylist():
+                key = file_key(rows[i].as_py())
+                if key not in touched:   # (expired: its action in the replay is this row's)
+                    self.tombstones.pop(key, None)
+            since = []
+            for key in touched:
+                action = self.tombstones.get(key)
+                if action is not None and int(action.get("deletionTimestamp") or 0) < floor_ms:
+                    del self.tombstones[key]
+                elif action is not None:
+                    since.append(action)
+            rows = pa.concat_arrays([rows.filter(live)] + ([_action_array("remove", since, _REMOVE)] if since else []))
+            self._expired_before = floor_ms
+        self._removes = _RemoveColumn(rows if rows is not None else _action_array("remove", [], _REMOVE), set())
+        return rows if rows is not None and len(rows) else None
+
     def _apply(self, kind: str, action: dict) -> None:
         if kind == "add":
             self.files[action["path"]] = action
-            self.tombstones.pop(file_key(action), None)
+            key = file_key(action)
+            if self.tombstones.pop(key, None) is not None and self._removes is not None:
+                self._removes.touched.add(key)
         elif kind == "remove":
             key = file_key(action)
             live = self.files.get(action["path"])
             if live is not None and file_key(live) == key:
                 del self.files[action["path"]]
             self.tombstones[key] = action
+            if self._removes is not None:
+                self._removes.touched.add(key)
         elif kind == "txn":
             self.txns[action["appId"]] = action
         elif kind == "metaData":
@@ -582,13 +655,9 @@ class OwnedLog:
         weeks (a continuous model: a remove or two each batch) does not carry, and write to
         its local copy at every commit, every file it ever removed."""
         keep_ms = _interval_ms(self.configuration.get("delta.deletedFileRetentionDuration"), 7 * 24 * 3600 * 1000)
-        floor = int(time.time() * 1000) - keep_ms
-        self.tombstones = {k: r for k, r in self.tombstones.items() if int(r.get("deletionTimestamp") or 0) >= floor}
-        rows = [{"protocol": self.protocol}, {"metaData": _lists("metaData", self.metadata)}]
-        rows += [{"txn": t} for t in self.txns.values()]
-        rows += [{"add": _lists("add", a)} for a in self.files.values()]
-        rows += [{"remove": _lists("remove", r)} for r in self.tombstones.values()]
-        table = pa.Table.from_pylist(rows, schema=CHECKPOINT_SCHEMA)
+        removes = self._checkpoint_removes(int(time.time() * 1000) - keep_ms)
+        table = checkpoint_table(self.protocol, self.metadata, list(self.txns.values()), list(self.files.values()),
+                                 removes)
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, compression="snappy")
         buf = sink.getvalue()
@@ -657,6 +726,20 @@ def commit_info(version: int, actions: list[dict]) -> CommitInfo:
     return CommitInfo(version, ts, info, txns, bool(changed), tuple(removed))
 
 
+def _expiring(floors: list[int | None]) -> list[bool]:
+    """Which of a journal's checkpoint entries (their tombstone floors, None for the other
+    entries) a replay of it must expire tombstones at: when the floors never fall (the
+    retention was not raised in between), the last one's alone: each expiry's survivors are
+    then a superset of the last's, and a tombstone made after an entry is subject to the
+    floors after it only, so the last expiry drops what all of them would (each one is a pass
+    over every tombstone)."""
+    given = [f for f in floors if f is not None]
+    if given != sorted(given):
+        return [f is not None for f in floors]
+    last = max((i for i, f in enumerate(floors) if f is not None), default=-1)
+    return [i == last for i in range(len(floors))]
+
+
 def _journal_chain(kept: dict, journal: list[dict]) -> tuple[list[dict], int, str]:
     """The entries of local copy ``kept``'s ``journal`` that replay on top of it (its own, in
     consecutive versions from the one after its replay's; an entry of another copy, which a
@@ -700,19 +783,48 @@ def _dicts(kind: str, action: dict) -> dict:
     return out
 
 
-def _lists(kind: str, action: dict) -> dict:
-    """An action with its maps as pair lists (how Arrow builds a map column)."""
-    out = dict(action)
-    for name in _MAP_FIELDS.get(kind, ()):
-        if isinstance(out.get(name), dict):
-            out[name] = list(out[name].items())
-    if kind == "add":
-        out.setdefault("partitionValues", [])
-    if kind == "metaData":
-        fmt = out.get("format") or {"provider": "parquet"}
-        out["format"] = {**fmt, "options": list((fmt.get("options") or {}).items())}
-        out.setdefault("configuration", [])
-    return out
+def _pairs(value) -> list | None:
+    """A map value as the key/value pairs Arrow builds a map column from."""
+    return list(value.items()) if isinstance(value, dict) else value
+
+
+def _action_array(kind: str, actions: list[dict], typ: pa.StructType) -> pa.StructArray:
+    """The ``kind`` actions as one struct column of a checkpoint (:data:`CHECKPOINT_SCHEMA`),
+    built field by field (a week of tombstones is tens of thousands of rows: building them
+    row by row costs several times as much): maps as key/value pairs, fields the protocol
+    requires given their empty values (an ``add``'s partition values, a ``metaData``'s
+    configuration and format), fields the schema does not know left out."""
+    children = []
+    for f in typ:
+        values = [a.get(f.name) for a in actions]
+        if f.name in _MAP_FIELDS.get(kind, ()):
+            required = (kind, f.name) in (("add", "partitionValues"), ("metaData", "configuration"))
+            values = [[] if v is None and required else _pairs(v) for v in values]
+        elif kind == "metaData" and f.name == "format":
+            values = [{**(v or {"provider": "parquet"}), "options": _pairs((v or {}).get("options")) or []}
+                      for v in values]
+        children.append(pa.array(values, type=f.type))
+    return pa.StructArray.from_arrays(children, fields=list(typ))
+
+
+def checkpoint_table(protocol: dict, metadata: dict, txns: list[dict], files: list[dict],
+                     tombstones: list[dict] | pa.StructArray | None) -> pa.Table:
+    """A classic checkpoint's rows (:data:`CHECKPOINT_SCHEMA`, one action a row, the others
+    NULL): the ``protocol``, the ``metadata``, then the ``txn``, ``add`` (``files``) and
+    ``remove`` (``tombstones``, or their column built already) actions, as the log holds them
+    (maps as dicts). (A NULL action
+    has its required fields filled with empty values, as Arrow builds it from None: Parquet's
+    writer refuses NULLs in a required field, even under a NULL struct.)"""
+    parts = []
+    for kind, actions in (("protocol", [protocol]), ("metaData", [metadata]), ("txn", txns), ("add", files),
+                          ("remove", tombstones)):
+        if actions is not None and len(actions):
+            n = len(actions)
+            column = actions if isinstance(actions, pa.Array) else None
+            parts.append(pa.Table.from_arrays(
+                [(column if column is not None else _action_array(kind, actions, f.type)) if f.name == kind
+                 else pa.array([None] * n, type=f.type) for f in CHECKPOINT_SCHEMA], schema=CHECKPOINT_SCHEMA))
+    return pa.concat_tables(parts).combine_chunks()
 
 
 _UNITS_MS = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000,
