@@ -615,14 +615,17 @@ def crash_campaign() -> str:
 def log_copy() -> str:
     recs = load("log_copy.jsonl")
     cols = [Col("commit", "commit"), Col("tombstones", "tombstones"), Col("live files", "files"),
-            Col("commit median / p90 ms", lambda r: f"{num(r['commit_median_ms'])} / {num(r['commit_p90_ms'])}"),
+            Col("checkpoint every", lambda r: r.get("checkpoint_interval", 100)),
+            Col("commit median / p90 / mean ms",
+                lambda r: f"{num(r['commit_median_ms'])} / {num(r['commit_p90_ms'])} / {num(r.get('commit_mean_ms'))}"),
             Col("open from copy ms", "open_from_copy_ms"), Col("open from checkpoint ms", "open_from_checkpoint_ms"),
             Col("copy bytes", "copy_bytes")]
     r = recs[-1] if recs else {}
     return (sources_line("log_copy.jsonl")
-            + "## Runs\n\nEach row the code of its commit (a day's runs alternated the commits, base and new).\n\n"
-            + f"- **Machine:** {r.get('machine', 'not recorded')}\n"
-            + f"- **Command:** `.venv/bin/python {r.get('command')}`\n\n"
+            + "## Runs\n\nEach row the code of its commit (a day's runs alternated the commits, base and new); "
+            + "the command is `.venv/bin/python benchmarks/log_copy.py --tombstones 1000 10000 86400` with "
+            + "`--checkpoint-interval` the row's when it is not 100.\n\n"
+            + f"- **Machine:** {r.get('machine', 'not recorded')}\n\n"
             + table(cols, recs))
 
 
