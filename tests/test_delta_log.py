@@ -16,8 +16,8 @@ from deltalake import DeltaTable, write_deltalake
 from consistent_stream import storage
 from consistent_stream.delta import DeltaTableRef, Txn
 from consistent_stream.delta.files import write_arrow
-from consistent_stream.delta.log import (CHECKPOINT_SCHEMA, MAX_BEHIND, OwnedLog, checkpoint_table, file_key, log_path,
-                                         settle)
+from consistent_stream.delta.checkpoint_rows import CHECKPOINT_SCHEMA, checkpoint_table, file_key
+from consistent_stream.delta.log import MAX_BEHIND, OwnedLog, log_path, settle
 from consistent_stream.local_cache import Kept
 from consistent_stream.errors import CommitError
 

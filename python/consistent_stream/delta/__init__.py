@@ -12,13 +12,14 @@ as Parquet files written by Spark's executors (committed by delta-rs as add acti
 :mod:`.files`) or, when change-sized, as Arrow for a delta-rs MERGE. Tables written this way
 are standard Delta tables that delta-spark, DuckDB or Trino read unchanged.
 
-The modules: :mod:`.values` (what the interface takes and gives), :mod:`.snapshot` (one
-version of a table as an immutable value, and its read plan), :mod:`.reader` (the snapshots,
-commits and rows of a table), :mod:`.changes` (its Change Data Feed), :mod:`.committer` (its
-idempotent commits), :mod:`.deltars` (:class:`DeltaTableRef`, the reader and the committer
-as one face), :mod:`.log` (the replayed logs), :mod:`.tail` (a source's log read from a
-version on), :mod:`.log_changes` (a range's change from its log), :mod:`.files` (data files
-written and read), :mod:`.deletion_vectors` (the deletion vector format, read and written).
+The modules: :mod:`.values` (what the interface takes and gives), :mod:`.snapshot` (one version
+of a table as an immutable value, and its read plan), :mod:`.reader` (the snapshots, commits
+and rows of a table), :mod:`.changes` (its Change Data Feed), :mod:`.committer` (its idempotent
+commits), :mod:`.deltars` (:class:`DeltaTableRef`, the reader and the committer as one face),
+:mod:`.log` (the replayed logs), :mod:`.checkpoint_rows` (their checkpoints' rows),
+:mod:`.tail` (a source's log read from a version on), :mod:`.log_changes` (a range's change
+from its log), :mod:`.files` (data files written and read), :mod:`.deletion_vectors` (the
+deletion vector format, read and written).
 """
 from deltalake.exceptions import DeltaError  # noqa: F401  (what delta-rs raises for a table it cannot read)
 

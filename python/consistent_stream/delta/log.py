@@ -77,12 +77,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import local_cache, storage
+from .checkpoint_rows import RemoveColumn, checkpoint_actions, checkpoint_table, expire, file_key, next_removes
 
 log = logging.getLogger("consistent_stream")
 
@@ -139,49 +138,6 @@ class ConflictingCommit(Exception):
     or a transaction of the committing app: the commit was not made."""
 
 
-def _map(t: pa.DataType | None = None) -> pa.DataType:
-    """A map from strings to ``t`` (default: strings)."""
-    return pa.map_(pa.string(), pa.string() if t is None else t)
-
-
-_STRINGS = pa.list_(pa.field("element", pa.string(), nullable=False))
-_DV = pa.struct([pa.field("storageType", pa.string(), False), pa.field("pathOrInlineDv", pa.string(), False),
-                 ("offset", pa.int32()), pa.field("sizeInBytes", pa.int32(), False),
-                 pa.field("cardinality", pa.int64(), False)])
-CHECKPOINT_SCHEMA = pa.schema([
-    ("txn", pa.struct([pa.field("appId", pa.string(), False), pa.field("version", pa.int64(), False),
-                       ("lastUpdated", pa.int64())])),
-    ("add", pa.struct([pa.field("path", pa.string(), False), pa.field("partitionValues", _map(), False),
-                       pa.field("size", pa.int64(), False), pa.field("modificationTime", pa.int64(), False),
-                       pa.field("dataChange", pa.bool_(), False), ("stats", pa.string()), ("tags", _map()),
-                       ("deletionVector", _DV)])),
-    ("remove", pa.struct([pa.field("path", pa.string(), False), ("deletionTimestamp", pa.int64()),
-                          pa.field("dataChange", pa.bool_(), False), ("extendedFileMetadata", pa.bool_()),
-                          ("partitionValues", _map()), ("size", pa.int64()), ("deletionVector", _DV)])),
-    ("metaData", pa.struct([pa.field("id", pa.string(), False), ("name", pa.string()), ("description", pa.string()),
-                            pa.field("format", pa.struct([pa.field("provider", pa.string(), False),
-                                                          pa.field("options", _map(), False)]), False),
-                            pa.field("schemaString", pa.string(), False),
-                            pa.field("partitionColumns", _STRINGS, False), ("createdTime", pa.int64()),
-                            pa.field("configuration", _map(), False)])),
-    ("protocol", pa.struct([pa.field("minReaderVersion", pa.int32(), False),
-                            pa.field("minWriterVersion", pa.int32(), False),
-                            ("readerFeatures", _STRINGS), ("writerFeatures", _STRINGS)])),
-])
-"""A classic checkpoint's columns (the Delta protocol, "Checkpoint Schema"): one action per
-row, the others NULL. Maps are key/value lists in Parquet, as delta-rs and delta-spark write them."""
-_REMOVE = CHECKPOINT_SCHEMA.field("remove").type
-
-
-@dataclass
-class _RemoveColumn:
-    """The ``remove`` column a checkpoint wrote (``rows``) and the tombstone keys the replay
-    assigned or dropped since (``touched``): what the next checkpoint's column is built from."""
-    rows: pa.StructArray
-    touched: set
-
-_MAP_FIELDS = {"add": ("partitionValues", "tags"), "remove": ("partitionValues",),
-               "metaData": ("configuration",)}
 _SAFE_PATH = re.compile(r"[A-Za-z0-9_\-./=]+")
 
 
@@ -249,7 +205,7 @@ class OwnedLog:
         self.commits: dict[int, CommitInfo] = {}  # commits replayed from their files (not those in a checkpoint)
         self._tag: str | None = None   # the write tag of this version's commit file (None: not known)
         self._expired_before: int | None = None   # the last checkpoint's tombstone floor (ms), for the journal
-        self._removes: _RemoveColumn | None = None   # the last checkpoint's remove column, kept for the next
+        self._removes: RemoveColumn | None = None   # the last checkpoint's remove column, kept for the next
         self._writing: list[Future] = []   # the last commit's checksum and checkpoint being written
 
     # ---- replay -------------------------------------------------------------------------------
@@ -424,14 +380,11 @@ class OwnedLog:
                  [f"{version:020d}.checkpoint.{i:010d}.{int(parts):010d}.parquet" for i in range(1, int(parts) + 1)])
         blobs = storage.read_many([f"{self.log_dir}/{n}" for n in names], "delta-log")
         for blob in blobs:
-            table = pq.read_table(pa.BufferReader(blob))
-            if "sidecar" in table.column_names and table.column("sidecar").null_count < table.num_rows:
-                raise UnsupportedLog("a v2 checkpoint with sidecars")
-            cols = [c for c in ("protocol", "metaData", "txn", "add", "remove") if c in table.column_names]
-            for row in table.select(cols).to_pylist():
-                for kind, action in row.items():
-                    if action is not None:
-                        self._apply(kind, _dicts(kind, action))
+            try:
+                for kind, action in checkpoint_actions(pq.read_table(pa.BufferReader(blob))):
+                    self._apply(kind, action)
+            except ValueError as e:
+                raise UnsupportedLog(str(e)) from None
         self.checkpoint_version = self.version = version
 
     def _read_commits(self, listed: list[tuple[str, str | None]]) -> bool:
@@ -461,47 +414,8 @@ class OwnedLog:
     def _expire_tombstones(self, floor_ms: int) -> None:
         """Drop the tombstones removed before ``floor_ms`` (epoch ms), as a checkpoint of this
         version leaves them out; the journal's entry of the commit records the floor."""
-        self.tombstones = {k: r for k, r in self.tombstones.items()
-                           if int(r.get("deletionTimestamp") or 0) >= floor_ms}
+        expire(self.tombstones, floor_ms)
         self._expired_before = floor_ms
-
-    def _checkpoint_removes(self, floor_ms: int) -> pa.StructArray | None:
-        """The checkpoint's ``remove`` column (None: no tombstone), the tombstones removed
-        before ``floor_ms`` dropped from it and from the replay (:meth:`_expire_tombstones`).
-        Built from the column the last checkpoint wrote, kept in memory: its rows expired or
-        replaced since dropped (Arrow's kernels over the column), the tombstones made since
-        appended; so a checkpoint's Python work is the commits' since, not the table's week of
-        tombstones (the Parquet encoding is still the whole column)."""
-        kept = self._removes
-        if kept is None:
-            self._expire_tombstones(floor_ms)
-            rows = _action_array("remove", list(self.tombstones.values()), _REMOVE) if self.tombstones else None
-        else:
-            rows, touched = kept.rows, kept.touched
-            live = pc.greater_equal(pc.fill_null(rows.field("deletionTimestamp"), 0), floor_ms)
-            if touched:   # rows whose key was replaced or dropped since: the replay holds their news
-                paths = pa.array(sorted({k[0] for k in touched}), pa.string())
-                stale = [i for i in pc.indices_nonzero(pc.is_in(rows.field("path"), value_set=paths)).to_pylist()
-                         if file_key(rows[i].as_py()) in touched]
-                if stale:
-                    keep = np.ones(len(rows), dtype=bool)
-                    keep[stale] = False
-                    live = pc.and_(live, pa.array(keep))
-            for i in pc.indices_nonzero(pc.invert(live)).to_pylist():
-                key = file_key(rows[i].as_py())
-                if key not in touched:   # (expired: its action in the replay is this row's)
-                    self.tombstones.pop(key, None)
-            since = []
-            for key in touched:
-                action = self.tombstones.get(key)
-                if action is not None and int(action.get("deletionTimestamp") or 0) < floor_ms:
-                    del self.tombstones[key]
-                elif action is not None:
-                    since.append(action)
-            rows = pa.concat_arrays([rows.filter(live)] + ([_action_array("remove", since, _REMOVE)] if since else []))
-            self._expired_before = floor_ms
-        self._removes = _RemoveColumn(rows if rows is not None else _action_array("remove", [], _REMOVE), set())
-        return rows if rows is not None and len(rows) else None
 
     def _apply(self, kind: str, action: dict) -> None:
         if kind == "add":
@@ -655,9 +569,11 @@ class OwnedLog:
         weeks (a continuous model: a remove or two each batch) does not carry, and write to
         its local copy at every commit, every file it ever removed."""
         keep_ms = _interval_ms(self.configuration.get("delta.deletedFileRetentionDuration"), 7 * 24 * 3600 * 1000)
-        removes = self._checkpoint_removes(int(time.time() * 1000) - keep_ms)
+        floor_ms = int(time.time() * 1000) - keep_ms
+        self._removes = next_removes(self.tombstones, floor_ms, self._removes)
+        self._expired_before = floor_ms
         table = checkpoint_table(self.protocol, self.metadata, list(self.txns.values()), list(self.files.values()),
-                                 removes)
+                                 self._removes.rows)
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, compression="snappy")
         buf = sink.getvalue()
@@ -760,71 +676,6 @@ def _versions(listed: list[tuple[str, str | None]], after: int) -> list[int]:
     """The commit versions after ``after`` among log file names ``listed`` (name, tag), in order."""
     return sorted(v for v in (int(n[:20]) for n, _ in listed if len(n) == 25 and n.endswith(".json")
                               and n[:20].isdigit()) if v > after)
-
-
-def file_key(action: dict) -> tuple[str, str]:
-    """The key the protocol reconciles an ``add`` or ``remove`` by: its path and its deletion
-    vector's ``uniqueId`` ("" without one)."""
-    dv = action.get("deletionVector")
-    if not dv:
-        return action["path"], ""
-    offset = dv.get("offset")
-    return action["path"], dv["storageType"] + dv["pathOrInlineDv"] + ("" if offset is None else f"@{offset}")
-
-
-def _dicts(kind: str, action: dict) -> dict:
-    """A checkpoint row's action with its maps as dicts (Arrow reads maps as pair lists)."""
-    out = dict(action)
-    for name in _MAP_FIELDS.get(kind, ()):
-        if isinstance(out.get(name), list):
-            out[name] = dict(out[name])
-    if kind == "metaData" and isinstance((out.get("format") or {}).get("options"), list):
-        out["format"] = {**out["format"], "options": dict(out["format"]["options"])}
-    return out
-
-
-def _pairs(value) -> list | None:
-    """A map value as the key/value pairs Arrow builds a map column from."""
-    return list(value.items()) if isinstance(value, dict) else value
-
-
-def _action_array(kind: str, actions: list[dict], typ: pa.StructType) -> pa.StructArray:
-    """The ``kind`` actions as one struct column of a checkpoint (:data:`CHECKPOINT_SCHEMA`),
-    built field by field (a week of tombstones is tens of thousands of rows: building them
-    row by row costs several times as much): maps as key/value pairs, fields the protocol
-    requires given their empty values (an ``add``'s partition values, a ``metaData``'s
-    configuration and format), fields the schema does not know left out."""
-    children = []
-    for f in typ:
-        values = [a.get(f.name) for a in actions]
-        if f.name in _MAP_FIELDS.get(kind, ()):
-            required = (kind, f.name) in (("add", "partitionValues"), ("metaData", "configuration"))
-            values = [[] if v is None and required else _pairs(v) for v in values]
-        elif kind == "metaData" and f.name == "format":
-            values = [{**(v or {"provider": "parquet"}), "options": _pairs((v or {}).get("options")) or []}
-                      for v in values]
-        children.append(pa.array(values, type=f.type))
-    return pa.StructArray.from_arrays(children, fields=list(typ))
-
-
-def checkpoint_table(protocol: dict, metadata: dict, txns: list[dict], files: list[dict],
-                     tombstones: list[dict] | pa.StructArray | None) -> pa.Table:
-    """A classic checkpoint's rows (:data:`CHECKPOINT_SCHEMA`, one action a row, the others
-    NULL): the ``protocol``, the ``metadata``, then the ``txn``, ``add`` (``files``) and
-    ``remove`` (``tombstones``, or their column built already) actions, as the log holds them
-    (maps as dicts). (A NULL action
-    has its required fields filled with empty values, as Arrow builds it from None: Parquet's
-    writer refuses NULLs in a required field, even under a NULL struct.)"""
-    parts = []
-    for kind, actions in (("protocol", [protocol]), ("metaData", [metadata]), ("txn", txns), ("add", files),
-                          ("remove", tombstones)):
-        if actions is not None and len(actions):
-            n = len(actions)
-            column = actions if isinstance(actions, pa.Array) else None
-            parts.append(pa.Table.from_arrays(
-                [(column if column is not None else _action_array(kind, actions, f.type)) if f.name == kind
-                 else pa.array([None] * n, type=f.type) for f in CHECKPOINT_SCHEMA], schema=CHECKPOINT_SCHEMA))
-    return pa.concat_tables(parts).combine_chunks()
 
 
 _UNITS_MS = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000,
