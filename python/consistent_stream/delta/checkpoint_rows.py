@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+
 def _map(t: pa.DataType | None = None) -> pa.DataType:
     """A map from strings to ``t`` (default: strings)."""
     return pa.map_(pa.string(), pa.string() if t is None else t)

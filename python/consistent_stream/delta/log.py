@@ -286,11 +286,10 @@ class OwnedLog:
                 return False
             self._restore(kept["log"])
             floors = [int(e["checkpoint"]["expired_before_ms"]) if "checkpoint" in e else None for e in entries]
-            expiring = _expiring(floors)
-            for e, floor, expire in zip(entries, floors, expiring):
+            for e, floor, due in zip(entries, floors, _expiring(floors)):
                 self._replay(int(e["version"]), e["actions"])
                 if floor is not None:
-                    if expire:
+                    if due:
                         self._expire_tombstones(floor)
                     self.checkpoint_version = self.version
         except (KeyError, TypeError, ValueError, AttributeError):
@@ -331,8 +330,8 @@ class OwnedLog:
         :data:`JOURNAL_COMMITS` entries and a quarter of the document's number of actions (so
         a process opening the table replays little more than the document, and what is written
         over a run is a few times what it commits); else the copy written whole, as
-        :meth:`_keep` does. With ``checkpoint`` (one of this version is being written), the entry also says
-        so, with the floor below which the checkpoint dropped tombstones
+        :meth:`_keep` does. With ``checkpoint`` (one of this version is being written), the
+        entry also says so, with the floor below which the checkpoint dropped tombstones
         (:meth:`_expire_tombstones`), which a replay of the journal applies too."""
         if self._copy is None:
             return
