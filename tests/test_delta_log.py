@@ -244,8 +244,8 @@ def test_a_commit_appends_to_the_local_copys_journal_and_a_reopened_log_replays_
     """A commit adds its actions to the local copy's journal instead of writing the whole replay
     again (a long run's target holds a week of tombstones); a log reopened from the copy replays
     the journal's entries of that copy in consecutive versions, up to a torn line, passing over
-    those of a copy since replaced, and reads the rest from the table; a commit bigger than the
-    copy writes it whole."""
+    those of another copy, and reads the rest from the table; a writer whose copy another
+    handle replaced writes its own again; a commit bigger than the copy writes it whole."""
     monkeypatch.setenv("CONSISTENT_STREAM_CACHE_DIR", str(tmp_path / "cache"))
     root = str(tmp_path / "target")
     ref = DeltaTableRef(root, own_log=True)
@@ -280,15 +280,20 @@ def test_a_commit_appends_to_the_local_copys_journal_and_a_reopened_log_replays_
     same(_replay(root, copy=True, from_copy=True), _replay(root, copy=False))
     assert [p.rsplit("/", 1)[1] for p in read[:1]] == [f"{4:020d}.json"]
 
-    # the copy replaced by another process (its document gone, written again by a new replay):
-    # what the first writer still appends is another copy's and passed over
+    # the copy replaced by another handle (its document gone, written again by a new replay):
+    # the first writer sees another document on disk (its stamp) and writes its own again
+    # rather than entries the new document's readers would pass over
     writer = _replay(root, copy=True, from_copy=True)
     copy.drop()
     _replay(root, copy=True)
     for n in range(5, 7):
         batch(n)
-    assert {e["version"] for e in copy.read_journal()} == {5, 6}
+    assert copy.read()["log"]["version"] == 5 and [e["version"] for e in copy.read_journal()] == [6]
+    # an entry of another copy (appended by a process that missed a replacement) is passed over
+    copy.append({"copy": "another", "version": 7, "tag": "x", "actions": []})
+    read.clear()
     reopened = _replay(root, copy=True, from_copy=True)
+    assert read == []
     same(reopened, _replay(root, copy=False))
     assert reopened.version == 6
 

@@ -60,9 +60,23 @@ class Kept:
         self.key = key
         self.file = directory(kind) / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
         self.journal = self.file.with_suffix(".jsonl")
+        self.read_stamp: tuple | None = None   # the stamp of the document the last read returned
+
+    def stamp(self) -> tuple | None:
+        """The document file's identity: its inode, modification time (ns) and size (None
+        without one). A document written again (a new file renamed over the old one) has
+        another, so its writer can tell that another process replaced it."""
+        try:
+            st = self.file.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size
 
     def read(self) -> dict | None:
-        """The document (without its key), or None when there is none this key can use."""
+        """The document (without its key), or None when there is none this key can use.
+        Sets :attr:`read_stamp` to the document's stamp taken just before the read (a document
+        replaced in between then has a stamp other than the one read, never the reverse)."""
+        self.read_stamp = self.stamp()
         try:
             doc = json.loads(self.file.read_text())
         except FileNotFoundError:
@@ -74,20 +88,24 @@ class Kept:
             return None
         return doc
 
-    def write(self, doc: dict) -> None:
+    def write(self, doc: dict) -> tuple | None:
         """Keep ``doc`` (JSON values), atomically: a temporary file renamed over the old one;
-        the old document's journal is removed."""
+        the old document's journal is removed. Returns the new document's :meth:`stamp`
+        (None when it could not be written)."""
         try:
             first = not self.file.exists()
             self.file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps({"key": self.key, **doc}, separators=(",", ":")))
             os.replace(tmp, self.file)
+            stamp = self.stamp()
             self.journal.unlink(missing_ok=True)
             if first:
                 _remove_old(self.file.parent)
+            return stamp
         except OSError as e:
             log.debug("%s (kept for %s) is not written: %s", self.file, self.key, e)
+            return None
 
     def append(self, entry: dict) -> None:
         """Append ``entry`` (JSON values) to the document's journal: one line, not synced (a

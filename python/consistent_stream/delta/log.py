@@ -161,19 +161,22 @@ class CommitInfo:
     removed: tuple = ()
 
 
-@dataclass(frozen=True)
+@dataclass
 class _KeptCopy:
-    """The local copy a process wrote last: its ``id``, the ``version`` its document and journal
-    reach, the document's ``size`` (files and tombstones, at least 1) and its journal's
-    ``entries`` and ``journal_actions``."""
+    """The local copy a process wrote or read last: its ``id``, the ``version`` its document and
+    journal reach, the document's ``size`` (files and tombstones, at least 1), its journal's
+    ``entries`` and ``journal_actions``, and the document file's ``stamp``
+    (:meth:`~consistent_stream.local_cache.Kept.stamp`; set once a write on the writer's thread
+    is done, None when unknown)."""
     id: str
     version: int
     size: int
     entries: int = 0
     journal_actions: int = 0
+    stamp: tuple | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "size", max(1, self.size))
+        self.size = max(1, self.size)
 
 
 class OwnedLog:
@@ -297,7 +300,8 @@ class OwnedLog:
             return False
         self._tag = tag
         size = len(kept["log"]["files"]) + len(kept["log"]["tombstones"])
-        self._kept = _KeptCopy(kept["id"], version, size, len(entries), sum(len(e["actions"]) for e in entries))
+        self._kept = _KeptCopy(kept["id"], version, size, len(entries), sum(len(e["actions"]) for e in entries),
+                               self._copy.read_stamp)
         if self._read_commits(listed):
             self._keep()
         return True
@@ -315,18 +319,22 @@ class OwnedLog:
             self._copy.drop()
             return
         doc = {"format": COPY_FORMAT, "id": uuid.uuid4().hex, "tag": self._tag, "log": self.replay_state()}
-        self._kept = _KeptCopy(doc["id"], self.version, len(self.files) + len(self.tombstones))
+        kept = self._kept = _KeptCopy(doc["id"], self.version, len(self.files) + len(self.tombstones))
         if checkpoint:
             doc["log"]["checkpoint_version"] = self.version
+
+        def write() -> None:
+            kept.stamp = self._copy.write(doc)
         if later:
-            self._writing.append(_in_background(self._copy.write, doc))
+            self._writing.append(_in_background(write))
         else:
-            self._copy.write(doc)
+            write()
 
     def _keep_commit(self, lines: list[dict], *, checkpoint: bool) -> None:
         """After this process's commit of ``lines`` (its actions) at the replay's version: its
         entry appended to the local copy's journal, on the checksums' thread, when the copy
-        this process wrote is at the version before and its journal stays within
+        this process wrote or read is still the document on disk (its stamp: no other process
+        wrote it since), is at the version before, and its journal stays within
         :data:`JOURNAL_COMMITS` entries and a quarter of the document's number of actions (so
         a process opening the table replays little more than the document, and what is written
         over a run is a few times what it commits); else the copy written whole, as
@@ -336,15 +344,16 @@ class OwnedLog:
         if self._copy is None:
             return
         k = self._kept
-        if (not self._tag or k is None or k.version != self.version - 1
-                or k.entries >= JOURNAL_COMMITS or 4 * (k.journal_actions + len(lines)) > k.size):
+        if (not self._tag or k is None or k.version != self.version - 1 or k.stamp is None
+                or k.entries >= JOURNAL_COMMITS or 4 * (k.journal_actions + len(lines)) > k.size
+                or self._copy.stamp() != k.stamp):
             self._keep(later=True, checkpoint=checkpoint)
             return
         entry = {"copy": k.id, "version": self.version, "tag": self._tag, "actions": lines}
         if checkpoint:
             entry["checkpoint"] = {"expired_before_ms": self._expired_before}
         self._writing.append(_in_background(self._copy.append, entry))
-        self._kept = _KeptCopy(k.id, self.version, k.size, k.entries + 1, k.journal_actions + len(lines))
+        self._kept = _KeptCopy(k.id, self.version, k.size, k.entries + 1, k.journal_actions + len(lines), k.stamp)
 
     def replay_state(self) -> dict:
         """What the replay holds, as JSON values (what the local copy keeps): ``version``,
