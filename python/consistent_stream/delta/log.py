@@ -41,20 +41,21 @@ and modification time locally: :func:`consistent_stream.storage.list_after`), an
 appends its actions and its file's write tag to that document's journal (on the checksums'
 thread, which the next commit waits for), so that a commit's local write is the commit's size,
 not the table's (a long-running model's target holds a week of tombstones). The document is
-written whole again at a checkpoint (which drops expired tombstones), after
-:data:`JOURNAL_COMMITS` commits, and when the replay moved by other commits than this process's
-own. The next process that opens the table replays the document and its journal (the entries of
-that document, in consecutive versions) and lists the log from the version they reach; the copy
-is used only when the listing shows that commit file with the same tag (the very commit the
-copy replayed) and at most :data:`MAX_BEHIND` commits after it, which are then read and
-replayed as :meth:`OwnedLog.refresh` does. Anything else (the table dropped and made again at
-the same path, its log cleaned up, a copy torn or too old) replays from the checkpoint as
-without a copy. On an object store that saves the round trips of ``_last_checkpoint``, the
-checkpoint and each commit since; on local disk the reads of up to ``delta.checkpointInterval``
-commit files (100 by default there), which were most of opening a small model's target and
-state. Sound because only the model's run commits data to these tables, under its writer lock;
-anything else that commits (maintenance, a property) makes a new version, which the listing
-shows.
+written whole again after :data:`JOURNAL_COMMITS` commits or a quarter of its actions, when the
+replay moved by other commits than this process's own, and when the document on disk is no
+longer the one this process wrote or read (another handle wrote it: its file's stamp); a
+checkpoint is an entry too, with the floor below which it dropped tombstones. The next process
+that opens the table replays the document and its journal (the entries of that document, in
+consecutive versions) and lists the log from the version they reach; the copy is used only when
+the listing shows that commit file with the same tag (the very commit the copy replayed) and at
+most :data:`MAX_BEHIND` commits after it, which are then read and replayed as
+:meth:`OwnedLog.refresh` does. Anything else (the table dropped and made again at the same
+path, its log cleaned up, a copy torn or too old) replays from the checkpoint as without a
+copy. On an object store that saves the round trips of ``_last_checkpoint``, the checkpoint and
+each commit since; on local disk the reads of up to ``delta.checkpointInterval`` commit files
+(100 by default there), which were most of opening a small model's target and state. Sound
+because only the model's run commits data to these tables, under its writer lock; anything else
+that commits (maintenance, a property) makes a new version, which the listing shows.
 
 Deletion vectors are replayed as the protocol reconciles them: a file is keyed by its path
 and its vector's ``uniqueId`` (a ``remove`` of the file with its old vector and an ``add`` of
