@@ -123,12 +123,15 @@ def checkpoint_table(protocol: dict, metadata: dict, txns: list[dict], files: li
     return pa.concat_tables(parts).combine_chunks()
 
 
+def has_sidecars(table: pa.Table) -> bool:
+    """Whether the checkpoint part read as ``table`` is a v2 checkpoint's with sidecars (its
+    file actions are in other files, which :func:`checkpoint_actions` does not read)."""
+    return "sidecar" in table.column_names and table.column("sidecar").null_count < table.num_rows
+
+
 def checkpoint_actions(table: pa.Table) -> Iterator[tuple[str, dict]]:
     """The actions of a checkpoint part read as ``table`` (kind, action; maps as dicts), in
-    its rows' order. Raises ValueError for a v2 checkpoint with sidecars (its actions are in
-    other files)."""
-    if "sidecar" in table.column_names and table.column("sidecar").null_count < table.num_rows:
-        raise ValueError("a v2 checkpoint with sidecars")
+    its rows' order (a part with sidecars: see :func:`has_sidecars`)."""
     cols = [c for c in ("protocol", "metaData", "txn", "add", "remove") if c in table.column_names]
     for row in table.select(cols).to_pylist():
         for kind, action in row.items():
@@ -136,10 +139,16 @@ def checkpoint_actions(table: pa.Table) -> Iterator[tuple[str, dict]]:
                 yield kind, _dicts(kind, action)
 
 
+def _expired(remove: dict, floor_ms: int) -> bool:
+    """Whether the ``remove`` action was made before ``floor_ms`` (epoch ms; one without a
+    ``deletionTimestamp`` counts as 0)."""
+    return int(remove.get("deletionTimestamp") or 0) < floor_ms
+
+
 def expire(tombstones: dict, floor_ms: int) -> None:
     """Drop from ``tombstones`` (:func:`file_key` -> remove action) those removed before
-    ``floor_ms`` (epoch ms; a remove without a ``deletionTimestamp`` counts as 0)."""
-    for key in [k for k, r in tombstones.items() if int(r.get("deletionTimestamp") or 0) < floor_ms]:
+    ``floor_ms`` (:func:`_expired`)."""
+    for key in [k for k, r in tombstones.items() if _expired(r, floor_ms)]:
         del tombstones[key]
 
 
@@ -180,7 +189,7 @@ def next_removes(tombstones: dict, floor_ms: int, last: RemoveColumn | None) -> 
     since = []
     for key in touched:
         action = tombstones.get(key)
-        if action is not None and int(action.get("deletionTimestamp") or 0) < floor_ms:
+        if action is not None and _expired(action, floor_ms):
             del tombstones[key]
         elif action is not None:
             since.append(action)

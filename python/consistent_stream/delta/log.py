@@ -82,7 +82,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import local_cache, storage
-from .checkpoint_rows import RemoveColumn, checkpoint_actions, checkpoint_table, expire, file_key, next_removes
+from .checkpoint_rows import (RemoveColumn, checkpoint_actions, checkpoint_table, expire, file_key, has_sidecars,
+                              next_removes)
 
 log = logging.getLogger("consistent_stream")
 
@@ -389,11 +390,11 @@ class OwnedLog:
                  [f"{version:020d}.checkpoint.{i:010d}.{int(parts):010d}.parquet" for i in range(1, int(parts) + 1)])
         blobs = storage.read_many([f"{self.log_dir}/{n}" for n in names], "delta-log")
         for blob in blobs:
-            try:
-                for kind, action in checkpoint_actions(pq.read_table(pa.BufferReader(blob))):
-                    self._apply(kind, action)
-            except ValueError as e:
-                raise UnsupportedLog(str(e)) from None
+            table = pq.read_table(pa.BufferReader(blob))
+            if has_sidecars(table):
+                raise UnsupportedLog("a v2 checkpoint with sidecars")
+            for kind, action in checkpoint_actions(table):
+                self._apply(kind, action)
         self.checkpoint_version = self.version = version
 
     def _read_commits(self, listed: list[tuple[str, str | None]]) -> bool:
