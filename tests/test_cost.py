@@ -195,6 +195,25 @@ def test_a_rebuild_with_a_retraction_fails_its_write_and_commits_nothing(spark, 
     assert sorted(delta_pandas(target.path)["g"]) == (["a", "c"] if key else ["a", "c", "c"])
 
 
+@pytest.mark.parametrize("key", [["g"], None])
+def test_a_rebuilds_rows_not_yet_consolidated_are_summed_by_its_write(spark, tmp_path, key):
+    """A rebuild's view whose rows are not known to be distinct (a join's output) is handed to
+    the write unconsolidated: equal rows' weights are summed there (within the key's ranges,
+    keyed; first, a bag), rows that cancel are not written and the checks see the sums."""
+    rows = spark.createDataFrame([("a", 1, 1), ("b", 2, 1), ("b", 2, -1), ("c", 3, 1),
+                                  ("c", 3, 1 if key is None else 0), ("d", 4, 2), ("d", 4, -1)],
+                                 "g string, h long, __weight long")
+    target = DeltaTableRef(str(tmp_path / "t"))
+    commit_rebuild(target, rows, unique_key=key, partition_by=[], file_rows=100, txn=Txn("q", 1), metadata={},
+                   model="m", consolidated=False)
+    assert sorted(delta_pandas(target.path)["g"]) == (["a", "c", "d"] if key else ["a", "c", "c", "d"])
+    twice = spark.createDataFrame([("a", 1, 1), ("a", 1, 1)], "g string, h long, __weight long")
+    with pytest.raises(UniqueKeyViolation, match=r"key \{'g': 'a'\} has 2 rows in the output"):
+        commit_rebuild(target, twice, unique_key=["g"], partition_by=[], file_rows=100, txn=Txn("q", 2),
+                       metadata={}, model="m", consolidated=False)
+    assert sorted(delta_pandas(target.path)["g"]) == (["a", "c", "d"] if key else ["a", "c", "c", "d"])
+
+
 def test_a_run_without_source_changes_runs_no_spark_job_and_commits_nothing(spark, tmp_path):
     sc = Scenario(spark, tmp_path, {"t": pa.table({"k": [1, 2, 2], "v": [10, 20, 30]}),
                                     "u": pa.table({"k": [1, 2], "w": ["a", "b"]})}, {"t": [], "u": ["k"]})

@@ -3,6 +3,7 @@ against batch evaluation in Spark and DuckDB."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from consistent_stream.job import run_job
 from scenario import Scenario
@@ -24,6 +25,34 @@ def test_left_join_retracts_the_null_padded_row_when_the_first_match_arrives_and
     sc.run(job)
     sc.insert("c", pa.table({"id": [4], "seg": ["D"]}))                             # match arrives on the left
     sc.run(job)
+
+
+@pytest.mark.parametrize("where", ["driver", "executors"])
+def test_a_rebuild_joins_whole_relations_with_sqls_own_outer_join(spark, tmp_path, monkeypatch, where):
+    """Without old rows on either side an outer join's rebuild is one SQL outer join: NULL
+    keys, a key with several matches, a residual condition and rows of each side matching
+    nothing come out as batch evaluation has them, and the state it leaves serves the delta
+    rules after it."""
+    from consistent_stream.operators import join
+    calls = []
+    whole = join._whole_outer
+    monkeypatch.setattr(join, "_whole_outer", lambda *a: calls.append(a[0]) or whole(*a))
+    sc = Scenario(spark, tmp_path, {
+        "c": pa.table({"id": [1, 2, 3, 5], "k": pa.array([1, 2, None, 5], pa.int64()), "seg": ["A", "B", None, "E"]}),
+        "o": pa.table({"oid": [10, 11, 12, 13, 14], "cid": pa.array([1, None, 2, 2, 4], pa.int64()),
+                       "amt": [5, 2, 1, 3, 9]}),
+    }, {"c": ["id"], "o": ["oid"]})
+    jobs = [sc.job(f"select c.id, c.seg, o.oid, o.amt from src.c c {kind} join src.o o on c.k = o.cid and o.amt < 8",
+                   None, name=kind) for kind in ("left", "full")]
+    for job in jobs:
+        job.driver_rebuild_rows = 0 if where == "executors" else job.driver_rebuild_rows
+        sc.run(job, full_refresh=True)
+    assert calls == ["left", "full"]
+    sc.insert("o", pa.table({"oid": [15], "cid": [5], "amt": [1]}))
+    sc.delete("o", "oid = 10")
+    for job in jobs:
+        sc.run(job)
+    assert calls == ["left", "full"]
 
 
 def test_aggregates_follow_deletes_min_max_recomputed_and_empty_groups_vanish(spark, tmp_path):

@@ -44,7 +44,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
 from . import location
-from .changelog import WEIGHT, Views, arrow_has_types
+from .changelog import WEIGHT, Views, arrow_has_types, consolidate_sql
 from .delta import Commit, DeltaTableRef, Docs, Txn
 from .delta.deltars import arrow_schema
 from .errors import CommitError
@@ -57,7 +57,7 @@ from .exec.evaluator import BatchEvaluator, PlanTypes
 from .exec.local import LocalEngine, Translations, session_supported
 from .sink.target import (bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, multiplicities, retractions,
                           sink_changes)
-from .sink.constraints import check_constraints
+from .sink.constraints import ENFORCED, check_constraints
 from .sink.maintenance import retention_of, state_properties, table_properties
 from .sink.unique import check_new_keys
 from .sources import Cut
@@ -204,6 +204,7 @@ class _Evaluated:
     ev: BatchEvaluator
     local: "LocalEngine | None"
     out: object = None
+    consolidated: bool = True   # a rebuild's SELECT on the executors: its rows are (else summed by the write)
 
 
 @dataclass(frozen=True)
@@ -482,7 +483,10 @@ class QueryRuntime:
         try:
             with spark_confs(spark, {} if executors else INCREMENTAL_CONFS):
                 root, cols, schema = self.compiled.root, self.compiled.output_columns, self.output_schema
-                e.out = ev.output_sql(root, cols, schema) if executors else ev.output(root, cols, schema)
+                if executors:
+                    e.out, e.consolidated = ev.output_rows(root, cols, schema) or (None, True)
+                else:
+                    e.out = ev.output(root, cols, schema)
         except BaseException:
             self._close(e)
             raise
@@ -521,7 +525,8 @@ class QueryRuntime:
                     self.fence()
                 return done[0]
             try:
-                version, written, rewritten = self._commit_target(e.out, e.rebuild, b.txn, state_committed, b.views)
+                version, written, rewritten = self._commit_target(e.out, e.rebuild, b.txn, state_committed, b.views,
+                                                                  e.consolidated)
                 meta = state_committed()
             finally:
                 committing.exception()   # (the state's commit ends before the batch does, whatever happened)
@@ -545,9 +550,10 @@ class QueryRuntime:
             self.translations.save()   # when this batch made new ones
 
     def _commit_target(self, out, rebuild: bool, txn: Txn, meta: Callable[[], BatchMeta],
-                       views: Views) -> tuple[int, int, int]:
-        """Step 5: a rebuild replaces the target (``out``: the SELECT of the whole view, or
-        None when empty; on the driver, the view's rows as a materialized changelog); an
+                       views: Views, consolidated: bool = True) -> tuple[int, int, int]:
+        """Step 5: a rebuild replaces the target (``out``: the SELECT of the whole view, its
+        rows ``consolidated`` or not, or None when empty; on the driver, the view's rows as a
+        materialized changelog); an
         incremental change (``out``: the materialized changelog) is merged into it. ``meta``
         returns the target commit's metadata once the state is committed: a change merged on
         the driver asks for it once its files are written, everything else first."""
@@ -559,6 +565,9 @@ class QueryRuntime:
             if out is None:
                 df = spark.createDataFrame([], out_schema)
             elif isinstance(out, str):
+                if not consolidated and any(c["type"] in ENFORCED for c in job.constraints):
+                    # the constraints are checked on the view's rows, not on copies of them
+                    out, consolidated = consolidate_sql(f"({out})", self.output_schema.fieldNames()), True
                 df = views.sql(out)
             elif out.arrow is not None and not job.partition_by and arrow_has_types(out.arrow, out_schema):
                 df = out.arrow.cast(arrow_schema(out_schema))   # a rebuild on the driver: written from there
@@ -567,7 +576,8 @@ class QueryRuntime:
             check_constraints(spark, df, job.constraints, job.model)
             return commit_rebuild(self.target, df, unique_key=self.key, partition_by=job.partition_by,
                                   file_rows=job.state_file_rows, txn=txn, metadata=md, model=job.model,
-                                  properties=table_properties(retention_of(job)), docs=Docs.from_dbt(job.docs))
+                                  properties=table_properties(retention_of(job)), docs=Docs.from_dbt(job.docs),
+                                  consolidated=consolidated)
         check_constraints(spark, out.df if out.arrow is None else out.arrow, job.constraints, job.model)
         prev_version = self.target.version()
         if out.arrow is None:

@@ -217,15 +217,26 @@ class BatchEvaluator:
         """The SELECT of the batch's consolidated change of the model's output (None: known to
         be empty); ``columns``: the root's columns taken, by position, as ``schema``'s names
         and types."""
+        rows = self.output_rows(root, columns, schema)
+        if rows is None:
+            return None
+        sql, consolidated = rows
+        return sql if consolidated else consolidate_sql(f"({sql})", schema.fieldNames())
+
+    def output_rows(self, root: Node, columns: list[str], schema: StructType) -> tuple[str, bool] | None:
+        """The SELECT of the batch's change of the model's output, typed as :meth:`output_sql`'s,
+        and whether it is consolidated (else a row may appear several times, its weights to be
+        summed, and a weight may be 0 after summing); None: known to be empty. A rebuild's
+        writer consolidates the rows where it partitions them anyway
+        (:func:`~consistent_stream.sink.target.commit_rebuild`)."""
         d = self.delta(root)
         if d.is_empty:
             return None
         sel = ", ".join(f"CAST({q(c)} AS {f.dataType.simpleString()}) AS {q(f.name)}"
                         for c, f in zip(columns, schema.fields))
         typed = f"SELECT {sel}, {q(WEIGHT)} FROM {d.sql}"
-        if d.consolidated and not self.dry and self._same_types(root, columns, schema):
-            return typed  # distinct rows under casts that change nothing: already consolidated
-        return consolidate_sql(f"({typed})", schema.fieldNames())
+        # distinct rows under casts that change nothing stay consolidated
+        return typed, d.consolidated and not self.dry and self._same_types(root, columns, schema)
 
     def _same_types(self, root: Node, columns: list[str], schema: StructType) -> bool:
         have = {f.name: f.dataType for f in self.types.nodes[root.id].fields}

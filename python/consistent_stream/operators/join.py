@@ -31,6 +31,13 @@ pass, counting each row's associations before and after). Then
 Each L row appears once in a semi join, with its own multiplicity, however many R rows match.
 NULL keys never match (SQL ``=``), unless the join is ``null_safe`` (set operations).
 
+Without old rows on either side (a first batch, a rebuild: both arrangements hold no file),
+consolidated changes are the whole relations ``L`` and ``R``, whose weights are positive, so
+a row of L is unmatched exactly when no row of R meets it. A left or full outer join is then
+SQL's own outer join, one join instead of the inner term, the unmatched rows' counting join and
+its aggregation: ``l.w * coalesce(r.w, 1)`` (left), ``coalesce(l.w, 1) * coalesce(r.w, 1)``
+(full), the padding NULLs the outer join's own.
+
 A range join (an inner join without an equality whose condition bounds a column of one side
 by the other: ``o.day between p.valid_from and p.valid_to``, ``a.x < b.y``) has the same rule
 on one constant key; what changes is what a term reads. Each side is arranged by its first
@@ -149,6 +156,9 @@ def join_delta(kind: str, left: JoinSide, right: JoinSide, left_old: Lookup, rig
     dl, dr = left.delta, right.delta
     if dl.is_empty and dr.is_empty:
         return None
+    if kind in ("left", "full") and left_old.empty and right_old.empty and not dl.is_empty and not dr.is_empty \
+            and dl.consolidated and dr.consolidated:
+        return _whole_outer(kind, left, right, residual, null_safe)
     inner = kind in ("inner", "left", "full")
     unmatched_l = kind in ("left", "full", "semi", "anti")
     unmatched_r = kind == "full"
@@ -197,6 +207,15 @@ def join_delta(kind: str, left: JoinSide, right: JoinSide, left_old: Lookup, rig
         if unmatched_r_sql is not None:
             parts.append(f"SELECT {left.null_padding()}, {cols_sql(right.cols)}, {W} FROM ({unmatched_r_sql})")
     return _union(parts)
+
+
+def _whole_outer(kind: str, left: JoinSide, right: JoinSide, residual, null_safe) -> str:
+    """A left or full outer join of two whole relations (the changes of a batch without old
+    rows, consolidated: positive weights), as SQL's outer join (the module docstring)."""
+    lw = f"COALESCE(l.{W}, 1)" if kind == "full" else f"l.{W}"
+    return (f"SELECT {cols_sql(left.cols, 'l')}, {cols_sql(right.cols, 'r')}, {lw} * COALESCE(r.{W}, 1) AS {W} "
+            f"FROM {left.delta.sql} l {kind.upper()} OUTER JOIN {right.delta.sql} r "
+            f"ON {_on('l', left, 'r', right, residual, null_safe)}")
 
 
 def _read(lookup: Lookup, at: list[KeySet], null_safe: bool) -> Changelog | None:

@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from .. import settings
-from ..changelog import WEIGHT
+from ..changelog import WEIGHT, consolidate
 from ..connect import default_parallelism
 from ..delta import DeltaTableRef, Docs, Txn
 from ..errors import CommitError, UniqueKeyViolation
@@ -288,10 +288,12 @@ def _rebuild_fault(e: Exception, unique_key: list[str] | None, model: str) -> Ex
 def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, unique_key: list[str] | None,
                    partition_by: list[str], file_rows: int, txn: Txn, metadata: dict,
                    model: str, properties: dict[str, str] | None = None,
-                   docs: Docs | None = None) -> tuple[int, int, int]:
+                   docs: Docs | None = None, consolidated: bool = True) -> tuple[int, int, int]:
     """A rebuilt view (first batch, full refresh, a recomputed batch) replaces the target in
-    ONE commit: ``output`` (the view's rows + ``__weight``, consolidated) is written,
-    clustered by the unique key, as files of at most ``file_rows`` rows; the commit removes
+    ONE commit: ``output`` (the view's rows + ``__weight``, consolidated unless
+    ``consolidated`` is False: a Spark DataFrame whose equal rows' weights are still to be
+    summed) is written, clustered by the unique key, as files of at most ``file_rows`` rows;
+    the commit removes
     every file of the current version and adds these, with ``txn``. A Spark DataFrame is
     written by Spark's executors; an Arrow table (a rebuild small enough for the driver, with
     the target's Arrow types, unpartitioned) from the driver. A target created by this
@@ -306,7 +308,8 @@ def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, uniqu
             raise ValueError("a partitioned target is rebuilt from a Spark DataFrame")
         files, schema = _write_rebuilt_arrow(target, output, unique_key, file_rows, model)
     else:
-        files, schema = _write_rebuilt_spark(target, output, unique_key, partition_by, file_rows, model)
+        files, schema = _write_rebuilt_spark(target, output, unique_key, partition_by, file_rows, model,
+                                             consolidated)
     removes = []
     if target.exists():
         target.refresh()
@@ -320,8 +323,14 @@ def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, uniqu
 
 
 def _write_rebuilt_spark(target: DeltaTableRef, output: DataFrame, unique_key: list[str] | None,
-                         partition_by: list[str], file_rows: int, model: str) -> tuple[list, pa.Schema]:
-    """:func:`commit_rebuild`'s files, written by Spark's executors; and their Arrow schema."""
+                         partition_by: list[str], file_rows: int, model: str,
+                         consolidated: bool = True) -> tuple[list, pa.Schema]:
+    """:func:`commit_rebuild`'s files, written by Spark's executors; and their Arrow schema.
+
+    A keyed view's rows are range-partitioned by the key; rows not ``consolidated`` yet are
+    consolidated within those ranges (a range of the key holds every copy of its rows), so
+    the write makes one exchange of them where consolidating first and partitioning the
+    result takes two. A bag's rows are consolidated first."""
     from ..delta.deltars import arrow_schema
     from ..delta.files import new_dir, write_spark
     data_cols = [c for c in output.columns if c != WEIGHT]
@@ -329,6 +338,8 @@ def _write_rebuilt_spark(target: DeltaTableRef, output: DataFrame, unique_key: l
     if unique_key:
         key = [F.col(f"`{k}`") for k in unique_key]
         rows = rows.repartitionByRange(default_parallelism(rows.sparkSession), *key)
+    if not consolidated:
+        rows = consolidate(rows)
     rows = _checked_rebuild(rows, unique_key)
     # a bag's row of weight w is w rows of the table
     rows = rows.withColumn("__copy", F.explode(F.array_repeat(F.lit(1), F.col(WEIGHT).cast("int")))) \
