@@ -2,6 +2,8 @@
 against batch evaluation in Spark and DuckDB."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 
@@ -53,6 +55,37 @@ def test_a_rebuild_joins_whole_relations_with_sqls_own_outer_join(spark, tmp_pat
     for job in jobs:
         sc.run(job)
     assert calls == ["left", "full"]
+
+
+@pytest.mark.parametrize("where", ["driver", "executors"])
+def test_a_join_reads_an_aggregates_output_from_the_aggregates_own_arrangement(spark, tmp_path, where):
+    """A join side that is an aggregate's output, renamed, looked up by its group columns
+    keeps no arrangement of its own: its old rows are the aggregate's accumulators at the
+    keys, summed and finalized. Groups appear, change, vanish and come back (a NULL group
+    never matches), on both sides of the join, rebuilt on the driver or by the executors."""
+    sc = Scenario(spark, tmp_path, {
+        "c": pa.table({"id": [1, 2, 3, 4], "name": ["a", "b", "c", "d"]}),
+        "o": pa.table({"oid": [10, 11, 12, 13, 14], "cid": pa.array([1, 1, 2, None, 9], pa.int64()),
+                       "amt": pa.array([5, 7, 1, 3, 2], pa.int64())}),
+    }, {"c": ["id"], "o": ["oid"]})
+    job = sc.job("with t as (select cid, count(*) as n, sum(amt) as total, avg(amt) as mean from src.o group by cid) "
+                 "select c.id, c.name, coalesce(t.n, 0) as n, t.total, t.mean "
+                 "from src.c c left join t on c.id = t.cid", "id")
+    job.driver_rebuild_rows = 0 if where == "executors" else job.driver_rebuild_rows
+    sc.run(job, full_refresh=True)
+    arrangements = sorted(p.name.split("=", 1)[1] for p in Path(job.state_root).glob("__arrangement=*"))
+    assert len(arrangements) == 2 and any(a.endswith("_acc") for a in arrangements), arrangements
+    sc.insert("o", pa.table({"oid": [15, 16], "cid": [3, 2], "amt": [4, 6]}))     # c: its first order
+    sc.delete("o", "oid = 12")                                                  # b: 1 -> 1 order, other amount
+    sc.update("c", {"name": "'z'"}, "id = 1")                                   # a renamed, its totals kept
+    sc.run(job)
+    sc.delete("o", "cid = 3")                                                   # c: its group vanishes
+    sc.insert("c", pa.table({"id": [9], "name": ["i"]}))                       # the customer of group 9 arrives
+    sc.run(job)
+    sc.insert("o", pa.table({"oid": [17], "cid": [3], "amt": [8]}))             # c's group comes back
+    sc.delete("c", "id = 2")
+    sc.run(job)
+    assert sorted(p.name.split("=", 1)[1] for p in Path(job.state_root).glob("__arrangement=*")) == arrangements
 
 
 def test_aggregates_follow_deletes_min_max_recomputed_and_empty_groups_vanish(spark, tmp_path):

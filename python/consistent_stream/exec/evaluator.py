@@ -44,7 +44,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from .. import settings, storage
 from ..changelog import WEIGHT, Changelog, Views, cols_sql, consolidate_sql, q
-from ..operators.aggregate import AggregateSpec, aggregate_delta
+from ..operators.aggregate import AggregateSpec, OutputLookup, aggregate_delta, output_from_accumulators
 from ..operators.dedup import dedup_delta
 from ..operators.join import JoinSide, join_delta
 from ..operators.keyed import RelationLookup
@@ -454,27 +454,93 @@ class BatchEvaluator:
 
     def _join(self, node: Join) -> Changelog:
         st = _OperatorState(self, node.id)
-        sides = []
+        sides, olds = [], []
         for role, child_node in (("left", node.left), ("right", node.right)):
-            # a key that is a column of the input is looked up by that column; others are computed
-            delta = self._input(st, role, self.delta(child_node), node.arrangement_key(role), node.key_columns(role))
+            child = self.delta(child_node)
+            shared = None if node.bands else self._aggregate_output(child_node, node.join_key(role))
+            if shared is not None:
+                delta = self._output_change(child_node)
+                olds.append(shared)
+            else:
+                # a key that is a column of the input is looked up by that column; others are computed
+                delta = self._input(st, role, child, node.arrangement_key(role), node.key_columns(role))
+                olds.append(st.old(role))
             types = self._types_of(child_node)
             sides.append(JoinSide(delta, node.join_key(role), list(child_node.columns),
                                   [types[c] for c in child_node.columns], node.band_columns(role)))
         bands = [b.op for b in node.bands] if node.kind == "inner" else []
-        out = join_delta(node.kind, sides[0], sides[1], st.old("left"), st.old("right"), node.residual,
-                         node.null_safe, bands)
+        out = join_delta(node.kind, sides[0], sides[1], olds[0], olds[1], node.residual, node.null_safe, bands)
         return self._lazy(node, out, list(node.columns) + [WEIGHT])
 
-    def _aggregate(self, node: Aggregate) -> Changelog:
-        st = _OperatorState(self, node.id)
-        child = self.delta(node.child)
+    def _aggregate_output(self, side: Node, keys: list[str]) -> OutputLookup | None:
+        """A join side that is an aggregate's output (directly, or through a projection of
+        plain columns), looked up by exactly its group columns, shares the aggregate's ``acc``
+        arrangement (:class:`~consistent_stream.operators.aggregate.OutputLookup`) instead of
+        keeping its own: the lookup over it, or None when the side is not one (other
+        aggregates, other keys, computed keys)."""
+        project = side if isinstance(side, Project) else None
+        agg = side.child if project is not None else side
+        if not isinstance(agg, Aggregate):
+            return None
+        source = dict(zip(project.columns, (plain_column(e) for e in project.exprs))) if project is not None \
+            else {c: c for c in agg.columns}
+        key_map = {k: source.get(k) for k in keys}
+        spec = self._aggregate_spec(agg)
+        if not output_from_accumulators(spec) or None in key_map.values() or \
+                sorted(key_map.values()) != sorted(agg.group_names) or len(set(keys)) != len(keys):
+            return None
+        acc = _OperatorState(self, agg.id).old("acc")
+        move = (lambda rel: project_sql(rel, project.columns, project.exprs)) if project is not None else None
+        return OutputLookup(spec, acc, key_map, list(side.columns) + [WEIGHT], move)
+
+    def _output_change(self, side: Node) -> Changelog:
+        """The batch's change of a join side that reads its old rows from an aggregate's
+        arrangement: consolidated, and on the driver in an incremental batch (where a join
+        side's change is, to find its keys); a rebuild's stays a query over the aggregate's
+        base files."""
+        d = self.delta(side)
+        if d.is_empty or self.dry:
+            return d
+        cols = [c for c in d.columns if c != WEIGHT]
+        sql = f"SELECT {cols_sql(cols)}, {q(WEIGHT)} FROM {d.sql}" if d.consolidated else \
+            consolidate_sql(d.sql, cols)
+        if self.rebuild:
+            out = Changelog.of_query(self.views, sql, cols + [WEIGHT])
+        else:
+            out = self.materialize(sql, self.types.nodes[side.id])
+        out.consolidated = True
+        return out
+
+    def _aggregate_spec(self, node: Aggregate) -> AggregateSpec:
+        """What aggregate ``node`` computes (:class:`AggregateSpec`); its input's types from
+        the plan's types (the dry run: from its input's change, analyzed)."""
+        args, arg_cols = self._aggregate_args(node)
+        input_id = node.id + "/input"
+        if self.dry:
+            in_schema = self.memo[input_id].df.schema
+            out_types = {}
+        else:
+            in_schema = self.types.nodes[input_id]
+            out_types = {f.name: f.dataType.simpleString() for f in self.types.nodes[node.id].fields}
+        return AggregateSpec(node.id, list(node.group_names), list(node.aggs), args,
+                             {f.name: f.dataType for f in in_schema.fields}, out_types)
+
+    @staticmethod
+    def _aggregate_args(node: Aggregate) -> tuple[dict[str, str], dict[str, str]]:
+        """Per aggregate the input column holding its argument, and per distinct argument
+        expression that column."""
         args: dict[str, str] = {}
         arg_cols: dict[str, str] = {}
         for a in node.aggs:
             if a.arg is not None:
                 arg_cols.setdefault(a.arg, f"{node.id}__x{len(arg_cols)}")
                 args[a.name] = arg_cols[a.arg]
+        return args, arg_cols
+
+    def _aggregate(self, node: Aggregate) -> Changelog:
+        st = _OperatorState(self, node.id)
+        child = self.delta(node.child)
+        _, arg_cols = self._aggregate_args(node)
         in_cols = list(node.group_names) + list(arg_cols.values()) + [WEIGHT]
         input_id = node.id + "/input"
         if child.is_empty:
@@ -486,13 +552,7 @@ class BatchEvaluator:
             pre.local = child.local
         if self.dry:
             self.memo[input_id] = pre
-            in_schema = pre.df.schema
-            out_types = {}
-        else:
-            in_schema = self.types.nodes[input_id]
-            out_types = {f.name: f.dataType.simpleString() for f in self.types.nodes[node.id].fields}
-        spec = AggregateSpec(node.id, list(node.group_names), list(node.aggs), args,
-                             {f.name: f.dataType for f in in_schema.fields}, out_types)
+        spec = self._aggregate_spec(node)
         out = aggregate_delta(spec, pre, st, self.first, self.materialize)
         ch = self._lazy(node, out, list(node.columns) + [WEIGHT])
         ch.consolidated = True  # at most -old and +new per group, distinct (aggregate_delta's contract)

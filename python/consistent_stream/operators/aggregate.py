@@ -338,8 +338,7 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
     touched = union_keys([partial.keys(g)] + [v.keys(g) for v in vals.values()]) if g else None
 
     def summed(rel: str) -> str:
-        sums = ", ".join(f"{acc.sum_sql(c)} AS {q(c)}" for c in value_cols)
-        return f"(SELECT {gsel}{sums} FROM {rel}{group_by})"
+        return _summed(g, acc, rel)
 
     def old_rows(role: str) -> str | None:
         lookup = state.old(role)
@@ -363,6 +362,75 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
     out_cols = g + [a.name for a in spec.aggs]
     both = f"(SELECT * FROM ({new_rows}) UNION ALL SELECT * FROM ({_rows(spec, acc, acc_before, ext_old, -1)}))"
     return consolidate_sql(both, out_cols)
+
+
+def _summed(g: list[str], acc: _Accumulators, rel: str) -> str:
+    """The accumulators of ``rel`` (rows of the ``acc`` arrangement, not consolidated) summed
+    per group (a FROM item)."""
+    sums = ", ".join(f"{acc.sum_sql(c)} AS {q(c)}" for c in acc.value_cols)
+    return f"(SELECT {cols_sql(g) + ', ' if g else ''}{sums} FROM {rel}{f' GROUP BY {cols_sql(g)}' if g else ''})"
+
+
+def output_from_accumulators(spec: AggregateSpec) -> bool:
+    """Whether the aggregate's output rows are a function of its ``acc`` arrangement alone,
+    group by group: it has group columns and no multiset aggregate (MIN, MAX, DISTINCT, ..
+    read their ``vals`` arrangements too)."""
+    return bool(spec.group) and all(a.func == "count_star" or a.func in LINEAR_AGGS for a in spec.aggs)
+
+
+class OutputLookup:
+    """The aggregate's output as of the previous batch, as a :class:`~.keyed.Lookup` over its
+    ``acc`` arrangement (an aggregate of :func:`output_from_accumulators`): what a join whose
+    side is that output, looked up by all of its group columns, reads instead of keeping an
+    arrangement of the output itself (the output is a function of the accumulators, group by
+    group, so the rows of one group are those of its accumulators).
+
+    ``acc``: the ``acc`` arrangement's lookup; ``key_map``: each key column of the reader ->
+    the group column it is; ``project``: the reader's rows from a FROM item of the output rows
+    (a projection of plain columns above the aggregate; None: the output as it is).
+    ``read(keys)``: the ``acc`` rows of those groups, summed per group, one output row of
+    weight 1 per group whose count is positive, projected: the reader's columns and
+    ``__weight``, consolidated."""
+
+    def __init__(self, spec: AggregateSpec, acc: Lookup, key_map: dict[str, str], columns: list[str],
+                 project: Callable[[str], str] | None = None):
+        self.spec, self.acc, self.key_map, self.columns, self.project = spec, acc, key_map, columns, project
+
+    @property
+    def empty(self) -> bool:
+        return self.acc.empty
+
+    def read(self, keys, null_safe: bool = True) -> Changelog:
+        if keys is not None:
+            keys = _reordered(keys, [self.key_map[c] for c in keys.columns], self.spec.group)
+        rows = self.acc.read(keys, null_safe=null_safe)
+        if rows.is_empty:
+            return rows
+        linear = [a for a in self.spec.aggs if a.func in LINEAR_AGGS]
+        acc = _accumulators(self.spec, linear)
+        out = _rows(self.spec, acc, _summed(self.spec.group, acc, rows.sql), {}, 1)
+        if self.project is not None:
+            out = self.project(f"({out})")
+        ch = Changelog.of_query(rows.views, out, self.columns)
+        ch.consolidated = True
+        return ch
+
+    def read_range(self, ranges):
+        raise NotImplementedError("an aggregate's output is looked up by its groups, not by range")
+
+    def read_prefix(self, column, descending, nulls_first, need):
+        raise NotImplementedError("an aggregate's output is looked up by its groups, not by prefix")
+
+
+def _reordered(keys, names: list[str], order: list[str]):
+    """``keys`` (a :class:`~consistent_stream.changelog.KeySet`) with its columns named
+    ``names`` and put in the order of ``order`` (the same names)."""
+    keys = keys.renamed(names)
+    if names == list(order):
+        return keys
+    if keys.arrow is not None:
+        return type(keys)(keys.views, list(order), keys.arrow.select(list(order)), None)
+    return type(keys)(keys.views, list(order), None, f"(SELECT {cols_sql(list(order))} FROM {keys.sql})")
 
 
 def _multiset_aggregates(spec: AggregateSpec, multiset_args: list[str], vals: dict[str, Changelog],
