@@ -88,6 +88,25 @@ def test_a_join_reads_an_aggregates_output_from_the_aggregates_own_arrangement(s
     assert sorted(p.name.split("=", 1)[1] for p in Path(job.state_root).glob("__arrangement=*")) == arrangements
 
 
+def test_an_aggregates_output_joined_on_its_group_columns_in_another_order(spark, tmp_path):
+    """Two group columns joined in the other order than grouped: the keys the join looks up
+    are put in the arrangement's order."""
+    sc = Scenario(spark, tmp_path, {
+        "p": pa.table({"id": [1, 2, 3], "a": [1, 1, 2], "b": ["x", "y", "x"]}),
+        "o": pa.table({"oid": [10, 11, 12, 13], "a": [1, 1, 2, 1], "b": ["x", "x", "x", "y"], "amt": [5, 7, 1, 3]}),
+    }, {"p": ["id"], "o": ["oid"]})
+    job = sc.job("with t as (select b, a, sum(amt) as total, count(*) as n from src.o group by a, b) "
+                 "select p.id, t.total, t.n from src.p p join t on p.b = t.b and p.a = t.a", "id")
+    sc.run(job, full_refresh=True)
+    assert len(list(Path(job.state_root).glob("__arrangement=*"))) == 2
+    sc.insert("o", pa.table({"oid": [14, 15], "a": [2, 1], "b": ["x", "y"], "amt": [4, 6]}))
+    sc.insert("p", pa.table({"id": [4], "a": [1], "b": ["x"]}))
+    sc.run(job)
+    sc.delete("o", "a = 1 and b = 'x'")
+    sc.update("p", {"b": "'y'"}, "id = 3")
+    sc.run(job)
+
+
 def test_aggregates_follow_deletes_min_max_recomputed_and_empty_groups_vanish(spark, tmp_path):
     sc = Scenario(spark, tmp_path, {
         "t": pa.table({"k": [1, 2, 3, 4, 5], "g": ["a", "a", "b", None, "b"],
