@@ -88,6 +88,34 @@ def test_a_join_reads_an_aggregates_output_from_the_aggregates_own_arrangement(s
     assert sorted(p.name.split("=", 1)[1] for p in Path(job.state_root).glob("__arrangement=*")) == arrangements
 
 
+def test_an_aggregate_and_the_join_over_its_output_read_its_accumulators_once(spark, tmp_path, monkeypatch):
+    """The aggregate reads its accumulators at its groups and at the keys the join's other
+    side changed (read ahead), and the join takes the same rows: one read a batch, whichever
+    side of the join the aggregate is on."""
+    from consistent_stream.state.arrangement import StateStore
+    reads = []
+    read = StateStore.read
+    monkeypatch.setattr(StateStore, "read", lambda self, a, keys, null_safe=True:
+                        reads.append(a.name) or read(self, a, keys, null_safe))
+    sc = Scenario(spark, tmp_path, {
+        "c": pa.table({"id": [1, 2, 3, 4], "name": ["a", "b", "c", "d"]}),
+        "o": pa.table({"oid": [10, 11, 12, 13], "cid": [1, 1, 2, 4], "amt": [5, 7, 1, 3]}),
+    }, {"c": ["id"], "o": ["oid"]})
+    totals = "(select cid, count(*) as n, sum(amt) as total from src.o group by cid)"
+    jobs = [sc.job(f"select c.id, c.name, t.n, t.total from src.c c left join {totals} t on c.id = t.cid", "id",
+                   name="right"),
+            sc.job(f"select c.id, c.name, t.n, t.total from {totals} t join src.c c on t.cid = c.id", "id",
+                   name="left")]
+    for job in jobs:
+        sc.run(job, full_refresh=True)
+    sc.insert("o", pa.table({"oid": [14, 15], "cid": [1, 3], "amt": [2, 4]}))   # groups 1 and 3
+    sc.update("c", {"name": "'z'"}, "id in (2, 4)")                             # keys 2 and 4: not touched
+    for job in jobs:
+        reads.clear()
+        sc.run(job)
+        assert len([r for r in reads if r.endswith("_acc")]) == 1, reads
+
+
 def test_an_aggregates_output_joined_on_its_group_columns_in_another_order(spark, tmp_path):
     """Two group columns joined in the other order than grouped: the keys the join looks up
     are put in the arrangement's order."""

@@ -39,15 +39,16 @@ import json
 import logging
 from dataclasses import dataclass
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
 from .. import settings, storage
-from ..changelog import WEIGHT, Changelog, Views, cols_sql, consolidate_sql, q
+from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, consolidate_sql, q
 from ..operators.aggregate import AggregateSpec, OutputLookup, aggregate_delta, output_from_accumulators
 from ..operators.dedup import dedup_delta
 from ..operators.join import JoinSide, join_delta
-from ..operators.keyed import RelationLookup
+from ..operators.keyed import RelationLookup, union_keys
 from ..operators.linear import expand_sql, filter_sql, generate_sql, project_sql, reweight_sql, union_sql
 from ..operators.recompute import RecomputeInput, recompute_delta
 from ..operators.temporal import temporal_delta
@@ -129,12 +130,71 @@ class _OperatorState:
 
     def old(self, role: str):
         name = f"{self.op_id}_{role}"
+        if name in self.ev.shared_reads:
+            return self.ev.shared_reads[name]
         if self.ev.dry:
             a = self.ev.arrangements[name]
             rows = Changelog.of_query(self.ev.views, Changelog.empty(self.ev.views, a.schema).sql[1:-1],
                                       a.schema.fieldNames())
             return RelationLookup(rows, list(a.key))
         return self.ev.store.lookup(self.ev.types.arrangements[name])
+
+
+class _SharedRead:
+    """One arrangement as two operators of a batch read it (an aggregate's ``acc`` and a join
+    over its output, :class:`~consistent_stream.operators.aggregate.OutputLookup`): the first
+    read also takes the keys registered with :meth:`read_ahead` (a superset, which every delta
+    rule allows: the rows of keys it did not ask for cancel or meet nothing), and a later read
+    whose keys that read covered (checked on the driver) gets the same rows instead of reading
+    the files again. Any other read goes to the arrangement."""
+
+    def __init__(self, lookup):
+        self.lookup = lookup
+        self.ahead: list[KeySet] = []
+        self.done: tuple[KeySet, bool, Changelog] | None = None   # (keys, null_safe, rows) of the first read
+
+    @property
+    def empty(self) -> bool:
+        return self.lookup.empty
+
+    def read_ahead(self, keys: KeySet) -> None:
+        """Also read ``keys`` (the arrangement's key columns, in its order) at the first read."""
+        if self.done is None and not keys.empty:
+            self.ahead.append(keys)
+
+    def read(self, keys: KeySet | None, null_safe: bool = True) -> Changelog:
+        if self.done is not None:
+            at, safe, rows = self.done
+            if keys is not None and (safe or not null_safe) and _covers(at, keys):
+                return rows
+            return self.lookup.read(keys, null_safe=null_safe)
+        if keys is not None and self.ahead and all(k.arrow is not None for k in [keys, *self.ahead]):
+            keys = union_keys([keys, *self.ahead])
+        rows = self.lookup.read(keys, null_safe=null_safe)
+        if keys is not None and keys.arrow is not None:
+            self.done = (keys, null_safe, rows)
+        return rows
+
+    def read_range(self, ranges):
+        return self.lookup.read_range(ranges)
+
+    def read_prefix(self, column, descending, nulls_first, need):
+        return self.lookup.read_prefix(column, descending, nulls_first, need)
+
+
+def _covers(at: KeySet, keys: KeySet) -> bool:
+    """Whether every tuple of ``keys`` is one of ``at``'s (both on the driver; a NULL is not
+    covered)."""
+    if at.arrow is None or keys.arrow is None:
+        return False
+    if keys.arrow.num_rows == 0:
+        return True
+    try:
+        missing = keys.arrow.select(at.columns).cast(at.arrow.schema) \
+            .join(at.arrow, keys=list(at.columns), join_type="left anti")
+    except (KeyError, ValueError, pa.ArrowException):
+        return False
+    return missing.num_rows == 0
 
 
 class BatchEvaluator:
@@ -167,6 +227,7 @@ class BatchEvaluator:
         self.changes_on_executors = 0   # materialized changes too large for the driver
         self.memo: dict[str, Changelog] = {}
         self.arrangements: dict[str, Arrangement] = {}   # filled by the dry run
+        self.shared_reads: dict[str, _SharedRead] = {}   # arrangements two operators read this batch
         self._read_at_last = 0
 
     def close(self) -> None:
@@ -454,22 +515,39 @@ class BatchEvaluator:
 
     def _join(self, node: Join) -> Changelog:
         st = _OperatorState(self, node.id)
-        sides, olds = [], []
-        for role, child_node in (("left", node.left), ("right", node.right)):
+        roles = {"left": node.left, "right": node.right}
+        shared: dict[str, OutputLookup | None] = {"left": None, "right": None}
+        order = ["left", "right"]
+        if not self.dry and not node.bands:
+            shared = {role: self._aggregate_output(child, node.join_key(role)) for role, child in roles.items()}
+            if shared["left"] is not None and shared["right"] is None:
+                order.reverse()   # the side that is not shared first: its keys are read ahead (below)
+        sides, olds = {}, {}
+        for role in order:
+            child_node = roles[role]
             child = self.delta(child_node)
-            shared = None if node.bands else self._aggregate_output(child_node, node.join_key(role))
-            if shared is not None:
+            lookup = shared[role] if not self.dry else \
+                (None if node.bands else self._aggregate_output(child_node, node.join_key(role)))
+            if lookup is not None:
                 delta = self._output_change(child_node)
-                olds.append(shared)
+                olds[role] = lookup
             else:
                 # a key that is a column of the input is looked up by that column; others are computed
                 delta = self._input(st, role, child, node.arrangement_key(role), node.key_columns(role))
-                olds.append(st.old(role))
+                olds[role] = st.old(role)
+                other = shared["right" if role == "left" else "left"]
+                if other is not None and not delta.is_empty and not other.empty:
+                    # the aggregate reads its accumulators at its groups and at the keys this
+                    # side's change looks up on the other: one read for both operators
+                    other_keys = node.join_key("right" if role == "left" else "left")
+                    keys = delta.keys(node.join_key(role), drop_null=not node.null_safe)
+                    other.acc.read_ahead(other.group_keys(keys.renamed(other_keys)))
             types = self._types_of(child_node)
-            sides.append(JoinSide(delta, node.join_key(role), list(child_node.columns),
-                                  [types[c] for c in child_node.columns], node.band_columns(role)))
+            sides[role] = JoinSide(delta, node.join_key(role), list(child_node.columns),
+                                   [types[c] for c in child_node.columns], node.band_columns(role))
         bands = [b.op for b in node.bands] if node.kind == "inner" else []
-        out = join_delta(node.kind, sides[0], sides[1], olds[0], olds[1], node.residual, node.null_safe, bands)
+        out = join_delta(node.kind, sides["left"], sides["right"], olds["left"], olds["right"], node.residual,
+                         node.null_safe, bands)
         return self._lazy(node, out, list(node.columns) + [WEIGHT])
 
     def _aggregate_output(self, side: Node, keys: list[str]) -> OutputLookup | None:
@@ -489,7 +567,10 @@ class BatchEvaluator:
         if not output_from_accumulators(spec) or None in key_map.values() or \
                 sorted(key_map.values()) != sorted(agg.group_names) or len(set(keys)) != len(keys):
             return None
+        name = f"{agg.id}_acc"
         acc = _OperatorState(self, agg.id).old("acc")
+        if not self.dry and name not in self.shared_reads:
+            acc = self.shared_reads[name] = _SharedRead(acc)
         move = (lambda rel: project_sql(rel, project.columns, project.exprs)) if project is not None else None
         return OutputLookup(spec, acc, key_map, list(side.columns) + [WEIGHT], move)
 

@@ -400,9 +400,14 @@ class OutputLookup:
     def empty(self) -> bool:
         return self.acc.empty
 
+    def group_keys(self, keys):
+        """``keys`` (a :class:`~consistent_stream.changelog.KeySet` of the reader's key
+        columns) as tuples of the group columns, in the ``acc`` arrangement's order."""
+        return _reordered(keys, [self.key_map[c] for c in keys.columns], self.spec.group)
+
     def read(self, keys, null_safe: bool = True) -> Changelog:
         if keys is not None:
-            keys = _reordered(keys, [self.key_map[c] for c in keys.columns], self.spec.group)
+            keys = self.group_keys(keys)
         rows = self.acc.read(keys, null_safe=null_safe)
         if rows.is_empty:
             return rows
