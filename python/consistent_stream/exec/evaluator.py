@@ -169,7 +169,10 @@ class _SharedRead:
                 return rows
             return self.lookup.read(keys, null_safe=null_safe)
         if keys is not None and self.ahead and all(k.arrow is not None for k in [keys, *self.ahead]):
-            keys = union_keys([keys, *self.ahead])
+            try:
+                keys = union_keys([keys, *self.ahead])
+            except pa.ArrowException as e:   # keys of types that do not cast: the asked keys alone
+                log.debug("keys read ahead not joined to the read of %s: %s", keys.columns, e)
         rows = self.lookup.read(keys, null_safe=null_safe)
         if keys is not None and keys.arrow is not None:
             self.done = (keys, null_safe, rows)
