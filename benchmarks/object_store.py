@@ -114,6 +114,7 @@ def main() -> int:
     from consistent_stream_testing import s3server
     from consistent_stream_testing.tpch.generate import generate
     from consistent_stream_testing.tpch.refresh import refresh_round
+    from consistent_stream_testing.apart import in_child
     from helpers import EXAMPLE_MODELS, render_model, tpch_sources
 
     shutil.rmtree(DATA, ignore_errors=True)
@@ -136,7 +137,7 @@ def main() -> int:
                  .config("spark.sql.warehouse.dir", str(DATA / "warehouse")).getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
         local_data = DATA / "data"
-        generate(args.sf, local_data)
+        in_child(generate, args.sf, local_data)
         remote_data = f"s3://{BUCKET}/data"
         sent: set = set()
         _sync(local_data, remote_data, sent)
@@ -160,7 +161,7 @@ def main() -> int:
                 run_job(spark, job, full_refresh=True)
         samples = {(side, m): [] for side in sides for m in jobs["local"]}
         for i in range(args.batches):
-            refresh_round(local_data, 100 + i, size=SMALL_ROUND_ORDERS)
+            in_child(refresh_round, local_data, 100 + i, size=SMALL_ROUND_ORDERS)
             _checkpoint_sources(local_data)
             _sync(local_data, remote_data, sent)
             for m in jobs["local"]:

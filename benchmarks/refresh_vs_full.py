@@ -254,6 +254,7 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
     from consistent_stream.delta import DeltaTableRef
     from consistent_stream_testing.tpch.generate import generate
     from consistent_stream_testing.tpch.refresh import refresh_round
+    from consistent_stream_testing.apart import in_child
     from consistent_stream.verify import verify_target
     from helpers import EXAMPLE_MODELS, job_for, render_model, tpch_sources
 
@@ -261,7 +262,7 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
     shutil.rmtree(root, ignore_errors=True)
     spark = _session(driver_memory, root / "warehouse")
     t0 = time.time()
-    generate(sf, root / "data")
+    in_child(generate, sf, root / "data")
     gen_s = time.time() - t0
     jobs = []
     for name in models:
@@ -275,7 +276,7 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
         if job.unique_key:
             _merge_model_seconds(spark, job, create=True)   # the merge model's first run
     t0 = time.time()
-    refresh_round(root / "data", 1)
+    in_child(refresh_round, root / "data", 1)
     rf_s = time.time() - t0
     out = []
     for job in jobs:
@@ -325,7 +326,7 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
     by_model = {job.model: job for job in jobs}
     rounds: dict[str, list] = {job.model: [] for job in jobs}
     for i in range(1, extra_rounds + 1):
-        refresh_round(root / "data", 1 + i)
+        in_child(refresh_round, root / "data", 1 + i)
         for job in jobs:
             _settle()
             s = _run(spark, job)
@@ -343,7 +344,7 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
     # small batches: at most 2,000 changed source rows each, in the warm session
     batches: dict[str, list] = {job.model: [] for job in jobs}
     for i in range(small_batches):
-        refresh_round(root / "data", 100 + i, size=SMALL_ROUND_ORDERS)
+        in_child(refresh_round, root / "data", 100 + i, size=SMALL_ROUND_ORDERS)
         for job in jobs:
             _settle()
             s = _run(spark, job)

@@ -84,12 +84,13 @@ def main() -> int:
     from consistent_stream.delta import DeltaTableRef
     from consistent_stream_testing.tpch.generate import generate
     from consistent_stream_testing.tpch.refresh import refresh_round
+    from consistent_stream_testing.apart import in_child
     from helpers import EXAMPLE_MODELS, job_for, render_model, tpch_sources
 
     root = DATA / f"sf{args.sf:g}"
     if not args.keep_data or not (root / "data").exists():
         shutil.rmtree(root, ignore_errors=True)
-        generate(args.sf, root / "data")
+        in_child(generate, args.sf, root / "data")
     else:
         _vacuum(root / "data")
     spark = _session(None, root / "warehouse")
@@ -105,7 +106,7 @@ def main() -> int:
     profiles = {job.model: cProfile.Profile() for job in jobs}
     duck = {job.model: [] for job in jobs}
     for i in range(args.batches):
-        refresh_round(root / "data", 200 + i, size=SMALL_ROUND_ORDERS)
+        in_child(refresh_round, root / "data", 200 + i, size=SMALL_ROUND_ORDERS)
         for job in jobs:
             _settle()
             p = profiles[job.model]

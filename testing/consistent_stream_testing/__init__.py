@@ -7,7 +7,8 @@ the product's wheel (``consistent-stream-testing``, installed from ``testing/``)
 * :mod:`.localpg`: a throwaway PostgreSQL 15;
 * :mod:`.jvm`: what their launchers share (a jar from Maven Central, a detached daemon, its
   state file and its stop);
-* :mod:`.tpch` and :mod:`.tpcds`: TPC-H and TPC-DS data and refresh rounds.
+* :mod:`.tpch` and :mod:`.tpcds`: TPC-H and TPC-DS data and refresh rounds;
+* :mod:`.apart`: a source's writer called in a process of its own, as a user's is.
 
 ``consistent-stream-testing`` (:mod:`.cli`) runs ``tpch-generate``, ``tpch-refresh`` and
 ``cluster start|stop|status|tasks``; ``python -m consistent_stream_testing.s3server`` and

@@ -51,7 +51,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from types import MappingProxyType
@@ -91,6 +91,11 @@ _WORDS = (
 ).split()
 _CENT = Decimal("0.01")
 _DEC = pa.decimal128(15, 2)
+
+
+def _loaded_result(state: dict) -> "RefreshResult":
+    """A pickled :class:`RefreshResult` loaded, its ``start_versions`` read-only again."""
+    return RefreshResult(**{**state, "start_versions": MappingProxyType(state["start_versions"])})
 
 
 def is_refresh_orderkey(orderkey: int) -> bool:
@@ -138,6 +143,12 @@ class RefreshResult:
     updated_customers: int
     start_versions: Mapping[str, int]
     commits: tuple[RefreshCommit, ...] = field(default=())
+
+    def __reduce__(self):
+        """Pickled (a round run in a child process, :mod:`consistent_stream_testing.apart`)
+        with ``start_versions`` as a dict, since a read-only mapping view does not pickle."""
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        return _loaded_result, ({**state, "start_versions": dict(self.start_versions)},)
 
     @property
     def versions(self) -> dict[str, tuple[int, ...]]:
