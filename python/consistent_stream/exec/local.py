@@ -394,7 +394,7 @@ def check(tree, schema: dict[str, dict[str, str]]):
     from sqlglot.optimizer.annotate_types import annotate_types
     from sqlglot.optimizer.qualify import qualify
     allowed = _allowed()
-    tree = _folded_date_arithmetic(tree.copy())
+    tree = _folded_date_arithmetic(tree.copy())   # the one copy: typed below in place
     for node in tree.walk():
         if isinstance(node, exp.Like) and _plain_pattern(node):
             continue
@@ -414,7 +414,7 @@ def check(tree, schema: dict[str, dict[str, str]]):
                                                                                          exp.Min, exp.Max)):
             raise NotLocal(f"window function {node.this.sql('spark')[:40]}")
     try:
-        typed = qualify(tree.copy(), schema=schema, dialect="spark", validate_qualify_columns=True,
+        typed = qualify(tree, schema=schema, dialect="spark", validate_qualify_columns=True,
                         quote_identifiers=False)
         typed = annotate_types(_typed_decimal_literals(typed), schema=schema, dialect="spark")
         _mark_derived_columns(typed)
@@ -472,7 +472,8 @@ def _folded_date_arithmetic(tree):
     """``tree`` with each ``DATE 'yyyy-mm-dd' ± INTERVAL 'n' <DAY|WEEK|MONTH|YEAR>`` replaced by
     the DATE Spark computes (a month or year added as Spark's ``add_months``: a day past the
     new month's end is its last day), where DuckDB would compute a TIMESTAMP. Other interval
-    arithmetic is left alone (and runs on Spark)."""
+    arithmetic is left alone (and runs on Spark). ``tree`` is changed in place (the caller's
+    copy)."""
     import datetime
 
     from sqlglot import exp
@@ -500,11 +501,11 @@ def _folded_date_arithmetic(tree):
             last = (datetime.date(y + (m + 1) // 12, (m + 1) % 12 + 1, 1) - datetime.timedelta(days=1)).day
             d = datetime.date(y, m + 1, min(d.day, last))
         return exp.cast(exp.Literal.string(d.isoformat()), "date")
-    while True:   # innermost first: DATE 'x' + INTERVAL .. + INTERVAL ..
-        folded = tree.transform(fn)
-        if folded == tree:
-            return folded
-        tree = folded
+    # innermost first: DATE 'x' + INTERVAL .. + INTERVAL .. (a query with nothing to fold, most
+    # of them, is only walked: neither copied nor compared)
+    while any(fn(node) is not node for node in tree.walk()):
+        tree = tree.transform(fn, copy=False)
+    return tree
 
 
 def _positive_literal(node, zero: bool = False) -> bool:
