@@ -127,6 +127,18 @@ class Descriptor:
         return self.storage_type + self.path_or_inline_dv + ("" if self.offset is None else f"@{self.offset}")
 
 
+def live(num_rows: int, deleted: np.ndarray) -> np.ndarray:
+    """Which of a file's ``num_rows`` rows its deletion vector keeps: a boolean mask, False at
+    the positions of ``deleted`` (int64, as :func:`deserialize` gives them; a position past the
+    file's rows marks nothing). One pass over the rows, where a set lookup per row
+    (``np.isin``) sorts both sides."""
+    keep = np.ones(num_rows, dtype=bool)
+    if len(deleted):
+        d = np.asarray(deleted, dtype=np.int64)
+        keep[d[(d >= 0) & (d < num_rows)]] = False
+    return keep
+
+
 def descriptor_of(deletion_vector: dict | None) -> Descriptor | None:
     """The descriptor of an action's (or :class:`~.values.DataFile`'s) ``deletionVector``, None
     for a file without one."""

@@ -38,6 +38,7 @@ from pyspark.sql import DataFrame
 
 from .. import duck, location, storage
 from .deletion_vectors import descriptor_of
+from .deletion_vectors import live as live_rows
 from .deletion_vectors import read_many as read_vectors
 from .values import DataFile, as_uri, data_file_path, plain_arrow, plain_schema
 
@@ -247,7 +248,7 @@ def read_live(table_path: str, files: list[DataFile], columns: list[str], *, hol
     for t, gone in zip(tables, marked):
         positions = np.arange(t.num_rows, dtype=np.int64)
         if len(gone):
-            live = ~np.isin(positions, gone, assume_unique=True)
+            live = live_rows(t.num_rows, gone)
             t, positions = t.filter(pa.array(live)), positions[live]
         out.append((t, positions))
     return out

@@ -220,7 +220,7 @@ def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, look
         keys = keys.select(match)
         live = np.arange(keys.num_rows, dtype=np.int64)
         if len(gone):
-            live = live[~np.isin(live, gone, assume_unique=True)]
+            live = np.flatnonzero(dvs.live(keys.num_rows, gone))
             keys = keys.take(pa.array(live))
         hit = key_in(keys, lookup, match)
         return i, Probed(live[hit.to_numpy(zero_copy_only=False)], keys.filter(hit),
