@@ -229,7 +229,7 @@ def _translated(tree, schema: list) -> tuple[str, list]:
     typed, divisions = check(tree, {n: dict(cols) for n, cols in schema})
     for node in list(typed.find_all(exp.TryCast)):
         node.replace(exp.Cast(this=node.this, to=node.args["to"]))
-    return typed.sql(dialect="duckdb"), sorted(divisions)
+    return typed.sql(dialect="duckdb", copy=False), sorted(divisions)   # (typed: check's own copy)
 
 
 @functools.lru_cache(maxsize=1)
