@@ -150,9 +150,10 @@ the thread never holds an import lock the session's own start waits on in turn."
 
 
 def _preload() -> None:
-    """Import :data:`PRELOADED` on a daemon thread: for the two seconds ``launch_gateway``
-    waits for the JVM, this process has nothing else to do. An import that fails here fails
-    again, with its error, where the module is used."""
+    """Import :data:`PRELOADED` on a daemon thread, then open the first batch's DuckDB database
+    and warm Arrow's paths (:func:`consistent_stream.duck.prewarm`): for the two seconds
+    ``launch_gateway`` waits for the JVM, this process has nothing else to do. An import that
+    fails here fails again, with its error, where the module is used."""
     import importlib
     import threading
 
@@ -162,6 +163,11 @@ def _preload() -> None:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001 (raised again where it is used)
                 pass
+        try:   # then the first batch's DuckDB database and Arrow paths, as a run's own prewarm does
+            from consistent_stream.duck import prewarm
+            prewarm()
+        except Exception:  # noqa: BLE001 (the run opens them itself)
+            pass
     threading.Thread(target=load, name="consistent-stream-preload", daemon=True).start()
 
 

@@ -108,10 +108,11 @@ def database(threads: int | None = None) -> SharedDatabase:
 
 
 def prewarm(threads: int | None = None) -> threading.Thread | None:
-    """Import DuckDB, open the process's database for ``threads`` and load the sqlglot
-    dialects the local engine translates between (Spark, DuckDB), in a daemon thread;
-    returns it (None when the database is open already). A failure there is only logged:
-    the batch opens what it needs itself and reports its own errors."""
+    """Import DuckDB, open the process's database for ``threads``, load the sqlglot
+    dialects the local engine translates between (Spark, DuckDB) and run Arrow's Parquet
+    reader, hash aggregation, filter and join once on a few rows (:func:`_warm_arrow`), in a
+    daemon thread; returns it (None when the database is open already). A failure there is
+    only logged: the batch opens what it needs itself and reports its own errors."""
     key = int(threads) if threads else None
     if key in _DATABASES:
         return None
@@ -119,6 +120,7 @@ def prewarm(threads: int | None = None) -> threading.Thread | None:
     def work() -> None:
         try:
             database(key)
+            _warm_arrow()
             import importlib
             from sqlglot import Dialect
             for module in ("sqlglot.optimizer.annotate_types", "sqlglot.optimizer.qualify"):
@@ -131,6 +133,23 @@ def prewarm(threads: int | None = None) -> threading.Thread | None:
     t = threading.Thread(target=work, name="consistent-stream-duckdb-prewarm", daemon=True)
     t.start()
     return t
+
+
+def _warm_arrow() -> None:
+    """Arrow's paths a batch takes on the driver (a change file's Parquet read, the
+    consolidation's hash aggregation, a filter, a join), run once on three rows. Their first use
+    in a process loads their libraries' code (Acero, Parquet) and starts Arrow's CPU thread
+    pool: tens of milliseconds a first batch paid, more after a large write had pushed those
+    libraries out of the page cache (the docs' benchmark pages)."""
+    import io
+
+    import pyarrow.parquet as pq
+    t = pa.table({"k": pa.array([1, 2, 1], pa.int64()), "w": pa.array([1, -1, 1], pa.int64())})
+    buf = io.BytesIO()
+    pq.write_table(t, buf)
+    t = pq.read_table(pa.BufferReader(buf.getvalue()))
+    summed = t.group_by(["k"]).aggregate([("w", "sum")])
+    t.filter(pc.not_equal(t.column("w"), 0)).join(summed, keys=["k"], join_type="left anti")
 
 
 def dq(name: str) -> str:

@@ -399,9 +399,11 @@ def _run_steps(run: _Run, timeout_s: float | None, fence) -> dict:
                                           fingerprint(job.sql, job.sources), full_refresh)
     if up_to_date is not None:
         return _report_up_to_date(run, up_to_date)
-    if job.local_engine == "duckdb" and not full_refresh:
+    if job.local_engine == "duckdb":
         from .duck import prewarm
-        prewarm()   # the batch's delta queries and keyed state reads: opened while the compile and Spark go on
+        # the batch's delta queries and keyed state reads: opened while the compile and Spark go
+        # on (a rebuild's too: one on the driver runs there, and a warm session's next run does)
+        prewarm()
     if action == "none" and not full_refresh and run.target.exists():
         # the same SQL planned with other operators by this version: the state is not theirs
         changes = run.compiled()[0].plan_changes
