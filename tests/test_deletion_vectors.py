@@ -46,6 +46,17 @@ def test_vectors_round_trip_inline_and_in_a_file(tmp_path, name):
     assert dv.read(str(tmp_path), second).tolist() == [3, 4]
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_vectors_live_rows_are_the_rows_it_does_not_mark(name):
+    """``live``: the mask of the rows kept, as a set difference gives it; positions past the
+    file's rows mark nothing."""
+    rows = CASES[name]
+    n = 3_000_000
+    got = dv.live(n, rows)
+    assert got.dtype == bool and len(got) == n
+    assert np.array_equal(np.flatnonzero(got), np.setdiff1d(np.arange(n), rows))
+
+
 def test_damaged_vectors_are_refused(tmp_path):
     (d,) = dv.write_file(str(tmp_path), [np.arange(10)])
     path = tmp_path / dv.file_name(d.path_or_inline_dv)
