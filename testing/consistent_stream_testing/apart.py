@@ -2,12 +2,11 @@
 
 The benchmarks generate TPC-H and apply its refresh rounds (:mod:`.tpch`) with delta-rs and
 Arrow, in Python. Called in the process that then times the model's runs, the writer left its
-heap there (at SF 10 the generator peaked at 3.7 GB, and the driver's Python process began the
-incremental run at about 1 GB where it now begins at about 0.2 GB), so the peak and starting
-memory the benchmarks report were the writer's as much as the model's. A user's source is
-written by another process (a Spark job, a CDC pipeline), so the benchmarks call their writer
-through :func:`in_child`. (The run times did not move: ``refresh_vs_full.py`` at SF 10 timed
-the same incremental run either way.)
+heap there, so the peak and starting memory the benchmarks report were the writer's as much as
+the model's (``refresh_vs_full.py``'s records before and after the change show the driver's
+starting memory drop; its run times did not move). A user's source is written by another
+process (a Spark job, a CDC pipeline), so the benchmarks call their writer through
+:func:`in_child`.
 """
 from __future__ import annotations
 
