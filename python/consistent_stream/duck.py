@@ -138,9 +138,8 @@ def prewarm(threads: int | None = None) -> threading.Thread | None:
 def _warm_arrow() -> None:
     """Arrow's paths a batch takes on the driver (a change file's Parquet read, the
     consolidation's hash aggregation, a filter, a join), run once on three rows. Their first use
-    in a process loads their libraries' code (Acero, Parquet), from disk when a large write has
-    pushed it out of the page cache, and starts Arrow's CPU thread pool: work a first batch
-    would otherwise wait for."""
+    in a process loads their libraries' code (Acero, Parquet) and starts Arrow's CPU thread
+    pool: work a first batch would otherwise wait for."""
     import io
 
     import pyarrow.parquet as pq
