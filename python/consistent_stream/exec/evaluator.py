@@ -519,35 +519,33 @@ class BatchEvaluator:
     def _join(self, node: Join) -> Changelog:
         st = _OperatorState(self, node.id)
         roles = {"left": node.left, "right": node.right}
-        shared: dict[str, OutputLookup | None] = {"left": None, "right": None}
-        order = ["left", "right"]
-        if not self.dry and not node.bands:
-            shared = {role: self._aggregate_output(child, node.join_key(role)) for role, child in roles.items()}
-            if shared["left"] is not None and shared["right"] is None:
-                order.reverse()   # the side that is not shared first: its keys are read ahead (below)
+        if self.dry:   # (the dry run types an aggregate's spec and arrangement as it evaluates it)
+            for child in roles.values():
+                self.delta(child)
+        shared = {role: None if node.bands else self._aggregate_output(child, node.join_key(role))
+                  for role, child in roles.items()}
+        # the side that is not shared first: its keys are read ahead (below)
+        order = ["right", "left"] if shared["left"] is not None and shared["right"] is None else ["left", "right"]
         sides, olds = {}, {}
         for role in order:
-            child_node = roles[role]
-            child = self.delta(child_node)
-            lookup = shared[role] if not self.dry else \
-                (None if node.bands else self._aggregate_output(child_node, node.join_key(role)))
-            if lookup is not None:
+            child_node, other_role = roles[role], "right" if role == "left" else "left"
+            if shared[role] is not None:
                 delta = self._output_change(child_node)
-                olds[role] = lookup
+                olds[role] = shared[role]
             else:
                 # a key that is a column of the input is looked up by that column; others are computed
-                delta = self._input(st, role, child, node.arrangement_key(role), node.key_columns(role))
+                delta = self._input(st, role, self.delta(child_node), node.arrangement_key(role),
+                                    node.key_columns(role))
                 olds[role] = st.old(role)
-                other = shared["right" if role == "left" else "left"]
-                if other is not None and not delta.is_empty and not other.empty:
-                    # the aggregate reads its accumulators at its groups and at the keys this
-                    # side's change looks up on the other: one read for both operators
-                    other_keys = node.join_key("right" if role == "left" else "left")
-                    keys = delta.keys(node.join_key(role), drop_null=not node.null_safe)
-                    other.acc.read_ahead(other.group_keys(keys.renamed(other_keys)))
             types = self._types_of(child_node)
-            sides[role] = JoinSide(delta, node.join_key(role), list(child_node.columns),
-                                   [types[c] for c in child_node.columns], node.band_columns(role))
+            side = sides[role] = JoinSide(delta, node.join_key(role), list(child_node.columns),
+                                          [types[c] for c in child_node.columns], node.band_columns(role))
+            other = shared[other_role]
+            if other is not None and isinstance(other.acc, _SharedRead) and not delta.is_empty and not other.empty:
+                # the aggregate reads its accumulators at its groups and at the keys this
+                # side's change looks up on the other: one read for both operators
+                keys = side.change_keys(node.null_safe)
+                other.acc.read_ahead(other.group_keys(keys.renamed(node.join_key(other_role))))
         bands = [b.op for b in node.bands] if node.kind == "inner" else []
         out = join_delta(node.kind, sides["left"], sides["right"], olds["left"], olds["right"], node.residual,
                          node.null_safe, bands)

@@ -79,6 +79,14 @@ class JoinSide:
     types: list[str]
     bands: list[str] = field(default_factory=list)   # per band of a range join, the column of this side
     old: Changelog | None = None
+    _keys: KeySet | None = field(default=None, repr=False)
+
+    def change_keys(self, null_safe: bool) -> KeySet:
+        """The distinct key tuples of the change (a NULL key left out unless ``null_safe``),
+        computed once."""
+        if self._keys is None:
+            self._keys = self.delta.keys(self.keys, drop_null=not null_safe)
+        return self._keys
 
     def null_padding(self) -> str:
         return ", ".join(f"CAST(NULL AS {t}) AS {q(c)}" for c, t in zip(self.cols, self.types))
@@ -167,8 +175,8 @@ def join_delta(kind: str, left: JoinSide, right: JoinSide, left_old: Lookup, rig
                                                            dl, left.bands)
         left.old = None if dr.is_empty else _read_in_range(left_old, left.bands, list(bands), dr, right.bands)
     else:   # old rows read once per side, at every key a term needs
-        k_l = None if dl.is_empty else dl.keys(left.keys, drop_null=not null_safe)
-        k_r = None if dr.is_empty else dr.keys(right.keys, drop_null=not null_safe)
+        k_l = None if dl.is_empty else left.change_keys(null_safe)
+        k_r = None if dr.is_empty else right.change_keys(null_safe)
         r_at: list[KeySet] = []
         if k_l is not None:
             r_at.append(k_l.renamed(right.keys))
