@@ -91,12 +91,26 @@ def test_a_join_reads_an_aggregates_output_from_the_aggregates_own_arrangement(s
 def test_an_aggregate_and_the_join_over_its_output_read_its_accumulators_once(spark, tmp_path, monkeypatch):
     """The aggregate reads its accumulators at its groups and at the keys the join's other
     side changed (read ahead), and the join takes the same rows: one read a batch, whichever
-    side of the join the aggregate is on."""
+    side of the join the aggregate is on. The aggregate gets the rows of its own groups only
+    (it would otherwise finalize the groups read ahead, to cancel them)."""
+    from consistent_stream.exec.evaluator import _SharedRead
     from consistent_stream.state.arrangement import StateStore
-    reads = []
-    read = StateStore.read
-    monkeypatch.setattr(StateStore, "read", lambda self, a, keys, null_safe=True:
-                        reads.append(a.name) or read(self, a, keys, null_safe))
+    reads, stored, given = [], [], []
+    read, shared_read = StateStore.read, _SharedRead.read
+
+    def store_read(self, a, keys, null_safe=True):
+        reads.append(a.name)
+        if a.name.endswith("_acc"):
+            stored.append(set(keys.arrow.column(0).to_pylist()))
+        return read(self, a, keys, null_safe)
+
+    def first_read(self, keys, null_safe=True):
+        rows = shared_read(self, keys, null_safe)
+        if not given:
+            given.append(set(rows.arrow.column(keys.columns[0]).to_pylist()))
+        return rows
+    monkeypatch.setattr(StateStore, "read", store_read)
+    monkeypatch.setattr(_SharedRead, "read", first_read)
     sc = Scenario(spark, tmp_path, {
         "c": pa.table({"id": [1, 2, 3, 4], "name": ["a", "b", "c", "d"]}),
         "o": pa.table({"oid": [10, 11, 12, 13], "cid": [1, 1, 2, 4], "amt": [5, 7, 1, 3]}),
@@ -111,9 +125,10 @@ def test_an_aggregate_and_the_join_over_its_output_read_its_accumulators_once(sp
     sc.insert("o", pa.table({"oid": [14, 15], "cid": [1, 3], "amt": [2, 4]}))   # groups 1 and 3
     sc.update("c", {"name": "'z'"}, "id in (2, 4)")                             # keys 2 and 4: not touched
     for job in jobs:
-        reads.clear()
+        reads.clear(), stored.clear(), given.clear()
         sc.run(job)
         assert len([r for r in reads if r.endswith("_acc")]) == 1, reads
+        assert stored == [{1, 2, 3, 4}] and given == [{1}], (stored, given)   # (group 3 is new)
 
 
 def test_an_aggregates_output_joined_on_its_group_columns_in_another_order(spark, tmp_path):

@@ -40,6 +40,7 @@ import logging
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
@@ -168,6 +169,7 @@ class _SharedRead:
             if keys is not None and (safe or not null_safe) and _covers(at, keys):
                 return rows
             return self.lookup.read(keys, null_safe=null_safe)
+        asked = keys
         if keys is not None and self.ahead and all(k.arrow is not None for k in [keys, *self.ahead]):
             try:
                 keys = union_keys([keys, *self.ahead])
@@ -176,13 +178,39 @@ class _SharedRead:
         rows = self.lookup.read(keys, null_safe=null_safe)
         if keys is not None and keys.arrow is not None:
             self.done = (keys, null_safe, rows)
-        return rows
+        return rows if keys is asked else _at(rows, asked, null_safe)
 
     def read_range(self, ranges):
         return self.lookup.read_range(ranges)
 
     def read_prefix(self, column, descending, nulls_first, need):
         return self.lookup.read_prefix(column, descending, nulls_first, need)
+
+
+def _at(rows: Changelog, keys: KeySet, null_safe: bool) -> Changelog:
+    """``rows`` (read at a superset of ``keys``, whose columns they hold) less the rows of
+    other keys, where both are on the driver: the first reader of a :class:`_SharedRead` then
+    does not carry the keys read ahead for the other one (an aggregate would finalize their
+    groups, to cancel them). A row with a NULL key is kept when ``null_safe`` (Arrow's join
+    does not match NULLs): a superset, which every delta rule allows, as is ``rows`` itself
+    when they are not on the driver."""
+    if rows.arrow is None or keys.arrow is None or rows.is_empty:
+        return rows
+    cols = list(keys.columns)
+    try:
+        data = rows.arrow.append_column("__cs_row", pa.array(range(rows.arrow.num_rows), pa.int64()))
+        hit = data.select(cols + ["__cs_row"]).join(keys.arrow.cast(data.select(cols).schema), keys=cols,
+                                                    join_type="left semi", use_threads=False)
+    except (KeyError, ValueError, pa.ArrowException) as e:
+        log.debug("rows of keys read ahead kept in the read of %s: %s", cols, e)
+        return rows
+    keep = pc.is_in(data.column("__cs_row"), hit.column("__cs_row"))
+    if null_safe:
+        for c in cols:
+            keep = pc.or_(keep, pc.is_null(data.column(c)))
+    if pc.all(keep).as_py():
+        return rows
+    return Changelog.of_arrow(rows.views, rows.arrow.filter(keep))
 
 
 def _covers(at: KeySet, keys: KeySet) -> bool:
