@@ -131,6 +131,30 @@ def test_an_aggregate_and_the_join_over_its_output_read_its_accumulators_once(sp
         assert stored == [{1, 2, 3, 4}] and given == [{1}], (stored, given)   # (group 3 is new)
 
 
+def test_a_rebuild_writes_an_inner_joins_sides_as_their_rows_come(spark, tmp_path):
+    """A rebuild on the executors writes an inner join's side without consolidating it (its
+    lookups take a Z-set): two lines of one order with the same price stay two rows of the
+    side's base. The batches after it delete one of them, then the other, and add a third:
+    the target follows, the side's base rows read as the Z-set they are."""
+    import pyarrow.parquet as pq
+    sc = Scenario(spark, tmp_path, {
+        "o": pa.table({"ok": [1, 2], "cust": ["a", "b"]}),
+        "l": pa.table({"lid": [10, 11, 12], "ok": [1, 1, 2], "price": [5, 5, 7]}),
+    }, {"o": ["ok"], "l": ["lid"]})
+    job = sc.job("select o.ok, o.cust, sum(l.price) as total, count(*) as n "
+                 "from src.o o join src.l l on o.ok = l.ok group by o.ok, o.cust", ["ok"])
+    job.driver_rebuild_rows = 0
+    sc.run(job, full_refresh=True)
+    side, = Path(job.state_root).glob("__arrangement=*_join_right")   # the lines' side: (l__ok, l__price)
+    lines = pq.read_table([str(f) for f in side.rglob("*.parquet")]).to_pylist()
+    assert sorted(r["__weight"] for r in lines if (r["l__ok"], r["l__price"]) == (1, 5)) == [1, 1], lines
+    sc.delete("l", "lid = 10")
+    sc.run(job)
+    sc.delete("l", "lid = 11")
+    sc.insert("l", pa.table({"lid": [13], "ok": [1], "price": [5]}))
+    sc.run(job)
+
+
 def test_an_aggregates_output_joined_on_its_group_columns_in_another_order(spark, tmp_path):
     """Two group columns joined in the other order than grouped: the keys the join looks up
     are put in the arrangement's order."""

@@ -115,14 +115,18 @@ class _OperatorState:
 
     def stage(self, role: str, sql: str, columns: list[str], key: list[str], additive: tuple[str, ...] = (WEIGHT,),
               live: str | None = None, consolidated: bool = False,
-              compensated: tuple[tuple[str, str], ...] = ()) -> Changelog:
+              compensated: tuple[tuple[str, str], ...] = (), rebuild_consolidated: bool = True) -> Changelog:
+        """The batch's rows of arrangement ``role`` (a SELECT ``sql``): consolidated unless
+        ``consolidated`` says they are, materialized and staged for the state commit; a
+        rebuild writes them as the arrangement's base (consolidated there unless
+        ``rebuild_consolidated`` is False: :meth:`StateStore.rebuild`). Returns them."""
         a = self.arrangement(role, sql, key, additive, live, compensated)
         casts = ", ".join(f"CAST({q(f.name)} AS {f.dataType.simpleString()}) AS {q(f.name)}" for f in a.schema.fields)
         typed = f"SELECT {casts} FROM ({sql})"
         if self.ev.dry:
             return _typed_stand_in(self.ev.views, a.schema)
         if self.ev.rebuild:
-            return self.ev.store.rebuild(a, typed)
+            return self.ev.store.rebuild(a, typed, consolidate=rebuild_consolidated)
         change = self.ev.materialize(typed if consolidated else a.consolidate_sql(f"({typed})", complete=False),
                                      a.schema)
         change.consolidated = True
@@ -527,10 +531,10 @@ class BatchEvaluator:
         return ch
 
     def _input(self, st: _OperatorState, role: str, child: Changelog, key: list[str],
-               extra: list[tuple[str, str]] = ()) -> Changelog:
+               extra: list[tuple[str, str]] = (), rebuild_consolidated: bool = True) -> Changelog:
         """A stateful operator's input (``child`` plus ``extra`` computed columns): consolidated,
         materialized once and appended to its arrangement ``role`` (rebuild: written as the
-        arrangement)."""
+        arrangement, consolidated unless ``rebuild_consolidated`` is False)."""
         data = [c for c in child.columns if c != WEIGHT]
         if child.is_empty:
             a = self.types.arrangements[f"{st.op_id}_{role}"]
@@ -538,7 +542,7 @@ class BatchEvaluator:
         sel = ", ".join([q(c) for c in data] + [f"{e} AS {q(n)}" for n, e in extra] + [q(WEIGHT)])
         # computed key columns are functions of the row: a consolidated child stays consolidated
         return st.stage(role, f"SELECT {sel} FROM {child.sql}", data + [n for n, _ in extra] + [WEIGHT], key,
-                        consolidated=child.consolidated)
+                        consolidated=child.consolidated, rebuild_consolidated=rebuild_consolidated)
 
     def _types_of(self, node: Node) -> dict[str, str]:
         schema = self.delta(node).df.schema if self.dry else self.types.nodes[node.id]
@@ -561,9 +565,11 @@ class BatchEvaluator:
                 delta = self._output_change(child_node)
                 olds[role] = shared[role]
             else:
-                # a key that is a column of the input is looked up by that column; others are computed
+                # a key that is a column of the input is looked up by that column; others are
+                # computed. A rebuild writes the side as its rows come (its lookups take a Z-set),
+                # except for an outer join, whose rebuild is SQL's outer join of consolidated sides
                 delta = self._input(st, role, self.delta(child_node), node.arrangement_key(role),
-                                    node.key_columns(role))
+                                    node.key_columns(role), rebuild_consolidated=node.kind in ("left", "full"))
                 olds[role] = st.old(role)
             types = self._types_of(child_node)
             side = sides[role] = JoinSide(delta, node.join_key(role), list(child_node.columns),

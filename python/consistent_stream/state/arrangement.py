@@ -497,27 +497,37 @@ class StateStore:
             return
         self._staged[arrangement.name] = ("append", change)
 
-    def rebuild(self, arrangement: Arrangement, sql: str) -> Changelog:
+    def rebuild(self, arrangement: Arrangement, sql: str, *, consolidate: bool = True) -> Changelog:
         """Replace ``arrangement`` by the rows of the SELECT ``sql`` (a rebuild from snapshots),
         written now by Spark's executors as base files; returns the written rows as a changelog
-        read back from those files (so the caller never computes ``sql`` twice).
+        read back from those files (so the caller never computes ``sql`` twice), consolidated
+        when ``consolidate``.
 
         A keyed arrangement's rows are consolidated within the ranges of the key they are
         partitioned by (:meth:`_write_base` ``merge``): one exchange of the rows, where
         consolidating first and range-partitioning the result takes two. An arrangement
         without a key is written as one range, so its rows are consolidated first, by all
-        the executors."""
+        the executors.
+
+        ``consolidate=False`` writes the rows as they come (range-partitioned and sorted all
+        the same), for an arrangement whose every reader takes a Z-set: a row twice, or a
+        row and its retraction, reads as the row once, or not at all (a join side's lookups,
+        :mod:`consistent_stream.operators.join`). That saves a hash aggregation of all its
+        rows, the most of a rebuild's cost for a large side; a later compaction that re-bases
+        the arrangement consolidates its base with its deltas."""
         if arrangement.key:
-            files = self._write_base(arrangement, self.views.sql(sql), merge=True)
-        else:
+            files = self._write_base(arrangement, self.views.sql(sql), merge=consolidate)
+        elif consolidate:
             files = self._write_base(arrangement, self.views.sql(arrangement.consolidate_sql(f"({sql})")))
+        else:
+            files = self._write_base(arrangement, self.views.sql(sql))
         self._staged[arrangement.name] = ("replace", files)
         rows = sum(f.num_records for f in files)
         if not files:
             return Changelog.empty(self.views, arrangement.schema)
         out = self.spark.read.schema(arrangement.schema).parquet(*[self.table.file_uri(f.path) for f in files])
         ch = Changelog.of_frame(self.views, out, rows=rows)
-        ch.consolidated = True
+        ch.consolidated = consolidate
         return ch
 
     def _write_base(self, arrangement: Arrangement, df: DataFrame, *, merge: bool = False) -> list[DataFile]:
