@@ -510,11 +510,11 @@ class StateStore:
         the executors.
 
         ``consolidate=False`` writes the rows as they come (range-partitioned and sorted all
-        the same), for an arrangement whose every reader takes a Z-set: a row twice, or a
-        row and its retraction, reads as the row once, or not at all (a join side's lookups,
-        :mod:`consistent_stream.operators.join`). That saves a hash aggregation of all its
-        rows, the most of a rebuild's cost for a large side; a later compaction that re-bases
-        the arrangement consolidates its base with its deltas."""
+        the same), for an arrangement whose every reader sums the weights of the rows it
+        finds: a row stored twice reads as the row with weight 2, a row and its retraction as
+        no row (a join side's lookups, :mod:`consistent_stream.operators.join`). That saves a
+        hash aggregation of all its rows, most of the write of a large side; a later
+        compaction that re-bases the arrangement consolidates its base with its deltas."""
         if arrangement.key:
             files = self._write_base(arrangement, self.views.sql(sql), merge=consolidate)
         elif consolidate:
