@@ -40,10 +40,13 @@ def test_the_smallest_inferred_key_or_none_for_a_bag(sql, key):
 def test_key_in_matches_keys_with_nulls_equal_for_one_or_several_key_columns():
     import pyarrow as pa
 
-    from consistent_stream.sink.unique import key_in
+    from consistent_stream.operators.keyed import key_in
     t = pa.table({"a": pa.array([1, None, 3, 4], pa.int64()), "b": ["x", "y", None, "w"]})
     other = pa.table({"a": pa.array([None, 3, 9], pa.int32()), "b": ["y", None, "w"]})   # int32: cast
     assert key_in(t, other, ["a"]).to_pylist() == [False, True, True, False]
     assert key_in(t, other, ["a", "b"]).to_pylist() == [False, True, True, False]
     assert key_in(t, other, ["b"]).to_pylist() == [False, True, True, True]
     assert key_in(t, other.slice(0, 0), ["a"]).to_pylist() == [False] * 4
+    both = pa.table({"a": pa.array([4, 1, 4, None], pa.int32()), "b": ["w", "z", "w", "y"]})   # joined rows
+    assert key_in(t, both, ["a", "b"]).to_pylist() == [False, True, False, True]
+    assert key_in(t, pa.table({"a": ["four"], "b": ["w"]}), ["a", "b"]).to_pylist() == [False] * 4   # no cast

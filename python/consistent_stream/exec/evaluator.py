@@ -49,7 +49,7 @@ from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, consolidate_
 from ..operators.aggregate import AggregateSpec, OutputLookup, aggregate_delta, output_from_accumulators
 from ..operators.dedup import dedup_delta
 from ..operators.join import JoinSide, join_delta
-from ..operators.keyed import RelationLookup, union_keys
+from ..operators.keyed import RelationLookup, key_in, union_keys
 from ..operators.linear import expand_sql, filter_sql, generate_sql, project_sql, reweight_sql, union_sql
 from ..operators.recompute import RecomputeInput, recompute_delta
 from ..operators.temporal import temporal_delta
@@ -182,7 +182,7 @@ class _SharedRead:
         rows = self.lookup.read(keys, null_safe=null_safe)
         if keys is not None and keys.arrow is not None:
             self.done = (keys, null_safe, rows)
-        return rows if keys is asked else _at(rows, asked, null_safe)
+        return rows if keys is asked else _at(rows, asked)
 
     def read_range(self, ranges):
         return self.lookup.read_range(ranges)
@@ -191,27 +191,16 @@ class _SharedRead:
         return self.lookup.read_prefix(column, descending, nulls_first, need)
 
 
-def _at(rows: Changelog, keys: KeySet, null_safe: bool) -> Changelog:
+def _at(rows: Changelog, keys: KeySet) -> Changelog:
     """``rows`` (read at a superset of ``keys``, whose columns they hold) less the rows of
     other keys, where both are on the driver: the first reader of a :class:`_SharedRead` then
     does not carry the keys read ahead for the other one (an aggregate would finalize their
-    groups, to cancel them). A row with a NULL key is kept when ``null_safe`` (Arrow's join
-    does not match NULLs): a superset, which every delta rule allows, as is ``rows`` itself
-    when they are not on the driver."""
+    groups, to cancel them). NULLs compare equal (:func:`key_in`): for a read with SQL ``=``
+    keys, a superset, which every delta rule allows, as is ``rows`` itself when they are not
+    on the driver."""
     if rows.arrow is None or keys.arrow is None or rows.is_empty:
         return rows
-    cols = list(keys.columns)
-    try:
-        data = rows.arrow.append_column("__cs_row", pa.array(range(rows.arrow.num_rows), pa.int64()))
-        hit = data.select(cols + ["__cs_row"]).join(keys.arrow.cast(data.select(cols).schema), keys=cols,
-                                                    join_type="left semi", use_threads=False)
-    except (KeyError, ValueError, pa.ArrowException) as e:
-        log.debug("rows of keys read ahead kept in the read of %s: %s", cols, e)
-        return rows
-    keep = pc.is_in(data.column("__cs_row"), hit.column("__cs_row"))
-    if null_safe:
-        for c in cols:
-            keep = pc.or_(keep, pc.is_null(data.column(c)))
+    keep = key_in(rows.arrow, keys.arrow, list(keys.columns))
     if pc.all(keep).as_py():
         return rows
     return Changelog.of_arrow(rows.views, rows.arrow.filter(keep))

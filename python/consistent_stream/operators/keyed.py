@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..changelog import Changelog, KeySet, q
 
@@ -80,3 +82,50 @@ def union_keys(sets: list[KeySet]) -> KeySet:
     sel = ", ".join(q(c) for c in cols)
     union = " UNION ".join(f"SELECT {sel} FROM {s.relation()}" for s in sets)
     return KeySet(sets[0].views, cols, None, f"({union})")
+
+
+def row_keys(t: pa.Table, cols: list[str]) -> list[tuple]:
+    """The values of columns ``cols`` of each row of ``t``, as Python tuples (NULL: None)."""
+    return list(zip(*[t.column(c).to_pylist() for c in cols])) if t.num_rows else []
+
+
+def key_in(t: pa.Table, other: pa.Table, cols: list[str]) -> pa.Array:
+    """For each row of ``t``, whether its key (columns ``cols``) is the key of a row of
+    ``other``, NULLs comparing equal (as the MERGE's IS NOT DISTINCT FROM, and ``<=>``): a
+    boolean array of ``t.num_rows``. Vectorized where it can be, since building a Python tuple
+    per row of a target-sized key column is not: one key column with Arrow's hash set
+    (``is_in``), several with Arrow's hash join on an added row number, whose rows with a NULL
+    in the key (a join never matches NULLs) are compared as Python tuples, as is everything
+    when a column's type does not cast to ``t``'s."""
+    if not t.num_rows or not other.num_rows:
+        return pa.array([False] * t.num_rows, pa.bool_())
+    try:
+        right = other.select(cols).cast(t.select(cols).schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        right = None
+    if right is not None and len(cols) == 1:
+        return pc.is_in(t.column(cols[0]), value_set=right.column(0).combine_chunks(), skip_nulls=False)
+    if right is not None:
+        left = t.select(cols).append_column("__row", pa.array(np.arange(t.num_rows, dtype=np.int64)))
+        hit = left.join(right.group_by(cols, use_threads=False).aggregate([]), keys=cols,
+                        join_type="left semi", use_threads=False)
+        mask = np.zeros(t.num_rows, dtype=bool)
+        mask[hit.column("__row").to_numpy()] = True
+        nulls = _any_null(t, cols)
+        if nulls.any():
+            known = set(row_keys(right.filter(pa.array(_any_null(right, cols))), cols))
+            rows = np.flatnonzero(nulls)
+            mask[rows] = [k in known for k in row_keys(t.take(pa.array(rows)), cols)]
+        return pa.array(mask)
+    known = set(row_keys(other, cols))
+    return pa.array([k in known for k in row_keys(t, cols)], pa.bool_())
+
+
+def _any_null(t: pa.Table, cols: list[str]) -> np.ndarray:
+    """Per row of ``t``, whether one of ``cols`` is NULL (a numpy boolean array)."""
+    out = np.zeros(t.num_rows, dtype=bool)
+    for c in cols:
+        col = t.column(c)
+        if col.null_count:
+            out |= pc.is_null(col).to_numpy(zero_copy_only=False)
+    return out

@@ -62,8 +62,8 @@ from ..delta import deletion_vectors as dvs
 from ..delta.files import (HELD, HELD_KEYS, may_hold, new_dir, open_rows, read_live, stats_bounds, wanted_values,
                            write_arrow)
 from ..faults import fault_point
+from ..operators.keyed import key_in
 from ..threads import at_once
-from .unique import key_in
 
 OP = "__op"
 FILE_ROWS = 500_000

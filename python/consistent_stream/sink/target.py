@@ -33,9 +33,9 @@ from ..changelog import WEIGHT, consolidate
 from ..connect import default_parallelism
 from ..delta import DeltaTableRef, Docs, Txn
 from ..errors import CommitError, UniqueKeyViolation
+from ..operators.keyed import key_condition, key_in, row_keys
 from ..settings import spark_confs
 from . import rewrite
-from .unique import key_in, row_keys
 
 OP = "__op"
 
@@ -203,7 +203,6 @@ def _multiplicities_on_spark(spark, target: DeltaTableRef, version: int, neg: pa
     """:func:`multiplicities` with Spark: a semi join of the target's rows with the retracted
     ones (broadcast), grouped."""
     from ..changelog import Views, arrow_to_spark, cols_sql
-    from ..operators.keyed import key_condition
     cols = neg.column_names
     views = Views(spark)
     try:

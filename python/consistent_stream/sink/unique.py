@@ -20,32 +20,7 @@ from ..delta import DeltaTableRef
 from ..delta.deltars import plain_arrow
 from ..delta.files import MAX_STRING_STAT, may_hold, read_live, stats_bounds, wanted_values
 from ..errors import CommitError, UniqueKeyViolation
-
-
-def row_keys(t: pa.Table, cols: list[str]) -> list[tuple]:
-    """The values of columns ``cols`` of each row of ``t``, as Python tuples (NULL: None)."""
-    return list(zip(*[t.column(c).to_pylist() for c in cols])) if t.num_rows else []
-
-
-def key_in(t: pa.Table, other: pa.Table, cols: list[str]) -> pa.Array:
-    """For each row of ``t``, whether its key (columns ``cols``) is the key of a row of
-    ``other``, NULLs comparing equal (as the MERGE's IS NOT DISTINCT FROM): a boolean array of
-    ``t.num_rows``. One key column is looked up with Arrow's hash set (``is_in``: vectorized,
-    where building a Python tuple per row of a target-sized key column is not); several key
-    columns, or a column whose type the other side cannot be cast to, compare Python tuples
-    (Arrow's joins never match NULLs)."""
-    if not t.num_rows or not other.num_rows:
-        return pa.array([False] * t.num_rows, pa.bool_())
-    if len(cols) == 1:
-        c = cols[0]
-        try:
-            values = other.column(c).cast(t.schema.field(c).type)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            values = None
-        if values is not None:
-            return pc.is_in(t.column(c), value_set=values.combine_chunks(), skip_nulls=False)
-    known = set(row_keys(other, cols))
-    return pa.array([k in known for k in row_keys(t, cols)], pa.bool_())
+from ..operators.keyed import key_in, row_keys
 
 
 def check_new_keys(target: DeltaTableRef, version: int, delta: pa.Table, unique_key: list[str], model: str) -> None:
