@@ -107,8 +107,7 @@ def key_in(t: pa.Table, other: pa.Table, cols: list[str]) -> pa.Array:
         return pc.is_in(t.column(cols[0]), value_set=right.column(0).combine_chunks(), skip_nulls=False)
     if right is not None:
         left = t.select(cols).append_column("__row", pa.array(np.arange(t.num_rows, dtype=np.int64)))
-        hit = left.join(right.group_by(cols, use_threads=False).aggregate([]), keys=cols,
-                        join_type="left semi", use_threads=False)
+        hit = left.join(right, keys=cols, join_type="left semi", use_threads=False)   # (each row once)
         mask = np.zeros(t.num_rows, dtype=bool)
         mask[hit.column("__row").to_numpy()] = True
         nulls = _any_null(t, cols)
