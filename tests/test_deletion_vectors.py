@@ -46,6 +46,20 @@ def test_vectors_round_trip_inline_and_in_a_file(tmp_path, name):
     assert dv.read(str(tmp_path), second).tolist() == [3, 4]
 
 
+def test_positions_in_any_order_or_repeated_are_their_distinct_ascending_set():
+    """``serialize`` takes positions unsorted and repeated, as ``distinct`` and ``union`` give
+    them back; the bytes are those of the sorted set."""
+    rng = np.random.default_rng(2)
+    rows = np.concatenate([rng.integers(0, 2**34, 3000), rng.integers(0, 50, 200)])
+    want = np.unique(rows)
+    assert dv.serialize(rows) == dv.serialize(want)
+    assert dv.deserialize(dv.serialize(rows)).tolist() == want.tolist()
+    assert dv.distinct(rows).tolist() == want.tolist()
+    a, b = np.unique(rows[:2000]), np.unique(rows[1500:])
+    assert dv.union(a, b).tolist() == want.tolist()
+    assert dv.union(a, np.zeros(0, np.int64)).tolist() == a.tolist()
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_vectors_live_rows_are_the_rows_it_does_not_mark(name):
     """``live``: the mask of the rows kept, as a set difference gives it; positions past the

@@ -50,3 +50,23 @@ def test_key_in_matches_keys_with_nulls_equal_for_one_or_several_key_columns():
     both = pa.table({"a": pa.array([4, 1, 4, None], pa.int32()), "b": ["w", "z", "w", "y"]})   # joined rows
     assert key_in(t, both, ["a", "b"]).to_pylist() == [False, True, False, True]
     assert key_in(t, pa.table({"a": ["four"], "b": ["w"]}), ["a", "b"]).to_pylist() == [False] * 4   # no cast
+
+
+def test_a_sorted_key_columns_positions_are_the_rows_key_in_matches():
+    """``sorted_key_positions``: on a file sorted by one integer key (repeats and all), the
+    positions ``key_in`` marks, whatever the other side holds (NULLs, repeats, other integer
+    types); None where a binary search does not apply (unsorted, NULL keys, several columns)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from consistent_stream.operators.keyed import key_in, sorted_key_positions
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        t = pa.table({"k": pa.array(np.sort(rng.integers(0, 40, int(rng.integers(1, 80)))), pa.int32())})
+        values = rng.integers(-5, 45, int(rng.integers(0, 12))).tolist() + ([None] if trial % 3 == 0 else [])
+        other = pa.table({"k": pa.array(values, pa.int64())})
+        want = np.flatnonzero(key_in(t, other, ["k"]).to_numpy(zero_copy_only=False))
+        assert sorted_key_positions(t, other, ["k"]).tolist() == want.tolist()
+    assert sorted_key_positions(pa.table({"k": [3, 1]}), pa.table({"k": [1]}), ["k"]) is None
+    assert sorted_key_positions(pa.table({"k": pa.array([1, None])}), pa.table({"k": [1]}), ["k"]) is None
+    assert sorted_key_positions(pa.table({"k": [1], "j": [2]}), pa.table({"k": [1], "j": [2]}), ["k", "j"]) is None

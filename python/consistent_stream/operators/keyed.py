@@ -120,6 +120,36 @@ def key_in(t: pa.Table, other: pa.Table, cols: list[str]) -> pa.Array:
     return pa.array([k in known for k in row_keys(t, cols)], pa.bool_())
 
 
+def sorted_key_positions(t: pa.Table, other: pa.Table, cols: list[str]) -> np.ndarray | None:
+    """The positions (ascending ``int64``) of the rows of ``t`` whose key is the key of a row
+    of ``other``, as :func:`key_in` gives them, found by binary search where ``t`` is sorted
+    by its key: one integer key column without NULLs, ascending in ``t`` (checked, one pass).
+    None when that does not hold (the caller uses :func:`key_in`). A file written sorted by
+    its key (a rebuild's target files) is then searched in O(keys log rows), where a hash set
+    probes each of its rows."""
+    if len(cols) != 1 or not pa.types.is_integer(t.schema.field(cols[0]).type) or not t.num_rows:
+        return None
+    col = t.column(cols[0])
+    if col.null_count:
+        return None
+    try:
+        wanted = other.column(cols[0]).cast(col.type).drop_null()
+    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    keys = col.to_numpy()
+    if len(keys) > 1 and not bool(np.all(keys[1:] >= keys[:-1])):
+        return None
+    values = np.sort(wanted.to_numpy())
+    if len(values) > 1:
+        values = values[np.concatenate(([True], values[1:] != values[:-1]))]
+    lo = np.searchsorted(keys, values, "left")
+    n = np.searchsorted(keys, values, "right") - lo
+    lo, n = lo[n > 0], n[n > 0]
+    # each found value's run of rows lo .. lo + n - 1, the runs ascending and disjoint
+    starts = np.repeat(lo - np.concatenate(([0], np.cumsum(n)[:-1])), n)
+    return (starts + np.arange(int(n.sum()), dtype=np.int64)).astype(np.int64)
+
+
 def _any_null(t: pa.Table, cols: list[str]) -> np.ndarray:
     """Per row of ``t``, whether one of ``cols`` is NULL (a numpy boolean array)."""
     out = np.zeros(t.num_rows, dtype=bool)

@@ -62,7 +62,7 @@ from ..delta import deletion_vectors as dvs
 from ..delta.files import (HELD, HELD_KEYS, may_hold, new_dir, open_rows, read_live, stats_bounds, wanted_values,
                            write_arrow)
 from ..faults import fault_point
-from ..operators.keyed import key_in
+from ..operators.keyed import key_in, sorted_key_positions
 from ..threads import at_once
 
 OP = "__op"
@@ -152,7 +152,7 @@ def merge(target: DeltaTableRef, changes: pa.Table, key: list[str] | None, *, tx
     # (on an object store, one round trip for all)
     written, vectors, cdc = at_once(lambda write: write(), [
         lambda: _write(target, pa.concat_tables([kept, upserts])),
-        lambda: _mark(target, [picked[i] for i in marked], [np.union1d(before[i], positions[i]) for i in marked]),
+        lambda: _mark(target, [picked[i] for i in marked], [dvs.union(before[i], positions[i]) for i in marked]),
         lambda: [write_arrow(target.path, "_change_data", feed)] if feed_on else []], "merge-write")
     adds = written + vectors
     counts = {kind: t.num_rows for t, kind in parts}
@@ -218,13 +218,21 @@ def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, look
             keys = rows().pf.read(columns=match).cast(key_schema)
             HELD_KEYS.put(full, f.size, keys)
         keys = keys.select(match)
+
+        def take(positions: np.ndarray) -> pa.Table:
+            return rows().take(schema.names, positions, types).cast(schema)
+
+        found = sorted_key_positions(keys, lookup, match)
+        if found is not None:   # a file sorted by its key: searched, not probed row by row
+            if len(gone):
+                found = found[dvs.live(keys.num_rows, gone)[found]]
+            return i, Probed(found, keys.take(pa.array(found)), take, gone)
         live = np.arange(keys.num_rows, dtype=np.int64)
         if len(gone):
             live = np.flatnonzero(dvs.live(keys.num_rows, gone))
             keys = keys.take(pa.array(live))
         hit = key_in(keys, lookup, match)
-        return i, Probed(live[hit.to_numpy(zero_copy_only=False)], keys.filter(hit),
-                         lambda positions: rows().take(schema.names, positions, types).cast(schema), gone)
+        return i, Probed(live[hit.to_numpy(zero_copy_only=False)], keys.filter(hit), take, gone)
 
     return dict(at_once(lambda args: one(*args), list(zip(at, deleted)), "merge-probe"))
 
