@@ -148,12 +148,56 @@ def test_a_rebuild_writes_an_inner_joins_sides_as_their_rows_come(spark, tmp_pat
     side, = Path(job.state_root).glob("__arrangement=*_join_right")   # the lines' side: (l__ok, l__price)
     lines = pq.read_table([str(f) for f in side.rglob("*.parquet")]).to_pylist()
     assert sorted(r["__weight"] for r in lines if (r["l__ok"], r["l__price"]) == (1, 5)) == [1, 1], lines
+    # the lines' side (numbers only) in Parquet's version 2 encodings, the orders' (a string) in plain ones
+    orders, = Path(job.state_root).glob("__arrangement=*_join_left")
+
+    def encodings(d):
+        return {e for f in d.rglob("*.parquet") for e in pq.ParquetFile(f).metadata.row_group(0).column(0).encodings}
+    assert "RLE_DICTIONARY" in encodings(side) and "PLAIN_DICTIONARY" not in encodings(side)
+    assert encodings(orders) <= {"PLAIN", "PLAIN_DICTIONARY", "RLE", "BIT_PACKED"}   # (version 1's)
     sc.delete("l", "lid = 10")
     sc.run(job)
     sc.delete("l", "lid = 11")
     sc.insert("l", pa.table({"lid": [13], "ok": [1], "price": [5]}))
     sc.run(job)
 
+
+
+def test_state_files_of_numbers_are_delta_encoded_and_read_back_the_same(spark, tmp_path):
+    """``write_spark(delta_encoded=True)``, as a rebuild writes an arrangement of numbers: a
+    sorted key column too large for a dictionary is ``DELTA_BINARY_PACKED``, the file a
+    fraction of the plain one's size, and pyarrow, DuckDB's keyed scan and Spark read the same
+    rows from both. Which arrangements are written so: numbers, dates, booleans and decimals of
+    at most 18 digits; a string or a wider decimal keeps plain values."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.types import DecimalType, LongType, StringType, StructField, StructType
+
+    from consistent_stream.delta.files import write_spark
+    from consistent_stream.duck import KeyedScan
+    from consistent_stream.state.arrangement import _delta_encoded
+    df = spark.range(0, 300_000, 1, 1).selectExpr("id * 3 as k", "cast(id % 7 as decimal(12, 2)) as v",
+                                                  "1L as __weight")
+    v2 = write_spark(df, str(tmp_path), "v2", delta_encoded=True)
+    v1 = write_spark(df, str(tmp_path), "v1")
+    paths = {name: [str(tmp_path / f.path) for f in files] for name, files in (("v2", v2), ("v1", v1))}
+    assert "DELTA_BINARY_PACKED" in pq.ParquetFile(paths["v2"][0]).metadata.row_group(0).column(0).encodings
+    assert sum(f.size for f in v2) * 4 < sum(f.size for f in v1)
+    tables = {name: pq.read_table(p) for name, p in paths.items()}
+    assert tables["v2"].equals(tables["v1"])
+    keys = {"k": pa.array([0, 3, 4, 899_997], pa.int64())}
+    scan = KeyedScan()
+    try:
+        got = {name: scan.scan(p, tables["v1"].schema, keys, None).to_pylist() for name, p in paths.items()}
+    finally:
+        scan.close()
+    assert got["v2"] == got["v1"] and [r["k"] for r in got["v2"]] == [0, 3, 899_997]
+    assert spark.read.parquet(*paths["v2"]).count() == 300_000
+
+    def schema(*types):
+        return StructType([StructField(f"c{i}", t) for i, t in enumerate(types)])
+    assert _delta_encoded(schema(LongType(), DecimalType(18, 2)))
+    assert not _delta_encoded(schema(LongType(), StringType()))
+    assert not _delta_encoded(schema(LongType(), DecimalType(38, 2)))
 
 def test_an_aggregates_output_joined_on_its_group_columns_in_another_order(spark, tmp_path):
     """Two group columns joined in the other order than grouped: the keys the join looks up

@@ -356,11 +356,17 @@ def _partition_values(rel: str, partition_by: list[str]) -> dict[str, str | None
 
 
 def write_spark(df: DataFrame, table_path: str, rel_dir: str, *, partition_by: list[str] | None = None,
-                partition_values: dict[str, str | None] | None = None) -> list[DataFile]:
+                partition_values: dict[str, str | None] | None = None, delta_encoded: bool = False) -> list[DataFile]:
     """Write ``df`` as Parquet files under ``table_path/rel_dir`` from Spark's executors (the
     driver only lists the files and reads their footers). ``partition_by``: Hive-style
     partition directories of those columns (the table's partition columns);
     ``partition_values``: fixed partition values of every file (a partition the caller chose).
+    ``delta_encoded``: Parquet's version 2 pages (parquet-mr's ``parquet.writer.version`` v2),
+    whose columns a dictionary does not fit fall back to the delta encodings
+    (``DELTA_BINARY_PACKED`` integers, ``DELTA_BYTE_ARRAY`` strings) instead of plain values:
+    a column sorted by its values (a key) takes a few bits a row, not eight bytes. For files
+    only this project reads (the state's): Spark, DuckDB and pyarrow read them, some other
+    Parquet readers do not.
 
     Timestamps are written as INT64 microseconds (Delta's encoding, not Spark's INT96)."""
     spark = df.sparkSession
@@ -369,6 +375,8 @@ def write_spark(df: DataFrame, table_path: str, rel_dir: str, *, partition_by: l
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     try:
         w = df.write.mode("error").option("compression", "snappy")
+        if delta_encoded:
+            w = w.option("parquet.writer.version", "v2")
         if partition_by:
             w = w.partitionBy(*partition_by)
         w.parquet(out)

@@ -50,7 +50,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import (BooleanType, DateType, DecimalType, DoubleType, FloatType, IntegralType, StructField,
+                               StructType, TimestampNTZType, TimestampType)
 
 from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, consolidate_arrow, q
 from ..connect import default_parallelism
@@ -220,6 +221,24 @@ class _File:
     @property
     def rows(self) -> int:
         return self.data.num_records
+
+
+def _delta_encoded(schema: StructType) -> bool:
+    """Whether an arrangement of ``schema`` is written with Parquet's delta encodings
+    (:func:`~consistent_stream.delta.files.write_spark` ``delta_encoded``): when every column
+    is a number, date, timestamp or boolean stored as one (decimals of at most 18 digits are
+    64-bit integers in Parquet). Its sorted key then takes a few bits a row where plain values
+    take eight bytes, so a keyed read decodes (and, from a cold page cache, reads) a fraction
+    of the bytes. A string or wide decimal column would fall back to ``DELTA_BYTE_ARRAY``,
+    whose values are decoded one after another from the page's start: a keyed read that
+    wants a few rows of such a column decodes all of them (slower than plain values, which
+    are skipped), so such an arrangement keeps plain values."""
+    def plain_number(t) -> bool:
+        if isinstance(t, DecimalType):
+            return t.precision <= 18
+        return isinstance(t, (IntegralType, DateType, TimestampType, TimestampNTZType, BooleanType, FloatType,
+                              DoubleType))
+    return all(plain_number(f.dataType) for f in schema.fields)
 
 
 def _level(path: str) -> str:
@@ -553,7 +572,8 @@ class StateStore:
             df = df.sortWithinPartitions(*key)
         with spark_confs(self.spark, {"spark.sql.files.maxRecordsPerFile": str(self.file_rows)}):
             return write_spark(df, self.path, f"{ARRANGEMENT}={arrangement.name}/{new_dir('base')}",
-                               partition_values={ARRANGEMENT: arrangement.name})
+                               partition_values={ARRANGEMENT: arrangement.name},
+                               delta_encoded=_delta_encoded(arrangement.schema))
 
     # ---- the commit ---------------------------------------------------------------------------
     def schema(self) -> StructType:
@@ -694,7 +714,8 @@ class StateStore:
             df = self.views.sql(f"SELECT {cols_sql(arrangement.schema.fieldNames())} FROM {change.sql}")
             if arrangement.key:
                 df = df.sortWithinPartitions(*[F.col(f"`{c}`") for c in arrangement.key])
-            files = write_spark(df, self.path, rel, partition_values={ARRANGEMENT: arrangement.name})
+            files = write_spark(df, self.path, rel, partition_values={ARRANGEMENT: arrangement.name},
+                                delta_encoded=_delta_encoded(arrangement.schema))
         return [self._known(f, arrangement) for f in files]
 
     def _known(self, f: DataFile, arrangement: Arrangement) -> _File:
@@ -754,7 +775,8 @@ class StateStore:
         rel = f"{ARRANGEMENT}={arrangement.name}/{new_dir('delta')}"
         if arrangement.key:
             merged = merged.coalesce(1).sortWithinPartitions(*[F.col(f"`{c}`") for c in arrangement.key])
-        return write_spark(merged, self.path, rel, partition_values={ARRANGEMENT: arrangement.name})
+        return write_spark(merged, self.path, rel, partition_values={ARRANGEMENT: arrangement.name},
+                           delta_encoded=_delta_encoded(arrangement.schema))
 
 
     def _compact_local(self, arrangement: Arrangement, targets: list[_File], level: str,
