@@ -87,8 +87,8 @@ def _serialized(positions) -> tuple[bytes, int]:
 
 def distinct(positions) -> np.ndarray:
     """``positions`` as an ascending ``int64`` array without repeats: as given when they are
-    so already (one pass), else sorted (numpy's ``unique`` hashes, several times slower than
-    a check on the ascending arrays a batch makes)."""
+    so already (one pass: a batch's positions are), else sorted and the repeats dropped
+    (numpy 2's ``unique`` took four times as long as the sort on a file's vector)."""
     rows = np.asarray(positions, dtype=np.int64)
     if len(rows) < 2 or bool(np.all(rows[1:] > rows[:-1])):
         return rows

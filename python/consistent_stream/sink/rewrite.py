@@ -195,7 +195,10 @@ def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, look
     ``files``. The match columns come from :data:`~consistent_stream.delta.files.HELD_KEYS`
     where it holds them, else are read and held there (on an object store the file is one
     GET, whose bytes serve a later ``take`` too); ``take`` reads only the pages that hold the
-    rows (:meth:`~consistent_stream.delta.files.ParquetRows.take`)."""
+    rows (:meth:`~consistent_stream.delta.files.ParquetRows.take`). A file sorted by one
+    integer key (a rebuild writes the target so) is searched for the lookup's keys
+    (:func:`~consistent_stream.operators.keyed.sorted_key_positions`), any other probed with
+    a hash set of them over its live rows (:func:`~consistent_stream.operators.keyed.key_in`)."""
     at = [i for i, f in enumerate(files) if f.num_records >= settings.DV_MIN_ROWS
           and HELD.get(target.file_path(f.path), f.size) is None]
     if not at:
