@@ -53,7 +53,10 @@ from .metrics import BatchMetrics, Phases, counted_jobs
 from .settings import spark_confs
 from .plan import CompiledModel
 from .plan.clock import Instant, commit_instants, plan_reads_clock
+from .plan.logical import column_origins
+from .connect import default_parallelism
 from .exec.evaluator import BatchEvaluator, PlanTypes
+from .exec.ranges import SourceBounds
 from .exec.local import LocalEngine, Translations, session_supported
 from .sink.target import (bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, multiplicities, retractions,
                           sink_changes)
@@ -269,6 +272,7 @@ class QueryRuntime:
         self.translations = Translations(job.local_sql_path)   # the local engine's, kept across runs
         self.reads_clock = plan_reads_clock(compiled.root)
         self._time_zone: str | None = None
+        self.bounds: SourceBounds | None = None   # a rebuild's key ranges on the executors (None: sampled)
         self.last: BatchMeta | None = None   # the newest committed batch, once known
         self.parallelism: int | None = None  # set by the autoscaler between batches (None: the engine's defaults)
         # called before each commit: raises when the run lost the model's writer lock (an
@@ -469,11 +473,14 @@ class QueryRuntime:
         """Step 3: the delta rules (or the rebuild) over ``changes``; the state is staged, not
         committed. Closes what it opened when it raises."""
         job, spark = self.job, self.spark
-        self.store.open(None if b.first else b.prev.state_version, b.views, rebuild=rebuild)
-        scratch = os.path.join(job.scratch_dir, f"{b.batch_id}")
         # a rebuild on the driver is the delta rules over empty state (reads see none, the
-        # state commit replaces every file); one on the executors writes base files
+        # state commit replaces every file); one on the executors writes base files, in key
+        # ranges the sources' statistics give where they do
         executors = rebuild and not b.on_driver
+        self.bounds = (SourceBounds(column_origins(self.compiled.root), self.sources, b.end.versions,
+                                    default_parallelism(spark)) if executors else None)
+        self.store.open(None if b.first else b.prev.state_version, b.views, rebuild=rebuild, bounds=self.bounds)
+        scratch = os.path.join(job.scratch_dir, f"{b.batch_id}")
         local = (LocalEngine(threads=self.parallelism, translations=self.translations)
                  if job.local_engine == "duckdb" and not executors and session_supported(spark) else None)
         ev = BatchEvaluator(spark, self.store, changes, b.views, rebuild=executors, first=rebuild, scratch=scratch,
@@ -577,7 +584,7 @@ class QueryRuntime:
             return commit_rebuild(self.target, df, unique_key=self.key, partition_by=job.partition_by,
                                   file_rows=job.state_file_rows, txn=txn, metadata=md, model=job.model,
                                   properties=table_properties(retention_of(job)), docs=Docs.from_dbt(job.docs),
-                                  consolidated=consolidated)
+                                  consolidated=consolidated, key_bounds=self._target_bounds(df))
         check_constraints(spark, out.df if out.arrow is None else out.arrow, job.constraints, job.model)
         prev_version = self.target.version()
         if out.arrow is None:
@@ -595,6 +602,17 @@ class QueryRuntime:
         return commit_changes(self.target, changes, unique_key=self.key, txn=txn,
                               metadata=lambda: meta().to_metadata(),
                               deletion_vectors=job.target_deletion_vectors, retracted=retracted)
+
+    def _target_bounds(self, df) -> list | None:
+        """The bounds of the target's key ranges in a rebuild on the executors, from the plan
+        column its first key column is (:attr:`bounds`); None: Spark samples."""
+        if self.bounds is None or not self.key or not hasattr(df, "schema"):
+            return None
+        internal = dict(zip(self.output_schema.fieldNames(), self.compiled.output_columns))
+        first = self.key[0]
+        if first not in internal or first not in df.schema.fieldNames():
+            return None
+        return self.bounds(internal[first], df.schema[first].dataType)
 
 
 def _beside(spark: SparkSession, name: str | None, fn: Callable, *args) -> Future:

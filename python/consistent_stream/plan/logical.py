@@ -388,6 +388,24 @@ def walk(node: Node):
     yield node
 
 
+def column_origins(root: Node) -> dict[str, tuple[str, str]]:
+    """Plan column -> ``(source key, source column)`` for every column of ``root``'s plan that
+    holds a source column's values as they are: a scan's columns, and the names a projection
+    or a GROUP BY gives a plain column of one (every other operator passes its columns on
+    under their names, which are unique in the plan). A union's or an outer join's column may
+    hold other values too (the other input's, NULLs): what the origin says of its values'
+    distribution is a hint, not a fact."""
+    out: dict[str, tuple[str, str]] = {}
+    for n in walk(root):
+        if isinstance(n, Scan):
+            out.update({c: (n.source.key, s) for c, s in zip(n.columns, n.source_columns)})
+        elif isinstance(n, Project):
+            out.update({c: out[p] for c, e in zip(n.columns, n.exprs) if (p := plain_column(e)) in out})
+        elif isinstance(n, Aggregate):
+            out.update({c: out[p] for c, e in zip(n.group_names, n.group_exprs) if (p := plain_column(e)) in out})
+    return out
+
+
 def assign_ids(root: Node) -> None:
     """Deterministic operator ids (post-order position + kind); state tables are named by
     them, so the same SQL always maps to the same state."""

@@ -33,6 +33,7 @@ from ..changelog import WEIGHT, consolidate
 from ..connect import default_parallelism
 from ..delta import DeltaTableRef, Docs, Txn
 from ..errors import CommitError, UniqueKeyViolation
+from ..exec.ranges import range_partitioned
 from ..operators.keyed import key_condition, key_in, row_keys
 from ..settings import spark_confs
 from . import rewrite
@@ -248,19 +249,21 @@ _REBUILD_FAULT = "consistent-stream rebuild check:"
 (:func:`_checked_rebuild`), which :func:`_write_rebuilt_spark` turns back into its error."""
 
 
-def _checked_rebuild(rows: DataFrame, unique_key: list[str] | None) -> DataFrame:
+def _checked_rebuild(rows: DataFrame, unique_key: list[str] | None, also: list[str] = ()) -> DataFrame:
     """``rows`` (a rebuilt view's consolidated rows: columns + ``__weight``; a keyed view's
     range-partitioned by the key already) with the rebuild's checks folded in, so the write
     that consumes them checks them and no job of their own evaluates the view again: every
     weight positive, and a keyed view one row per key (a sum of weights over the key, a window
-    whose partitioning the range partitioning by the key already satisfies: no shuffle). A
-    failing row fails the write's job with ``raise_error`` and a message that starts with
-    ``_REBUILD_FAULT``: ``retraction`` or ``duplicate <key as JSON> <rows>``."""
+    whose partitioning the range partitioning by the key already satisfies: no shuffle; it
+    is partitioned by ``also`` too, the range column of a partitioning by estimated bounds,
+    a function of the key). A failing row fails the write's job with ``raise_error`` and a
+    message that starts with ``_REBUILD_FAULT``: ``retraction`` or ``duplicate <key as JSON>
+    <rows>``."""
     w = F.col(WEIGHT)
     ok = F.when(w < 0, F.raise_error(F.lit(f"{_REBUILD_FAULT} retraction ~")))
     if unique_key:
         key = [F.col(f"`{k}`") for k in unique_key]
-        rows = rows.withColumn("__n", F.sum(w).over(Window.partitionBy(*key)))
+        rows = rows.withColumn("__n", F.sum(w).over(Window.partitionBy(*[F.col(c) for c in also], *key)))
         n = F.col("__n")
         named = F.to_json(F.struct(*key), {"ignoreNullFields": "false"})
         ok = ok.when(n > 1, F.raise_error(F.concat(F.lit(f"{_REBUILD_FAULT} duplicate "), named, F.lit(" "),
@@ -287,7 +290,8 @@ def _rebuild_fault(e: Exception, unique_key: list[str] | None, model: str) -> Ex
 def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, unique_key: list[str] | None,
                    partition_by: list[str], file_rows: int, txn: Txn, metadata: dict,
                    model: str, properties: dict[str, str] | None = None,
-                   docs: Docs | None = None, consolidated: bool = True) -> tuple[int, int, int]:
+                   docs: Docs | None = None, consolidated: bool = True,
+                   key_bounds: list | None = None) -> tuple[int, int, int]:
     """A rebuilt view (first batch, full refresh, a recomputed batch) replaces the target in
     ONE commit: ``output`` (the view's rows + ``__weight``, consolidated unless
     ``consolidated`` is False: a Spark DataFrame whose equal rows' weights are still to be
@@ -298,6 +302,9 @@ def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, uniqu
     the target's Arrow types, unpartitioned) from the driver. A target created by this
     commit gets the Change Data Feed on and the table ``properties``; the commit sets the
     table's and columns' descriptions ``docs`` (dbt's ``persist_docs``) when they differ.
+    ``key_bounds``: the bounds of the key's ranges the executors write (the first key
+    column's values, from the sources' statistics: :mod:`consistent_stream.exec.ranges`;
+    None: Spark samples the rows for them).
     Returns ``(new version, rows written, target rows rewritten)``.
 
     Raises UniqueKeyViolation (a key with two rows) or CommitError (a retraction) before
@@ -308,7 +315,7 @@ def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, uniqu
         files, schema = _write_rebuilt_arrow(target, output, unique_key, file_rows, model)
     else:
         files, schema = _write_rebuilt_spark(target, output, unique_key, partition_by, file_rows, model,
-                                             consolidated)
+                                             consolidated, key_bounds)
     removes = []
     if target.exists():
         target.refresh()
@@ -323,10 +330,11 @@ def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, uniqu
 
 def _write_rebuilt_spark(target: DeltaTableRef, output: DataFrame, unique_key: list[str] | None,
                          partition_by: list[str], file_rows: int, model: str,
-                         consolidated: bool = True) -> tuple[list, pa.Schema]:
+                         consolidated: bool = True, key_bounds: list | None = None) -> tuple[list, pa.Schema]:
     """:func:`commit_rebuild`'s files, written by Spark's executors; and their Arrow schema.
 
-    A keyed view's rows are range-partitioned by the key; rows not ``consolidated`` yet are
+    A keyed view's rows are range-partitioned by the key (by ``key_bounds`` when given:
+    :func:`~consistent_stream.exec.ranges.range_partitioned`); rows not ``consolidated`` yet are
     consolidated within those ranges (a range of the key holds every copy of its rows), so
     the write makes one exchange of them where consolidating first and partitioning the
     result takes two. A bag's rows are consolidated first."""
@@ -334,12 +342,13 @@ def _write_rebuilt_spark(target: DeltaTableRef, output: DataFrame, unique_key: l
     from ..delta.files import new_dir, write_spark
     data_cols = [c for c in output.columns if c != WEIGHT]
     rows = output.select(*[F.col(f"`{c}`") for c in data_cols], F.col(WEIGHT))
+    also: list[str] = []
     if unique_key:
         key = [F.col(f"`{k}`") for k in unique_key]
-        rows = rows.repartitionByRange(default_parallelism(rows.sparkSession), *key)
+        rows, also = range_partitioned(rows, list(unique_key), default_parallelism(rows.sparkSession), key_bounds)
     if not consolidated:
-        rows = consolidate(rows)
-    rows = _checked_rebuild(rows, unique_key)
+        rows = consolidate(rows)   # (grouped by every column: the range column too)
+    rows = _checked_rebuild(rows, unique_key, also)
     # a bag's row of weight w is w rows of the table
     rows = rows.withColumn("__copy", F.explode(F.array_repeat(F.lit(1), F.col(WEIGHT).cast("int")))) \
         .select(*[F.col(f"`{c}`") for c in data_cols])

@@ -229,6 +229,20 @@ class DeltaSource:
         rows = self._counted_rows(position)
         return rows if rows is not None else self._require().num_records(position)
 
+    def column_stats(self, position: int, column: str) -> list[tuple] | None:
+        """Per data file of the table at ``position``: ``(min, max, rows)`` of ``column``
+        from the log's statistics (Python values; no data read), for the bounds of a
+        rebuild's key ranges (:mod:`consistent_stream.exec.ranges`). None when a file has
+        no row count or no min and max of the column (statistics not written, a partition
+        column, a column past ``delta.dataSkippingNumIndexedCols``)."""
+        actions = self._require().add_actions(position)
+        names = set(actions.column_names)
+        if f"min.{column}" not in names or f"max.{column}" not in names or "num_records" not in names:
+            return None
+        out = list(zip(actions.column(f"min.{column}").to_pylist(), actions.column(f"max.{column}").to_pylist(),
+                       actions.column("num_records").to_pylist()))
+        return None if any(v is None for row in out for v in row) else out
+
     def _counted_rows(self, position: int) -> int | None:
         """Rows at ``position`` from the cut's recorded count and the tail's commits after it
         (:attr:`.TailCommit.net_rows`); None when the hint records no count, the tail does not

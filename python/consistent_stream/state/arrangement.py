@@ -58,6 +58,7 @@ from ..connect import default_parallelism
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta.files import may_hold, new_dir, read_whole, stats_bounds, wanted_values, write_arrow, write_spark
 from ..duck import UNSUPPORTED, KeyedScan, arrow, database
+from ..exec.ranges import Bounds, range_partitioned
 from ..errors import CommitError
 from ..faults import fault_point
 from ..threads import at_once
@@ -192,14 +193,17 @@ class Arrangement:
     def group_columns(self) -> list[str]:
         return [f.name for f in self.schema.fields if f.name not in self.additive]
 
-    def consolidate(self, df: DataFrame, complete: bool = True) -> DataFrame:
+    def consolidate(self, df: DataFrame, complete: bool = True, also: list[str] = ()) -> DataFrame:
         """Sum the additive columns per value of the others (NULLs equal) and drop rows that
         add nothing. ``complete``: ``df`` is the whole arrangement (not a change), so rows
-        failing ``live`` are dropped too. Out: the arrangement's columns, in order."""
+        failing ``live`` are dropped too. ``also``: columns of ``df`` that are functions of
+        the key, grouped by too and kept (a rebuild's range column,
+        :func:`consistent_stream.exec.ranges.range_partitioned`). Out: the arrangement's
+        columns, in order, then ``also``."""
         sums = [F.expr(self.sum_sql(c)).cast(self.schema[c].dataType).alias(c) for c in self.additive]
-        g = [F.col(f"`{c}`") for c in self.group_columns]
+        g = [F.col(f"`{c}`") for c in [*self.group_columns, *also]]
         out = df.groupBy(*g).agg(*sums) if g else df.groupBy().agg(*sums)
-        out = out.select(*[F.col(f"`{f.name}`") for f in self.schema.fields])
+        out = out.select(*[F.col(f"`{c}`") for c in [*self.schema.fieldNames(), *also]])
         if self.live and complete:
             return out.where(self.live)
         cond = None
@@ -305,14 +309,19 @@ class StateStore:
         self._staged: dict[str, tuple[str, object]] = {}   # name -> ("append", Changelog) | ("replace", files)
         self.rebuilding = False
         self.views: Views | None = None
+        self.bounds: Bounds | None = None
         self._keyed_scan: KeyedScan | None = None
 
     # ---- the state as of the previous batch --------------------------------------------------
-    def open(self, version: int | None, views: Views, *, rebuild: bool = False) -> None:
+    def open(self, version: int | None, views: Views, *, rebuild: bool = False, bounds: Bounds | None = None) -> None:
         """Start a batch on the state at ``version`` (None: no state yet); its reads become
         relations among ``views``. ``rebuild``: the batch recomputes every arrangement from
-        snapshots; reads see no state and the commit replaces every file of ``version``."""
+        snapshots; reads see no state and the commit replaces every file of ``version``.
+        ``bounds``: the key ranges of the batch's executor writes, per column, where the
+        sources' statistics give them (:class:`consistent_stream.exec.ranges.SourceBounds`;
+        else Spark samples each write's input)."""
         self.views = views
+        self.bounds = bounds
         self.metrics = StateMetrics()
         self._staged = {}
         self.rebuilding = rebuild
@@ -556,20 +565,27 @@ class StateStore:
         ``merge``: ``df`` is not consolidated (a compaction's files, a keyed rebuild's rows).
         They are range-partitioned by the key first and consolidated within each range, which
         needs no second shuffle (a range of the key holds all rows of its groups): one
-        shuffle instead of two, each an exchange of all the arrangement's rows. (The range
-        partitioning samples ``df`` first, a job of its own; the exchanges ``df``'s query
-        makes are not made again by the write's job, which reuses their output.)"""
+        shuffle instead of two, each an exchange of all the arrangement's rows. The ranges'
+        bounds come from the sources' statistics where :attr:`bounds` gives them for the
+        key's first column (:mod:`consistent_stream.exec.ranges`: the consolidation groups by
+        the range column too); otherwise Spark samples ``df`` for them first, a job of its
+        own (the exchanges ``df``'s query makes are not made again by the write's job, which
+        reuses their output)."""
         cols = [F.col(f"`{f.name}`") for f in arrangement.schema.fields]
         df = df.select(*cols)
         key = [F.col(f"`{c}`") for c in arrangement.key]
+        also: list[str] = []
         if key:
-            df = df.repartitionByRange(default_parallelism(self.spark), *key)
+            first = arrangement.key[0]
+            bounds = self.bounds(first, arrangement.schema[first].dataType) if self.bounds is not None else None
+            df, also = range_partitioned(df, list(arrangement.key), default_parallelism(self.spark), bounds)
         else:
             df = df.coalesce(1)
         if merge:
-            df = arrangement.consolidate(df)
+            df = arrangement.consolidate(df, also=also)
         if key:
             df = df.sortWithinPartitions(*key)
+        df = df.drop(*also)
         with spark_confs(self.spark, {"spark.sql.files.maxRecordsPerFile": str(self.file_rows)}):
             return write_spark(df, self.path, f"{ARRANGEMENT}={arrangement.name}/{new_dir('base')}",
                                partition_values={ARRANGEMENT: arrangement.name},

@@ -1,0 +1,125 @@
+"""A rebuild's key ranges from the sources' Delta statistics (:mod:`consistent_stream.exec.ranges`):
+the bounds estimated from per-file min, max and row counts; the partitioning by them (each range
+in its own partition, ascending, NULLs first, no sampling job and no second exchange for the
+consolidation); and a rebuild whose state and target files are cut at those bounds, then
+maintained equal to batch evaluation."""
+from __future__ import annotations
+
+import datetime
+import decimal
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import functions as F
+from pyspark.sql.types import DateType, DecimalType, LongType, StringType
+
+from consistent_stream.connect import default_parallelism
+from consistent_stream.exec.ranges import RANGE, estimated_bounds, hash_slots, range_partitioned, typed_bounds
+from scenario import Scenario
+
+
+def test_bounds_are_the_quantiles_of_each_files_rows_spread_over_its_range():
+    # three files in key order: the quarters fall at 100, 200 and half-way through the third
+    got = estimated_bounds([(1, 100, 100), (101, 200, 100), (201, 401, 200)], 4)
+    assert [round(x, 3) for x in got] == [100.0, 200.0, 301.0]
+    # one file: an even split of its range; a file of one value is a point
+    assert [round(x, 3) for x in estimated_bounds([(0, 1000, 10)], 4)] == [250.0, 500.0, 750.0]
+    assert [round(x, 3) for x in estimated_bounds([(5, 5, 90), (6, 16, 10)], 2)] == [5.0]
+    assert estimated_bounds([(0, 10, 5)], 1) == [] and estimated_bounds([], 4) == []
+
+    assert typed_bounds([(1, 100, 100), (101, 200, 100), (201, 401, 200)], LongType(), 4) == [100, 200, 301]
+    days = typed_bounds([(datetime.date(2024, 1, 1), datetime.date(2024, 1, 31), 30)], DateType(), 2)
+    assert days == [datetime.date(2024, 1, 16)]
+    money = typed_bounds([(decimal.Decimal("0.00"), decimal.Decimal("10.00"), 4)], DecimalType(12, 2), 4)
+    assert money == [decimal.Decimal("2.50"), decimal.Decimal("5.00"), decimal.Decimal("7.50")]
+    # equal bounds collapse (fewer, still ascending); nothing to cut: None
+    assert typed_bounds([(7, 7, 100), (8, 9, 1)], LongType(), 4) == [7]
+    # no statistics, a file without them, a type the estimate does not handle: Spark samples
+    assert typed_bounds(None, LongType(), 4) is None
+    assert typed_bounds([(1, 9, 5), (None, None, 5)], LongType(), 4) is None
+    assert typed_bounds([("a", "z", 5)], StringType(), 4) is None
+    assert typed_bounds([(1, 9, 5)], LongType(), 1) is None
+
+
+def test_each_range_lands_in_its_own_partition_in_order_with_one_exchange(spark):
+    """The range column sends each range to a partition of its own, ascending with the
+    partitions, NULL keys to the first; a consolidation grouped by it too and the sort
+    within partitions add no exchange, and no job samples the rows."""
+    from consistent_stream.changelog import consolidate
+    rows = spark.range(0, 1000).selectExpr("CASE WHEN id % 100 = 0 THEN NULL ELSE id END AS k", "id % 3 AS v",
+                                           "1L AS __weight")
+    out, also = range_partitioned(rows, ["k"], 4, [250, 500, 750])
+    assert also == [RANGE]
+    out = consolidate(out).sortWithinPartitions("k").drop(*also)
+    plan = out._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("Exchange") == 1, plan
+    got = out.withColumn("p", F.spark_partition_id()).collect()
+    assert sum(r["__weight"] for r in got) == 1000   # (the ten NULL keys' rows consolidated to three)
+    by_part: dict[int, list] = {}
+    for r in got:
+        by_part.setdefault(r["p"], []).append(r["k"])
+    assert sorted(by_part) == [0, 1, 2, 3]
+    assert sum(k is None for k in by_part[0]) == 3 and all(None not in by_part[p] for p in (1, 2, 3))
+    ranges = [(None, 250), (250, 500), (500, 750), (750, None)]
+    for p, (lo, hi) in enumerate(ranges):
+        keys = [k for k in by_part[p] if k is not None]
+        assert keys == sorted(keys) and all((lo is None or k >= lo) and (hi is None or k < hi) for k in keys)
+    slots = hash_slots(spark, 4)
+    assert sorted(r["p"] for r in spark.createDataFrame([(s,) for s in slots], "s bigint")
+                  .repartition(4, "s").withColumn("p", F.spark_partition_id()).collect()) == [0, 1, 2, 3]
+    # without bounds: Spark's sampled range partitioning, nothing more to group by
+    assert range_partitioned(rows, ["k"], 4, None)[1] == []
+
+
+def test_a_rebuild_cuts_its_state_and_target_at_the_sources_statistics(spark, tmp_path):
+    """Orders in two source files, the first 1..599 and 5000 (its statistics say [1, 5000]),
+    the second 601..1200, and two lines of each order of 1..1200: the rebuild on the
+    executors writes the orders' side of the join and the target in ranges of the order key
+    cut where the statistics put the quantiles (about 1075 for two ranges, where a sample of
+    the rows would cut near 600), each file a range of its own, ascending; the batches after
+    it stay equal to batch evaluation."""
+    def orders(keys):
+        return pa.table({"ok": pa.array(keys, pa.int64()), "cust": [f"c{k % 7}" for k in keys]})
+    lines = pa.table({"lid": pa.array(range(1, 2401), pa.int64()),
+                      "ok": pa.array([1 + i // 2 for i in range(2400)], pa.int64()),
+                      "price": pa.array([i % 11 for i in range(2400)], pa.int64())})
+    sc = Scenario(spark, tmp_path, {"o": orders([*range(1, 600), 5000]), "l": lines}, {"o": ["ok"], "l": ["lid"]})
+    sc.insert("o", orders(list(range(601, 1201))))
+    job = sc.job("select o.ok, o.cust, sum(l.price) as total from src.o o join src.l l on o.ok = l.ok "
+                 "group by o.ok, o.cust", ["ok"])
+    job.driver_rebuild_rows = 0
+    sc.run(job, full_refresh=True)
+    want = typed_bounds([(1, 5000, 600), (601, 1200, 600)], LongType(), default_parallelism(spark))
+    assert want and all(b > 1000 for b in want[:1])
+
+    def starts(files: list[Path], column: str) -> list[int]:
+        ranges = sorted((pq.read_table(f, columns=[column]).column(column).to_pylist() for f in files),
+                        key=lambda ks: min(ks))
+        for a, b in zip(ranges, ranges[1:]):
+            assert max(a) < min(b), (column, a[-3:], b[:3])
+        return [min(ks) for ks in ranges][1:]
+
+    orders_side, = Path(job.state_root).glob("__arrangement=*_join_left")
+    target = sorted(f for f in Path(job.target_path).glob("**/*.parquet") if "_change_data" not in str(f))
+    for files, column in ((sorted(orders_side.rglob("*.parquet")), "o__ok"), (target, "ok")):
+        cut = starts(files, column)
+        assert cut and set(cut) <= set(want) and cut[0] == want[0], (column, cut, want)
+    sc.update("o", {"cust": "'z'"}, "ok % 100 = 1")
+    sc.delete("l", "lid % 250 = 0")
+    sc.run(job)
+    assert {r["cust"] for r in spark.read.format("delta").load(job.target_path).where("ok = 101").collect()} == {"z"}
+
+
+def test_columns_keep_their_source_through_projections_and_groups():
+    """A plan column names the source column it holds as it is: a scan's, renamed by a
+    projection or a GROUP BY; an aggregate's result names none."""
+    from consistent_stream.plan import compile_model
+    from consistent_stream.plan.logical import column_origins
+    from consistent_stream.sources import SourceSpec
+    src = SourceSpec(name="t", relation="s.t", location="/nonexistent/t", source_name="s", primary_key=("k",))
+    m = compile_model("select x.key, x.n from (select k as key, count(*) as n from s.t group by k) x",
+                      [src], {src.key: ["k", "v"]})
+    origins = column_origins(m.root)
+    key, n = m.output_columns
+    assert origins[key] == (src.key, "k") and n not in origins
