@@ -1,4 +1,4 @@
-"""A rebuild's key ranges from the sources' Delta statistics (:mod:`consistent_stream.state.ranges`):
+"""A rebuild's key ranges from the sources' Delta statistics (:mod:`consistent_stream.ranges`):
 the bounds estimated from per-file min, max and row counts; the partitioning by them (each range
 in its own partition, ascending, NULLs first, no sampling job and no second exchange for the
 consolidation); and a rebuild whose state and target files are cut at those bounds, then
@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, DecimalType, LongType, StringType
 
 from consistent_stream.connect import default_parallelism
-from consistent_stream.state.ranges import RANGE, estimated_bounds, hash_slots, range_partitioned, typed_bounds
+from consistent_stream.ranges import RANGE, estimated_bounds, hash_slots, range_partitioned, typed_bounds
 from scenario import Scenario
 
 

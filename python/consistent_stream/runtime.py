@@ -56,7 +56,7 @@ from .plan.clock import Instant, commit_instants, plan_reads_clock
 from .plan.logical import column_origins
 from .connect import default_parallelism
 from .exec.evaluator import BatchEvaluator, PlanTypes
-from .state.ranges import SourceBounds
+from .ranges import SourceBounds
 from .exec.local import LocalEngine, Translations, session_supported
 from .sink.target import (bag_changes, commit_bulk_merge, commit_changes, commit_rebuild, multiplicities, retractions,
                           sink_changes)

@@ -33,7 +33,7 @@ from ..changelog import WEIGHT, consolidate
 from ..connect import default_parallelism
 from ..delta import DeltaTableRef, Docs, Txn
 from ..errors import CommitError, UniqueKeyViolation
-from ..state.ranges import range_partitioned
+from ..ranges import range_partitioned
 from ..operators.keyed import key_condition, key_in, row_keys
 from ..settings import spark_confs
 from . import rewrite
@@ -303,7 +303,7 @@ def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, uniqu
     commit gets the Change Data Feed on and the table ``properties``; the commit sets the
     table's and columns' descriptions ``docs`` (dbt's ``persist_docs``) when they differ.
     ``key_bounds``: the bounds of the key's ranges the executors write (the first key
-    column's values, from the sources' statistics: :mod:`consistent_stream.state.ranges`;
+    column's values, from the sources' statistics: :mod:`consistent_stream.ranges`;
     None: Spark samples the rows for them).
     Returns ``(new version, rows written, target rows rewritten)``.
 
@@ -334,7 +334,7 @@ def _write_rebuilt_spark(target: DeltaTableRef, output: DataFrame, unique_key: l
     """:func:`commit_rebuild`'s files, written by Spark's executors; and their Arrow schema.
 
     A keyed view's rows are range-partitioned by the key (by ``key_bounds`` when given:
-    :func:`~consistent_stream.state.ranges.range_partitioned`); rows not ``consolidated`` yet are
+    :func:`~consistent_stream.ranges.range_partitioned`); rows not ``consolidated`` yet are
     consolidated within those ranges (a range of the key holds every copy of its rows), so
     the write makes one exchange of them where consolidating first and partitioning the
     result takes two. A bag's rows are consolidated first."""

@@ -232,7 +232,7 @@ class DeltaSource:
     def column_stats(self, position: int, column: str) -> list[tuple] | None:
         """Per data file of the table at ``position``: ``(min, max, rows)`` of ``column``
         from the log's statistics (Python values; no data read), for the bounds of a
-        rebuild's key ranges (:mod:`consistent_stream.state.ranges`). None when a file has
+        rebuild's key ranges (:mod:`consistent_stream.ranges`). None when a file has
         no row count or no min and max of the column (statistics not written, a partition
         column, a column past ``delta.dataSkippingNumIndexedCols``)."""
         actions = self._require().add_actions(position)

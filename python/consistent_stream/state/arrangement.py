@@ -58,7 +58,7 @@ from ..connect import default_parallelism
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta.files import may_hold, new_dir, read_whole, stats_bounds, wanted_values, write_arrow, write_spark
 from ..duck import UNSUPPORTED, KeyedScan, arrow, database
-from .ranges import Bounds, range_partitioned
+from ..ranges import Bounds, range_partitioned
 from ..errors import CommitError
 from ..faults import fault_point
 from ..threads import at_once
@@ -198,7 +198,7 @@ class Arrangement:
         add nothing. ``complete``: ``df`` is the whole arrangement (not a change), so rows
         failing ``live`` are dropped too. ``also``: columns of ``df`` that are functions of
         the key, grouped by too and kept (a rebuild's range column,
-        :func:`consistent_stream.state.ranges.range_partitioned`). Out: the arrangement's
+        :func:`consistent_stream.ranges.range_partitioned`). Out: the arrangement's
         columns, in order, then ``also``."""
         sums = [F.expr(self.sum_sql(c)).cast(self.schema[c].dataType).alias(c) for c in self.additive]
         g = [F.col(f"`{c}`") for c in [*self.group_columns, *also]]
@@ -318,7 +318,7 @@ class StateStore:
         relations among ``views``. ``rebuild``: the batch recomputes every arrangement from
         snapshots; reads see no state and the commit replaces every file of ``version``.
         ``bounds``: the key ranges of the batch's executor writes, per column, where the
-        sources' statistics give them (:class:`consistent_stream.state.ranges.SourceBounds`;
+        sources' statistics give them (:class:`consistent_stream.ranges.SourceBounds`;
         else Spark samples each write's input)."""
         self.views = views
         self.bounds = bounds
@@ -567,7 +567,7 @@ class StateStore:
         needs no second shuffle (a range of the key holds all rows of its groups): one
         shuffle instead of two, each an exchange of all the arrangement's rows. The ranges'
         bounds come from the sources' statistics where :attr:`bounds` gives them for the
-        key's first column (:mod:`consistent_stream.state.ranges`: the consolidation groups by
+        key's first column (:mod:`consistent_stream.ranges`: the consolidation groups by
         the range column too); otherwise Spark samples ``df`` for them first, a job of its
         own (the exchanges ``df``'s query makes are not made again by the write's job, which
         reuses their output)."""

@@ -46,7 +46,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, DecimalType, IntegralType
 
-from ..changelog import q
+from .changelog import q
 
 log = logging.getLogger("consistent_stream")
 
