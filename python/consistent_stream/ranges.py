@@ -184,14 +184,14 @@ class SourceBounds:
     key, source column: :func:`~consistent_stream.plan.logical.column_origins`), ``sources``
     (source key -> the run's source, whose ``column_stats(position, column)`` gives per-file
     ``(min, max, rows)`` or None), ``positions`` (source key -> its position at the cut),
-    ``types`` (plan column -> Spark type, where known), ``parts`` ranges. Each column's
-    bounds are computed once; any failure reading statistics is logged and leaves the
+    ``parts`` ranges; called with a plan column and its Spark type. Each column's bounds
+    are computed once per type; any failure reading statistics is logged and leaves the
     column to Spark's sampling."""
 
     def __init__(self, origins: dict[str, tuple[str, str]], sources: dict, positions: dict[str, int],
                  parts: int):
         self.origins, self.sources, self.positions, self.parts = origins, sources, positions, parts
-        self._done: dict[tuple[str, str], list | None] = {}
+        self._done: dict[tuple[str, str, str], list | None] = {}
 
     def __call__(self, column: str, dtype=None) -> list | None:
         origin = self.origins.get(column)
