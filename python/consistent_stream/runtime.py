@@ -40,7 +40,7 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
 from . import location
@@ -606,7 +606,7 @@ class QueryRuntime:
     def _target_bounds(self, df) -> list | None:
         """The bounds of the target's key ranges in a rebuild on the executors, from the plan
         column its first key column is (:attr:`bounds`); None: Spark samples."""
-        if self.bounds is None or not self.key or not hasattr(df, "schema"):
+        if self.bounds is None or not self.key or not isinstance(df, DataFrame):
             return None
         internal = dict(zip(self.output_schema.fieldNames(), self.compiled.output_columns))
         first = self.key[0]
