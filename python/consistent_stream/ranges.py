@@ -164,12 +164,9 @@ def range_partitioned(df: DataFrame, key: list[str], parts: int,
     column's type, :func:`typed_bounds`): one hash exchange by the range column
     :data:`RANGE` (returned in the list), no sampling job; without, or when Spark's hash
     slots are not found, Spark's ``repartitionByRange`` (nothing to group by)."""
-    sampled = (df.repartitionByRange(parts, *[F.col(q(k)) for k in key]), [])
-    if not bounds:
-        return sampled
-    slots = hash_slots(df.sparkSession, len(bounds) + 1)
+    slots = hash_slots(df.sparkSession, len(bounds) + 1) if bounds else None
     if slots is None:
-        return sampled
+        return df.repartitionByRange(parts, *[F.col(q(k)) for k in key]), []
     dtype = df.schema[key[0]].dataType.simpleString()
     literals = [f"CAST('{b}' AS {dtype})" for b in bounds]
     column = q(key[0])
