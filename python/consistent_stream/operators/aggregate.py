@@ -97,15 +97,12 @@ class AggregateSpec:
     out_types: dict[str, str]
 
 
-def _sum_sql(s: str, arg_type: DataType, merge: bool = False) -> str:
+def _sum_sql(s: str, arg_type: DataType) -> str:
     """SUM as Spark types it, from the accumulated sum ``s``: for DECIMAL(p, s) a
     DECIMAL(p+10, s) (the accumulator, a sum of ``x * __weight``, is wider; an expression over
-    the SUM, a division, would round at another scale), overflowing as Spark's SUM does. A
-    ``merge`` SUM (of partial sums, :attr:`~consistent_stream.plan.logical.AggCall.merge`) is
-    typed as its argument, the SUM it completes."""
+    the SUM, a division, would round at another scale), overflowing as Spark's SUM does."""
     if isinstance(arg_type, DecimalType):
-        precision = arg_type.precision if merge else min(38, arg_type.precision + 10)
-        return f"CAST({s} AS DECIMAL({precision}, {arg_type.scale}))"
+        return f"CAST({s} AS DECIMAL({min(38, arg_type.precision + 10)}, {arg_type.scale}))"
     return s
 
 
@@ -538,8 +535,8 @@ def _rows(spec: AggregateSpec, acc: _Accumulators, acc_rel: str, exts: dict[str,
                 c = [f"COALESCE(acc.{q(c)}, 0)" for c in acc.comoments[x]]
                 cols.append(f"{_comoment_sql(a.func, n, c)} AS {q(a.name)}")
             elif a.func == "sum":
-                total = _sum_sql(acc.value_sql("acc", x), spec.arg_types[x], a.merge)
-                cols.append(f"CASE WHEN {n} > 0 THEN {total} END AS {q(a.name)}")
+                cols.append(f"CASE WHEN {n} > 0 THEN {_sum_sql(acc.value_sql('acc', x), spec.arg_types[x])} END "
+                            f"AS {q(a.name)}")
             else:
                 avg = _avg_sql(acc.value_sql("acc", x), f"acc.{q(acc.n_col[x])}", spec.arg_types[x])
                 cols.append(f"CASE WHEN {n} > 0 THEN {avg} END AS {q(a.name)}")

@@ -28,9 +28,7 @@ The passes, in order (each module's docstring has an example):
    clock temporal ones (:func:`.clock.temporal_operators`);
 3. :func:`.keys.output_unique_key`: infer the output's unique key;
 4. :func:`.prune.prune_columns`: drop the columns nothing above reads;
-5. :func:`.eager.push_partial_aggregates`: sum a join side per join key below an aggregate
-   that only sums it (eager aggregation);
-6. :func:`.logical.assign_ids`: number the operators (state tables are named by them).
+5. :func:`.logical.assign_ids`: number the operators (state tables are named by them).
 
 >>> # compile_model("select o_custkey, count(*) n from tpch.orders group by o_custkey", ...)
 """
@@ -40,7 +38,6 @@ import hashlib
 from dataclasses import dataclass, field
 
 from ..sources import SourceSpec
-from .eager import push_partial_aggregates
 from .keys import output_unique_key
 from .logical import Node, assign_ids
 from .lower import lower
@@ -80,7 +77,6 @@ def compile_model(sql: str, sources: list[SourceSpec], schemas: dict[str, list[s
     root, outputs = lower(ast, by_relation, schemas, sql, incremental_only)
     unique_key = output_unique_key(root)
     prune_columns(root)
-    push_partial_aggregates(root)
     assign_ids(root)
     return CompiledModel(sql=sql, root=root, output_columns=[internal for _, internal in outputs],
                          sources=sources, fingerprint=fingerprint(sql, sources), unique_key=unique_key)

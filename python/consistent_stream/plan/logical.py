@@ -191,14 +191,11 @@ class AggCall:
     over ``arg`` (Spark SQL; a FILTER clause is already folded into it as a CASE);
     ``param``: the fraction of ``percentile`` and ``percentile_disc`` (a numeric literal;
     ``percentile_disc_desc`` is ``PERCENTILE_DISC(p) WITHIN GROUP (ORDER BY arg DESC)``),
-    else None. The two arguments of a :data:`COMOMENT_AGGS` aggregate are one struct ``arg``.
-    ``merge``: a SUM of the partial sums of a SUM below (:mod:`.eager`), typed as its argument
-    (the SUM it completes), not widened as a SUM of that argument would be."""
+    else None. The two arguments of a :data:`COMOMENT_AGGS` aggregate are one struct ``arg``."""
     name: str
     func: str
     arg: str | None
     param: str | None = None
-    merge: bool = False
 
 
 @dataclass(eq=False)
@@ -477,7 +474,7 @@ def explain(node: Node, indent: int = 0, costs: bool = False) -> str:
             head += " (range join: " + ", ".join(b.sql() for b in node.bands) + ")"
     elif isinstance(node, Aggregate):
         head = f"Aggregate by {node.group_exprs}: " + ", ".join(
-            f"{a.func}({a.arg}{', ' + a.param if a.param else ''}){' (merge)' if a.merge else ''}" for a in node.aggs)
+            f"{a.func}({a.arg}{', ' + a.param if a.param else ''})" for a in node.aggs)
     elif isinstance(node, Union):
         head = "Union all"
     elif isinstance(node, Generate):
