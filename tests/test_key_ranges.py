@@ -123,3 +123,22 @@ def test_columns_keep_their_source_through_projections_and_groups():
     origins = column_origins(m.root)
     key, n = m.output_columns
     assert origins[key] == (src.key, "k") and n not in origins
+
+
+def test_a_column_mapped_source_gives_its_statistics_under_the_columns_name(spark, tmp_path):
+    """A source delta-spark wrote with column mapping (``name`` mode: its files and its
+    statistics name each column by a physical name of its own), its key renamed after: the
+    statistics of the key are found under the column's name in the table's schema, so a
+    rebuild's bounds come from them as for any other source."""
+    from consistent_stream.sources import SourceSpec
+    from consistent_stream.sources.formats import open_source
+    path = str(tmp_path / "t")
+    spark.sql(f"CREATE TABLE delta.`{path}` (k BIGINT, v STRING) USING delta "
+              "TBLPROPERTIES ('delta.columnMapping.mode' = 'name')")
+    for lo, hi in ((0, 100), (100, 300)):
+        spark.range(lo, hi, 1, 1).selectExpr("id AS k", "'x' AS v").write.format("delta").mode("append").save(path)
+    spark.sql(f"ALTER TABLE delta.`{path}` RENAME COLUMN k TO order_key")
+    source = open_source(SourceSpec(name="t", relation="s.t", location=path, source_name="s"))
+    version = source.table.latest_version()
+    assert sorted(source.column_stats(version, "order_key")) == [(0, 99, 100), (100, 299, 200)]
+    assert source.column_stats(version, "k") is None   # the old name names nothing

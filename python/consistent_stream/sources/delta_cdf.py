@@ -234,12 +234,16 @@ class DeltaSource:
         from the log's statistics (Python values; no data read), for the bounds of a
         rebuild's key ranges (:mod:`consistent_stream.ranges`). None when a file has
         no row count or no min and max of the column (statistics not written, a partition
-        column, a column past ``delta.dataSkippingNumIndexedCols``)."""
+        column, a column past ``delta.dataSkippingNumIndexedCols``). Under column mapping the
+        log names statistics by the column's physical name (:meth:`schema`'s field metadata),
+        which a rename keeps."""
         actions = self._require().add_actions(position)
         names = set(actions.column_names)
-        if f"min.{column}" not in names or f"max.{column}" not in names or "num_records" not in names:
+        field = next((f for f in self.schema().fields if f.name == column), None)
+        stat = (field.metadata or {}).get(PHYSICAL_NAME, column) if field is not None else column
+        if f"min.{stat}" not in names or f"max.{stat}" not in names or "num_records" not in names:
             return None
-        out = list(zip(actions.column(f"min.{column}").to_pylist(), actions.column(f"max.{column}").to_pylist(),
+        out = list(zip(actions.column(f"min.{stat}").to_pylist(), actions.column(f"max.{stat}").to_pylist(),
                        actions.column("num_records").to_pylist()))
         return None if any(v is None for row in out for v in row) else out
 
