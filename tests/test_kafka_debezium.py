@@ -170,8 +170,11 @@ def _decimals_sum_exactly(spark, stack, tmp_path, db, modes):
     from helpers import delta_pandas
     db.execute("INSERT INTO acct VALUES (3, 0.30)")
     for mode in modes:
-        wait_for(lambda mode=mode: _topic_events(stack, f"dec{mode}.transaction") >= 2, timeout=120,
-                 what="the transaction")
+        # the data topic too: a run takes a transaction whole or not at all, so one whose END is
+        # on the transaction topic before its row is on the data topic is rightly left for later
+        wait_for(lambda mode=mode: _topic_events(stack, f"dec{mode}.transaction") >= 2
+                 and _topic_events(stack, f"dec{mode}.public.acct") >= 3, timeout=120,
+                 what="the transaction and its row")
     assert stack.partitions("decprecise.public.acct") == 3 and stack.partitions("decprecise.transaction") == 1
     assert stack.partitions("decstring.public.acct") == 1
     for mode, columns in [(m, None) for m in modes] + [("string", {"id": "int", "balance": "decimal(12,2)"})]:

@@ -190,6 +190,13 @@ class DeltaSource:
                                       else {}))
         return StructType(fields)
 
+    def physical_names(self) -> dict[str, str]:
+        """Column name -> its physical name (``delta.columnMapping.physicalName``) for the
+        columns that have one (column mapping on); the log's statistics and data files name a
+        column by it. Empty without column mapping."""
+        return {f.name: f.metadata[PHYSICAL_NAME] for f in self.schema().fields
+                if (f.metadata or {}).get(PHYSICAL_NAME)}
+
     def waiting_for(self) -> str:
         return f"the Delta table {self.spec.location} has no version"
 
@@ -235,12 +242,11 @@ class DeltaSource:
         rebuild's key ranges (:mod:`consistent_stream.ranges`). None when a file has
         no row count or no min and max of the column (statistics not written, a partition
         column, a column past ``delta.dataSkippingNumIndexedCols``). Under column mapping the
-        log names statistics by the column's physical name (:meth:`schema`'s field metadata),
+        log names statistics by the column's physical name (:meth:`physical_names`),
         which a rename keeps."""
         actions = self._require().add_actions(position)
         names = set(actions.column_names)
-        field = next((f for f in self.schema().fields if f.name == column), None)
-        stat = (field.metadata or {}).get(PHYSICAL_NAME, column) if field is not None else column
+        stat = self.physical_names().get(column, column)
         if f"min.{stat}" not in names or f"max.{stat}" not in names or "num_records" not in names:
             return None
         out = list(zip(actions.column(f"min.{stat}").to_pylist(), actions.column(f"max.{stat}").to_pylist(),
@@ -325,11 +331,9 @@ class DeltaSource:
             return SourceChanges(Changelog.empty(views, zschema), 0, None)
         commits = self._commits_unless_fed(table, start, end)
         if commits is not None:
-            schema = self.schema()
-            physical = {f.name: f.metadata[PHYSICAL_NAME] for f in schema.fields if f.metadata.get(PHYSICAL_NAME)}
             try:
                 found = table.read_log_changes(start, end, _plain_arrow(zschema, drop=WEIGHT),
-                                               table.partition_columns(), physical, commits)
+                                               table.partition_columns(), self.physical_names(), commits)
             except UnpairedUpdate as e:
                 raise _unpaired(self.spec, e) from e
             return self._logged(views, found, zschema, start, end)
