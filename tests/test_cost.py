@@ -3,6 +3,7 @@ split into bounded batches, large changes recomputed; and every version still eq
 evaluation at its cut."""
 from __future__ import annotations
 
+import decimal
 import os
 
 import pyarrow as pa
@@ -117,6 +118,51 @@ def test_a_rebuild_reads_an_aggregates_input_once_for_its_sums_and_its_extremes(
     sc.update("a", {"d": "d - 100", "x": "x + 1"}, "id = 1234")
     assert sc.run(job)["metrics"][0]["strategy"] == "incremental"
     _versions_equal_batch_evaluation(spark, job)
+
+
+@pytest.mark.parametrize("kept", ["every customer column", "not the key"])
+def test_a_rebuilds_left_join_over_an_aggregates_output_is_not_aggregated_again(spark, tmp_path, monkeypatch, kept):
+    """customer_order_totals' shape rebuilt on the executors: the orders' accumulators (one row
+    per customer, a GROUP BY's) are written as they come, and SQL's left outer join of the
+    customers with the order totals (at most one row per customer) projected to every customer
+    column is written to the target without a consolidation; a projection that drops the
+    customer key is consolidated. Every version equals batch evaluation."""
+    from consistent_stream import runtime
+    from consistent_stream.state.arrangement import StateStore
+    written, stored = [], {}
+    rebuild, commit = StateStore.rebuild, runtime.commit_rebuild
+
+    def recorded_rebuild(self, a, sql, **kw):
+        stored[a.name] = kw.get("consolidated", False)
+        return rebuild(self, a, sql, **kw)
+
+    def recorded_commit(*args, **kw):
+        written.append(kw["consolidated"])
+        return commit(*args, **kw)
+    monkeypatch.setattr(StateStore, "rebuild", recorded_rebuild)
+    monkeypatch.setattr(runtime, "commit_rebuild", recorded_commit)
+    n = 400
+    sc = Scenario(spark, tmp_path, {
+        "c": pa.table({"ck": list(range(n)), "name": [f"c{i % 7}" for i in range(n)]}),
+        "o": pa.table({"ok": list(range(3 * n)), "ck": [i % (n - 50) for i in range(3 * n)],
+                       "price": pa.array([decimal.Decimal(i % 13) / 4 for i in range(3 * n)], pa.decimal128(12, 2))}),
+    }, {"c": ["ck"], "o": ["ok"]})
+    totals = "(select ck, count(*) as cnt, sum(price) as total from src.o group by ck) t on c.ck = t.ck"
+    if kept == "every customer column":
+        job = sc.job(f"select c.ck, c.name, coalesce(t.cnt, 0) as cnt, coalesce(t.total, 0) as total "
+                     f"from src.c c left join {totals}", "ck", name="totals")
+    else:
+        job = sc.job(f"select c.name, coalesce(t.cnt, 0) as cnt from src.c c left join {totals}", None,
+                     name="by_name")
+    job.driver_rebuild_rows = 0
+    m = sc.run(job, full_refresh=True)["metrics"][0]
+    assert m["strategy"] == "recompute" and "on the driver" not in m["reason"], m
+    assert [v for k, v in stored.items() if k.endswith("_acc")] == [True], stored
+    assert written == [kept == "every customer column"], written
+    sc.update("o", {"ck": "ck + 1"}, "ok < 20")
+    sc.delete("c", "ck = 3")
+    assert sc.run(job)["metrics"][0]["strategy"] == "incremental"
+    assert _versions_equal_batch_evaluation(spark, job) == 2
 
 
 def test_a_change_too_large_for_the_driver_is_written_by_the_executors(spark, tmp_path, monkeypatch):

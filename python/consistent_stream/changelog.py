@@ -235,7 +235,10 @@ class Changelog:
     ``sql``: a FROM item (a view name or a parenthesized query) over ``views``. ``arrow``:
     the same rows on the driver, when the change was materialized there. ``rows``: the number
     of rows when known without a job (None: unknown). ``consolidated``: each distinct row
-    once, non-zero weights. ``local``: linear operators over driver-side relations only, so
+    once, non-zero weights. ``unique_by``: for a consolidated change, data columns whose values
+    already tell its rows apart (the other columns are functions of them: a left outer join's
+    left columns when each left row meets at most one right row); None when only all of its
+    data columns do. ``local``: linear operators over driver-side relations only, so
     evaluating it again costs less than materializing it.
     """
     sql: str
@@ -245,6 +248,7 @@ class Changelog:
     rows: int | None = None
     consolidated: bool = False
     local: bool = False
+    unique_by: tuple[str, ...] | None = None
     _df: DataFrame | None = field(default=None, repr=False)
 
     @staticmethod

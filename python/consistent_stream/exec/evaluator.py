@@ -48,7 +48,7 @@ from .. import settings, storage
 from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, consolidate_sql, q
 from ..operators.aggregate import AggregateSpec, OutputLookup, aggregate_delta, output_from_accumulators
 from ..operators.dedup import dedup_delta
-from ..operators.join import JoinSide, join_delta
+from ..operators.join import JoinSide, join_delta, whole_outer
 from ..operators.keyed import RelationLookup, key_in, union_keys
 from ..operators.linear import expand_sql, filter_sql, generate_sql, project_sql, reweight_sql, union_sql
 from ..operators.recompute import RecomputeInput, recompute_delta
@@ -118,15 +118,15 @@ class _OperatorState:
               compensated: tuple[tuple[str, str], ...] = (), rebuild_consolidated: bool = True) -> Changelog:
         """The batch's rows of arrangement ``role`` (a SELECT ``sql``): consolidated unless
         ``consolidated`` says they are, materialized and staged for the state commit; a
-        rebuild writes them as the arrangement's base (consolidated there unless
-        ``rebuild_consolidated`` is False: :meth:`StateStore.rebuild`). Returns them."""
+        rebuild writes them as the arrangement's base (consolidated there unless they are
+        already or ``rebuild_consolidated`` is False: :meth:`StateStore.rebuild`). Returns them."""
         a = self.arrangement(role, sql, key, additive, live, compensated)
         casts = ", ".join(f"CAST({q(f.name)} AS {f.dataType.simpleString()}) AS {q(f.name)}" for f in a.schema.fields)
         typed = f"SELECT {casts} FROM ({sql})"
         if self.ev.dry:
             return _typed_stand_in(self.ev.views, a.schema)
         if self.ev.rebuild:
-            return self.ev.store.rebuild(a, typed, consolidate=rebuild_consolidated)
+            return self.ev.store.rebuild(a, typed, consolidate=rebuild_consolidated, consolidated=consolidated)
         change = self.ev.materialize(typed if consolidated else a.consolidate_sql(f"({typed})", complete=False),
                                      a.schema)
         change.consolidated = True
@@ -373,13 +373,16 @@ class BatchEvaluator:
             if isinstance(node, Filter):
                 out = Changelog.of_query(self.views, filter_sql(child.sql, node.predicate), child.columns)
                 out.consolidated = child.consolidated  # a subset of distinct rows stays distinct
+                out.unique_by = child.unique_by
                 out.local = child.local
                 return out
             if isinstance(node, Project):
                 out = Changelog.of_query(self.views, project_sql(child.sql, node.columns, node.exprs), cols)
-                # only a projection that keeps every column (renamed, reordered) keeps rows distinct
+                # only a projection that keeps every column (renamed, reordered), or columns that
+                # tell the rows apart, keeps rows distinct
                 kept = {plain_column(e) for e in node.exprs}
-                out.consolidated = child.consolidated and set(child.data_columns) <= kept
+                out.consolidated = child.consolidated and (set(child.data_columns) <= kept or (
+                    child.unique_by is not None and set(child.unique_by) <= kept))
                 out.local = child.local
                 return out
             if isinstance(node, Generate):
@@ -570,9 +573,18 @@ class BatchEvaluator:
                 keys = side.change_keys(node.null_safe)
                 other.acc.read_ahead(other.group_keys(keys.renamed(node.join_key(other_role))))
         bands = [b.op for b in node.bands] if node.kind == "inner" else []
+        whole = node.kind == "left" and whole_outer(node.kind, sides["left"], sides["right"], olds["left"],
+                                                    olds["right"])
         out = join_delta(node.kind, sides["left"], sides["right"], olds["left"], olds["right"], node.residual,
                          node.null_safe, bands)
-        return self._lazy(node, out, list(node.columns) + [WEIGHT])
+        ch = self._lazy(node, out, list(node.columns) + [WEIGHT])
+        if whole and not ch.is_empty:
+            # SQL's left outer join of two whole, consolidated relations: distinct rows; when
+            # the right side is an aggregate's output looked up by its groups (one row per
+            # key), each left row meets at most one right row, so its columns tell rows apart
+            ch.consolidated = True
+            ch.unique_by = tuple(node.left.columns) if shared["right"] is not None else None
+        return ch
 
     def _aggregate_output(self, side: Node, keys: list[str]) -> OutputLookup | None:
         """A join side that is an aggregate's output (directly, or through a projection of

@@ -36,7 +36,10 @@ consolidated changes are the whole relations ``L`` and ``R``, whose weights are 
 a row of L is unmatched exactly when no row of R meets it. A left or full outer join is then
 SQL's own outer join, one join instead of the inner term, the unmatched rows' counting join and
 its aggregation: ``l.w * coalesce(r.w, 1)`` (left), ``coalesce(l.w, 1) * coalesce(r.w, 1)``
-(full), the padding NULLs the outer join's own.
+(full), the padding NULLs the outer join's own (:func:`whole_outer`). A left one's rows are
+then consolidated: each is a distinct pair of distinct rows, or a distinct L row padded once
+(a full one's are not always: an unmatched L row of NULLs and an unmatched R row of NULLs pad
+to the same row).
 
 A range join (an inner join without an equality whose condition bounds a column of one side
 by the other: ``o.day between p.valid_from and p.valid_to``, ``a.x < b.y``) has the same rule
@@ -164,8 +167,7 @@ def join_delta(kind: str, left: JoinSide, right: JoinSide, left_old: Lookup, rig
     dl, dr = left.delta, right.delta
     if dl.is_empty and dr.is_empty:
         return None
-    if kind in ("left", "full") and left_old.empty and right_old.empty and not dl.is_empty and not dr.is_empty \
-            and dl.consolidated and dr.consolidated:
+    if whole_outer(kind, left, right, left_old, right_old):
         return _whole_outer(kind, left, right, residual, null_safe)
     inner = kind in ("inner", "left", "full")
     unmatched_l = kind in ("left", "full", "semi", "anti")
@@ -215,6 +217,15 @@ def join_delta(kind: str, left: JoinSide, right: JoinSide, left_old: Lookup, rig
         if unmatched_r_sql is not None:
             parts.append(f"SELECT {left.null_padding()}, {cols_sql(right.cols)}, {W} FROM ({unmatched_r_sql})")
     return _union(parts)
+
+
+def whole_outer(kind: str, left: JoinSide, right: JoinSide, left_old: Lookup, right_old: Lookup) -> bool:
+    """Whether :func:`join_delta` computes a left or full outer join as SQL's outer join of
+    its two changes: both consolidated and not empty, and no old rows on either side (the
+    module docstring)."""
+    dl, dr = left.delta, right.delta
+    return (kind in ("left", "full") and left_old.empty and right_old.empty and not dl.is_empty
+            and not dr.is_empty and dl.consolidated and dr.consolidated)
 
 
 def _whole_outer(kind: str, left: JoinSide, right: JoinSide, residual, null_safe) -> str:

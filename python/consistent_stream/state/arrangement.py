@@ -525,11 +525,18 @@ class StateStore:
             return
         self._staged[arrangement.name] = ("append", change)
 
-    def rebuild(self, arrangement: Arrangement, sql: str, *, consolidate: bool = True) -> Changelog:
+    def rebuild(self, arrangement: Arrangement, sql: str, *, consolidate: bool = True,
+                consolidated: bool = False) -> Changelog:
         """Replace ``arrangement`` by the rows of the SELECT ``sql`` (a rebuild from snapshots),
         written now by Spark's executors as base files; returns the written rows as a changelog
         read back from those files (so the caller never computes ``sql`` twice), consolidated
-        when ``consolidate``.
+        when ``consolidate`` or ``consolidated``.
+
+        ``consolidated``: the rows of ``sql`` are consolidated already (an aggregate's
+        accumulators, one row per group; a consolidated change): they are written as they come,
+        and the read-back is flagged consolidated, as a staged change of the same rows is in an
+        incremental batch (:meth:`stage`). No exchange or hash aggregation is spent on them
+        beyond the range partitioning and sort of the layout.
 
         A keyed arrangement's rows are consolidated within the ranges of the key they are
         partitioned by (:meth:`_write_base` ``merge``): one exchange of the rows, where
@@ -543,7 +550,10 @@ class StateStore:
         no row (a join side's lookups, :mod:`consistent_stream.operators.join`). That saves a
         hash aggregation of all its rows, most of the write of a large side; a later
         compaction that re-bases the arrangement consolidates its base with its deltas."""
-        if arrangement.key:
+        if consolidated:
+            consolidate = False
+            files = self._write_base(arrangement, self.views.sql(sql))
+        elif arrangement.key:
             files = self._write_base(arrangement, self.views.sql(sql), merge=consolidate)
         elif consolidate:
             files = self._write_base(arrangement, self.views.sql(arrangement.consolidate_sql(f"({sql})")))
@@ -555,7 +565,7 @@ class StateStore:
             return Changelog.empty(self.views, arrangement.schema)
         out = self.spark.read.schema(arrangement.schema).parquet(*[self.table.file_uri(f.path) for f in files])
         ch = Changelog.of_frame(self.views, out, rows=rows)
-        ch.consolidated = consolidate
+        ch.consolidated = consolidate or consolidated
         return ch
 
     def _write_base(self, arrangement: Arrangement, df: DataFrame, *, merge: bool = False) -> list[DataFile]:
