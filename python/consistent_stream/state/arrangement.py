@@ -550,10 +550,8 @@ class StateStore:
         no row (a join side's lookups, :mod:`consistent_stream.operators.join`). That saves a
         hash aggregation of all its rows, most of the write of a large side; a later
         compaction that re-bases the arrangement consolidates its base with its deltas."""
-        if consolidated:
-            consolidate = False
-            files = self._write_base(arrangement, self.views.sql(sql))
-        elif arrangement.key:
+        consolidate = consolidate and not consolidated   # (rows already distinct: nothing to merge)
+        if arrangement.key:
             files = self._write_base(arrangement, self.views.sql(sql), merge=consolidate)
         elif consolidate:
             files = self._write_base(arrangement, self.views.sql(arrangement.consolidate_sql(f"({sql})")))
