@@ -123,21 +123,24 @@ def test_a_rebuild_reads_an_aggregates_input_once_for_its_sums_and_its_extremes(
 @pytest.mark.parametrize("kept", ["every customer column", "not the key"])
 def test_a_rebuilds_left_join_over_an_aggregates_output_is_not_aggregated_again(spark, tmp_path, monkeypatch, kept):
     """customer_order_totals' shape rebuilt on the executors: the orders' accumulators (one row
-    per customer, a GROUP BY's) are written as they come, and SQL's left outer join of the
-    customers with the order totals (at most one row per customer) projected to every customer
-    column is written to the target without a consolidation; a projection that drops the
-    customer key is consolidated. Every version equals batch evaluation."""
+    per customer, a GROUP BY's) and the customers (a snapshot's rows, every weight +1) are
+    written as they come, and SQL's left outer join of the two, whose weights are all
+    positive, is written to the target without a consolidation, whether its projection keeps
+    the customer key (the rows are distinct) or not (a row's copies are written as copies).
+    The join takes the accumulators as the order totals, one row per customer, without
+    summing them per customer again. Every version equals batch evaluation."""
     from consistent_stream import runtime
     from consistent_stream.state.arrangement import StateStore
-    written, stored = [], {}
+    written, stored, plans = [], {}, []
     rebuild, commit = StateStore.rebuild, runtime.commit_rebuild
 
     def recorded_rebuild(self, a, sql, **kw):
-        stored[a.name] = kw.get("consolidated", False)
+        stored[a.name] = kw.get("consolidated", False) or not kw.get("consolidate", True)
         return rebuild(self, a, sql, **kw)
 
     def recorded_commit(*args, **kw):
-        written.append(kw["consolidated"])
+        written.append(kw["consolidated"] or kw["positive"])
+        plans.append(args[1]._jdf.queryExecution().executedPlan().toString())
         return commit(*args, **kw)
     monkeypatch.setattr(StateStore, "rebuild", recorded_rebuild)
     monkeypatch.setattr(runtime, "commit_rebuild", recorded_commit)
@@ -157,8 +160,11 @@ def test_a_rebuilds_left_join_over_an_aggregates_output_is_not_aggregated_again(
     job.driver_rebuild_rows = 0
     m = sc.run(job, full_refresh=True)["metrics"][0]
     assert m["strategy"] == "recompute" and "on the driver" not in m["reason"], m
-    assert [v for k, v in stored.items() if k.endswith("_acc")] == [True], stored
-    assert written == [kept == "every customer column"], written
+    # (arrangement -> written as the rows come)
+    assert sorted(v for k, v in stored.items() if k.endswith(("_acc", "_left"))) == [True, True], stored
+    assert written == [True], written
+    # the join reads the accumulators back as the output rows, one per group: no sum again
+    assert len(plans) == 1 and "HashAggregate" not in plans[0], plans
     sc.update("o", {"ck": "ck + 1"}, "ok < 20")
     sc.delete("c", "ck = 3")
     assert sc.run(job)["metrics"][0]["strategy"] == "incremental"
@@ -258,6 +264,35 @@ def test_a_rebuilds_rows_not_yet_consolidated_are_summed_by_its_write(spark, tmp
         commit_rebuild(target, twice, unique_key=["g"], partition_by=[], file_rows=100, txn=Txn("q", 2),
                        metadata={}, model="m", consolidated=False)
     assert sorted(delta_pandas(target.path)["g"]) == (["a", "c", "d"] if key else ["a", "c", "c", "d"])
+
+
+@pytest.mark.parametrize("bounds", [[20, 50], None])
+def test_a_keyed_rebuild_is_sorted_once_by_its_write_into_files_sorted_by_the_key(spark, tmp_path, monkeypatch,
+                                                                                   bounds):
+    """The executors' write of a keyed rebuild sorts its rows once: the unique key's check (a
+    window over the key's ranges) sorts each range by the key, the order the files need, so no
+    second sort follows the check; every file holds its rows in key order."""
+    from consistent_stream.delta import files as delta_files
+    plans = []
+    write = delta_files.write_spark
+
+    def watched(df, *a, **kw):
+        plans.append(df._jdf.queryExecution().executedPlan().toString())
+        return write(df, *a, **kw)
+
+    monkeypatch.setattr(delta_files, "write_spark", watched)
+    rows = spark.range(0, 100, 1, 4).selectExpr("(id * 37) % 100 AS k", "id AS v", "CAST(1 AS BIGINT) AS __weight")
+    target = DeltaTableRef(str(tmp_path / "t"))
+    commit_rebuild(target, rows, unique_key=["k"], partition_by=[], file_rows=10, txn=Txn("q", 1), metadata={},
+                   model="m", consolidated=False, key_bounds=bounds)
+    assert len(plans) == 1 and plans[0].count("Sort [") == 1, plans
+    dt = DeltaTable(target.path)
+    keys = []
+    for path in dt.file_uris():
+        ks = pa.parquet.read_table(path).column("k").to_pylist()
+        assert ks == sorted(ks), (path, ks)
+        keys += ks
+    assert sorted(keys) == list(range(100))
 
 
 def test_a_run_without_source_changes_runs_no_spark_job_and_commits_nothing(spark, tmp_path):

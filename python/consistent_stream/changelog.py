@@ -239,7 +239,11 @@ class Changelog:
     already tell its rows apart (the other columns are functions of them: a left outer join's
     left columns when each left row meets at most one right row); None when only all of its
     data columns do. ``local``: linear operators over driver-side relations only, so
-    evaluating it again costs less than materializing it.
+    evaluating it again costs less than materializing it. ``positive``: every weight is
+    positive, a relation rather than a change (a source's snapshot, every row +1, and what
+    operators that only add rows make of it: filters, projections, joins of such relations);
+    consolidating it changes how a row's copies are written, ``(r, 1), (r, 1)`` or
+    ``(r, 2)``, never which rows there are.
     """
     sql: str
     columns: list[str]
@@ -249,6 +253,7 @@ class Changelog:
     consolidated: bool = False
     local: bool = False
     unique_by: tuple[str, ...] | None = None
+    positive: bool = False
     _df: DataFrame | None = field(default=None, repr=False)
 
     @staticmethod

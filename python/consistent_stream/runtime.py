@@ -208,6 +208,7 @@ class _Evaluated:
     local: "LocalEngine | None"
     out: object = None
     consolidated: bool = True   # a rebuild's SELECT on the executors: its rows are (else summed by the write)
+    positive: bool = False   # .. or are copies of rows (Changelog.positive: written as they come)
 
 
 @dataclass(frozen=True)
@@ -385,6 +386,8 @@ class QueryRuntime:
             b.on_driver = self._rebuild_on_driver(b)
             changes = {key: self.sources[key].snapshot(b.views, end.versions[key], cols, on_driver=b.on_driver)
                        for key, cols in self.columns.items()}
+            for change in changes.values():
+                change.positive = True   # every row +1 (Source.snapshot)
             for key, src in self.sources.items():
                 if b.first or key not in commit_ms:
                     commit_ms[key] = src.commit_ms(end.versions[key]) if end.versions[key] >= 0 else 0
@@ -491,7 +494,7 @@ class QueryRuntime:
             with spark_confs(spark, {} if executors else INCREMENTAL_CONFS):
                 root, cols, schema = self.compiled.root, self.compiled.output_columns, self.output_schema
                 if executors:
-                    e.out, e.consolidated = ev.output_rows(root, cols, schema) or (None, True)
+                    e.out, e.consolidated, e.positive = ev.output_rows(root, cols, schema) or (None, True, False)
                 else:
                     e.out = ev.output(root, cols, schema)
         except BaseException:
@@ -533,7 +536,7 @@ class QueryRuntime:
                 return done[0]
             try:
                 version, written, rewritten = self._commit_target(e.out, e.rebuild, b.txn, state_committed, b.views,
-                                                                  e.consolidated)
+                                                                  e.consolidated, e.positive)
                 meta = state_committed()
             finally:
                 committing.exception()   # (the state's commit ends before the batch does, whatever happened)
@@ -557,10 +560,10 @@ class QueryRuntime:
             self.translations.save()   # when this batch made new ones
 
     def _commit_target(self, out, rebuild: bool, txn: Txn, meta: Callable[[], BatchMeta],
-                       views: Views, consolidated: bool = True) -> tuple[int, int, int]:
+                       views: Views, consolidated: bool = True, positive: bool = False) -> tuple[int, int, int]:
         """Step 5: a rebuild replaces the target (``out``: the SELECT of the whole view, its
-        rows ``consolidated`` or not, or None when empty; on the driver, the view's rows as a
-        materialized changelog); an
+        rows ``consolidated`` or not, ``positive`` or not, or None when empty; on the driver,
+        the view's rows as a materialized changelog); an
         incremental change (``out``: the materialized changelog) is merged into it. ``meta``
         returns the target commit's metadata once the state is committed: a change merged on
         the driver asks for it once its files are written, everything else first."""
@@ -572,8 +575,9 @@ class QueryRuntime:
             if out is None:
                 df = spark.createDataFrame([], out_schema)
             elif isinstance(out, str):
-                if not consolidated and any(c["type"] in ENFORCED for c in job.constraints):
-                    # the constraints are checked on the view's rows, not on copies of them
+                if not consolidated and not positive and any(c["type"] in ENFORCED for c in job.constraints):
+                    # the constraints are checked on the view's rows, not on rows that cancel
+                    # (a row's positive copies are the row)
                     out, consolidated = consolidate_sql(f"({out})", self.output_schema.fieldNames()), True
                 df = views.sql(out)
             elif out.arrow is not None and not job.partition_by and arrow_has_types(out.arrow, out_schema):
@@ -584,7 +588,8 @@ class QueryRuntime:
             return commit_rebuild(self.target, df, unique_key=self.key, partition_by=job.partition_by,
                                   file_rows=job.state_file_rows, txn=txn, metadata=md, model=job.model,
                                   properties=table_properties(retention_of(job)), docs=Docs.from_dbt(job.docs),
-                                  consolidated=consolidated, key_bounds=self._target_bounds(df))
+                                  consolidated=consolidated, positive=positive,
+                                  key_bounds=self._target_bounds(df))
         check_constraints(spark, out.df if out.arrow is None else out.arrow, job.constraints, job.model)
         prev_version = self.target.version()
         if out.arrow is None:

@@ -305,15 +305,16 @@ class BatchEvaluator:
         rows = self.output_rows(root, columns, schema)
         if rows is None:
             return None
-        sql, consolidated = rows
+        sql, consolidated, _ = rows
         return sql if consolidated else consolidate_sql(f"({sql})", schema.fieldNames())
 
-    def output_rows(self, root: Node, columns: list[str], schema: StructType) -> tuple[str, bool] | None:
+    def output_rows(self, root: Node, columns: list[str], schema: StructType) -> tuple[str, bool, bool] | None:
         """The SELECT of the batch's change of the model's output, typed as :meth:`output_sql`'s,
-        and whether it is consolidated (else a row may appear several times, its weights to be
-        summed, and a weight may be 0 after summing); None: known to be empty. A rebuild's
-        writer consolidates the rows where it partitions them anyway
-        (:func:`~consistent_stream.sink.target.commit_rebuild`)."""
+        whether it is consolidated (else a row may appear several times, its weights to be
+        summed, and a weight may be 0 after summing) and whether it is positive
+        (``Changelog.positive``: copies of rows, never a retraction, under any cast); None:
+        known to be empty. A rebuild's writer consolidates rows that are neither where it
+        partitions them anyway (:func:`~consistent_stream.sink.target.commit_rebuild`)."""
         d = self.delta(root)
         if d.is_empty:
             return None
@@ -321,7 +322,7 @@ class BatchEvaluator:
                         for c, f in zip(columns, schema.fields))
         typed = f"SELECT {sel}, {q(WEIGHT)} FROM {d.sql}"
         # distinct rows under casts that change nothing stay consolidated
-        return typed, d.consolidated and not self.dry and self._same_types(root, columns, schema)
+        return typed, d.consolidated and not self.dry and self._same_types(root, columns, schema), d.positive
 
     def _same_types(self, root: Node, columns: list[str], schema: StructType) -> bool:
         have = {f.name: f.dataType for f in self.types.nodes[root.id].fields}
@@ -364,7 +365,7 @@ class BatchEvaluator:
             out = Changelog.of_query(self.views, f"SELECT {sel}, {q(WEIGHT)} FROM {src.sql}", cols)
             # a scan of every column of a consolidated change is consolidated
             out.consolidated = src.consolidated and len(set(node.source_columns)) == len(src.data_columns)
-            out.local = src.local
+            out.local, out.positive = src.local, src.positive
             return out
         if isinstance(node, (Filter, Project, Expand, Generate, Reweight)):
             child = self.delta(node.child)
@@ -374,7 +375,7 @@ class BatchEvaluator:
                 out = Changelog.of_query(self.views, filter_sql(child.sql, node.predicate), child.columns)
                 out.consolidated = child.consolidated  # a subset of distinct rows stays distinct
                 out.unique_by = child.unique_by
-                out.local = child.local
+                out.local, out.positive = child.local, child.positive
                 return out
             if isinstance(node, Project):
                 out = Changelog.of_query(self.views, project_sql(child.sql, node.columns, node.exprs), cols)
@@ -383,17 +384,20 @@ class BatchEvaluator:
                 kept = {plain_column(e) for e in node.exprs}
                 out.consolidated = child.consolidated and (set(child.data_columns) <= kept or (
                     child.unique_by is not None and set(child.unique_by) <= kept))
-                out.local = child.local
+                out.local, out.positive = child.local, child.positive
                 return out
             if isinstance(node, Generate):
                 sql = generate_sql(child.sql, child.data_columns, node.generator, node.outer, node.names)
-                return Changelog.of_query(self.views, sql, cols)
+                out = Changelog.of_query(self.views, sql, cols)
+                out.positive = child.positive   # each row's weight on each of its generated rows
+                return out
             if isinstance(node, Expand):
                 out = Changelog.of_query(self.views, expand_sql(child.sql, node.columns, node.projections), cols)
-                out.local = child.local
+                out.local, out.positive = child.local, child.positive
                 return out
             out = Changelog.of_query(self.views, reweight_sql(child.sql, child.columns, node.count), cols)
             out.local = child.local
+            out.positive = child.positive   # (times a count >= 1: rows of count 0 are dropped)
             return out
         if isinstance(node, Union):
             # linear: d(A union all B) = dA union all dB
@@ -403,8 +407,12 @@ class BatchEvaluator:
             if a.is_empty or b.is_empty:
                 only = b if a.is_empty else a
                 sel = ", ".join(f"{q(x)} AS {q(y)}" for x, y in zip(only.columns, cols))
-                return Changelog.of_query(self.views, f"SELECT {sel} FROM {only.sql}", cols)
-            return Changelog.of_query(self.views, union_sql(a.sql, b.sql, cols), cols)
+                out = Changelog.of_query(self.views, f"SELECT {sel} FROM {only.sql}", cols)
+                out.positive = only.positive
+                return out
+            out = Changelog.of_query(self.views, union_sql(a.sql, b.sql, cols), cols)
+            out.positive = a.positive and b.positive
+            return out
         if isinstance(node, Join):
             return self._join(node)
         if isinstance(node, Dedup):
@@ -533,8 +541,10 @@ class BatchEvaluator:
             return Changelog.empty(self.views, a.schema)
         sel = ", ".join([q(c) for c in data] + [f"{e} AS {q(n)}" for n, e in extra] + [q(WEIGHT)])
         # computed key columns are functions of the row: a consolidated child stays consolidated
-        return st.stage(role, f"SELECT {sel} FROM {child.sql}", data + [n for n, _ in extra] + [WEIGHT], key,
-                        consolidated=child.consolidated, rebuild_consolidated=rebuild_consolidated)
+        out = st.stage(role, f"SELECT {sel} FROM {child.sql}", data + [n for n, _ in extra] + [WEIGHT], key,
+                       consolidated=child.consolidated, rebuild_consolidated=rebuild_consolidated)
+        out.positive = child.positive   # (its rows, consolidated or not)
+        return out
 
     def _types_of(self, node: Node) -> dict[str, str]:
         schema = self.delta(node).df.schema if self.dry else self.types.nodes[node.id]
@@ -559,9 +569,11 @@ class BatchEvaluator:
             else:
                 # a key that is a column of the input is looked up by that column; others are
                 # computed. A rebuild writes the side as its rows come (its lookups take a Z-set),
-                # except for an outer join, whose rebuild is SQL's outer join of consolidated sides
-                delta = self._input(st, role, self.delta(child_node), node.arrangement_key(role),
-                                    node.key_columns(role), rebuild_consolidated=node.kind in ("left", "full"))
+                # except for an outer join's side of rows not known to be positive: that rebuild
+                # is SQL's outer join of two relations (whole_outer)
+                child = self.delta(child_node)
+                delta = self._input(st, role, child, node.arrangement_key(role), node.key_columns(role),
+                                    rebuild_consolidated=node.kind in ("left", "full") and not child.positive)
                 olds[role] = st.old(role)
             types = self._types_of(child_node)
             side = sides[role] = JoinSide(delta, node.join_key(role), list(child_node.columns),
@@ -573,17 +585,21 @@ class BatchEvaluator:
                 keys = side.change_keys(node.null_safe)
                 other.acc.read_ahead(other.group_keys(keys.renamed(node.join_key(other_role))))
         bands = [b.op for b in node.bands] if node.kind == "inner" else []
-        whole = node.kind == "left" and whole_outer(node.kind, sides["left"], sides["right"], olds["left"],
-                                                    olds["right"])
+        whole = whole_outer(node.kind, sides["left"], sides["right"], olds["left"], olds["right"])
         out = join_delta(node.kind, sides["left"], sides["right"], olds["left"], olds["right"], node.residual,
                          node.null_safe, bands)
         ch = self._lazy(node, out, list(node.columns) + [WEIGHT])
+        dl, dr = sides["left"].delta, sides["right"].delta
         if whole and not ch.is_empty:
-            # SQL's left outer join of two whole, consolidated relations: distinct rows; when
-            # the right side is an aggregate's output looked up by its groups (one row per
-            # key), each left row meets at most one right row, so its columns tell rows apart
-            ch.consolidated = True
-            ch.unique_by = tuple(node.left.columns) if shared["right"] is not None else None
+            # SQL's outer join of two relations: positive weights; a left one of two
+            # consolidated ones, distinct rows (join.py's docstring); when the right side is an
+            # aggregate's output looked up by its groups (one row per key), each left row meets
+            # at most one right row, so its columns tell rows apart
+            ch.positive = True
+            ch.consolidated = node.kind == "left" and dl.consolidated and dr.consolidated
+            ch.unique_by = tuple(node.left.columns) if ch.consolidated and shared["right"] is not None else None
+        elif node.kind == "inner" and olds["left"].empty and olds["right"].empty:
+            ch.positive = dl.positive and dr.positive   # dL join dR alone: products of positive weights
         return ch
 
     def _aggregate_output(self, side: Node, keys: list[str]) -> OutputLookup | None:
@@ -673,6 +689,9 @@ class BatchEvaluator:
         out = aggregate_delta(spec, pre, st, self.first, self.materialize)
         ch = self._lazy(node, out, list(node.columns) + [WEIGHT])
         ch.consolidated = True  # at most -old and +new per group, distinct (aggregate_delta's contract)
+        if self.first and not ch.is_empty:
+            # no old rows: one row of weight +1 per group, told apart by its group columns
+            ch.positive, ch.unique_by = True, tuple(node.group_names)
         return ch
 
 

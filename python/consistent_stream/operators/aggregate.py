@@ -349,8 +349,13 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
 
     acc_old = old_rows("acc")
     all_cols = cols_sql(g + value_cols)
-    acc_new = summed(partial.sql if acc_old is None else
-                     f"(SELECT {all_cols} FROM {acc_old} UNION ALL SELECT {all_cols} FROM {partial.sql})")
+    if acc_old is None and g and partial.consolidated:
+        # one row per group already (the staged change, consolidated by its groups; a
+        # rebuild's accumulators as its GROUP BY gave them): nothing to sum again
+        acc_new = f"(SELECT {all_cols} FROM {partial.sql})"
+    else:
+        acc_new = summed(partial.sql if acc_old is None else
+                         f"(SELECT {all_cols} FROM {acc_old} UNION ALL SELECT {all_cols} FROM {partial.sql})")
     acc_before = summed(acc_old) if acc_old is not None else None
     ext_new, ext_old = _multiset_aggregates(spec, multiset_args, vals, old_rows)
 

@@ -32,14 +32,16 @@ Each L row appears once in a semi join, with its own multiplicity, however many 
 NULL keys never match (SQL ``=``), unless the join is ``null_safe`` (set operations).
 
 Without old rows on either side (a first batch, a rebuild: both arrangements hold no file),
-consolidated changes are the whole relations ``L`` and ``R``, whose weights are positive, so
-a row of L is unmatched exactly when no row of R meets it. A left or full outer join is then
-SQL's own outer join, one join instead of the inner term, the unmatched rows' counting join and
-its aggregation: ``l.w * coalesce(r.w, 1)`` (left), ``coalesce(l.w, 1) * coalesce(r.w, 1)``
-(full), the padding NULLs the outer join's own (:func:`whole_outer`). A left one's rows are
-then consolidated: each is a distinct pair of distinct rows, or a distinct L row padded once
-(a full one's are not always: an unmatched L row of NULLs and an unmatched R row of NULLs pad
-to the same row).
+changes that are consolidated, or known to be positive (``Changelog.positive``: a snapshot's
+rows, copies included), are the whole relations ``L`` and ``R``, whose weights are positive,
+so a row of L is unmatched exactly when no row of R meets it (no copy of a row can cancel
+another). A left or full outer join is then SQL's own outer join, one join instead of the
+inner term, the unmatched rows' counting join and its aggregation: ``l.w * coalesce(r.w, 1)``
+(left), ``coalesce(l.w, 1) * coalesce(r.w, 1)`` (full), the padding NULLs the outer join's own
+(:func:`whole_outer`); its weights are positive. A left one's rows are consolidated when both
+sides are: each is a distinct pair of distinct rows, or a distinct L row padded once (a full
+one's are not always: an unmatched L row of NULLs and an unmatched R row of NULLs pad to the
+same row).
 
 A range join (an inner join without an equality whose condition bounds a column of one side
 by the other: ``o.day between p.valid_from and p.valid_to``, ``a.x < b.y``) has the same rule
@@ -56,7 +58,8 @@ Example (inner, key k): L_old = {(k=1, a): +1}, R_old = {}, dR = {(k=1, x): +1} 
 d = L_old join dR = {(1, a, 1, x): +1}.
 
 Columns in: each side's changelog holds its data columns, its key columns (the evaluated join
-keys) and ``__weight``, consolidated; the lookups return rows of the same columns. Out (a
+keys) and ``__weight``, consolidated (a rebuild's: or positive, a relation's rows and their
+copies); the lookups return rows of the same columns, not always consolidated. Out (a
 Spark SQL SELECT): left data columns, right data columns (none for semi/anti),
 ``__weight``; not consolidated; None when the change is known to be empty.
 """
@@ -221,16 +224,17 @@ def join_delta(kind: str, left: JoinSide, right: JoinSide, left_old: Lookup, rig
 
 def whole_outer(kind: str, left: JoinSide, right: JoinSide, left_old: Lookup, right_old: Lookup) -> bool:
     """Whether :func:`join_delta` computes a left or full outer join as SQL's outer join of
-    its two changes: both consolidated and not empty, and no old rows on either side (the
-    module docstring)."""
+    its two changes: both consolidated or positive, and not empty, and no old rows on either
+    side (the module docstring)."""
     dl, dr = left.delta, right.delta
     return (kind in ("left", "full") and left_old.empty and right_old.empty and not dl.is_empty
-            and not dr.is_empty and dl.consolidated and dr.consolidated)
+            and not dr.is_empty and (dl.consolidated or dl.positive) and (dr.consolidated or dr.positive))
 
 
 def _whole_outer(kind: str, left: JoinSide, right: JoinSide, residual, null_safe) -> str:
     """A left or full outer join of two whole relations (the changes of a batch without old
-    rows, consolidated: positive weights), as SQL's outer join (the module docstring)."""
+    rows, consolidated or positive: positive weights), as SQL's outer join (the module
+    docstring)."""
     lw = f"COALESCE(l.{W}, 1)" if kind == "full" else f"l.{W}"
     return (f"SELECT {cols_sql(left.cols, 'l')}, {cols_sql(right.cols, 'r')}, {lw} * COALESCE(r.{W}, 1) AS {W} "
             f"FROM {left.delta.sql} l {kind.upper()} OUTER JOIN {right.delta.sql} r "

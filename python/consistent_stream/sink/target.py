@@ -250,8 +250,8 @@ _REBUILD_FAULT = "consistent-stream rebuild check:"
 
 
 def _checked_rebuild(rows: DataFrame, unique_key: list[str] | None, also: list[str] = ()) -> DataFrame:
-    """``rows`` (a rebuilt view's consolidated rows: columns + ``__weight``; a keyed view's
-    range-partitioned by the key already) with the rebuild's checks folded in, so the write
+    """``rows`` (a rebuilt view's consolidated or positive rows: columns + ``__weight``; a keyed
+    view's range-partitioned by the key already) with the rebuild's checks folded in, so the write
     that consumes them checks them and no job of their own evaluates the view again: every
     weight positive, and a keyed view one row per key (a sum of weights over the key, a window
     whose partitioning the range partitioning by the key already satisfies: no shuffle; it
@@ -290,12 +290,14 @@ def _rebuild_fault(e: Exception, unique_key: list[str] | None, model: str) -> Ex
 def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, unique_key: list[str] | None,
                    partition_by: list[str], file_rows: int, txn: Txn, metadata: dict,
                    model: str, properties: dict[str, str] | None = None,
-                   docs: Docs | None = None, consolidated: bool = True,
+                   docs: Docs | None = None, consolidated: bool = True, positive: bool = False,
                    key_bounds: list | None = None) -> tuple[int, int, int]:
     """A rebuilt view (first batch, full refresh, a recomputed batch) replaces the target in
     ONE commit: ``output`` (the view's rows + ``__weight``, consolidated unless
     ``consolidated`` is False: a Spark DataFrame whose equal rows' weights are still to be
-    summed) is written, clustered by the unique key, as files of at most ``file_rows`` rows;
+    summed, unless ``positive``: every weight positive, a row's copies written as they come,
+    the checks summing their weights per key) is written, clustered by the unique key, as
+    files of at most ``file_rows`` rows;
     the commit removes
     every file of the current version and adds these, with ``txn``. A Spark DataFrame is
     written by Spark's executors; an Arrow table (a rebuild small enough for the driver, with
@@ -315,7 +317,7 @@ def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, uniqu
         files, schema = _write_rebuilt_arrow(target, output, unique_key, file_rows, model)
     else:
         files, schema = _write_rebuilt_spark(target, output, unique_key, partition_by, file_rows, model,
-                                             consolidated, key_bounds)
+                                             consolidated or positive, key_bounds)
     removes = []
     if target.exists():
         target.refresh()
@@ -334,10 +336,11 @@ def _write_rebuilt_spark(target: DeltaTableRef, output: DataFrame, unique_key: l
     """:func:`commit_rebuild`'s files, written by Spark's executors; and their Arrow schema.
 
     A keyed view's rows are range-partitioned by the key (by ``key_bounds`` when given:
-    :func:`~consistent_stream.ranges.range_partitioned`); rows not ``consolidated`` yet are
-    consolidated within those ranges (a range of the key holds every copy of its rows), so
-    the write makes one exchange of them where consolidating first and partitioning the
-    result takes two. A bag's rows are consolidated first."""
+    :func:`~consistent_stream.ranges.range_partitioned`); rows not ``consolidated`` yet (nor
+    positive: :func:`commit_rebuild`) are consolidated within those ranges (a range of the
+    key holds every copy of its rows), so the write makes one exchange of them where
+    consolidating first and partitioning the result takes two. A bag's rows are consolidated
+    first."""
     from ..delta.deltars import arrow_schema
     from ..delta.files import new_dir, write_spark
     data_cols = [c for c in output.columns if c != WEIGHT]
@@ -349,11 +352,14 @@ def _write_rebuilt_spark(target: DeltaTableRef, output: DataFrame, unique_key: l
     if not consolidated:
         rows = consolidate(rows)   # (grouped by every column: the range column too)
     rows = _checked_rebuild(rows, unique_key, also)
-    # a bag's row of weight w is w rows of the table
+    if unique_key:
+        # the order the check's window sorts its partitions in (the range column, one value
+        # per partition, then the key): Spark finds it satisfied and sorts once, where a sort
+        # by the key alone after the copies below is a second sort of every row
+        rows = rows.sortWithinPartitions(*[F.col(c) for c in also], *key)
+    # a bag's row of weight w is w rows of the table (in the order they come)
     rows = rows.withColumn("__copy", F.explode(F.array_repeat(F.lit(1), F.col(WEIGHT).cast("int")))) \
         .select(*[F.col(f"`{c}`") for c in data_cols])
-    if unique_key:
-        rows = rows.sortWithinPartitions(*key)
     spark = rows.sparkSession
     try:
         with spark_confs(spark, {"spark.sql.files.maxRecordsPerFile": str(file_rows)}):
