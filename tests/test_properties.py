@@ -32,7 +32,7 @@ SHAPES = {
     "left_join_over_left_join": "select a.id, b.id as bid, c.z from src.a a left join src.b b on a.k = b.k "
                                 "left join src.c c on b.y = c.k",
     # an aggregate's output on the right, looked up by its groups: a rebuild's left outer join
-    # is consolidated without an aggregation while the projection keeps the bag c's columns
+    # of the bag c's rows (positive: copies, no retraction) is written without a consolidation
     "left_join_aggregate": "select c.k, c.z, coalesce(t.n, 0) as n, coalesce(t.s, 0) as s from src.c c left join "
                            "(select k, count(*) as n, sum(x) as s from src.a group by k) t on c.k = t.k",
     "left_join_aggregate_distinct": "select distinct c.z, coalesce(t.n, 0) as n from src.c c left join "
