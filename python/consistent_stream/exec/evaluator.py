@@ -344,7 +344,8 @@ class BatchEvaluator:
 
     def delta(self, node: Node) -> Changelog:
         if node.id not in self.memo:
-            self.memo[node.id] = self._delta(node)
+            ch = self._delta(node)
+            self.memo[node.id] = _analyzed_stand_in(ch) if self.dry else ch
         return self.memo[node.id]
 
     def _empty(self, node_id: str) -> Changelog:
@@ -714,6 +715,18 @@ def _typed_stand_in(views: Views, schema: StructType) -> Changelog:
     ch = Changelog.empty(views, _nullable(schema))
     ch.rows, ch.consolidated = None, False
     return ch
+
+
+def _analyzed_stand_in(ch: Changelog) -> Changelog:
+    """For the dry run: a node's change ``ch`` analyzed once and replaced by an empty relation
+    of its schema, with its flags (so its parents' rules are the ones a batch builds). Its
+    parents' SQL then reads a flat relation, not the text of every rule below it, whose
+    analysis cost grew with the plan's depth."""
+    out = Changelog.empty(ch.views, ch.df.schema)
+    out.columns = list(ch.columns)
+    out.rows, out.consolidated, out.local = ch.rows, ch.consolidated, ch.local
+    out.unique_by, out.positive = ch.unique_by, ch.positive
+    return out
 
 
 def type_plan(spark: SparkSession, root: Node, source_schemas: dict[str, StructType]) -> PlanTypes:
