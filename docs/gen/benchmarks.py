@@ -377,6 +377,26 @@ def small_batch_profile() -> str:
         runs, lambda run: table(cols, run.records), title_of, command)
 
 
+def compile_time() -> str:
+    recs = load("compile_time.jsonl")
+
+    def render(run: Run) -> str:
+        out = ""
+        for s in [r for r in run.records if r.get("summary")]:
+            out += table([Col("queries", "queries"), Col("errors", "errors"), Col("compile s (total)", "compile_s"),
+                          Col("typing s (total)", "typing_s"), Col("Spark's analysis s (total)", "analysis_s"),
+                          Col("(compile + typing) / analysis, median", "median_ratio")], [s])
+            out += "\nThe slowest: " + ", ".join(f"{q} {num(v)} s" for q, v in s.get("slowest", {}).items()) + ".\n\n"
+        rows = [r for r in run.records if not r.get("summary")]
+        out += table([Col("query", "query"), Col("plan nodes", "nodes"), Col("compile s", "compile_s"),
+                      Col("typing s", "typing_s"), Col("Spark's analysis s", "analysis_s"),
+                      Col("(compile + typing) / analysis", "ratio"), Col("error", "error")], rows)
+        return out
+    return sources_line("compile_time.jsonl") + runs_newest_first(
+        group(recs, lambda r: (r.get("date"), r.get("commit"), r.get("note"))), render, title_of,
+        lambda run: "benchmarks/compile_time.py")
+
+
 def dbt_run_start() -> str:
     recs = load("dbt_run_start.jsonl")
     summaries = [r for r in recs if r.get("summary")]
@@ -843,6 +863,9 @@ BENCHMARKS = [
     Benchmark("small_batch_profile", "A small batch's run",
               "a run after a small change at SF 1, by phase, against DuckDB's full recompute", "Speed",
               small_batch_profile, ("small_batch_profile.jsonl",)),
+    Benchmark("compile_time", "A model's first compile",
+              "the 99 TPC-DS queries compiled and typed, against Spark's analysis of the same SQL", "Speed",
+              compile_time, ("compile_time.jsonl",)),
     Benchmark("dbt_run_start", "A whole dbt run after a small change",
               "process start, session, models and the view of a fresh `dbt run`", "Speed", dbt_run_start,
               ("dbt_run_start.jsonl",)),
