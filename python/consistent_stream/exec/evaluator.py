@@ -724,6 +724,7 @@ def _analyzed_stand_in(ch: Changelog) -> Changelog:
     analysis cost grew with the plan's depth."""
     out = Changelog.empty(ch.views, ch.df.schema)
     out.columns = list(ch.columns)
+    out._df = ch.df   # its schema, analyzed once (Spark keeps it), for what reads ``df`` next
     out.rows, out.consolidated, out.local = ch.rows, ch.consolidated, ch.local
     out.unique_by, out.positive = ch.unique_by, ch.positive
     return out
