@@ -722,7 +722,7 @@ def _analyzed_stand_in(ch: Changelog) -> Changelog:
     of its schema, with its flags (so its parents' rules are the ones a batch builds). Its
     parents' SQL then reads a flat relation, not the text of every rule below it, whose
     analysis cost grew with the plan's depth."""
-    out = Changelog.empty(ch.views, ch.df.schema)
+    out = _typed_stand_in(ch.views, ch.df.schema)
     out.columns = list(ch.columns)
     out._df = ch.df   # its schema, analyzed once (Spark keeps it), for what reads ``df`` next
     out.rows, out.consolidated, out.local = ch.rows, ch.consolidated, ch.local
