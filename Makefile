@@ -27,11 +27,21 @@ bytecode: .venv
 $(STAMP): setup.py testing/pyproject.toml
 	test -x $(PYTHON) || python3 -m venv .venv
 	$(PYTHON) -m pip install -e '.[session,test,plot,kafka]' -e testing
+	$(MAKE) --no-print-directory -j2 --output-sync=target session-jars test-jars
+	touch $@
+
+# The jars, two steps side by side (each resolver is a JVM that mostly waits on Maven Central;
+# the archive's JVM runs while the Kafka stack's jars are fetched): the session's (delta-spark,
+# S3A) and then the driver's class-data sharing archive over them; s3proxy's and the Kafka
+# stack's. Part of $(STAMP), not meant to be run alone.
+.PHONY: session-jars test-jars
+session-jars:
 	$(PYTHON) -m consistent_stream.session resolve
+	$(PYTHON) -m consistent_stream.session archive
+
+test-jars:
 	$(PYTHON) -m consistent_stream_testing.s3server install
 	$(PYTHON) -m consistent_stream_testing.kafka_stack install
-	$(PYTHON) -m consistent_stream.session archive
-	touch $@
 
 # A second virtualenv for dbt as a Spark Connect client: the package with pyspark-client only
 # (no jars, no JVM), for make demo-connect; with consistent-stream-testing, whose
