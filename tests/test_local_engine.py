@@ -195,6 +195,43 @@ def test_engines_share_one_database_but_not_their_views_nor_a_closed_engines_fun
     assert LocalEngine(threads=1).db is not second.db   # SET threads is the database's
 
 
+def test_a_batchs_queries_register_a_relation_once_and_read_the_table_its_name_has_now():
+    # the engine keeps what it registered until it closes: the same table under the same name
+    # is not registered again, another table under that name replaces it
+    from pyspark.sql.types import LongType, StructField, StructType
+    count = StructType([StructField("n", LongType())])
+    engine = LocalEngine()
+    real, registered = engine.con, []
+
+    class Watched:
+        def register(self, name, table):
+            registered.append(name)
+            return real.register(name, table)
+
+        def __getattr__(self, attr):
+            return getattr(real, attr)
+
+    engine.con = Watched()
+    try:
+        sql = "SELECT COUNT(*) AS n FROM vb b JOIN va a ON a.k = b.k"
+        assert engine.run(sql, TABLES, count).column("n").to_pylist() == [5]
+        assert sorted(registered) == ["va", "vb"]
+        assert engine.run("SELECT COUNT(*) AS n FROM vb", TABLES, count).column("n").to_pylist() == [5]
+        assert sorted(registered) == ["va", "vb"]   # vb is the same table: not registered again
+        fewer = {**TABLES, "vb": B.slice(0, 2)}
+        assert engine.run("SELECT COUNT(*) AS n FROM vb", fewer, count).column("n").to_pylist() == [2]
+        assert engine.run(sql, fewer, count).column("n").to_pylist() == [4]
+        assert sorted(registered) == ["va", "vb", "vb"]
+    finally:
+        engine.close()
+    other = LocalEngine()
+    try:
+        with pytest.raises(Exception, match="vb"):
+            other.con.sql("SELECT * FROM vb").fetchall()
+    finally:
+        other.close()
+
+
 def test_translations_are_kept_per_sql_and_column_types_and_read_back_from_their_file(tmp_path):
     sql = "SELECT p / d AS r FROM va"
     wider = {**TABLES, "va": A.set_column(A.schema.get_field_index("p"), "p", A["p"].cast(pa.decimal128(20, 4)))}

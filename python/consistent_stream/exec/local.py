@@ -110,7 +110,13 @@ class LocalEngine:
     """Runs eligible change-sized queries on a cursor of the process's DuckDB database for
     ``threads`` threads (:mod:`..duck`; None: DuckDB's default, one per core; the autoscaler's
     parallelism otherwise). One engine per batch evaluator: a cursor is not shared between
-    threads."""
+    threads.
+
+    A relation a query reads is registered on the cursor under its view name and stays
+    registered until :meth:`close` (the batch's end): the batch's later queries that read the
+    same Arrow table under that name do not register it again (a register and an unregister
+    are a catalog change each, about as long as a few-row query's run), and one that reads
+    another table under it registers that one in its place."""
 
     def __init__(self, max_rows: int = LOCAL_ROWS, threads: int | None = None,
                  translations: "Translations | None" = None):
@@ -119,8 +125,11 @@ class LocalEngine:
         self.con = self.db.cursor()
         self.max_rows = max_rows
         self.translations = translations if translations is not None else Translations()
+        self._registered: dict[str, pa.Table] = {}
 
     def close(self) -> None:
+        """Drop the cursor and, with it, the relations registered on it."""
+        self._registered.clear()
         self.con.close()
 
     def run(self, sql: str, tables: dict[str, pa.Table], schema: StructType,
@@ -152,14 +161,13 @@ class LocalEngine:
             for sig in divisions:
                 self.db.function(SparkDivision.name(sig), lambda con, sig=sig: SparkDivision.register(con, sig))
             for name in used:
-                self.con.register(name, tables[name])
+                if self._registered.get(name) is not tables[name]:
+                    self._registered.pop(name, None)   # (a failed register leaves nothing known)
+                    self.con.register(name, tables[name])
+                    self._registered[name] = tables[name]
             if max_out is not None:
                 duck_sql = f"SELECT * FROM ({duck_sql}) LIMIT {max_out + 1}"
-            try:
-                out = arrow(self.con, duck_sql)
-            finally:
-                for name in used:
-                    self.con.unregister(name)
+            out = arrow(self.con, duck_sql)
             if max_out is not None and out.num_rows > max_out:
                 raise TooLarge(f"more than {max_out} result rows")
             if out.num_columns != len(target) or [c.lower() for c in out.column_names] != \
