@@ -30,10 +30,10 @@ $(STAMP): setup.py testing/pyproject.toml
 	$(MAKE) --no-print-directory -j2 --output-sync=target session-jars test-jars
 	touch $@
 
-# The jars, two steps side by side (each resolver is a JVM that mostly waits on Maven Central;
-# the archive's JVM runs while the Kafka stack's jars are fetched): the session's (delta-spark,
-# S3A) and then the driver's class-data sharing archive over them; s3proxy's and the Kafka
-# stack's. Part of $(STAMP), not meant to be run alone.
+# The jars, in two lanes side by side: the session's (delta-spark, S3A, Spark's Kafka source)
+# and then the driver's class-data sharing archive over them; s3proxy's and the Kafka stack's.
+# Each resolver and the archive's trainer is a JVM that keeps about one core busy, so two lanes
+# fill a 2-core machine (more at once only contend). Part of $(STAMP), not meant to be run alone.
 .PHONY: session-jars test-jars
 session-jars:
 	$(PYTHON) -m consistent_stream.session resolve

@@ -116,7 +116,8 @@ class LocalEngine:
     registered until :meth:`close` (the batch's end): the batch's later queries that read the
     same Arrow table under that name do not register it again (a register and an unregister
     are a catalog change each, about as long as a few-row query's run), and one that reads
-    another table under it registers that one in its place."""
+    another table under it registers that one in its place. (The batch's views hold those
+    tables until its end anyway.)"""
 
     def __init__(self, max_rows: int = LOCAL_ROWS, threads: int | None = None,
                  translations: "Translations | None" = None):
