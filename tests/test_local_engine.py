@@ -224,9 +224,10 @@ def test_a_batchs_queries_register_a_relation_once_and_read_the_table_its_name_h
         assert sorted(registered) == ["va", "vb", "vb"]
     finally:
         engine.close()
+    import duckdb
     other = LocalEngine()
     try:
-        with pytest.raises(Exception, match="vb"):
+        with pytest.raises(duckdb.CatalogException, match="vb"):
             other.con.sql("SELECT * FROM vb").fetchall()
     finally:
         other.close()

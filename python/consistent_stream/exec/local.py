@@ -115,7 +115,7 @@ class LocalEngine:
     A relation a query reads is registered on the cursor under its view name and stays
     registered until :meth:`close` (the batch's end): the batch's later queries that read the
     same Arrow table under that name do not register it again (a register and an unregister
-    are a catalog change each, about as long as a few-row query's run), and one that reads
+    are a catalog change each, a share of a few-row query's run worth saving), and one that reads
     another table under it registers that one in its place. (The batch's views hold those
     tables until its end anyway.)"""
 
