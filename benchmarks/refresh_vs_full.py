@@ -1,7 +1,8 @@
 """Benchmark: what an incremental run costs against the alternatives, per TPC-H scale factor
 and example model, at Spark's defaults.
 
-    .venv/bin/python benchmarks/refresh_vs_full.py --sf 0.1 1 10 [--models q1_pricing_summary]
+    .venv/bin/python benchmarks/refresh_vs_full.py --sf 0.1 1 10 [--models q1_pricing_summary] [--rounds N]
+                                                   [--rebuild-pairs N] [--small-batches N]
 
 Each scale factor runs in its own process (so driver memory and peak RSS are per scale
 factor), with a SparkSession that sets no tuning: no shuffle partitions, default memory,
@@ -22,7 +23,10 @@ variant. Per scale factor: TPC-H is generated as Delta tables (on the fly, under
   in which its result differs from the target (``merge_rows_wrong``: the merge deletes
   nothing);
 * with ``--full-refresh`` (a rebuild from snapshots; ``ratio_full_refresh_to_table``: its
-  seconds over the dbt ``table``'s);
+  seconds over the dbt ``table``'s); with ``--rebuild-pairs N``, N - 1 more (``table``,
+  ``--full-refresh``) pairs back to back, the first variant alternating, and the median of the
+  N pairs' ratios (``ratio_full_refresh_to_table_median``; the pairs' seconds in
+  ``rebuild_pairs_s``);
 
 then, with ``--rounds N``, N - 1 more refresh rounds, each followed by an incremental run of
 every model: the mean seconds over the N rounds, which counts the state compactions a single
@@ -249,8 +253,25 @@ def _run(spark, job, **kw) -> dict:
     return run_job(spark, job, **kw)
 
 
+def _rebuild_pairs(spark, job, n: int) -> list[tuple[float, float]]:
+    """``n`` more (dbt ``table`` seconds, ``--full-refresh`` seconds) pairs of ``job`` over the
+    same snapshots, each pair measured back to back, the first variant alternating (the
+    full refresh first in the first of them, as the table went first in the pair before). On
+    a shared 2-core machine one variant's seconds move by a third between runs of the same
+    SQL; a pair's ratio moves less, and the median of several pairs less again."""
+    out = []
+    for i in range(n):
+        secs = {}
+        for variant in (("full", "table") if i % 2 == 0 else ("table", "full")):
+            _settle()
+            secs[variant] = (_run(spark, job, full_refresh=True)["seconds"] if variant == "full"
+                             else _table_model_seconds(spark, job))
+        out.append((secs["table"], secs["full"]))
+    return out
+
+
 def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_memory: str | None,
-                     extra_rounds: int = 0) -> list[dict]:
+                     extra_rounds: int = 0, rebuild_pairs: int = 1) -> list[dict]:
     from consistent_stream.delta import DeltaTableRef
     from consistent_stream_testing.tpch.generate import generate
     from consistent_stream_testing.tpch.refresh import refresh_round
@@ -295,6 +316,7 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
         _settle()
         with PeakRSS(spark) as rss_full:
             full = _run(spark, job, full_refresh=True)
+        pairs = [(table_s, full["seconds"])] + _rebuild_pairs(spark, job, rebuild_pairs - 1)
         m = inc["metrics"][0] if inc["metrics"] else {}
         target = DeltaTableRef(job.target_path)
         out.append({
@@ -306,6 +328,8 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
             "merge_rows_wrong": merge_wrong,
             "ratio_full_refresh_to_incremental": round(full["seconds"] / inc["seconds"], 2),
             "ratio_full_refresh_to_table": round(full["seconds"] / table_s, 2),
+            "rebuild_pairs_s": [[round(t, 3), round(f, 3)] for t, f in pairs],
+            "ratio_full_refresh_to_table_median": round(statistics.median(f / t for t, f in pairs), 2),
             "incremental_batch_s": m.get("seconds"), "strategy": m.get("strategy"),
             "spark_jobs_per_batch": m.get("spark_jobs"),
             "delta_queries": {"local": m.get("local_queries"), "spark": m.get("spark_queries")},
@@ -369,6 +393,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="refresh rounds of 0.1%% each; past the first, each model's incremental runs are "
                          "averaged with it, state compactions included")
+    ap.add_argument("--rebuild-pairs", type=int, default=1,
+                    help="(table, --full-refresh) pairs per model, back to back, the order alternating; "
+                         "ratio_full_refresh_to_table_median is their median ratio")
     ap.add_argument("--driver-memory", default="8g", help="spark.driver.memory from --memory-from-sf on")
     ap.add_argument("--memory-from-sf", type=float, default=10.0)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
@@ -380,12 +407,12 @@ def main() -> int:
                                    if not render_model(p)[3] and render_model(p)[1].get("materialized") != "view")
     if args.one:
         mem = args.driver_memory if args.sf[0] >= args.memory_from_sf else None
-        one_scale_factor(args.sf[0], models, args.small_batches, mem, args.rounds - 1)
+        one_scale_factor(args.sf[0], models, args.small_batches, mem, args.rounds - 1, args.rebuild_pairs)
         return 0
     summary = []
     for sf in args.sf:  # one process per scale factor
         cmd = [sys.executable, __file__, "--one", "--sf", str(sf), "--small-batches", str(args.small_batches),
-               "--rounds", str(args.rounds),
+               "--rounds", str(args.rounds), "--rebuild-pairs", str(args.rebuild_pairs),
                "--driver-memory", args.driver_memory, "--memory-from-sf", str(args.memory_from_sf),
                "--models", *models]
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
@@ -397,7 +424,8 @@ def main() -> int:
             print(json.dumps({"sf": sf, "error": f"exit code {proc.returncode}"}), flush=True)
     print(json.dumps({"summary": [{k: r.get(k) for k in (
         "sf", "model", "incremental_s", "table_model_s", "full_refresh_s", "ratio_table_to_incremental",
-        "ratio_full_refresh_to_table", "merge_model_s", "ratio_merge_to_incremental", "merge_rows_wrong",
+        "ratio_full_refresh_to_table", "ratio_full_refresh_to_table_median", "merge_model_s",
+        "ratio_merge_to_incremental", "merge_rows_wrong",
         "spark_jobs_per_batch", "delta_queries", "state_rows_read", "target_rows_rewritten", "small_batch_s_median",
         "peak_rss_mb", "verified", "rounds_mean_s", "rounds_ratio_table_to_mean")} for r in summary]}))
     return 0

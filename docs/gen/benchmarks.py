@@ -243,6 +243,9 @@ def refresh_vs_full() -> str:
             Col("`--full-refresh` / table",
                 lambda r: num(round(r["full_refresh_s"] / r["table_model_s"], 2))
                 if r.get("full_refresh_s") and r.get("table_model_s") else num(None)),
+            Col("`--full-refresh` / table, median of pairs",
+                lambda r: f"{num(r['ratio_full_refresh_to_table_median'])} ({len(r['rebuild_pairs_s'])} pairs)"
+                if r.get("ratio_full_refresh_to_table_median") and r.get("rebuild_pairs_s") else num(None)),
             Col("merge / incremental", "ratio_merge_to_incremental"), Col("merge rows wrong", "merge_rows_wrong"),
             Col("Spark jobs a batch", "spark_jobs_per_batch"),
             Col("delta queries local / Spark",
