@@ -257,8 +257,9 @@ def _rebuild_pairs(spark, job, n: int) -> list[tuple[float, float]]:
     """``n`` more (dbt ``table`` seconds, ``--full-refresh`` seconds) pairs of ``job`` over the
     same snapshots, each pair measured back to back, the first variant alternating (the
     full refresh first in the first of them, as the table went first in the pair before). On
-    a shared 2-core machine one variant's seconds move by a third between runs of the same
-    SQL; a pair's ratio moves less, and the median of several pairs less again."""
+    a shared machine one variant's seconds move between runs of the same SQL by more than the
+    changes being measured; a pair's ratio moves less, and the median of several pairs less
+    again (the docs' benchmark page gives the spread)."""
     out = []
     for i in range(n):
         secs = {}
