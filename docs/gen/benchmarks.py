@@ -245,7 +245,8 @@ def refresh_vs_full() -> str:
                 if r.get("full_refresh_s") and r.get("table_model_s") else num(None)),
             Col("`--full-refresh` / table, median of pairs",
                 lambda r: f"{num(r['ratio_full_refresh_to_table_median'])} ({len(r['rebuild_pairs_s'])} pairs)"
-                if r.get("ratio_full_refresh_to_table_median") and r.get("rebuild_pairs_s") else num(None)),
+                if r.get("ratio_full_refresh_to_table_median") and len(r.get("rebuild_pairs_s") or []) > 1
+                else num(None)),
             Col("merge / incremental", "ratio_merge_to_incremental"), Col("merge rows wrong", "merge_rows_wrong"),
             Col("Spark jobs a batch", "spark_jobs_per_batch"),
             Col("delta queries local / Spark",
