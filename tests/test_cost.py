@@ -66,6 +66,37 @@ def test_a_change_at_one_key_reads_a_small_fraction_of_the_state(spark, tmp_path
     assert summary["rows_written"] == 1
 
 
+def test_a_change_read_from_the_log_is_grouped_once(spark, tmp_path, monkeypatch):
+    """The Delta log's reader consolidates the change it derives (an update of a column the
+    model does not read cancels there); the changelog takes it as consolidated and does not
+    group its rows a second time. The change still cancels to nothing: the run writes no row."""
+    from consistent_stream import changelog
+    from consistent_stream.delta import log_changes
+    calls = {"log": 0, "changelog": 0}
+
+    def counted(name, f):
+        def wrapped(*a, **k):
+            calls[name] += 1
+            return f(*a, **k)
+        return wrapped
+    n = 200
+    sc = Scenario(spark, tmp_path, {"a": pa.table({"id": list(range(n)), "g": [i % 5 for i in range(n)],
+                                                  "x": list(range(n))})}, {"a": ["id"]})
+    job = sc.job("select g, count(*) as n from src.a group by g", "g")
+    sc.run(job, full_refresh=True)
+    monkeypatch.setattr(log_changes, "consolidate", counted("log", log_changes.consolidate))
+    monkeypatch.setattr(changelog, "consolidate_arrow", counted("changelog", changelog.consolidate_arrow))
+    sc.update("a", {"x": "x + 1"}, "id < 50")   # a column the model does not read
+    summary = sc.run(job)
+    assert calls == {"log": 1, "changelog": 0}, calls
+    assert summary["rows_written"] == 0, summary
+    sc.update("a", {"g": "g + 1"}, "id < 50")
+    summary = sc.run(job)
+    assert calls == {"log": 2, "changelog": 0}, calls
+    assert summary["rows_written"] > 0, summary
+    assert _versions_equal_batch_evaluation(spark, job) == 3
+
+
 @pytest.mark.parametrize("where", ["driver", "executors"])
 def test_a_small_first_build_runs_on_the_driver_and_writes_what_the_executors_write(spark, tmp_path, where):
     """Sources of at most ``driver_rebuild_rows`` rows are rebuilt on the driver: their

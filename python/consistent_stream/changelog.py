@@ -286,16 +286,24 @@ class Changelog:
                          consolidated=consolidated, local=True)
 
     @staticmethod
-    def of_source_change(views: Views, data: pa.Table, schema: StructType | None = None) -> "Changelog":
+    def of_source_change(views: Views, data: pa.Table, schema: StructType | None = None,
+                         grouped: bool = False) -> "Changelog":
         """A source's change read on the driver (source columns + ``__weight``), consolidated
         here with Arrow: an update of columns the model does not read cancels out, so the
         change is known to be empty and its terms cost no Spark job. Floating-point columns
         are summed but not flagged consolidated (Arrow and Spark may group NaN and -0.0
-        differently; Spark consolidates again where it matters)."""
-        try:
-            data = consolidate_arrow(data)
-        except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
-            return Changelog.of_arrow(views, data, schema=schema)
+        differently; Spark consolidates again where it matters). ``grouped``: the reader
+        consolidated ``data`` already, as :func:`consolidate_arrow` would (the Delta log's
+        reader, :func:`consistent_stream.delta.log_changes.consolidate`, which leaves a
+        change with nested columns as it is), so it is not grouped a second time."""
+        if grouped:
+            if any(pa.types.is_nested(f.type) for f in data.schema):
+                return Changelog.of_arrow(views, data, schema=schema)
+        else:
+            try:
+                data = consolidate_arrow(data)
+            except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                return Changelog.of_arrow(views, data, schema=schema)
         exact = not any(pa.types.is_floating(f.type) for f in data.schema)
         return Changelog.of_arrow(views, data, schema=schema, consolidated=exact)
 

@@ -375,7 +375,8 @@ class DeltaSource:
                      "Change Data Feed files" if found.used_cdc else "the files the commits added and removed",
                      ", with deletion vectors" if found.used_deletion_vectors else "",
                      found.files_read, found.rows_read, found.rows_decoded, found.change_rows)
-        return SourceChanges(Changelog.of_source_change(views, found.data, schema=zschema), found.change_rows,
+        return SourceChanges(Changelog.of_source_change(views, found.data, schema=zschema, grouped=True),
+                             found.change_rows,
                              found.commit_ms)
 
 
