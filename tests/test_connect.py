@@ -30,11 +30,19 @@ BIN = Path(sys.executable).parent
 MODELS = ("q3_revenue_per_order", "q1_pricing_summary", "customer_order_totals", "order_revenue", "nation_revenue")
 
 
+# The server's tasks per stage sized to its one core, as the tests' own session sizes its
+# shuffles (conftest.py): at Spark's 200 shuffle partitions and delta-spark's 50 partitions of
+# a table's log state, each of dbt's small queries was hundreds of tasks on one core, and the
+# test took 174 s alone where it takes 131 s so (2026-12-06). What runs is the same either way;
+# ``make demo-connect`` runs the example at the server's defaults.
+SERVER_CONF = {"spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2"}
+
+
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory):
     d = tmp_path_factory.mktemp("connect_cluster")
     c = cluster.start(workers=1, cores_per_worker=1, memory_per_worker="1g", port=free_port(),
-                      webui_port=free_port(), connect_port=free_port(), directory=d)
+                      webui_port=free_port(), connect_port=free_port(), directory=d, connect_conf=SERVER_CONF)
     yield c
     cluster.stop(d)
 
