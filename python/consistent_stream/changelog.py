@@ -81,13 +81,15 @@ def arrow_has_types(data: pa.Table, schema: StructType) -> bool:
 
 
 def consolidate_arrow(z: pa.Table, additive: tuple[str, ...] = (WEIGHT,),
-                      pairs: tuple[tuple[str, str], ...] = ()) -> pa.Table:
+                      pairs: tuple[tuple[str, str], ...] = (), use_threads: bool = False) -> pa.Table:
     """Sum the ``additive`` columns (default ``__weight``) per value of the other columns
     (nulls equal) and drop rows whose sums are all zero or NULL (Arrow, no Spark). ``pairs``:
     additive ``(hi, lo)`` columns of compensated floating-point accumulators, summed exactly
-    (:func:`consistent_stream.fsum.consolidate_pairs_arrow`). Out: ``z``'s columns and types,
-    sums cast back (an overflow raises). Raises ``pa.ArrowNotImplementedError`` for column
-    types Arrow cannot group by (nested)."""
+    (:func:`consistent_stream.fsum.consolidate_pairs_arrow`). ``use_threads``: group on
+    Arrow's threads (a large change read on its own, :mod:`.delta.log_changes`; the rows come
+    out in another order). Out: ``z``'s columns and types, sums cast back (an overflow
+    raises). Raises ``pa.ArrowNotImplementedError`` for column types Arrow cannot group by
+    (nested)."""
     import pyarrow.compute as pc
     if z.num_rows == 0:
         return z
@@ -99,7 +101,7 @@ def consolidate_arrow(z: pa.Table, additive: tuple[str, ...] = (WEIGHT,),
         out = {c: out_table.column(c) for c in z.column_names}
     else:
         if cols:
-            g = z.group_by(cols, use_threads=False).aggregate([(c, "sum") for c in additive])
+            g = z.group_by(cols, use_threads=use_threads).aggregate([(c, "sum") for c in additive])
         else:
             g = pa.table({f"{c}_sum": [pc.sum(z.column(c)).as_py()] for c in additive})
         out = {c: g.column(c) for c in cols}

@@ -54,6 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .. import changelog as _changelog
 from ..threads import at_once
 from .files import ParquetRows, open_rows
 
@@ -397,16 +398,14 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
 
 def consolidate(zset: pa.Table) -> pa.Table:
     """``zset`` (columns plus ``__weight``) with equal rows summed and rows of weight 0
-    dropped; unchanged when a column's type cannot be a grouping key (list, map, struct)."""
+    dropped (:func:`consistent_stream.changelog.consolidate_arrow`, on Arrow's threads);
+    unchanged when a column's type cannot be a grouping key (list, map, struct)."""
     cols = [c for c in zset.column_names if c != WEIGHT]
     if not zset.num_rows or not cols:
         return zset
     if any(pa.types.is_nested(zset.schema.field(c).type) for c in cols):
         return zset
-    summed = zset.group_by(cols, use_threads=True).aggregate([(WEIGHT, "sum")])
-    summed = summed.rename_columns(cols + [WEIGHT]).select(zset.column_names)
-    summed = summed.filter(pc.not_equal(summed.column(WEIGHT), 0))
-    return summed.cast(zset.schema)
+    return _changelog.consolidate_arrow(zset, use_threads=True)
 
 
 _FEW = 8
