@@ -376,8 +376,7 @@ class DeltaSource:
                      ", with deletion vectors" if found.used_deletion_vectors else "",
                      found.files_read, found.rows_read, found.rows_decoded, found.change_rows)
         return SourceChanges(Changelog.of_source_change(views, found.data, schema=zschema, grouped=True),
-                             found.change_rows,
-                             found.commit_ms)
+                             found.change_rows, found.commit_ms)
 
 
 def _feed_covers(table: DeltaTableRef, commits: list) -> bool:
