@@ -3,7 +3,7 @@ every location on an S3 API server on loopback (s3proxy, :mod:`consistent_stream
 in one process and one untuned Spark session, and the object store requests each batch makes.
 
     .venv/bin/python benchmarks/object_store.py [--sf 0.1] [--batches 5] [--models ...] [--latency-ms N]
-                                                [--trace FILE]
+                                                [--fresh] [--trace FILE]
 
 TPC-H is generated once on local disk and copied to the store (the same Delta tables on both
 sides); every example model is built on each side, then ``--batches`` small refresh rounds
@@ -22,6 +22,13 @@ not counted (they happen between runs). Both sides are verified against batch ev
 the end. Beside the server's count, each run's own (``object_store_requests`` of its summary:
 the requests counted by the clients this package drives, :data:`consistent_stream.location.
 REQUESTS`) and how far the two are apart at most, as a fraction of the server's.
+
+``--fresh``: each S3 run starts from what a new process holds, as each ``dbt run`` is one:
+the data files earlier runs of this process wrote or read are forgotten first
+(``delta.files.HELD`` and ``HELD_KEYS`` cleared), so a run reads them from the store, or from
+the data files this machine keeps on disk (``local_cache.DATA_FILES``; set
+``CONSISTENT_STREAM_DATA_CACHE_MB=0`` to measure without them). Without it the runs share one
+process's memory, as a continuous model's batches do.
 
 Prints one JSON line per model and a summary line, on stdout.
 """
@@ -102,12 +109,14 @@ def main() -> int:
     ap.add_argument("--models", nargs="*")
     ap.add_argument("--latency-ms", type=float, default=0.0,
                     help="delay each direction of every request by this many ms (a proxy in front of the server)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="forget the data files this process holds before each S3 run, as a new dbt run process")
     ap.add_argument("--trace", type=Path,
                     help="write every S3 run's requests, in order, to this file (one JSON line a run)")
     args = ap.parse_args()
 
     import consistent_stream  # noqa: F401
-    from consistent_stream import location
+    from consistent_stream import local_cache, location
     from consistent_stream.job import run_job
     from consistent_stream.spec import JobSpec
     from consistent_stream.verify import verify_target
@@ -166,6 +175,10 @@ def main() -> int:
             _sync(local_data, remote_data, sent)
             for m in jobs["local"]:
                 for side in sides:
+                    if side == "s3" and args.fresh:
+                        from consistent_stream.delta.files import HELD, HELD_KEYS
+                        HELD.clear()
+                        HELD_KEYS.clear()
                     since = server.log_offset()
                     t0 = time.time()
                     s = run_job(spark, jobs[side][m])
@@ -185,6 +198,7 @@ def main() -> int:
             med = {side: round(statistics.median(x["run_s"] for x in samples[(side, m)]), 3) for side in sides}
             reqs = [x["requests"] for x in s3]
             rec = {"sf": args.sf, "model": m, "batches": args.batches, "latency_ms": args.latency_ms,
+                   "fresh": args.fresh, "data_cache_mb": local_cache.data_cache_bytes() >> 20,
                    "local_run_s_median": med["local"], "s3_run_s_median": med["s3"],
                    "s3_run_s": [round(x["run_s"], 3) for x in s3],
                    "ratio_s3_to_local": round(med["s3"] / med["local"], 2),
@@ -204,7 +218,8 @@ def main() -> int:
                    "verified_s3": verify_target(spark, jobs["s3"][m].target_path).ok}
             summary.append(rec)
             print(json.dumps(rec), flush=True)
-        print(json.dumps({"summary": True, "sf": args.sf, "latency_ms": args.latency_ms, "models": len(summary),
+        print(json.dumps({"summary": True, "sf": args.sf, "latency_ms": args.latency_ms, "fresh": args.fresh,
+                          "data_cache_mb": local_cache.data_cache_bytes() >> 20, "models": len(summary),
                           "ratio_s3_to_local_median": statistics.median(r["ratio_s3_to_local"] for r in summary),
                           "s3_requests_per_run_median": statistics.median(r["s3_requests_per_run_median"]
                                                                           for r in summary),

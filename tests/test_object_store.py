@@ -213,6 +213,50 @@ def test_a_merge_on_s3_gets_only_the_files_this_process_did_not_write(s3):
         [{"k": 2, "v": "B"}, {"k": 3, "v": "C"}]
 
 
+def test_a_new_process_reads_the_data_files_this_machine_kept_without_a_get(s3, monkeypatch):
+    """The data files kept on this machine (``local_cache.DATA_FILES``): a MERGE in a new
+    process (nothing held in memory: ``HELD.clear()``) GETs no file an earlier MERGE here wrote
+    or read, whether it reads the file whole or probes it by its key column; a kept file that
+    is not the log's (truncated here) is dropped and fetched again; with
+    ``CONSISTENT_STREAM_DATA_CACHE_MB=0`` every file is fetched. Each version equals the
+    changes applied."""
+    from consistent_stream import settings
+    from consistent_stream.delta import Txn
+    from consistent_stream.delta.files import HELD, HELD_KEYS
+    from consistent_stream.local_cache import directory
+    from consistent_stream.sink import rewrite
+    monkeypatch.setattr(settings, "DV_MIN_ROWS", 100)
+    path = f"s3://{BUCKET}/kept/t"
+    storage.remove_tree(path)
+    small = pa.table({"k": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]})          # read whole
+    large = pa.table({"k": pa.array(range(100, 400), pa.int64()), "v": ["x"] * 300})      # probed
+    write_deltalake(path, small, configuration=CDF)
+    write_deltalake(path, large, mode="append")
+    want = {r["k"]: r["v"] for r in pa.concat_tables([small, large]).to_pylist()}
+
+    def merge(i: int, keys: list[int]) -> int:
+        HELD.clear()
+        HELD_KEYS.clear()
+        before = location.REQUESTS.snapshot()
+        ref = DeltaTableRef(path, own_log=True)
+        changes = pa.table({"k": pa.array(keys, pa.int64()), "v": [f"b{i}"] * len(keys),
+                            "__op": ["upsert"] * len(keys)})
+        rewrite.merge(ref, changes, ["k"], txn=Txn("q", i), metadata={}, deletion_vectors=True)
+        want.update({k: f"b{i}" for k in keys})
+        got = DeltaTableRef(path).read_snapshot_arrow(ref.version())
+        assert dict(zip(got.column("k").to_pylist(), got.column("v").to_pylist())) == want and got.num_rows == len(want)
+        return location.REQUESTS.snapshot()[("GET", "data_files")] - before[("GET", "data_files")]
+    assert merge(1, [2, 150]) == 2            # the two files delta-rs wrote: fetched, and kept
+    assert merge(2, [1, 151]) == 0            # the small file the first MERGE wrote, the large one it read
+    kept = sorted(directory("data-files").glob("*.parquet"), key=lambda f: f.stat().st_mtime)
+    assert kept
+    for f in kept:
+        f.write_bytes(f.read_bytes()[:-1])     # no longer the size the log gives
+    assert merge(3, [3, 152]) == 2
+    monkeypatch.setenv("CONSISTENT_STREAM_DATA_CACHE_MB", "0")
+    assert merge(4, [1, 153]) == 2
+
+
 def test_an_owned_table_reopened_on_s3_from_its_local_copy_lists_its_log_and_reads_only_newer_commits(s3):
     """An owned table's log reopened from this machine's copy of its replay
     (``delta.log``, ``local_cache``): one LIST and no GET when nothing was committed since; one GET per

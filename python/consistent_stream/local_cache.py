@@ -18,6 +18,20 @@ time (a replayed log, one commit after another) is not written whole each time; 
 document again starts an empty journal. A torn last line (a process killed while appending) ends
 the journal there.
 
+**Data files** (:data:`DATA_FILES`, kind ``data-files``) are the one exception to checking
+against the store: the bytes of Parquet data files of tables on an object store that this
+machine wrote (a batch's state delta files and target files, :func:`consistent_stream.delta.
+files.write_arrow`) or read whole (a keyed read of the state, the target files a MERGE probes),
+so that a fresh process's keyed reads GET only the files it has never seen (a process that runs
+batch after batch holds them in memory already, :data:`consistent_stream.delta.files.HELD`).
+A Delta data file never changes once written (the protocol adds and removes files, never
+rewrites one, and the names this package and Spark write carry a fresh UUID), so the check is
+the one the log makes: a file is used only for the path and size a live ``add`` action of the
+table's current log names, and only when its bytes are that size and framed as Parquet
+(``PAR1`` at both ends). Bounded by ``CONSISTENT_STREAM_DATA_CACHE_MB`` (default
+:data:`DATA_CACHE_MB`; ``0``: none kept), least recently used out first; a file larger than a
+quarter of the bound is not kept.
+
 Where: ``$CONSISTENT_STREAM_CACHE_DIR`` (default ``~/.cache/consistent-stream``), under
 ``<kind>/``, one file per key named by a hash of it (``.json``, its journal ``.jsonl``); the
 directories are this account's only (mode 0700). ``CONSISTENT_STREAM_LOCAL_CACHE=off`` keeps
@@ -30,6 +44,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -152,3 +167,136 @@ def _remove_old(where: Path) -> None:
                 f.unlink()
         except OSError:
             continue
+
+
+DATA_ENV = "CONSISTENT_STREAM_DATA_CACHE_MB"
+DATA_CACHE_MB = 2048
+"""Default bound of the kept data files, in MiB (``CONSISTENT_STREAM_DATA_CACHE_MB``)."""
+_PARQUET_MAGIC = b"PAR1"
+
+
+def data_cache_bytes() -> int:
+    """The bound of the kept data files in bytes: ``CONSISTENT_STREAM_DATA_CACHE_MB`` (a whole
+    number of MiB >= 0; 0 keeps none), default :data:`DATA_CACHE_MB`; 0 when
+    ``CONSISTENT_STREAM_LOCAL_CACHE`` is off. Raises ConfigError naming the variable for any
+    other value."""
+    if not enabled():
+        return 0
+    raw = os.environ.get(DATA_ENV)
+    if raw is None or not raw.strip():
+        return DATA_CACHE_MB << 20
+    try:
+        mb = int(raw.strip())
+    except ValueError:
+        mb = -1
+    if mb < 0:
+        from .errors import ConfigError
+        raise ConfigError(f"{DATA_ENV}={raw!r}: the bound of the data files kept on this machine must be a whole "
+                          f"number of MiB >= 0 (0 keeps none; default {DATA_CACHE_MB})")
+    return mb << 20
+
+
+class KeptDataFiles:
+    """The bytes of immutable Parquet data files kept on this machine, by URI and size (the
+    module docstring, "Data files"): one file each under ``data-files/``, named by a hash of
+    the URI and the size, written whole to a temporary file and renamed (a reader never sees
+    part of one). Thread-safe; processes share the directory (a file removed by another's
+    eviction while asked for is a miss). Nothing here raises: a file that cannot be read,
+    written or removed is a miss, logged at debug level."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._total: int | None = None   # bytes under the directory, as this process last counted them
+
+    @staticmethod
+    def _file(uri: str, size: int) -> Path:
+        return directory("data-files") / f"{hashlib.sha256(uri.encode()).hexdigest()[:32]}-{size}.parquet"
+
+    def get(self, uri: str, size: int) -> bytes | None:
+        """The bytes of data file ``uri`` of ``size`` bytes (the size its ``add`` action
+        gives), or None when none are kept."""
+        if size <= 0 or not data_cache_bytes():
+            return None
+        f = self._file(uri, size)
+        try:
+            data = f.read_bytes()
+        except OSError:
+            return None
+        if len(data) != size or data[:4] != _PARQUET_MAGIC or data[-4:] != _PARQUET_MAGIC:
+            log.debug("%s (kept for %s) is not a whole Parquet file of %d bytes: dropped", f, uri, size)
+            self._unlink(f)
+            return None
+        try:
+            os.utime(f)   # its last use, which eviction goes by
+        except OSError:
+            pass
+        return data
+
+    def put(self, uri: str, data) -> None:
+        """Keep ``data`` (bytes or a buffer: the whole file) as the bytes of data file ``uri``,
+        removing the least recently used files when the kept ones exceed the bound."""
+        bound = data_cache_bytes()
+        size = len(memoryview(data))
+        if not bound or not size or size > bound // 4:
+            return
+        f = self._file(uri, size)
+        if f.exists():
+            return
+        try:
+            f.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tmp = f.with_name(f".{f.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            with open(tmp, "wb") as out:
+                out.write(data)
+            os.replace(tmp, f)
+        except OSError as e:
+            log.debug("%s (kept for %s) is not written: %s", f, uri, e)
+            return
+        with self._lock:
+            total = (self._count(f.parent) if self._total is None else self._total + size)
+            if total > bound:
+                total = self._evict(f.parent, bound * 3 // 4)
+            self._total = total
+
+    @staticmethod
+    def _files(where: Path) -> list[tuple[float, int, Path]]:
+        out = []
+        for f in where.iterdir():
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            out.append((st.st_mtime, st.st_size, f))
+        return out
+
+    def _count(self, where: Path) -> int:
+        try:
+            return sum(n for _, n, _ in self._files(where))
+        except OSError:
+            return 0
+
+    def _evict(self, where: Path, keep: int) -> int:
+        """Remove the least recently used files under ``where`` (and temporary files an hour
+        old: a writer killed before its rename) until at most ``keep`` bytes remain; returns
+        the bytes left."""
+        try:
+            files = sorted(self._files(where), key=lambda t: t[0], reverse=True)
+        except OSError:
+            return 0
+        total, stale = 0, time.time() - 3600
+        for mtime, n, f in files:
+            if f.name.endswith(".tmp") and mtime < stale or total + n > keep:
+                self._unlink(f)
+            else:
+                total += n
+        return total
+
+    @staticmethod
+    def _unlink(f: Path) -> None:
+        try:
+            f.unlink()
+        except OSError as e:
+            log.debug("%s is not removed: %s", f, e)
+
+
+DATA_FILES = KeptDataFiles()
+"""The process's handle on the kept data files."""

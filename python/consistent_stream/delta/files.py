@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
 from .. import duck, location, storage
+from ..local_cache import DATA_FILES
 from .deletion_vectors import descriptor_of
 from .deletion_vectors import live as live_rows
 from .deletion_vectors import read_many as read_vectors
@@ -118,7 +119,8 @@ def write_arrow(table_path: str, rel_dir: str, data: pa.Table,
     ``table_path/rel_dir`` from the driver. For change-sized data only: the file is encoded in
     memory and written whole, locally or in one PUT on an object store (no directory markers,
     no multipart upload, no HEAD for its size). ``hold``: keep its rows in :data:`HELD` for
-    a later :func:`read_whole` of the file."""
+    a later :func:`read_whole` of the file in this process and, on an object store, its bytes
+    on this machine (:data:`~consistent_stream.local_cache.DATA_FILES`) for a later process."""
     data = plain_arrow(data)
     rel = f"{rel_dir}/part-{uuid.uuid4().hex}.parquet"
     sink = pa.BufferOutputStream()
@@ -129,6 +131,8 @@ def write_arrow(table_path: str, rel_dir: str, data: pa.Table,
     storage.write_bytes(full, buf)
     if hold:
         HELD.put(full, buf.size, data)
+        if location.is_remote(full):
+            DATA_FILES.put(full, buf)   # for the next process's read of it
     return DataFile(rel, buf.size, data.num_rows, dict(partition_values or {}), arrow_stats(data))
 
 
@@ -188,6 +192,13 @@ class HeldFiles:
                 _, dropped = self._rows.popitem(last=False)
                 self._bytes -= dropped.nbytes
 
+    def clear(self) -> None:
+        """Forget every file: what a new process holds (the benchmarks measure a fresh
+        ``dbt run`` process's reads so)."""
+        with self._lock:
+            self._rows.clear()
+            self._bytes = 0
+
     def drop(self, paths: list[str]) -> None:
         """Forget the files ``paths`` (whatever their size): a commit removed them."""
         gone = set(paths)
@@ -217,7 +228,7 @@ def read_whole(paths: list[str], sizes: list[int], columns: list[str], *, hold: 
     pyarrow's ArrowInvalid (naming the file) when it lacks one of ``columns``."""
     out: list[pa.Table | None] = [HELD.get(p, s) for p, s in zip(paths, sizes)]
     missing = [i for i, t in enumerate(out) if t is None]
-    for i, blob in zip(missing, storage.read_many([paths[i] for i in missing], name)):
+    for i, blob in zip(missing, read_data_files([paths[i] for i in missing], [sizes[i] for i in missing], name)):
         try:
             out[i] = plain_arrow(pq.read_table(pa.BufferReader(blob), columns=None if hold else columns))
         except pa.ArrowInvalid as e:
@@ -232,6 +243,22 @@ def read_whole(paths: list[str], sizes: list[int], columns: list[str], *, hold: 
                                   f"{', '.join(t.column_names)})")
         tables.append(t.select(columns))
     return tables
+
+
+def read_data_files(paths: list[str], sizes: list[int], name: str = "read") -> list[bytes]:
+    """The bytes of each Parquet data file ``paths[i]`` (full paths; ``sizes[i]`` bytes, from
+    the log's ``add`` action), in order. On an object store a file this machine keeps
+    (:data:`~consistent_stream.local_cache.DATA_FILES`: it wrote or read it before, in this
+    process or another) is read from there, the others with one GET each, all at once, and
+    kept. Raises as :func:`consistent_stream.storage.read_many` does."""
+    out: list[bytes | None] = [DATA_FILES.get(p, n) if location.is_remote(p) else None
+                               for p, n in zip(paths, sizes)]
+    missing = [i for i, b in enumerate(out) if b is None]
+    for i, blob in zip(missing, storage.read_many([paths[i] for i in missing], name)):
+        out[i] = blob
+        if location.is_remote(paths[i]) and len(blob) == sizes[i]:
+            DATA_FILES.put(paths[i], blob)
+    return out
 
 
 def read_live(table_path: str, files: list[DataFile], columns: list[str], *, hold: bool = True,
@@ -300,13 +327,15 @@ class ParquetRows:
         return self.pf.read_row_groups(groups, columns=columns).cast(schema).take(pa.array(within))
 
 
-def open_rows(table_path: str, rel: str) -> ParquetRows:
+def open_rows(table_path: str, rel: str, size: int | None = None) -> ParquetRows:
     """A data file of the table, opened for reading: on local disk by its path (a read then
     touches only the footer and the column chunks it decodes), on an object store with one GET
-    of the whole file (counted as every request of :mod:`consistent_stream.storage` is)."""
+    of the whole file (counted as every request of :mod:`consistent_stream.storage` is), or,
+    given its ``size`` (bytes, from its ``add`` action), from the data files this machine keeps
+    (:func:`read_data_files`)."""
     path = data_file_path(table_path, rel)
     if location.is_remote(table_path):
-        data = storage.read_bytes(path)
+        data = read_data_files([path], [size])[0] if size else storage.read_bytes(path)
         return ParquetRows(pq.ParquetFile(pa.BufferReader(data)), buffer=data)
     local = location.fs_path(path)
     return ParquetRows(pq.ParquetFile(local), local=local)

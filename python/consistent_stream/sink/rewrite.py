@@ -212,7 +212,7 @@ def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, look
 
         def rows():
             if not opened:
-                opened.append(open_rows(target.path, f.path))
+                opened.append(open_rows(target.path, f.path, f.size))
             return opened[0]
 
         full = target.file_path(f.path)
