@@ -188,7 +188,7 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
     reach_storage(spark, job)
     try:
         # the run owns its checkpoint's small files: each is read once (storage.read_once_under),
-        # all at once on an object store
+        # all at once on an object store, in the round trip that opens the sources and the target
         with WriterLock(job.checkpoint_location, job.model) as lock, \
                 storage.read_once_under((os.path.join(job.checkpoint_location, "_consistent_stream"),),
                                         prefetch=(job.spec_path, job.fingerprint_path, job.plan_path,

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from typing import Iterator, NamedTuple
 
 from . import local_cache, location
-from .threads import at_once
+from .threads import at_once, begin
 
 log = logging.getLogger("consistent_stream")
 
@@ -136,15 +136,17 @@ def read_once_under(prefixes: str | tuple[str, ...], prefetch: tuple[str, ...] =
     and holds the model's writer lock, so nothing else
     changes them meanwhile. Writes and removals under them through this module update what is
     remembered. (On an object store each read is a GET: the files named in ``prefetch``,
-    paths under ``prefixes``, are read at block entry all at once, one round trip for all; a
-    file that cannot be read then is read again when asked. Where this machine kept a copy of
+    paths under ``prefixes``, are read all at once from block entry on, one round trip for all,
+    on the process's threads while the block goes on (a run opens its sources meanwhile); the
+    block's first read, write or removal under ``prefixes`` waits for them, and so does the
+    block's end. A file that cannot be read then is read again when asked. Where this machine kept a copy of
     them (:mod:`.local_cache`, kind ``files``: made when a file is read that way, and when
     :func:`replace_text` writes one), a directory's files are listed instead, one LIST, and only
     those whose write tag changed since the copy are read.)"""
     saved = getattr(_once, "scope", None)
     files: dict = {}
     under = tuple(p.rstrip("/") + "/" for p in ((prefixes,) if isinstance(prefixes, str) else prefixes))
-    _once.scope = (under, files)
+    pending = None
     remote = [p for p in prefetch if location.is_remote(p) and p.startswith(under)]
     if len(remote) > 1:
         by_dir: dict[str, list[str]] = {}
@@ -152,12 +154,31 @@ def read_once_under(prefixes: str | tuple[str, ...], prefetch: tuple[str, ...] =
             by_dir.setdefault(p.rsplit("/", 1)[0], []).append(p)
         groups = [ps for ps in by_dir.values() if len(ps) > 1 and local_cache.enabled()]
         singles = [[p] for ps in by_dir.values() if ps not in groups for p in ps]
-        for found in at_once(_prefetched, groups + singles, "read-once", limit=8):
-            files.update(found)
+        pending = begin(lambda: at_once(_prefetched, groups + singles, "read-once", limit=8), "read-once")
+    _once.scope = (under, files, pending)
     try:
         yield
     finally:
+        _scope()   # (no request of the block outlives it)
         _once.scope = saved
+
+
+def _scope() -> tuple[tuple[str, ...], dict] | None:
+    """This thread's :func:`read_once_under` scope, ``(prefixes, files read)``, once its
+    prefetch is in (None outside one). A prefetch that failed leaves its files to be read when
+    asked."""
+    scope = getattr(_once, "scope", None)
+    if scope is None:
+        return None
+    under, files, pending = scope
+    if pending is not None:
+        _once.scope = (under, files, None)
+        try:
+            for found in pending():
+                files.update(found)
+        except Exception as e:  # noqa: BLE001 (each file is read again when asked, which reports it)
+            log.debug("reading %s ahead failed: %s", under, e)
+    return under, files
 
 
 def _prefetched(paths: list[str]) -> dict:
@@ -203,7 +224,7 @@ def _prefetched(paths: list[str]) -> dict:
 
 
 def _remembered(path: str):
-    scope = getattr(_once, "scope", None)
+    scope = _scope()
     return scope[1] if scope is not None and path.startswith(scope[0]) else None
 
 
@@ -214,7 +235,7 @@ def _remember(path: str, data) -> None:
 
 
 def _forget_under(path: str) -> None:
-    scope = getattr(_once, "scope", None)
+    scope = _scope()
     if scope is not None:
         for p in [p for p in scope[1] if p == path or p.startswith(path.rstrip("/") + "/")]:
             del scope[1][p]

@@ -71,3 +71,17 @@ def at_once(fn: Callable, items: list, name: str, limit: int = 4) -> list:
     if failed is not None:
         raise failed
     return results
+
+
+def begin(fn: Callable[[], object], name: str) -> Callable[[], object]:
+    """Start ``fn()`` on the process's threads and return a callable that waits for it and
+    returns what it returned (or raises what it raised): work whose result is needed later,
+    its requests' round trip spent meanwhile. Called from one of those threads, ``fn`` runs on a
+    thread of its own named ``name`` instead (no pool thread waits for another)."""
+    if getattr(_LOCAL, "pooled", False):
+        own = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        future = own.submit(fn)
+        own.shutdown(wait=False)
+    else:
+        future = _pool().submit(fn)
+    return future.result
