@@ -522,13 +522,14 @@ def object_store() -> str:
             Col("run's own count vs the server's (largest difference)", "client_to_server_max_deviation"),
             Col("verified local / S3", lambda r: f"{num(r.get('verified_local'))} / {num(r.get('verified_s3'))}")]
     runs = group(recs, lambda r: (r.get("date"), r.get("commit"), r.get("note"), r.get("latency_ms"),
-                                  r.get("batches")))
+                                  r.get("batches"), r.get("fresh"), r.get("data_cache_mb")))
 
     def command(run: Run) -> str:
         r = run.first
         lat = r.get("latency_ms")
-        return (f"benchmarks/object_store.py --sf {num(r.get('sf'))} --batches {r.get('batches')}"
-                + (f" --latency-ms {int(lat)}" if lat else ""))
+        return (("CONSISTENT_STREAM_DATA_CACHE_MB=0 " if r.get("data_cache_mb") == 0 else "")
+                + f"benchmarks/object_store.py --sf {num(r.get('sf'))} --batches {r.get('batches')}"
+                + (f" --latency-ms {int(lat)}" if lat else "") + (" --fresh" if r.get("fresh") else ""))
 
     def what(run: Run) -> str:
         r = run.records[-1]
@@ -538,7 +539,9 @@ def object_store() -> str:
     return sources_line("object_store.jsonl") + runs_newest_first(
         runs, lambda run: table(cols, run.records) + what(run),
         lambda run: (f"{title_of(run)}, {run.first.get('batches')} rounds, "
-                     f"{num(run.first.get('latency_ms') or 0)} ms added"),
+                     f"{num(run.first.get('latency_ms') or 0)} ms added"
+                     + (", each S3 run as a new process" if run.first.get("fresh") else "")
+                     + (", no data files kept" if run.first.get("data_cache_mb") == 0 else "")),
         command)
 
 
