@@ -205,6 +205,45 @@ def test_rows_marked_deleted_take_their_pre_images_from_the_changelog_and_keys_a
     assert len(marked) == 1 and marked[0].live_records == n - 4
 
 
+def test_a_new_process_probes_a_large_file_by_the_keys_this_machine_kept(tmp_path, monkeypatch):
+    """A MERGE in a new process (nothing held in memory: ``HELD_KEYS.clear()``) finds the
+    rows to mark in a large file by the key column this machine kept when an earlier MERGE read
+    it (``local_cache.DATA_KEYS``), without reading the file: here its bytes are gone, and the
+    changelog's retractions give every pre-image. Without kept keys
+    (``CONSISTENT_STREAM_DATA_CACHE_MB=0``) the same MERGE reads the file."""
+    from consistent_stream import settings
+    from consistent_stream.delta.files import HELD_KEYS
+    monkeypatch.setattr(settings, "DV_MIN_ROWS", 100)
+    path = str(tmp_path / "t")
+    n = 200
+    _target(path, {"k": pa.array(range(n), pa.int64()), "v": [f"v{i}" for i in range(n)]})
+    ref = DeltaTableRef(path, own_log=True)
+    (big,) = ref.data_files(ref.version())
+    rewrite.merge(ref, _changes({"k": pa.array([3], pa.int64()), "v": ["X"]}, ["upsert"]), ["k"], txn=Txn("q", 1),
+                  metadata={}, deletion_vectors=True, retracted=pa.table({"k": pa.array([3], pa.int64()), "v": ["v3"]}))
+    HELD_KEYS.clear()
+    saved = open(ref.file_path(big.path), "rb").read()
+    with open(ref.file_path(big.path), "r+b") as f:   # the file's bytes are not read again
+        f.truncate(0)
+    changes = _changes({"k": pa.array([4, 150], pa.int64()), "v": ["Y", None]}, ["upsert", "delete"])
+    retracted = pa.table({"k": pa.array([150, 4], pa.int64()), "v": ["v150", "v4"]})
+    monkeypatch.setenv("CONSISTENT_STREAM_DATA_CACHE_MB", "0")
+    with pytest.raises(pa.ArrowInvalid, match="size is 0 bytes"):   # the file, read again
+        rewrite.merge(ref, changes, ["k"], txn=Txn("q", 2), metadata={}, deletion_vectors=True, retracted=retracted)
+    monkeypatch.delenv("CONSISTENT_STREAM_DATA_CACHE_MB")
+    HELD_KEYS.clear()
+    v2, m = rewrite.merge(ref, changes, ["k"], txn=Txn("q", 2), metadata={}, deletion_vectors=True,
+                          retracted=retracted)
+    assert m["num_target_deletion_vectors_added"] == 1 and m["num_target_rows_deleted"] == 1
+    assert _feed(path, v2) == sorted([(4, "v4", "update_preimage"), (4, "Y", "update_postimage"),
+                                      (150, "v150", "delete")], key=repr)
+    with open(ref.file_path(big.path), "wb") as f:
+        f.write(saved)
+    got = DeltaTableRef(path).read_snapshot_arrow(v2)
+    assert dict(zip(got.column("k").to_pylist(), got.column("v").to_pylist())) == \
+        {**{k: f"v{k}" for k in range(n) if k != 150}, 3: "X", 4: "Y"}
+
+
 def test_held_files_are_bounded_least_recently_used_first_and_known_by_size(monkeypatch):
     from consistent_stream.delta import files
     held = files.HeldFiles()

@@ -28,9 +28,12 @@ A Delta data file never changes once written (the protocol adds and removes file
 rewrites one, and the names this package and Spark write carry a fresh UUID), so the check is
 the one the log makes: a file is used only for the path and size a live ``add`` action of the
 table's current log names, and only when its bytes are that size and framed as Parquet
-(``PAR1`` at both ends). Bounded by ``CONSISTENT_STREAM_DATA_CACHE_MB`` (default
-:data:`DATA_CACHE_MB`; ``0``: none kept), least recently used out first; a file larger than a
-quarter of the bound is not kept.
+(``PAR1`` at both ends). Beside them (:data:`DATA_KEYS`, kind ``data-keys``, on local disk
+too): the key columns of the large target files a MERGE probes, as Arrow IPC files, which a
+new process reads instead of decoding the column from the Parquet file. Bounded by
+``CONSISTENT_STREAM_DATA_CACHE_MB`` (default :data:`DATA_CACHE_MB`, of which the keys take at
+most a quarter; ``0``: none kept), least recently used out first; a file larger than a quarter
+of its kind's bound is not kept.
 
 Where: ``$CONSISTENT_STREAM_CACHE_DIR`` (default ``~/.cache/consistent-stream``), under
 ``<kind>/``, one file per key named by a hash of it (``.json``, its journal ``.jsonl``); the
@@ -197,33 +200,41 @@ def data_cache_bytes() -> int:
 
 
 class KeptDataFiles:
-    """The bytes of immutable Parquet data files kept on this machine, by URI and size (the
-    module docstring, "Data files"): one file each under ``data-files/``, named by a hash of
-    the URI and the size, written whole to a temporary file and renamed (a reader never sees
-    part of one). Thread-safe; processes share the directory (a file removed by another's
-    eviction while asked for is a miss). Nothing here raises: a file that cannot be read,
-    written or removed is a miss, logged at debug level."""
+    """Whole files kept on this machine by the URI and size of the immutable data file they
+    come from (the module docstring, "Data files"): one file each under ``<kind>/``, named by a
+    hash of the URI and the size, written whole to a temporary file and renamed (a reader never
+    sees part of one), and read back only when framed by ``magic`` at both ends and, for the
+    file's own bytes (``exact``), of that very size. ``share``: the part of
+    ``CONSISTENT_STREAM_DATA_CACHE_MB`` this kind may take. Thread-safe; processes share the
+    directory (a file removed by another's eviction while asked for is a miss). Nothing here
+    raises: a file that cannot be read, written or removed is a miss, logged at debug level."""
 
-    def __init__(self):
+    def __init__(self, kind: str = "data-files", magic: bytes = _PARQUET_MAGIC, *, exact: bool = True,
+                 share: float = 1.0):
+        self.kind, self.magic, self.exact, self.share = kind, magic, exact, share
         self._lock = threading.Lock()
         self._total: int | None = None   # bytes under the directory, as this process last counted them
 
-    @staticmethod
-    def _file(uri: str, size: int) -> Path:
-        return directory("data-files") / f"{hashlib.sha256(uri.encode()).hexdigest()[:32]}-{size}.parquet"
+    def _bound(self) -> int:
+        return int(data_cache_bytes() * self.share)
+
+    def _file(self, uri: str, size: int) -> Path:
+        return directory(self.kind) / f"{hashlib.sha256(uri.encode()).hexdigest()[:32]}-{size}"
 
     def get(self, uri: str, size: int) -> bytes | None:
-        """The bytes of data file ``uri`` of ``size`` bytes (the size its ``add`` action
-        gives), or None when none are kept."""
-        if size <= 0 or not data_cache_bytes():
+        """What is kept for data file ``uri`` of ``size`` bytes (the size its ``add`` action
+        gives), or None when nothing is."""
+        if size <= 0 or not self._bound():
             return None
         f = self._file(uri, size)
         try:
             data = f.read_bytes()
         except OSError:
             return None
-        if len(data) != size or data[:4] != _PARQUET_MAGIC or data[-4:] != _PARQUET_MAGIC:
-            log.debug("%s (kept for %s) is not a whole Parquet file of %d bytes: dropped", f, uri, size)
+        n = len(self.magic)
+        if (self.exact and len(data) != size) or len(data) < 2 * n or data[:n] != self.magic \
+                or data[-n:] != self.magic:
+            log.debug("%s (kept for %s of %d bytes) is not whole: dropped", f, uri, size)
             self._unlink(f)
             return None
         try:
@@ -232,12 +243,14 @@ class KeptDataFiles:
             pass
         return data
 
-    def put(self, uri: str, data) -> None:
-        """Keep ``data`` (bytes or a buffer: the whole file) as the bytes of data file ``uri``,
-        removing the least recently used files when the kept ones exceed the bound."""
-        bound = data_cache_bytes()
-        size = len(memoryview(data))
-        if not bound or not size or size > bound // 4:
+    def put(self, uri: str, data, size: int | None = None) -> None:
+        """Keep ``data`` (bytes or a buffer: a whole file) for data file ``uri`` of ``size``
+        bytes (default: ``data``'s own size, the file's bytes themselves), removing the least
+        recently used files when the kept ones exceed the bound."""
+        bound = self._bound()
+        n = len(memoryview(data))
+        size = n if size is None else size
+        if not bound or not n or n > bound // 4 or (self.exact and n != size):
             return
         f = self._file(uri, size)
         if f.exists():
@@ -252,7 +265,7 @@ class KeptDataFiles:
             log.debug("%s (kept for %s) is not written: %s", f, uri, e)
             return
         with self._lock:
-            total = (self._count(f.parent) if self._total is None else self._total + size)
+            total = (self._count(f.parent) if self._total is None else self._total + n)
             if total > bound:
                 total = self._evict(f.parent, bound * 3 // 4)
             self._total = total
@@ -299,4 +312,10 @@ class KeptDataFiles:
 
 
 DATA_FILES = KeptDataFiles()
-"""The process's handle on the kept data files."""
+"""The process's handle on the kept data files (their Parquet bytes)."""
+
+DATA_KEYS = KeptDataFiles("data-keys", b"ARROW1", exact=False, share=0.25)
+"""The key columns of large target files, as Arrow IPC files, by the data file's URI (with
+the columns' names) and size: what a MERGE probes of a file it may mark rows of
+(:func:`consistent_stream.sink.rewrite._probe`), kept so that a new process does not decode
+them from the file again (on local disk too); a quarter of the bound."""

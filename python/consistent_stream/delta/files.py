@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 
 from .. import duck, location, storage
-from ..local_cache import DATA_FILES
+from ..local_cache import DATA_FILES, DATA_KEYS
 from .deletion_vectors import descriptor_of
 from .deletion_vectors import live as live_rows
 from .deletion_vectors import read_many as read_vectors
@@ -216,6 +216,33 @@ reads of a file it may mark rows of (:func:`consistent_stream.sink.rewrite._prob
 that the next batch's MERGE into the same file reads nothing of it. A file's rows at its
 path never change (its deletion vector does, and is read apart), so entries are the whole
 file's key columns, before any vector."""
+
+
+def kept_keys(path: str, size: int, schema: pa.Schema) -> pa.Table | None:
+    """The key columns ``schema`` of data file ``path`` (full path; ``size`` bytes, from its
+    ``add`` action) as this machine keeps them (:data:`~consistent_stream.local_cache.DATA_KEYS`,
+    written by :func:`keep_keys`), or None: none kept, or not of that schema."""
+    data = DATA_KEYS.get(_keys_uri(path, schema), size)
+    if data is None:
+        return None
+    try:
+        keys = pa.ipc.open_file(pa.BufferReader(data)).read_all()
+    except (pa.ArrowInvalid, OSError):
+        return None
+    return keys if keys.schema.equals(schema) else None
+
+
+def keep_keys(path: str, size: int, keys: pa.Table) -> None:
+    """Keep the key columns ``keys`` of data file ``path`` of ``size`` bytes on this machine
+    (an Arrow IPC file, uncompressed: read back without decoding) for :func:`kept_keys`."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, keys.schema) as writer:
+        writer.write_table(keys)
+    DATA_KEYS.put(_keys_uri(path, keys.schema), sink.getvalue(), size)
+
+
+def _keys_uri(path: str, schema: pa.Schema) -> str:
+    return f"{path}#{json.dumps(schema.names)}"
 
 
 def read_whole(paths: list[str], sizes: list[int], columns: list[str], *, hold: bool = True,

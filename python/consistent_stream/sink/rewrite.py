@@ -17,7 +17,8 @@ replacing its deletion vector, "Deletion Vectors"):
    the matched and the kept ones (NULLs compare equal, as the MERGE's IS NOT DISTINCT FROM).
    With deletion vectors, a large file not held is first read by its key columns only
    (:func:`_probe`; held in :data:`~consistent_stream.delta.files.HELD_KEYS` for the next
-   batch), and read whole only if it is to be rewritten; its matched rows (the Change Data
+   batch, and kept on this machine for the next process), and read whole only if it is to be
+   rewritten; its matched rows (the Change Data
    Feed's pre-images) are the changelog's retractions at those keys, read by position only
    where the changelog lacks one (:func:`_preimages`). A large picked file with no matched
    row is left as it is, a small one (under ``settings.DV_MIN_ROWS`` rows) is rewritten with
@@ -59,8 +60,8 @@ import pyarrow.compute as pc
 from .. import settings
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta import deletion_vectors as dvs
-from ..delta.files import (HELD, HELD_KEYS, may_hold, new_dir, open_rows, read_live, stats_bounds, wanted_values,
-                           write_arrow)
+from ..delta.files import (HELD, HELD_KEYS, keep_keys, kept_keys, may_hold, new_dir, open_rows, read_live,
+                           stats_bounds, wanted_values, write_arrow)
 from ..faults import fault_point
 from ..operators.keyed import key_in, sorted_key_positions
 from ..threads import at_once
@@ -193,8 +194,10 @@ def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, look
     """The files of ``files`` that may keep their rows (at least ``settings.DV_MIN_ROWS``
     rows, not held in memory) looked at by their ``match`` columns only, by index into
     ``files``. The match columns come from :data:`~consistent_stream.delta.files.HELD_KEYS`
-    where it holds them, else are read and held there (on an object store the file is one
-    GET, whose bytes serve a later ``take`` too); ``take`` reads only the pages that hold the
+    where it holds them, else from this machine's copy of them (a new process's,
+    :func:`~consistent_stream.delta.files.kept_keys`), else are read from the file (on an
+    object store one GET, whose bytes serve a later ``take`` too) and kept in both; ``take``
+    reads only the pages that hold the
     rows (:meth:`~consistent_stream.delta.files.ParquetRows.take`). A file sorted by one
     integer key (a rebuild writes the target so) is searched for the lookup's keys
     (:func:`~consistent_stream.operators.keyed.sorted_key_positions`), any other probed with
@@ -218,7 +221,10 @@ def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, look
         full = target.file_path(f.path)
         keys = HELD_KEYS.get(full, f.size)
         if keys is None or not set(match) <= set(keys.column_names):
-            keys = rows().pf.read(columns=match).cast(key_schema)
+            keys = kept_keys(full, f.size, key_schema)   # a new process's: this machine's copy
+            if keys is None:
+                keys = rows().pf.read(columns=match).cast(key_schema)
+                keep_keys(full, f.size, keys)
             HELD_KEYS.put(full, f.size, keys)
         keys = keys.select(match)
 
