@@ -2,7 +2,7 @@
 and example model, at Spark's defaults.
 
     .venv/bin/python benchmarks/refresh_vs_full.py --sf 0.1 1 10 [--models q1_pricing_summary] [--rounds N]
-                                                   [--rebuild-pairs N] [--small-batches N]
+                                                   [--rebuild-pairs N] [--small-batches N] [--fresh]
 
 Each scale factor runs in its own process (so driver memory and peak RSS are per scale
 factor), with a SparkSession that sets no tuning: no shuffle partitions, default memory,
@@ -38,6 +38,12 @@ the warm session. Before each timed variant the refresh generator's writes are f
 Python's garbage collected (:func:`_settle`). Peak RSS of the driver's Python process and of
 the Spark JVM is reset before and read after each variant (``/proc/<pid>/clear_refs``,
 ``VmHWM``), beside the RSS each variant began with.
+
+``--fresh``: each incremental run starts from what a new process holds, as a ``dbt run`` does
+(a new process each time): the data files and target key columns earlier runs of this process
+read or wrote are forgotten first, so the run reads the copies this machine keeps on disk
+(``local_cache``) or the files themselves. Without it, the runs share the process's memory, as
+a continuous model's batches do.
 
 Prints one JSON line per (scale factor, model) and a final summary line, on stdout.
 """
@@ -248,8 +254,19 @@ def _settle() -> None:
     gc.collect()
 
 
+FRESH_ENV = "CS_BENCH_FRESH"
+
+
 def _run(spark, job, **kw) -> dict:
+    """``run_job``; with ``--fresh`` an incremental run first forgets the data files and key
+    columns the process holds in memory (``delta.files.HELD``, ``HELD_KEYS``), as a ``dbt
+    run``, a new process each time, starts: it reads what this machine keeps on disk instead
+    (``local_cache``), or the files."""
     from consistent_stream.job import run_job
+    if os.environ.get(FRESH_ENV) and not kw.get("full_refresh"):
+        from consistent_stream.delta.files import HELD, HELD_KEYS
+        HELD.clear()
+        HELD_KEYS.clear()
     return run_job(spark, job, **kw)
 
 
@@ -322,6 +339,7 @@ def one_scale_factor(sf: float, models: list[str], small_batches: int, driver_me
         target = DeltaTableRef(job.target_path)
         out.append({
             "sf": sf, "model": job.model, "driver_memory": driver_memory or "default",
+            "fresh": bool(os.environ.get(FRESH_ENV)),
             "incremental_s": inc["seconds"], "table_model_s": round(table_s, 3), "full_refresh_s": full["seconds"],
             "ratio_table_to_incremental": round(table_s / inc["seconds"], 2),
             "merge_model_s": round(merge_s, 3) if merge_s is not None else None,
@@ -399,8 +417,12 @@ def main() -> int:
                          "ratio_full_refresh_to_table_median is their median ratio")
     ap.add_argument("--driver-memory", default="8g", help="spark.driver.memory from --memory-from-sf on")
     ap.add_argument("--memory-from-sf", type=float, default=10.0)
+    ap.add_argument("--fresh", action="store_true",
+                    help="each incremental run starts from what a new process holds, as a dbt run")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.fresh:
+        os.environ[FRESH_ENV] = "1"   # (the scale factors' processes inherit it)
     from helpers import EXAMPLE_MODELS, render_model
     # by default the example models over sources only (the ref() chain's levels need their
     # upstreams, and a view is not maintained)

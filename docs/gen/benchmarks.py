@@ -268,12 +268,15 @@ def refresh_vs_full() -> str:
     runs = group(recs, lambda r: (r.get("date"), r.get("commit"), r.get("command"), r.get("note")))
     newest: dict = {}
     for r in recs:
-        newest[(r.get("sf"), r.get("model"))] = r
+        if r.get("data_cache_mb") != 0:   # (a run without this machine's kept files is a comparison)
+            newest[(r.get("sf"), r.get("model"), bool(r.get("fresh")))] = r
     out = sources_line("refresh_vs_full.jsonl")
     out += ("## The newest figures of each model and scale factor\n\nEach row from the newest run that "
-            "measured it; its run (command, machine) below.\n\n")
-    out += table([Col("date", "date"), Col("commit", "commit")] + cols,
-                 sorted(newest.values(), key=lambda r: (r["sf"], r["model"])))
+            "measured it, in one process and with each incremental run as a new process (`--fresh`, as "
+            "`dbt run`); its run (command, machine) below.\n\n")
+    out += table([Col("date", "date"), Col("commit", "commit"),
+                  Col("each run a new process", lambda r: "yes" if r.get("fresh") else "no")] + cols,
+                 sorted(newest.values(), key=lambda r: (r["sf"], r["model"], bool(r.get("fresh")))))
     out += "\n## Runs, newest first\n\n" + runs_newest_first(
         runs, lambda run: table(cols, run.records) + "\nThe incremental run's batch, by phase:\n\n" +
         table(phases, run.records), title_of, level=3)
