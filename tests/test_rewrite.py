@@ -26,6 +26,19 @@ def _target(path, rows: dict, *, files: int = 1, partition_by=None, configuratio
                         configuration={**CDF, **(configuration or {})} if i == 0 else None)
 
 
+def _one_large_file(tmp_path, monkeypatch, n: int = 200):
+    """A keyed target of one file of ``n`` rows (``k`` 0 .. n - 1, ``v`` "v<k>"), large enough
+    for a MERGE to mark its rows in a deletion vector (``DV_MIN_ROWS`` lowered to 100):
+    ``(path, n, its handle, the file)``."""
+    from consistent_stream import settings
+    monkeypatch.setattr(settings, "DV_MIN_ROWS", 100)
+    path = str(tmp_path / "t")
+    _target(path, {"k": pa.array(range(n), pa.int64()), "v": [f"v{i}" for i in range(n)]})
+    ref = DeltaTableRef(path, own_log=True)
+    (big,) = ref.data_files(ref.version())
+    return path, n, ref, big
+
+
 def _changes(rows: dict, ops: list[str]) -> pa.Table:
     return pa.table(rows).append_column("__op", pa.array(ops, pa.string()))
 
@@ -175,14 +188,8 @@ def test_rows_marked_deleted_take_their_pre_images_from_the_changelog_and_keys_a
     ``delta.files.HELD_KEYS``), and takes the feed's pre-images of the rows it marks from the
     changelog's retractions where they hold every matched key, reading the file by position
     only where they do not: the second MERGE runs with the file's bytes gone."""
-    from consistent_stream import settings
     from consistent_stream.delta.files import HELD_KEYS
-    monkeypatch.setattr(settings, "DV_MIN_ROWS", 100)
-    path = str(tmp_path / "t")
-    n = 200
-    _target(path, {"k": pa.array(range(n), pa.int64()), "v": [f"v{i}" for i in range(n)]})
-    ref = DeltaTableRef(path, own_log=True)
-    (big,) = ref.data_files(ref.version())
+    path, n, ref, big = _one_large_file(tmp_path, monkeypatch)
     changes = _changes({"k": pa.array([3, 7], pa.int64()), "v": ["X", None]}, ["upsert", "delete"])
     # the retractions lack key 7: its pre-image is read from the file; key 3's is the changelog's
     retracted = pa.table({"k": pa.array([3], pa.int64()), "v": ["v3 as the view had it"]})
@@ -211,14 +218,8 @@ def test_a_new_process_probes_a_large_file_by_the_keys_this_machine_kept(tmp_pat
     it (``local_cache.DATA_KEYS``), without reading the file: here its bytes are gone, and the
     changelog's retractions give every pre-image. Without kept keys
     (``CONSISTENT_STREAM_DATA_CACHE_MB=0``) the same MERGE reads the file."""
-    from consistent_stream import settings
     from consistent_stream.delta.files import HELD_KEYS
-    monkeypatch.setattr(settings, "DV_MIN_ROWS", 100)
-    path = str(tmp_path / "t")
-    n = 200
-    _target(path, {"k": pa.array(range(n), pa.int64()), "v": [f"v{i}" for i in range(n)]})
-    ref = DeltaTableRef(path, own_log=True)
-    (big,) = ref.data_files(ref.version())
+    path, n, ref, big = _one_large_file(tmp_path, monkeypatch)
     rewrite.merge(ref, _changes({"k": pa.array([3], pa.int64()), "v": ["X"]}, ["upsert"]), ["k"], txn=Txn("q", 1),
                   metadata={}, deletion_vectors=True, retracted=pa.table({"k": pa.array([3], pa.int64()), "v": ["v3"]}))
     HELD_KEYS.clear()
