@@ -87,3 +87,20 @@ def test_a_bad_bound_names_the_variable(kept, monkeypatch, raw):
     monkeypatch.setenv(local_cache.DATA_ENV, raw)
     with pytest.raises(ConfigError, match=local_cache.DATA_ENV):
         local_cache.data_cache_bytes()
+
+
+def test_a_kept_key_file_that_does_not_decode_is_dropped(tmp_path, monkeypatch):
+    """A target file's kept key columns (``DATA_KEYS``, Arrow IPC) framed whole but damaged
+    inside read as none kept, and are removed (the probe decodes the key column again)."""
+    from consistent_stream.delta import files
+    monkeypatch.setenv(local_cache.ENV_DIR, str(tmp_path))
+    monkeypatch.delenv(local_cache.DATA_ENV, raising=False)
+    keys = pa.table({"k": pa.array(range(1000), pa.int64())})
+    files.keep_keys("s3://b/t/part-1.parquet", 123, keys)
+    assert files.kept_keys("s3://b/t/part-1.parquet", 123, keys.schema).equals(keys)
+    [f] = (tmp_path / "data-keys").iterdir()
+    data = bytearray(f.read_bytes())
+    data[8:-8] = bytes(len(data) - 16)
+    f.write_bytes(bytes(data))
+    assert files.kept_keys("s3://b/t/part-1.parquet", 123, keys.schema) is None
+    assert not f.exists()

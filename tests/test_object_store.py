@@ -217,7 +217,8 @@ def test_a_new_process_reads_the_data_files_this_machine_kept_without_a_get(s3, 
     """The data files kept on this machine (``local_cache.DATA_FILES``): a MERGE in a new
     process (nothing held in memory: ``HELD.clear()``) GETs no file an earlier MERGE here wrote
     or read, whether it reads the file whole or probes it by its key column; a kept file that
-    is not the log's (truncated here) is dropped and fetched again; with
+    is not the log's (truncated here), or is damaged inside (it does not decode), is dropped
+    and fetched again; with
     ``CONSISTENT_STREAM_DATA_CACHE_MB=0`` every file is fetched. Each version equals the
     changes applied."""
     from consistent_stream import settings
@@ -253,8 +254,19 @@ def test_a_new_process_reads_the_data_files_this_machine_kept_without_a_get(s3, 
     for f in kept:
         f.write_bytes(f.read_bytes()[:-1])     # no longer the size the log gives
     assert merge(3, [3, 152]) == 2
+    for f in directory("data-files").iterdir():   # framed and sized as the log says, footer whole,
+        data = bytearray(f.read_bytes())           # its pages damaged: opens, does not decode
+        if not f.name.endswith(f"-{len(data)}"):
+            continue                               # (one truncated above that no live file is)
+        pages_end = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+        data[4:pages_end] = bytes(pages_end - 4)
+        f.write_bytes(bytes(data))
+    for f in directory("data-keys").iterdir():
+        f.unlink()                                 # so that the probe reads the large file too
+    assert merge(4, [2, 153]) == 2                 # each damaged copy dropped, the file fetched again
+    assert merge(5, [3, 154]) == 0
     monkeypatch.setenv("CONSISTENT_STREAM_DATA_CACHE_MB", "0")
-    assert merge(4, [1, 153]) == 2
+    assert merge(6, [1, 155]) == 2
 
 
 def test_an_owned_table_reopened_on_s3_from_its_local_copy_lists_its_log_and_reads_only_newer_commits(s3):

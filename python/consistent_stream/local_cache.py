@@ -207,7 +207,9 @@ class KeptDataFiles:
     file's own bytes (``exact``), of that very size. ``share``: the part of
     ``CONSISTENT_STREAM_DATA_CACHE_MB`` this kind may take. Thread-safe; processes share the
     directory (a file removed by another's eviction while asked for is a miss). Nothing here
-    raises: a file that cannot be read, written or removed is a miss, logged at debug level."""
+    raises: a file that cannot be read, written or removed is a miss, logged at debug level;
+    a user that finds a kept file damaged (it does not decode) drops it (:meth:`drop`) and
+    reads the file from the store."""
 
     def __init__(self, kind: str = "data-files", magic: bytes = _PARQUET_MAGIC, *, exact: bool = True,
                  share: float = 1.0):
@@ -242,6 +244,17 @@ class KeptDataFiles:
         except OSError:
             pass
         return data
+
+    def drop(self, uri: str, size: int) -> None:
+        """Forget what is kept for data file ``uri`` of ``size`` bytes: its user found it
+        damaged (framed whole, yet it does not decode: a disk's fault, an edit by hand)."""
+        f = self._file(uri, size)
+        if f.exists():
+            log.warning("%s (kept for %s of %d bytes) does not decode: removed; the file is read from the "
+                        "store", f, uri, size)
+            self._unlink(f)
+        with self._lock:
+            self._total = None   # counted again at the next put
 
     def put(self, uri: str, data, size: int | None = None) -> None:
         """Keep ``data`` (bytes or a buffer: a whole file) for data file ``uri`` of ``size``

@@ -26,7 +26,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Callable, Iterable
 from urllib.parse import unquote
 
 import numpy as np
@@ -227,7 +227,8 @@ def kept_keys(path: str, size: int, schema: pa.Schema) -> pa.Table | None:
         return None
     try:
         keys = pa.ipc.open_file(pa.BufferReader(data)).read_all()
-    except (pa.ArrowInvalid, OSError):
+    except DAMAGED:
+        DATA_KEYS.drop(_keys_uri(path, schema), size)
         return None
     return keys if keys.schema.equals(schema) else None
 
@@ -255,11 +256,16 @@ def read_whole(paths: list[str], sizes: list[int], columns: list[str], *, hold: 
     pyarrow's ArrowInvalid (naming the file) when it lacks one of ``columns``."""
     out: list[pa.Table | None] = [HELD.get(p, s) for p, s in zip(paths, sizes)]
     missing = [i for i, t in enumerate(out) if t is None]
-    for i, blob in zip(missing, read_data_files([paths[i] for i in missing], [sizes[i] for i in missing], name)):
+
+    def decode(path: str, blob: bytes) -> pa.Table:
         try:
-            out[i] = plain_arrow(pq.read_table(pa.BufferReader(blob), columns=None if hold else columns))
+            return plain_arrow(pq.read_table(pa.BufferReader(blob), columns=None if hold else columns))
         except pa.ArrowInvalid as e:
-            raise pa.ArrowInvalid(f"data file {paths[i]}: {e}") from e
+            raise pa.ArrowInvalid(f"data file {path}: {e}") from e
+
+    for i, t in zip(missing, read_data_files([paths[i] for i in missing], [sizes[i] for i in missing], name,
+                                             decode)):
+        out[i] = t
         if hold:
             HELD.put(paths[i], sizes[i], out[i])
     tables = []
@@ -272,17 +278,30 @@ def read_whole(paths: list[str], sizes: list[int], columns: list[str], *, hold: 
     return tables
 
 
-def read_data_files(paths: list[str], sizes: list[int], name: str = "read") -> list[bytes]:
+DAMAGED = (pa.ArrowInvalid, OSError)
+"""What pyarrow raises on bytes that are not the file they stand for."""
+
+
+def read_data_files(paths: list[str], sizes: list[int], name: str = "read",
+                    decode: Callable[[str, bytes], Any] | None = None) -> list:
     """The bytes of each Parquet data file ``paths[i]`` (full paths; ``sizes[i]`` bytes, from
-    the log's ``add`` action), in order. On an object store a file this machine keeps
-    (:data:`~consistent_stream.local_cache.DATA_FILES`: it wrote or read it before, in this
-    process or another) is read from there, the others with one GET each, all at once, and
-    kept. Raises as :func:`consistent_stream.storage.read_many` does."""
-    out: list[bytes | None] = [DATA_FILES.get(p, n) if location.is_remote(p) else None
-                               for p, n in zip(paths, sizes)]
+    the log's ``add`` action), in order, or ``decode(path, bytes)`` of them. On an object store
+    a file this machine keeps (:data:`~consistent_stream.local_cache.DATA_FILES`: it wrote or
+    read it before, in this process or another) is read from there, the others with one GET
+    each, all at once, and kept once decoded. Kept bytes that ``decode`` fails on (:data:`DAMAGED`)
+    are dropped and the file is read from the store. Raises as
+    :func:`consistent_stream.storage.read_many` and ``decode`` do."""
+    out: list = [None] * len(paths)
+    for i, (p, n) in enumerate(zip(paths, sizes)):
+        blob = DATA_FILES.get(p, n) if location.is_remote(p) else None
+        if blob is not None:
+            try:
+                out[i] = decode(p, blob) if decode else blob
+            except DAMAGED:
+                DATA_FILES.drop(p, n)
     missing = [i for i, b in enumerate(out) if b is None]
     for i, blob in zip(missing, storage.read_many([paths[i] for i in missing], name)):
-        out[i] = blob
+        out[i] = decode(paths[i], blob) if decode else blob
         if location.is_remote(paths[i]) and len(blob) == sizes[i]:
             DATA_FILES.put(paths[i], blob)
     return out
@@ -312,10 +331,30 @@ def read_live(table_path: str, files: list[DataFile], columns: list[str], *, hol
 class ParquetRows:
     """A Parquet data file opened for reading parts of it (columns, rows by position, column
     chunks' bytes): ``pf``; ``local``: its path on local disk, None on an object store, whose
-    bytes (one GET) are ``buffer``. Opened by :func:`open_rows`."""
+    bytes (one GET) are ``buffer``; ``kept``: the file's full path and size when ``buffer`` is
+    this machine's copy of it, which a read that fails on it (:data:`DAMAGED`) drops, reading
+    the file from the store instead. Opened by :func:`open_rows`."""
     pf: pq.ParquetFile
     local: str | None = None
     buffer: bytes | None = None
+    kept: tuple[str, int] | None = None
+
+    def _decoded(self, read: Callable[[], Any]) -> Any:
+        try:
+            return read()
+        except DAMAGED:
+            if self.kept is None:
+                raise
+            path, size = self.kept
+            DATA_FILES.drop(path, size)
+            self.kept = None
+            self.buffer = read_data_files([path], [size])[0]
+            self.pf = pq.ParquetFile(pa.BufferReader(self.buffer))
+            return read()
+
+    def read(self, columns: list[str]) -> pa.Table:
+        """All rows of ``columns`` (physical names), as stored."""
+        return self._decoded(lambda: self.pf.read(columns=columns))
 
     def present(self, columns: Iterable[str]) -> list[str]:
         """``columns`` (physical names) the file has, in the order given."""
@@ -351,7 +390,8 @@ class ParquetRows:
         groups = sorted(set(group_of.tolist()))    # only the row groups that hold the rows
         base = dict(zip(groups, np.cumsum([0] + [starts[g + 1] - starts[g] for g in groups[:-1]])))
         within = at - starts[group_of] + np.array([base[g] for g in group_of], dtype=np.int64)
-        return self.pf.read_row_groups(groups, columns=columns).cast(schema).take(pa.array(within))
+        return self._decoded(lambda: self.pf.read_row_groups(groups, columns=columns)).cast(schema).take(
+            pa.array(within))
 
 
 def open_rows(table_path: str, rel: str, size: int | None = None) -> ParquetRows:
@@ -359,10 +399,20 @@ def open_rows(table_path: str, rel: str, size: int | None = None) -> ParquetRows
     touches only the footer and the column chunks it decodes), on an object store with one GET
     of the whole file (counted as every request of :mod:`consistent_stream.storage` is), or,
     given its ``size`` (bytes, from its ``add`` action), from the data files this machine keeps
-    (:func:`read_data_files`)."""
+    (:func:`read_data_files`; a later read that finds the copy damaged reads the file from the
+    store, :class:`ParquetRows`)."""
     path = data_file_path(table_path, rel)
     if location.is_remote(table_path):
-        data = read_data_files([path], [size])[0] if size else storage.read_bytes(path)
+        if not size:
+            data = storage.read_bytes(path)
+            return ParquetRows(pq.ParquetFile(pa.BufferReader(data)), buffer=data)
+        kept = DATA_FILES.get(path, size)
+        if kept is not None:
+            try:
+                return ParquetRows(pq.ParquetFile(pa.BufferReader(kept)), buffer=kept, kept=(path, size))
+            except DAMAGED:
+                DATA_FILES.drop(path, size)
+        data = read_data_files([path], [size])[0]
         return ParquetRows(pq.ParquetFile(pa.BufferReader(data)), buffer=data)
     local = location.fs_path(path)
     return ParquetRows(pq.ParquetFile(local), local=local)

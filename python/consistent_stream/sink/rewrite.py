@@ -223,7 +223,7 @@ def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, look
         if keys is None or not set(match) <= set(keys.column_names):
             keys = kept_keys(full, f.size, key_schema)   # a new process's: this machine's copy
             if keys is None:
-                keys = rows().pf.read(columns=match).cast(key_schema)
+                keys = rows().read(match).cast(key_schema)
                 keep_keys(full, f.size, keys)
             HELD_KEYS.put(full, f.size, keys)
         keys = keys.select(match)
