@@ -88,8 +88,8 @@ def test_a_second_lock_in_this_process_is_refused_naming_the_holder(checkpoint):
         for other in (checkpoint, checkpoint.replace("s3://", "s3a://") + "/"):   # one lock, however written
             with pytest.raises(ConcurrentWriterError,
                                match=rf"model orders is being written by another run: pid {os.getpid()} on host "
-                                     rf"{socket.gethostname()}, started .*\(lock {checkpoint}\.lock\)\. Nothing was "
-                                     rf"read or written.*lease expires, at "):
+                                     rf"{socket.gethostname()}, started .*\(lock {checkpoint}\.lock\)\. Nothing of "
+                                     rf"the model was read or written.*lease expires, at "):
                 WriterLock(other, "orders").acquire()
         first.check()                                       # still ours
 
@@ -100,7 +100,7 @@ def test_a_live_holder_in_another_process_refuses_and_once_killed_its_lease_expi
     try:
         lock = WriterLock(checkpoint, "orders")
         with pytest.raises(ConcurrentWriterError, match=rf"pid {proc.pid} on host {socket.gethostname()}, started "
-                                                        rf".*Nothing was read or written; wait for that run"):
+                                                        rf".*Nothing of the model was read or written; wait"):
             lock.acquire()
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -152,7 +152,7 @@ def test_a_runs_cut_is_taken_beside_the_targets_log_and_again_when_this_machines
         spark, s3, tmp_path, monkeypatch, caplog):
     """On S3 the sources resume from the newest target commit this machine's copy of the
     target's log holds, while the target's LIST checks it (consistent_stream.job.
-    _cut_resumed_ahead). When another machine ran the model since (its run kept no copy here),
+    _CutAhead). When another machine ran the model since (its run kept no copy here),
     the guess is dropped and the cut taken from the target as read: every version still equals
     batch evaluation."""
     import consistent_stream.job as job_module
@@ -181,6 +181,47 @@ def test_a_runs_cut_is_taken_beside_the_targets_log_and_again_when_this_machines
     run_job(spark, job)
     assert resumed == [1] and "the sources are opened again" in caplog.text
     assert_target_equals_batch_evaluation(spark, job, "after a run elsewhere")
+
+
+def test_a_cut_guessed_while_the_lock_is_taken_is_dropped_when_another_run_committed_meanwhile(
+        spark, s3, tmp_path, monkeypatch, caplog):
+    """The sources' logs are listed while the run takes its writer lock (consistent_stream.job.
+    _CutAhead), so the guess is made before the lock is held. Another machine's run that takes
+    the lock and commits in between (here: inside the first run's lock acquisition, after its
+    guess was read) moves the target past the commit the guess resumed from: the guess is
+    dropped, the sources opened again, and every version still equals batch evaluation."""
+    import consistent_stream.job as job_module
+    from consistent_stream.sink.lock import WriterLock
+    caplog.set_level("DEBUG", logger="consistent_stream")
+    src = _shop(f"s3://{BUCKET}/meanwhile")
+    job = src.job(tmp_path, SQL, "id")
+    run_job(spark, job, full_refresh=True)
+    write_deltalake(src.path("orders"), pa.table({"oid": [13], "cid": [3], "amount": [4]}), mode="append")
+    run_job(spark, job)                          # this machine's copy of the target's log: its newest commit
+
+    guesses: list = []
+    real_start, real_acquire = job_module._CutAhead.start, WriterLock.acquire
+    monkeypatch.setattr(job_module._CutAhead, "start",
+                        staticmethod(lambda j, fr: guesses.append(real_start(j, fr)) or guesses[-1]))
+    elsewhere: list = []
+
+    def acquire(lock):
+        if not elsewhere:                        # the first run's: its guess read, then another machine runs
+            elsewhere.append(1)
+            assert guesses[0] is not None and guesses[0]._pending() is not None
+            write_deltalake(src.path("orders"), pa.table({"oid": [14], "cid": [1], "amount": [6]}), mode="append")
+            monkeypatch.setenv("CONSISTENT_STREAM_LOCAL_CACHE", "off")   # (keeps nothing here)
+            try:
+                run_job(spark, job)
+            finally:
+                monkeypatch.delenv("CONSISTENT_STREAM_LOCAL_CACHE")
+        real_acquire(lock)
+    monkeypatch.setattr(WriterLock, "acquire", acquire)
+    write_deltalake(src.path("orders"), pa.table({"oid": [15], "cid": [2], "amount": [1]}), mode="append")
+    caplog.clear()
+    run_job(spark, job)
+    assert elsewhere and "the sources are opened again" in caplog.text
+    assert_target_equals_batch_evaluation(spark, job, "after a run elsewhere while the lock was taken")
 
 
 def _parquet_under(table: str) -> set[str]:
@@ -511,7 +552,7 @@ def test_a_second_writer_on_another_host_gets_the_holders_name(spark, s3, tmp_pa
         while time.time() < deadline and not storage.exists(lock):
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
             time.sleep(0.5)
-        with pytest.raises(ConcurrentWriterError, match=rf"pid {proc.pid} on host .*Nothing was read"):
+        with pytest.raises(ConcurrentWriterError, match=rf"pid {proc.pid} on host .*Nothing of the model was read"):
             run_job(spark, src.job(tmp_path, SQL, "id", name="locked"))
     finally:
         proc.kill()

@@ -59,7 +59,7 @@ def test_a_second_writer_fails_naming_the_holder_and_a_killed_holders_lock_is_ta
         target = DeltaTableRef(job.target_path)
         _wait(lambda: target.exists(), "the continuous run's first commit")
         version = target.latest_version()
-        with pytest.raises(ConcurrentWriterError, match=rf"pid {proc.pid} on host .* started .*Nothing was read"):
+        with pytest.raises(ConcurrentWriterError, match=rf"pid {proc.pid} on host .* started .*Nothing of the model"):
             run_job(spark, job)
         assert target.latest_version() == version          # nothing written by the refused run
         with pytest.raises(ConcurrentWriterError):          # a second continuous run is refused too
@@ -127,7 +127,7 @@ def test_two_dbt_runs_of_one_model_at_once_the_second_fails_naming_the_first(tmp
                                 timeout=600)
         out = second.stdout + second.stderr
         assert second.returncode != 0, out[-3000:]
-        assert f"pid {first.pid} on host" in out and "Nothing was read" in out, out[-3000:]
+        assert f"pid {first.pid} on host" in out and "Nothing of the model was read" in out, out[-3000:]
         assert target.latest_version() == version           # nothing written by the refused run
         assert holder().get("pid") == first.pid             # the first still holds the lock
     finally:

@@ -51,6 +51,7 @@ from .sources.dag import latest_cut
 from .sources.formats import open_source
 from .sources.spec import normalize_relation
 from .spec import JobSpec
+from .threads import begin
 
 log = logging.getLogger("consistent_stream")
 
@@ -176,7 +177,8 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
 
     The run holds the model's writer lock throughout (:mod:`consistent_stream.sink.lock`):
     a second run of the model raises ConcurrentWriterError before reading or writing
-    anything. ``spark`` may be a classic session or a Spark Connect client
+    anything of the model's (on an object store its sources' logs are listed while the lock is
+    taken, :class:`_CutAhead`). ``spark`` may be a classic session or a Spark Connect client
     (:mod:`consistent_stream.connect`): the batch loop, the commits and the local engine run in
     this process either way.
 
@@ -186,15 +188,18 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
     from .sink.lock import WriterLock
     before = location.REQUESTS.snapshot()
     reach_storage(spark, job)
+    ahead = None
     try:
-        # the run owns its checkpoint's small files: each is read once (storage.read_once_under),
-        # all at once on an object store, in the round trip that opens the sources and the target
+        # the sources' logs are listed while the lock is taken (_CutAhead); the run owns its
+        # checkpoint's small files: each is read once (storage.read_once_under), all at once on
+        # an object store, in the round trip that opens the target and the state
+        ahead = _CutAhead.start(job, full_refresh)
         with WriterLock(job.checkpoint_location, job.model) as lock, \
                 storage.read_once_under((os.path.join(job.checkpoint_location, "_consistent_stream"),),
                                         prefetch=(job.spec_path, job.fingerprint_path, job.plan_path,
                                                   job.query_path, job.local_sql_path)):
             summary = _run_job(spark, job, full_refresh=full_refresh, timeout_s=timeout_s, fence=lock.check,
-                               catalog_entry=catalog_entry)
+                               catalog_entry=catalog_entry, ahead=ahead)
         settle_checksums()   # (the last commit's version checksum, written while the lock was released)
         summary["object_store_requests"] = location.REQUESTS.since(before)
         return summary
@@ -203,6 +208,9 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
         if explained is None:
             raise
         raise explained from e
+    finally:
+        if ahead is not None:
+            ahead.settle()   # (a run that did not take the lock: its guess's reads end with it)
 
 
 def _decide(job: JobSpec, target, sources: dict, cut: Cut, fp: str,
@@ -257,15 +265,16 @@ class _Run:
     catalog_entry: object = UNREAD   # the target's catalog entry as read before the run (sink.catalog.publish)
 
     @staticmethod
-    def open(spark: SparkSession, job: JobSpec, full_refresh: bool) -> "_Run":
+    def open(spark: SparkSession, job: JobSpec, full_refresh: bool, ahead: _CutAhead | None = None) -> "_Run":
         """Open the sources and take the cut the run processes up to (their newest
         consistent cut, :func:`~consistent_stream.sources.dag.latest_cut`). On an object
         store the state table's log is read meanwhile, on a thread (:meth:`state_table`), and
-        so is the target's when this machine keeps a copy of it (:func:`_cut_resumed_ahead`)."""
+        so is the target's, whose newest commit checks the cut ``ahead`` guessed while the
+        lock was taken (:class:`_CutAhead`)."""
         t0 = time.time()
-        sources = {s.key: open_source(s) for s in job.sources}
+        sources = ahead.sources if ahead is not None else {s.key: open_source(s) for s in job.sources}
         # the run holds the model's writer lock; Spark readers of the target use its checksums
-        target = DeltaTableRef(job.target_path, own_log=True, checksums=True)
+        target = ahead.target if ahead is not None else DeltaTableRef(job.target_path, own_log=True, checksums=True)
         state = DeltaTableRef(job.state_root, own_log=True)
         opening = None
         if location.is_remote(job.state_root) and not full_refresh:
@@ -277,9 +286,10 @@ class _Run:
             opening = threading.Thread(target=open_state, name="open-state", daemon=True)
             opening.start()
         if not full_refresh:
-            sources, ahead = _cut_resumed_ahead(job, sources, target)
             if ahead is not None:
-                return _Run(spark, job, full_refresh, t0, sources, ahead, target, state, opening, None)
+                sources, guessed = ahead.taken()
+                if guessed is not None:
+                    return _Run(spark, job, full_refresh, t0, sources, guessed, target, state, opening, None)
             resume_sources(sources, target)
         compiling = _compile_ahead(spark, job, sources, target)
         try:
@@ -321,47 +331,79 @@ def _settle(ahead: Future | None) -> None:
         ahead.exception()   # waits; what it raised is not the run's
 
 
-def _cut_resumed_ahead(job: JobSpec, sources: dict, target: DeltaTableRef) -> tuple[dict, Cut | None]:
-    """``(sources, cut)``: the cut taken while the target's log is read, on an object store.
-    The sources resume from the newest commit this machine's copy of the target's log holds
-    (:meth:`~.delta.reader.TableReader.kept_commit`, no request) and list their logs in the
-    same round trip as the target's LIST, which then says whether that commit is still the
-    newest (the copy used as it is: no commit since). The cut is None when there is no such
-    copy, a source reads with others (Debezium, Kafka: one reader of their landing
-    directory), or the guess was wrong or failed; after a guess, the sources returned are
-    then new ones (nothing of what the guess read is kept), which the caller resumes from the
-    target as read, as without it, and where an error is raised again."""
-    if not location.is_remote(target.path) or not sources or \
-            not all(s.reads_beside_others for s in sources.values()):
-        return sources, None
-    kept = target.kept_commit()
-    meta = BatchMeta.from_commit(kept) if kept is not None else None
-    if meta is None or not meta.cut_offsets:
-        return sources, None
+class _CutAhead:
+    """The cut taken while the run takes the model's writer lock, on an object store: the
+    sources resume from the newest commit this machine's copy of the target's log holds
+    (:meth:`~.delta.reader.TableReader.kept_commit`, no request) and list their logs at once,
+    on the process's threads, in the round trip of the lock's own write instead of after it.
+    The sources are only read, never written, by a run, so reading them before the lock is
+    held changes nothing; what the guess rests on is the target's newest commit, which
+    :meth:`taken` checks once the lock is held, with the target's LIST (the copy used as it
+    is: no commit since, by this run's lock, by none other). Made only for a target on an
+    object store whose sources are all Delta tables (a Debezium or Kafka source reads with
+    others, one reader of its landing directory or topic, and is opened under the lock).
 
-    def open_target() -> None:
+    ``sources`` and ``target`` are the run's handles (the run opens them here, before the
+    lock); :meth:`settle` waits for the guess's reads (a run that does not take the lock
+    calls it too, so that no request of the run outlives it)."""
+
+    def __init__(self, job: JobSpec):
+        self.job = job
+        self.sources = {s.key: open_source(s) for s in job.sources}
+        self.target = DeltaTableRef(job.target_path, own_log=True, checksums=True)
+        self.kept = None
+        self._pending = None
+        kept = self.target.kept_commit()
+        meta = BatchMeta.from_commit(kept) if kept is not None else None
+        if meta is None or not meta.cut_offsets:
+            return
+        self.kept = kept
+
+        def guess() -> Cut | None:
+            try:
+                for key, src in self.sources.items():
+                    if key in meta.cut:
+                        src.resume(meta.cut_offsets, int(meta.cut[key]))
+                return Cut(latest_cut(list(self.sources.values())))
+            except Exception as e:  # noqa: BLE001 (taken again from the target as read, which raises it)
+                log.debug("%s: the cut from this machine's copy of the target's log failed: %s", job.model, e)
+                return None
+        self._pending = begin(guess, "cut-ahead")
+
+    @staticmethod
+    def start(job: JobSpec, full_refresh: bool) -> "_CutAhead | None":
+        """The guess for ``job``'s run, started; None where none is made (a local target, a
+        full refresh, a source other than a Delta table)."""
+        if full_refresh or not job.sources or not location.is_remote(job.target_path) or \
+                any(s.format not in ("delta", "model") for s in job.sources):
+            return None
+        return _CutAhead(job)
+
+    def settle(self) -> Cut | None:
+        """The guessed cut, once its reads are done (None: no guess, or it failed); the guess
+        is taken once."""
+        pending, self._pending = self._pending, None
+        return pending() if pending is not None else None
+
+    def taken(self) -> tuple[dict, Cut | None]:
+        """``(sources, cut)`` once the run holds the lock: the guessed cut when the target's
+        newest commit is the one the guess resumed from. Otherwise the cut is None and the
+        sources are new ones (nothing of what the guess read is kept), which the caller
+        resumes from the target as read, as without a guess, and where an error is raised
+        again."""
+        if self.kept is None:
+            return self.sources, None
         try:
-            target.exists()
+            self.target.exists()   # the target's LIST, while the guess's reads end
         except Exception:  # noqa: BLE001 (read again by the caller, which reports it)
             pass
-    opening = threading.Thread(target=open_target, name="open-target", daemon=True)
-    opening.start()
-    try:
-        for key, src in sources.items():
-            if key in meta.cut:
-                src.resume(meta.cut_offsets, int(meta.cut[key]))
-        cut = Cut(latest_cut(list(sources.values())))
-    except Exception as e:  # noqa: BLE001 (taken again from the target as read, which raises it)
-        log.debug("%s: the cut from this machine's copy of the target's log failed: %s", job.model, e)
-        cut = None
-    finally:
-        opening.join()
-    own = target.replayed_log()
-    if cut is not None and own is not None and own.from_copy and own.version == kept.version:
-        return sources, cut
-    log.debug("%s: the target's newest commit is not the one this machine's copy of its log holds; the sources "
-              "are opened again", job.model)
-    return {s.key: open_source(s) for s in job.sources}, None
+        cut = self.settle()
+        own = self.target.replayed_log()
+        if cut is not None and own is not None and own.from_copy and own.version == self.kept.version:
+            return self.sources, cut
+        log.debug("%s: the target's newest commit is not the one this machine's copy of its log holds; the sources "
+                  "are opened again", self.job.model)
+        return {s.key: open_source(s) for s in self.job.sources}, None
 
 
 def resume_sources(sources: dict, target: DeltaTableRef) -> None:
@@ -379,12 +421,13 @@ def resume_sources(sources: dict, target: DeltaTableRef) -> None:
 
 
 def _run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool, timeout_s: float | None,
-             fence=lambda: None, catalog_entry=UNREAD) -> dict:
+             fence=lambda: None, catalog_entry=UNREAD, ahead: _CutAhead | None = None) -> dict:
     """The run's steps, in order: open the sources and take the cut; decide (nothing to do,
     keep, fail or rebuild: :func:`_decide`); compile; start or resume the checkpoint; run the
     streaming query (:mod:`.query`: plan cuts, run batches, maintain); publish and report.
-    ``fence`` is called before every commit (the writer lock's :meth:`check`)."""
-    run = _Run.open(spark, job, full_refresh)
+    ``fence`` is called before every commit (the writer lock's :meth:`check`); ``ahead``: the
+    cut guessed while the lock was taken (:class:`_CutAhead`)."""
+    run = _Run.open(spark, job, full_refresh, ahead)
     run.catalog_entry = catalog_entry
     try:
         return _run_steps(run, timeout_s, fence)

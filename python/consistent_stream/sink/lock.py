@@ -114,8 +114,8 @@ def _now_iso() -> str:
 def _busy(model: str, holder: dict, path: str, released: str) -> ConcurrentWriterError:
     return ConcurrentWriterError(
         f"model {model} is being written by another run: pid {holder.get('pid', '?')} on host "
-        f"{holder.get('host', '?')}, started {holder.get('started', '?')} (lock {path}). Nothing was "
-        f"read or written; wait for that run to end, or stop it ({released})")
+        f"{holder.get('host', '?')}, started {holder.get('started', '?')} (lock {path}). Nothing of "
+        f"the model was read or written; wait for that run to end, or stop it ({released})")
 
 
 class _Backend(Protocol):
