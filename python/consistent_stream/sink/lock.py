@@ -3,8 +3,10 @@
 Two runs of one model at once (two schedulers, a ``dbt run`` while the continuous query is
 up) would both plan cuts, write state and race for the target's next version. The Delta txn
 makes each *batch* idempotent, but the cut log and the state are not shared-writer safe, so a
-run takes the model's writer lock before it reads or writes anything, and keeps it until it
-ends.
+run takes the model's writer lock before it reads or writes anything of the model's (its
+checkpoint, state and target), and keeps it until it ends. (On an object store a run lists its
+sources' logs while it takes the lock: a run only reads its sources, and what that read
+assumed of the target is checked once the lock is held, :class:`consistent_stream.job._CutAhead`.)
 
 The lock is ``<checkpoint_location>.lock`` (beside the checkpoint, so ``--full-refresh``,
 which deletes the checkpoint, keeps it). It records the holder (pid, host, model, start
