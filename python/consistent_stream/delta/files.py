@@ -291,20 +291,27 @@ def read_data_files(paths: list[str], sizes: list[int], name: str = "read",
     each, all at once, and kept once decoded. Kept bytes that ``decode`` fails on (:data:`DAMAGED`)
     are dropped and the file is read from the store. Raises as
     :func:`consistent_stream.storage.read_many` and ``decode`` do."""
-    out: list = [None] * len(paths)
-    for i, (p, n) in enumerate(zip(paths, sizes)):
-        blob = DATA_FILES.get(p, n) if location.is_remote(p) else None
-        if blob is not None:
-            try:
-                out[i] = decode(p, blob) if decode else blob
-            except DAMAGED:
-                DATA_FILES.drop(p, n)
+    out: list = [_from_kept(p, n, decode) for p, n in zip(paths, sizes)]
     missing = [i for i, b in enumerate(out) if b is None]
     for i, blob in zip(missing, storage.read_many([paths[i] for i in missing], name)):
         out[i] = decode(paths[i], blob) if decode else blob
         if location.is_remote(paths[i]) and len(blob) == sizes[i]:
             DATA_FILES.put(paths[i], blob)
     return out
+
+
+def _from_kept(path: str, size: int, decode: Callable[[str, bytes], Any] | None):
+    """``decode(path, bytes)`` (or the bytes) of the copy of data file ``path`` of ``size``
+    bytes this machine keeps; None when none is kept (a file on local disk: never) or the copy
+    does not decode (:data:`DAMAGED`: then it is dropped)."""
+    blob = DATA_FILES.get(path, size) if location.is_remote(path) else None
+    if blob is None:
+        return None
+    try:
+        return decode(path, blob) if decode else blob
+    except DAMAGED:
+        DATA_FILES.drop(path, size)
+        return None
 
 
 def read_live(table_path: str, files: list[DataFile], columns: list[str], *, hold: bool = True,
@@ -406,12 +413,10 @@ def open_rows(table_path: str, rel: str, size: int | None = None) -> ParquetRows
         if not size:
             data = storage.read_bytes(path)
             return ParquetRows(pq.ParquetFile(pa.BufferReader(data)), buffer=data)
-        kept = DATA_FILES.get(path, size)
+        kept = _from_kept(path, size, lambda p, blob: ParquetRows(pq.ParquetFile(pa.BufferReader(blob)),
+                                                                  buffer=blob, kept=(p, size)))
         if kept is not None:
-            try:
-                return ParquetRows(pq.ParquetFile(pa.BufferReader(kept)), buffer=kept, kept=(path, size))
-            except DAMAGED:
-                DATA_FILES.drop(path, size)
+            return kept
         data = read_data_files([path], [size])[0]
         return ParquetRows(pq.ParquetFile(pa.BufferReader(data)), buffer=data)
     local = location.fs_path(path)
