@@ -161,6 +161,47 @@ def test_the_flag_off_writes_plain_files(spark, tmp_path, monkeypatch):
     assert protocol.min_reader_version == 1 and not protocol.reader_features
 
 
+def test_a_build_keeps_its_files_key_columns_for_the_first_merge(spark, tmp_path, monkeypatch):
+    """The first incremental MERGE after a build probes every file whose key range holds a
+    changed key: the build keeps its files' key columns on this machine, so that MERGE (in a
+    new process: nothing held in memory) reads none from the files. With the flag off nothing
+    is kept (no MERGE of that target probes)."""
+    import pyarrow.parquet as pq
+
+    from consistent_stream.delta.files import HELD, HELD_KEYS, kept_keys
+    from consistent_stream.sink import rewrite
+    monkeypatch.setattr(settings, "DV_MIN_ROWS", 1_000)
+    src = str(tmp_path / "src" / "t")
+    _source(src, 5_000)
+    on = _job(tmp_path, "keys_kept", "SELECT k, g, x FROM src.t", "k", [_src(src)])
+    off = _job(tmp_path, "keys_not_kept", "SELECT k, g, x FROM src.t", "k", [_src(src)],
+               target_deletion_vectors=False)
+    key_schema = pa.schema([("k", pa.int64())])
+    for job in (on, off):
+        run_job(spark, job)
+        ref = DeltaTableRef(job.target_path)
+        files = pa.table(DeltaTable(job.target_path).get_add_actions(flatten=True)).to_pylist()
+        assert files and all(f["num_records"] >= 1_000 for f in files)
+        for f in files:
+            path = ref.file_path(f["path"])
+            kept = kept_keys(path, f["size_bytes"], key_schema)
+            if job is on:
+                assert kept is not None and kept.equals(pq.read_table(path, columns=["k"])), f["path"]
+            else:
+                assert kept is None, f["path"]
+    HELD.clear()
+    HELD_KEYS.clear()   # as a new process starts
+    read = []
+    real = rewrite.keep_keys
+    monkeypatch.setattr(rewrite, "keep_keys", lambda *a: (read.append(a[0]), real(*a)))
+    DeltaTable(src).update(updates={"x": "x + 1"}, predicate="k % 97 = 5")   # spread over the keys
+    run_job(spark, on)
+    assert read == [], "the first MERGE read key columns from the files"
+    last = max(v for v, _ in _actions(on.target_path))
+    assert any(a.get("add", {}).get("deletionVector") for v, a in _actions(on.target_path) if v == last)
+    assert_target_equals_batch_evaluation(spark, on, on.model)
+
+
 def test_a_rebuild_with_new_columns_replaces_a_target_with_deletion_vectors(spark, tmp_path, monkeypatch):
     """A definition change that changes the output's columns replaces the target (delta-rs'
     CREATE OR REPLACE): every file goes with its vector, the protocol is plain again, and the

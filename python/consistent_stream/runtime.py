@@ -589,7 +589,8 @@ class QueryRuntime:
                                   file_rows=job.state_file_rows, txn=txn, metadata=md, model=job.model,
                                   properties=table_properties(retention_of(job)), docs=Docs.from_dbt(job.docs),
                                   consolidated=consolidated, positive=positive,
-                                  key_bounds=self._target_bounds(df))
+                                  key_bounds=self._target_bounds(df),
+                                  deletion_vectors=job.target_deletion_vectors)
         check_constraints(spark, out.df if out.arrow is None else out.arrow, job.constraints, job.model)
         prev_version = self.target.version()
         if out.arrow is None:

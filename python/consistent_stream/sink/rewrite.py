@@ -49,6 +49,7 @@ effect, at most one row per key.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import replace
 from typing import Callable, NamedTuple
@@ -57,14 +58,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import settings
+from .. import location, settings
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta import deletion_vectors as dvs
-from ..delta.files import (HELD, HELD_KEYS, keep_keys, kept_keys, may_hold, new_dir, open_rows, read_live,
-                           stats_bounds, wanted_values, write_arrow)
+from ..delta.files import (HELD, HELD_KEYS, ParquetRows, keep_keys, kept_keys, may_hold, new_dir, open_rows,
+                           read_live, stats_bounds, wanted_values, write_arrow)
 from ..faults import fault_point
 from ..operators.keyed import key_in, sorted_key_positions
 from ..threads import at_once
+
+log = logging.getLogger(__name__)
 
 OP = "__op"
 FILE_ROWS = 500_000
@@ -218,15 +221,7 @@ def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, look
                 opened.append(open_rows(target.path, f.path, f.size))
             return opened[0]
 
-        full = target.file_path(f.path)
-        keys = HELD_KEYS.get(full, f.size)
-        if keys is None or not set(match) <= set(keys.column_names):
-            keys = kept_keys(full, f.size, key_schema)   # a new process's: this machine's copy
-            if keys is None:
-                keys = rows().read(match).cast(key_schema)
-                keep_keys(full, f.size, keys)
-            HELD_KEYS.put(full, f.size, keys)
-        keys = keys.select(match)
+        keys = _key_columns(target, f, key_schema, rows)
 
         def take(positions: np.ndarray) -> pa.Table:
             return rows().take(schema.names, positions, types).cast(schema)
@@ -244,6 +239,48 @@ def _probe(target: DeltaTableRef, files: list[DataFile], schema: pa.Schema, look
         return i, Probed(live[hit.to_numpy(zero_copy_only=False)], keys.filter(hit), take, gone)
 
     return dict(at_once(lambda args: one(*args), list(zip(at, deleted)), "merge-probe"))
+
+
+def _key_columns(target: DeltaTableRef, f: DataFile, key_schema: pa.Schema,
+                 rows: Callable[[], ParquetRows]) -> pa.Table:
+    """The columns ``key_schema`` of data file ``f``, every row of it (before its deletion
+    vector): from :data:`~consistent_stream.delta.files.HELD_KEYS`, else from this machine's
+    copy (:func:`~consistent_stream.delta.files.kept_keys`), else read from the file
+    (``rows()``, the file opened) and kept in both."""
+    full = target.file_path(f.path)
+    match = key_schema.names
+    keys = HELD_KEYS.get(full, f.size)
+    if keys is None or not set(match) <= set(keys.column_names):
+        keys = kept_keys(full, f.size, key_schema)   # a new process's: this machine's copy
+        if keys is None:
+            keys = rows().read(match).cast(key_schema)
+            keep_keys(full, f.size, keys)
+        HELD_KEYS.put(full, f.size, keys)
+    return keys.select(match)
+
+
+def keep_rebuilt_keys(target: DeltaTableRef, files: list[DataFile], key: list[str]) -> None:
+    """After a rebuild committed ``files`` (the target's whole new version, keyed by ``key``) on
+    local disk: the key columns of those the next MERGE may probe (at
+    least ``settings.DV_MIN_ROWS`` rows) read now and kept (:func:`_key_columns`), so that the
+    first incremental batch after a build does not read them (its MERGE probes every file whose
+    key range holds a key the batch changed: a change spread over the keys probes them all).
+    Only the key column chunks are read. On an object store nothing is read (a file there is
+    one GET, whole: the MERGE reads it when it needs it). A failure is logged and the MERGE
+    reads the keys itself: the rebuild is committed already."""
+    if location.is_remote(target.path):
+        return
+    at = [f for f in files if f.num_records >= settings.DV_MIN_ROWS]
+    if not at:
+        return
+    try:
+        schema = target.plain_arrow_schema()
+        key_schema = pa.schema([schema.field(c) for c in key])
+        at_once(lambda f: _key_columns(target, f, key_schema, lambda: open_rows(target.path, f.path)), at,
+                "keep-keys")
+    except (OSError, pa.ArrowException, KeyError) as e:
+        log.warning("the key columns of %s's rebuilt files were not kept (the next MERGE reads them): %s",
+                    target.path, e)
 
 
 def _preimages(found: Probed, schema: pa.Schema, match: list[str], retracted: pa.Table | None) -> pa.Table:

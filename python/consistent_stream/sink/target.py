@@ -291,7 +291,7 @@ def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, uniqu
                    partition_by: list[str], file_rows: int, txn: Txn, metadata: dict,
                    model: str, properties: dict[str, str] | None = None,
                    docs: Docs | None = None, consolidated: bool = True, positive: bool = False,
-                   key_bounds: list | None = None) -> tuple[int, int, int]:
+                   key_bounds: list | None = None, deletion_vectors: bool = False) -> tuple[int, int, int]:
     """A rebuilt view (first batch, full refresh, a recomputed batch) replaces the target in
     ONE commit: ``output`` (the view's rows + ``__weight``, consolidated unless
     ``consolidated`` is False: a Spark DataFrame whose equal rows' weights are still to be
@@ -306,7 +306,9 @@ def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, uniqu
     table's and columns' descriptions ``docs`` (dbt's ``persist_docs``) when they differ.
     ``key_bounds``: the bounds of the key's ranges the executors write (the first key
     column's values, from the sources' statistics: :mod:`consistent_stream.ranges`;
-    None: Spark samples the rows for them).
+    None: Spark samples the rows for them). ``deletion_vectors``: the target's later MERGEs may
+    mark rows in deletion vectors; the new files' key columns are then kept for the first of
+    them (:func:`.rewrite.keep_rebuilt_keys`).
     Returns ``(new version, rows written, target rows rewritten)``.
 
     Raises UniqueKeyViolation (a key with two rows) or CommitError (a retraction) before
@@ -326,6 +328,8 @@ def commit_rebuild(target: DeltaTableRef, output: DataFrame | pa.Table, *, uniqu
                                   partition_by=partition_by,
                                   configuration={**(properties or {}), "delta.enableChangeDataFeed": "true"},
                                   docs=docs)
+    if unique_key and deletion_vectors:
+        rewrite.keep_rebuilt_keys(target, files, list(unique_key))
     written = sum(f.num_records for f in files)
     return version, written, written
 
