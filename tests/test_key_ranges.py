@@ -1,8 +1,9 @@
 """A rebuild's key ranges from the sources' Delta statistics (:mod:`consistent_stream.ranges`):
 the bounds estimated from per-file min, max and row counts; the partitioning by them (each range
 in its own partition, ascending, NULLs first, no sampling job and no second exchange for the
-consolidation); and a rebuild whose state and target files are cut at those bounds, then
-maintained equal to batch evaluation."""
+consolidation); a rebuild whose state and target files are cut at those bounds, then
+maintained equal to batch evaluation; and a join side whose source holds its key clustered,
+written as its scan reads it (no exchange), each file sorted."""
 from __future__ import annotations
 
 import datetime
@@ -15,7 +16,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, DecimalType, LongType, StringType
 
 from consistent_stream.connect import default_parallelism
-from consistent_stream.ranges import RANGE, estimated_bounds, hash_slots, range_partitioned, typed_bounds
+from consistent_stream import ranges
+from consistent_stream.ranges import (RANGE, estimated_bounds, files_per_key, hash_slots, range_partitioned,
+                                      typed_bounds)
 from scenario import Scenario
 
 
@@ -72,13 +75,75 @@ def test_each_range_lands_in_its_own_partition_in_order_with_one_exchange(spark)
     assert range_partitioned(rows, ["k"], 4, None)[1] == []
 
 
-def test_a_rebuild_cuts_its_state_and_target_at_the_sources_statistics(spark, tmp_path):
+def test_files_per_key_counts_the_files_a_value_falls_in():
+    """1 for disjoint ranges, the number of files when each spans the whole range, and
+    between for files that overlap their neighbours (a source written in key order in
+    parallel, TPC-H's line items by order)."""
+    assert files_per_key([(1, 100, 100), (101, 200, 100), (201, 400, 200)]) == 1.0
+    assert round(files_per_key([(0, 1000, 10), (0, 1000, 30), (0, 1000, 5)]), 6) == 3.0
+    overlapping = [(i * 100, i * 100 + 199, 100) for i in range(10)]   # each half over the next
+    assert 1.5 < files_per_key(overlapping) < 2.0
+    assert files_per_key([(5, 5, 90), (6, 16, 10)]) == 1.0
+    assert files_per_key([]) is None and files_per_key([(1, 2, 0)]) is None
+
+
+def test_a_join_side_whose_source_is_clustered_by_its_key_is_written_as_its_scan_reads_it(spark, tmp_path):
+    """Lines in three source files of disjoint order ranges (one value in 1.0 file) and
+    orders in four files that each span every order (4.0 files, past
+    ``CLUSTERED_FILES_PER_KEY``): the rebuild on the executors writes the lines' side of the
+    join file by file as the scan reads them, no exchange (its files' ranges are the source
+    files'), each file sorted by the key, and the orders' side in disjoint ranges; the
+    batches after stay equal to batch evaluation."""
+    from consistent_stream.settings import spark_confs
+
+    def lines(oks):
+        return pa.table({"lid": pa.array([k * 10 + j for k in oks for j in (0, 1)], pa.int64()),
+                         "ok": pa.array([k for k in oks for _ in (0, 1)], pa.int64()),
+                         "price": pa.array([(k + j) % 11 for k in oks for j in (0, 1)], pa.int64())})
+
+    def orders(oks):
+        return pa.table({"ok": pa.array(oks, pa.int64()), "cust": [f"c{k % 7}" for k in oks]})
+    # (each file its keys in reverse: the side's files are sorted by the write, not by the source)
+    sc = Scenario(spark, tmp_path, {"o": orders(list(range(1, 1201, 4))), "l": lines(range(400, 0, -1))},
+                  {"o": ["ok"], "l": ["lid"]})
+    for r in range(2, 5):
+        sc.insert("o", orders(list(range(r, 1201, 4))))
+    sc.insert("l", lines(range(800, 400, -1)))
+    sc.insert("l", lines(range(1200, 800, -1)))
+    job = sc.job("select o.ok, o.cust, sum(l.price) as total from src.o o join src.l l on o.ok = l.ok "
+                 "group by o.ok, o.cust", ["ok"])
+    job.driver_rebuild_rows = 0
+    with spark_confs(spark, {"spark.sql.files.maxPartitionBytes": "1k"}):   # a task per source file
+        sc.run(job, full_refresh=True)
+
+    def key_ranges(side: str, column: str) -> list[tuple[int, int]]:
+        folder, = Path(job.state_root).glob(f"__arrangement=*_join_{side}")
+        out = []
+        for f in folder.rglob("*.parquet"):
+            ks = pq.read_table(f, columns=[column]).column(column).to_pylist()
+            assert ks == sorted(ks), f
+            out.append((min(ks), max(ks)))
+        return sorted(out)
+    assert key_ranges("right", "l__ok") == [(1, 400), (401, 800), (801, 1200)]
+    orders_side = key_ranges("left", "o__ok")
+    assert len(orders_side) > 1 and all(a[1] < b[0] for a, b in zip(orders_side, orders_side[1:])), orders_side
+    sc.update("o", {"cust": "'z'"}, "ok % 100 = 1")
+    sc.delete("l", "lid % 250 = 0")
+    sc.insert("l", lines([1201, 5]))
+    sc.run(job)
+    assert {r["cust"] for r in spark.read.format("delta").load(job.target_path).where("ok = 101").collect()} == {"z"}
+
+
+def test_a_rebuild_cuts_its_state_and_target_at_the_sources_statistics(spark, tmp_path, monkeypatch):
     """Orders in two source files, the first 1..599 and 5000 (its statistics say [1, 5000]),
     the second 601..1200, and two lines of each order of 1..1200: the rebuild on the
     executors writes the orders' side of the join and the target in ranges of the order key
     cut where the statistics put the quantiles (about 1075 for two ranges, where a sample of
     the rows would cut near 600), each file a range of its own, ascending; the batches after
-    it stay equal to batch evaluation."""
+    it stay equal to batch evaluation. (The orders' files hold a key in 1.56 of them on
+    average: a side is ranged past 1.0 here, where a rebuild would write it as its scan reads
+    it by default.)"""
+    monkeypatch.setattr(ranges, "CLUSTERED_FILES_PER_KEY", 1.0)
     def orders(keys):
         return pa.table({"ok": pa.array(keys, pa.int64()), "cust": [f"c{k % 7}" for k in keys]})
     lines = pa.table({"lid": pa.array(range(1, 2401), pa.int64()),

@@ -61,6 +61,18 @@ Bounds = Callable[[str, object], "list | None"]
 :func:`typed_bounds`), None when unknown."""
 
 
+def _distribution(files: list[tuple[float, float, int]]):
+    """``(below, total)``: the rows of ``files`` at or below a value, each file's ``rows`` taken
+    as spread evenly over its ``[lo, hi]`` (a point when ``lo == hi``), and all their rows."""
+    lo, hi, rows = (np.array([f[i] for f in files], dtype=float) for i in range(3))
+    width = hi - lo
+
+    def below(x: float) -> float:
+        spread = np.clip((x - lo) / np.where(width > 0, width, 1.0), 0.0, 1.0)
+        return float((rows * np.where(width > 0, spread, (x >= lo).astype(float))).sum())
+    return below, float(rows.sum())
+
+
 def estimated_bounds(files: list[tuple[float, float, int]], parts: int) -> list[float]:
     """The ``parts - 1`` quantiles that cut the rows of ``files`` into ``parts`` equal
     shares, each file's ``rows`` taken as spread evenly over its ``[lo, hi]`` (a point when
@@ -68,19 +80,12 @@ def estimated_bounds(files: list[tuple[float, float, int]], parts: int) -> list[
     function. Empty for fewer than two parts or no rows."""
     if parts < 2 or not files:
         return []
-    lo, hi, rows = (np.array([f[i] for f in files], dtype=float) for i in range(3))
-    total = float(rows.sum())
+    below, total = _distribution(files)
     if total <= 0:
         return []
-    width = hi - lo
-
-    def below(x: float) -> float:   # rows at or below x
-        spread = np.clip((x - lo) / np.where(width > 0, width, 1.0), 0.0, 1.0)
-        return float((rows * np.where(width > 0, spread, (x >= lo).astype(float))).sum())
-
     out = []
     for k in range(1, parts):
-        want, a, b = total * k / parts, float(lo.min()), float(hi.max())
+        want, a, b = total * k / parts, min(f[0] for f in files), max(f[1] for f in files)
         for _ in range(64):
             m = (a + b) / 2
             if below(m) < want:
@@ -89,6 +94,45 @@ def estimated_bounds(files: list[tuple[float, float, int]], parts: int) -> list[
                 b = m
         out.append(b)
     return out
+
+
+CLUSTERED_FILES_PER_KEY = 3.0
+"""A rebuild writes an arrangement whose rows need no consolidation in the order its scan
+reads them (no range exchange: :meth:`~consistent_stream.state.arrangement.StateStore.
+_write_base`) when a key's value lies in at most this many of the files' ``[min, max]`` on
+average (:func:`files_per_key`): a keyed read then opens at most about three files where
+disjoint ranges open one."""
+
+
+def files_per_key(files: list[tuple[float, float, int]]) -> float | None:
+    """How many of ``files`` (``(min, max, rows)`` of a column each) hold a value drawn from
+    the column's rows in their ``[min, max]``, on average, each file's rows spread evenly over
+    its range (:func:`estimated_bounds`' distribution): 1.0 for files of disjoint ranges, the
+    number of files when every file spans the column's range. None without rows."""
+    if not files:
+        return None
+    below, total = _distribution(files)
+    if total <= 0:
+        return None
+    out = 0.0
+    for lo, hi, rows in files:
+        out += (rows if lo == hi else below(hi) - below(lo)) / total
+    return out
+
+
+def numeric_stats(stats: list[tuple] | None) -> list[tuple[float, float, int]] | None:
+    """Per-file ``(min, max, rows)`` statistics (Python values as delta-rs gives them) as
+    floats (a date as its ordinal); None when one is missing, not a number or a date, or
+    ``max < min``."""
+    if not stats:
+        return None
+    files = []
+    for lo, hi, rows in stats:
+        a, b = _as_number(lo), _as_number(hi)
+        if a is None or b is None or rows is None or b < a:
+            return None
+        files.append((a, b, int(rows)))
+    return files
 
 
 def _as_number(v) -> float | None:
@@ -107,14 +151,11 @@ def typed_bounds(stats: list[tuple] | None, dtype, parts: int) -> list | None:
     ascending values of the type (ints, dates, Decimals at the type's scale); None when the
     type is not an integer, DATE or DECIMAL, a file has no statistics, or fewer than two
     ranges remain."""
-    if not stats or parts < 2 or not isinstance(dtype, (IntegralType, DateType, DecimalType)):
+    if parts < 2 or not isinstance(dtype, (IntegralType, DateType, DecimalType)):
         return None
-    files = []
-    for lo, hi, rows in stats:
-        a, b = _as_number(lo), _as_number(hi)
-        if a is None or b is None or rows is None or b < a:
-            return None
-        files.append((a, b, int(rows)))
+    files = numeric_stats(stats)
+    if files is None:
+        return None
     out: list = []
     for x in estimated_bounds(files, parts):
         if isinstance(dtype, IntegralType):
@@ -188,22 +229,34 @@ class SourceBounds:
     def __init__(self, origins: dict[str, tuple[str, str]], sources: dict, positions: dict[str, int],
                  parts: int):
         self.origins, self.sources, self.positions, self.parts = origins, sources, positions, parts
-        self._done: dict[tuple[str, str, str], list | None] = {}
+        self._done: dict[tuple[str, str, str], object] = {}
 
     def __call__(self, column: str, dtype=None) -> list | None:
+        if dtype is None or self.parts < 2:
+            return None
+        return self._of(column, dtype.simpleString(), lambda stats: typed_bounds(stats, dtype, self.parts))
+
+    def files_per_key(self, column: str) -> float | None:
+        """:func:`files_per_key` of the source files the plan column's values come from (None:
+        unknown, as for the bounds)."""
+        return self._of(column, "files per key", lambda stats: files_per_key(numeric_stats(stats) or []))
+
+    def _of(self, column: str, what: str, compute: Callable):
+        """``compute(stats)`` of the source column the plan column comes from, once per
+        ``what``; None when there is none or its statistics cannot be read (logged)."""
         origin = self.origins.get(column)
-        if origin is None or dtype is None or self.parts < 2:
+        if origin is None:
             return None
         source = self.sources.get(origin[0])
         position = self.positions.get(origin[0], -1)
         stats_of = getattr(source, "column_stats", None)
         if stats_of is None or position < 0:
             return None
-        at = (origin[0], origin[1], dtype.simpleString())
+        at = (origin[0], origin[1], what)
         if at not in self._done:
             try:
-                self._done[at] = typed_bounds(stats_of(position, origin[1]), dtype, self.parts)
+                self._done[at] = compute(stats_of(position, origin[1]))
             except Exception as e:  # noqa: BLE001 (a hint only: Spark samples instead)
-                log.debug("no key bounds from %s.%s's statistics: %s", origin[0], origin[1], e)
+                log.debug("no %s from %s.%s's statistics: %s", what, origin[0], origin[1], e)
                 self._done[at] = None
         return self._done[at]

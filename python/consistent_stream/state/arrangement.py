@@ -58,12 +58,13 @@ from ..connect import default_parallelism
 from ..delta import DataFile, DeltaTableRef, Txn
 from ..delta.files import may_hold, new_dir, read_whole, stats_bounds, wanted_values, write_arrow, write_spark
 from ..duck import UNSUPPORTED, KeyedScan, arrow, database
+from .. import ranges
 from ..ranges import Bounds, range_partitioned
 from ..errors import CommitError
 from ..faults import fault_point
 from ..threads import at_once
 from ..fsum import pair_sum_sql
-from .. import location, settings
+from .. import location, settings, storage
 from ..settings import STATE_FILE_ROWS, spark_confs
 
 log = logging.getLogger(__name__)
@@ -578,9 +579,35 @@ class StateStore:
         key's first column (:mod:`consistent_stream.ranges`: the consolidation groups by
         the range column too); otherwise Spark samples ``df`` for them first, a job of its
         own (the exchanges ``df``'s query makes are not made again by the write's job, which
-        reuses their output)."""
+        reuses their output).
+
+        Rows written as they come (not ``merge``) whose scan reads them clustered by the key
+        are not exchanged at all (:meth:`_in_scan_order`): each task sorts the rows it read,
+        so its files hold narrow ranges, if not disjoint ones. When the written files turn out
+        to overlap more than :data:`~consistent_stream.ranges.CLUSTERED_FILES_PER_KEY` (a
+        task that read several files of distant ranges), they are written again, ranged, from
+        the files themselves (and removed)."""
         cols = [F.col(f"`{f.name}`") for f in arrangement.schema.fields]
         df = df.select(*cols)
+        key = [F.col(f"`{c}`") for c in arrangement.key]
+        if key and not merge and self._in_scan_order(df, arrangement):
+            files = self._write_files(arrangement, df.sortWithinPartitions(*key))
+            spread = ranges.files_per_key(ranges.numeric_stats(
+                [(f.lo.get(arrangement.key[0]), f.hi.get(arrangement.key[0]), f.rows)
+                 for f in (self._known(d, arrangement) for d in files)]) or [])
+            if spread is None or spread <= ranges.CLUSTERED_FILES_PER_KEY:
+                return files
+            log.info("state %s: %s's files as its scan read them hold a key in %.1f files on average: "
+                     "written again in ranges", self.path, arrangement.name, spread)
+            written = files
+            df = self.spark.read.schema(arrangement.schema).parquet(*[self.table.file_uri(f.path) for f in files])
+            files = self._write_ranged(arrangement, df, merge=False)
+            storage.remove_many([self.table.file_path(f.path) for f in written])
+            return files
+        return self._write_ranged(arrangement, df, merge=merge)
+
+    def _write_ranged(self, arrangement: Arrangement, df: DataFrame, *, merge: bool) -> list[DataFile]:
+        """:meth:`_write_base` with the key's range exchange (or one range, without a key)."""
         key = [F.col(f"`{c}`") for c in arrangement.key]
         also: list[str] = []
         if key:
@@ -593,11 +620,33 @@ class StateStore:
             df = arrangement.consolidate(df, also=also)
         if key:
             df = df.sortWithinPartitions(*key)
-        df = df.drop(*also)
+        return self._write_files(arrangement, df.drop(*also))
+
+    def _write_files(self, arrangement: Arrangement, df: DataFrame) -> list[DataFile]:
+        """``df``'s partitions written as base files of at most ``file_rows`` rows each."""
         with spark_confs(self.spark, {"spark.sql.files.maxRecordsPerFile": str(self.file_rows)}):
             return write_spark(df, self.path, f"{ARRANGEMENT}={arrangement.name}/{new_dir('base')}",
                                partition_values={ARRANGEMENT: arrangement.name},
                                delta_encoded=_delta_encoded(arrangement.schema))
+
+    def _in_scan_order(self, df: DataFrame, arrangement: Arrangement) -> bool:
+        """Whether ``df``'s rows come in the partitions its one file scan reads (its physical
+        plan exchanges nothing) from a Delta source whose files hold the key's first column
+        clustered: a value in at most :data:`~consistent_stream.ranges.CLUSTERED_FILES_PER_KEY`
+        of their ``[min, max]`` on average (the source's statistics at the rebuild's cut,
+        :meth:`~consistent_stream.ranges.SourceBounds.files_per_key`). False whenever it is
+        not known (no statistics, a Spark Connect session's plan)."""
+        if not isinstance(self.bounds, ranges.SourceBounds):
+            return False
+        spread = self.bounds.files_per_key(arrangement.key[0])
+        if spread is None or spread > ranges.CLUSTERED_FILES_PER_KEY:
+            return False
+        try:
+            plan = df._jdf.queryExecution().executedPlan().toString()
+        except Exception as e:  # noqa: BLE001 (no JVM handle: a Connect session; ranged as before)
+            log.debug("no physical plan for %s: %s", arrangement.name, e)
+            return False
+        return "Exchange" not in plan and plan.count("FileScan") == 1
 
     # ---- the commit ---------------------------------------------------------------------------
     def schema(self) -> StructType:
