@@ -261,14 +261,15 @@ def _key_columns(target: DeltaTableRef, f: DataFile, key_schema: pa.Schema,
 
 def keep_rebuilt_keys(target: DeltaTableRef, files: list[DataFile], key: list[str]) -> None:
     """After a rebuild committed ``files`` (the target's whole new version, keyed by ``key``) on
-    local disk: the key columns of those the next MERGE may probe (at
-    least ``settings.DV_MIN_ROWS`` rows) read now and kept (:func:`_key_columns`), so that the
-    first incremental batch after a build does not read them (its MERGE probes every file whose
-    key range holds a key the batch changed: a change spread over the keys probes them all).
-    Only the key column chunks are read. On an object store nothing is read (a file there is
-    one GET, whole: the MERGE reads it when it needs it). A failure is logged and the MERGE
-    reads the keys itself: the rebuild is committed already."""
-    if location.is_remote(target.path):
+    local disk: the key columns of those the next MERGE may probe (at least
+    ``settings.DV_MIN_ROWS`` rows) read now and kept (:func:`_key_columns`), so that the first
+    incremental batch after a build does not read them (its MERGE probes every file whose key
+    range holds a key the batch changed: a change spread over the keys probes them all). Only
+    the key column chunks are read. Nothing is read for a target this module does not MERGE
+    into (:meth:`~DeltaTableRef.rewritable`: a partitioned one, ...) nor on an object store (a
+    file there is one GET, whole: the MERGE reads it when it needs it). A failure is logged and
+    the MERGE reads the keys itself: the rebuild is committed already."""
+    if location.is_remote(target.path) or target.rewritable() is not None:
         return
     at = [f for f in files if f.num_records >= settings.DV_MIN_ROWS]
     if not at:
