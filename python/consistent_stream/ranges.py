@@ -104,11 +104,14 @@ average (:func:`files_per_key`): a keyed read then opens at most about three fil
 disjoint ranges open one."""
 
 
-def files_per_key(files: list[tuple[float, float, int]]) -> float | None:
-    """How many of ``files`` (``(min, max, rows)`` of a column each) hold a value drawn from
-    the column's rows in their ``[min, max]``, on average, each file's rows spread evenly over
-    its range (:func:`estimated_bounds`' distribution): 1.0 for files of disjoint ranges, the
-    number of files when every file spans the column's range. None without rows."""
+def files_per_key(stats: list[tuple] | None) -> float | None:
+    """How many files hold a value drawn from a column's rows in their ``[min, max]``, on
+    average, given per-file ``(min, max, rows)`` statistics of the column (Python values as
+    delta-rs gives them, :func:`numeric_stats`), each file's rows spread evenly over its range
+    (:func:`estimated_bounds`' distribution): 1.0 for files of disjoint ranges, the number of
+    files when every file spans the column's range. None without rows, or when a file's
+    statistics are missing or not of a number or a date."""
+    files = numeric_stats(stats)
     if not files:
         return None
     below, total = _distribution(files)
@@ -239,7 +242,7 @@ class SourceBounds:
     def files_per_key(self, column: str) -> float | None:
         """:func:`files_per_key` of the source files the plan column's values come from (None:
         unknown, as for the bounds)."""
-        return self._of(column, "files per key", lambda stats: files_per_key(numeric_stats(stats) or []))
+        return self._of(column, "files per key", files_per_key)
 
     def _of(self, column: str, what: str, compute: Callable):
         """``compute(stats)`` of the source column the plan column comes from, once per

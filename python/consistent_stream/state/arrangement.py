@@ -592,9 +592,9 @@ class StateStore:
         key = [F.col(f"`{c}`") for c in arrangement.key]
         if key and not merge and self._in_scan_order(df, arrangement):
             files = self._write_files(arrangement, df.sortWithinPartitions(*key))
-            spread = ranges.files_per_key(ranges.numeric_stats(
-                [(f.lo.get(arrangement.key[0]), f.hi.get(arrangement.key[0]), f.rows)
-                 for f in (self._known(d, arrangement) for d in files)]) or [])
+            first = arrangement.key[0]
+            spread = ranges.files_per_key([(f.lo.get(first), f.hi.get(first), f.rows)
+                                           for f in (self._known(d, arrangement) for d in files)])
             if spread is None or spread <= ranges.CLUSTERED_FILES_PER_KEY:
                 return files
             log.info("state %s: %s's files as its scan read them hold a key in %.1f files on average: "
