@@ -134,6 +134,54 @@ def test_a_join_side_whose_source_is_clustered_by_its_key_is_written_as_its_scan
     assert {r["cust"] for r in spark.read.format("delta").load(job.target_path).where("ok = 101").collect()} == {"z"}
 
 
+def test_a_side_whose_tasks_read_distant_files_is_written_again_in_ranges(spark, tmp_path, monkeypatch, caplog):
+    """Lines in four source files of disjoint order ranges (a value in 1.0 file), which two
+    tasks read two distant files each (Spark packs a scan's files into splits of at most
+    ``maxPartitionBytes``, largest file first): the files the tasks write hold a key in about
+    1.3 files, past a bound of 1.2, so the side is written again in disjoint ranges from those
+    files, which are removed; the batches after equal batch evaluation."""
+    from deltalake import DeltaTable
+
+    from consistent_stream.settings import spark_confs
+    monkeypatch.setattr(ranges, "CLUSTERED_FILES_PER_KEY", 1.2)
+    caplog.set_level("INFO", logger="consistent_stream")
+
+    def lines(oks, n):
+        return pa.table({"lid": pa.array([k * 10 + j for k in oks for j in range(n)], pa.int64()),
+                         "ok": pa.array([k for k in oks for _ in range(n)], pa.int64()),
+                         "price": pa.array([(k * 7 + j) % 13 for k in oks for j in range(n)], pa.int64())})
+    # (the files by size, largest first: 1..100, 201..300, 101..200, 301..400)
+    sc = Scenario(spark, tmp_path, {"o": pa.table({"ok": pa.array(range(1, 401), pa.int64())}),
+                                    "l": lines(range(1, 101), 8)}, {"o": ["ok"], "l": ["lid"]})
+    for oks, n in ((range(101, 201), 2), (range(201, 301), 4), (range(301, 401), 1)):
+        sc.insert("l", lines(oks, n))
+    actions = pa.table(DeltaTable(sc.path("l")).get_add_actions(flatten=True)).to_pylist()
+    size = {a["min.ok"]: a["size_bytes"] for a in actions}
+    assert size[1] > size[201] > size[101] > size[301], size
+    job = sc.job("select o.ok, sum(l.price) as total from src.o o join src.l l on o.ok = l.ok group by o.ok", ["ok"])
+    job.driver_rebuild_rows = 0
+    # two splits: {1..100, 201..300} and {101..200, 301..400}
+    with spark_confs(spark, {"spark.sql.files.maxPartitionBytes": str(size[1] + size[201]),
+                             "spark.sql.files.openCostInBytes": "0", "spark.sql.files.minPartitionNum": "1"}):
+        sc.run(job, full_refresh=True)
+    assert "written again in ranges" in caplog.text
+
+    folder, = Path(job.state_root).glob("__arrangement=*_join_right")
+    on_disk = sorted(folder.rglob("*.parquet"))
+    spans = []
+    for f in on_disk:
+        ks = pq.read_table(f, columns=["l__ok"]).column("l__ok").to_pylist()
+        assert ks == sorted(ks), f
+        spans.append((min(ks), max(ks)))
+    spans.sort()
+    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:])), spans
+    state = set(pa.table(DeltaTable(job.state_root).get_add_actions()).column("path").to_pylist())
+    assert {str(f.relative_to(job.state_root)) for f in on_disk} <= state, "a first write's file was left"
+    sc.delete("l", "ok % 50 = 0")
+    sc.insert("l", lines([5, 401], 1))
+    sc.run(job)
+
+
 def test_a_rebuild_cuts_its_state_and_target_at_the_sources_statistics(spark, tmp_path, monkeypatch):
     """Orders in two source files, the first 1..599 and 5000 (its statistics say [1, 5000]),
     the second 601..1200, and two lines of each order of 1..1200: the rebuild on the
