@@ -73,9 +73,11 @@ log = logging.getLogger("consistent_stream")
 class DeltaSource:
     """A Delta table, with or without the Change Data Feed, read through one handle per run. Each
     table is its own clock (its versions), and a backlog may end a batch at any version. Its
-    reads go through its own handle: they may run beside other sources'."""
+    reads go through its own handle: they may run beside other sources', and before the run
+    holds its writer lock."""
     splits_backlog = True
     reads_beside_others = True
+    reads_before_lock = True
 
     def __init__(self, spec: SourceSpec):
         self.spec = spec
@@ -114,6 +116,20 @@ class DeltaSource:
         if self._tail is None or start < self._tail.after:
             return None
         return None if self._tail.unreadable(start, end) else self._tail
+
+    def read_ahead(self, start: int, end: int) -> int:
+        """Start reading the change files of ``(start, end]`` for :meth:`changes` to find read
+        (:meth:`.LogTail.read_ahead`; a run starts it while it takes its writer lock): only when
+        the run reads on from its cut with the log's tail. Returns the files being read (0:
+        none, and :meth:`changes` reads them as it would have)."""
+        tail = self._tail_for(start, end)
+        return tail.read_ahead(start, end) if tail is not None else 0
+
+    def settle_reads(self) -> None:
+        """Wait for a read :meth:`read_ahead` started (a run that ends without reading its
+        change: no request of the run outlives it)."""
+        if self._tail is not None:
+            self._tail.settle_ahead()
 
     def cut_metadata(self, position: int) -> dict[str, dict]:
         """What the next run needs to read on from ``position`` without opening the table

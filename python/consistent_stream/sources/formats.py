@@ -47,11 +47,16 @@ class Source(Protocol):
     whether a backlog may end a batch at any of its commits (:mod:`.backlog`);
     ``reads_beside_others``: whether its :meth:`changes` may run on a thread while other
     sources' do (its reads share no handle with theirs), so that a batch's reads of several
-    sources on an object store take one round trip, not one each."""
+    sources on an object store take one round trip, not one each; ``reads_before_lock``: whether
+    a run may read it before it holds the model's writer lock (its reads touch nothing another
+    run reads from: not a landing directory or topic the process's one reader consumes), so that
+    an object store's run lists it while the lock is taken (``consistent_stream.job._CutAhead``).
+    Both are class attributes, read through :func:`source_class` without opening a source."""
     spec: SourceSpec
     clock: str
     splits_backlog: bool
     reads_beside_others: bool
+    reads_before_lock: bool
 
     def columns(self) -> list[str]: ...
 
@@ -83,18 +88,24 @@ class Source(Protocol):
     def cut_metadata(self, position: int) -> dict[str, dict]: ...
 
 
+def source_class(format: str) -> type:
+    """The :class:`Source` class of a source ``format`` (a ``SourceSpec.format``: ``delta``,
+    ``model``, ``debezium``, ``kafka``; any other reads a Delta table)."""
+    if format == "debezium":
+        from .debezium.source import DebeziumSource
+        return DebeziumSource
+    if format == "kafka":
+        from .kafka.source import KafkaSource
+        return KafkaSource
+    if format == "model":
+        from .model import ModelSource
+        return ModelSource
+    return DeltaSource
+
+
 def open_source(spec: SourceSpec) -> Source:
     """The :class:`Source` of ``spec``'s format."""
-    if spec.format == "debezium":
-        from .debezium.source import DebeziumSource
-        return DebeziumSource(spec)
-    if spec.format == "kafka":
-        from .kafka.source import KafkaSource
-        return KafkaSource(spec)
-    if spec.format == "model":
-        from .model import ModelSource
-        return ModelSource(spec)
-    return DeltaSource(spec)
+    return source_class(spec.format)(spec)
 
 
 def column_names(source: SourceSpec) -> list[str]:

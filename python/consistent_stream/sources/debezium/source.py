@@ -389,6 +389,7 @@ class DebeziumSource:
     batch after any transaction."""
     splits_backlog = True
     reads_beside_others = False   # (the tables of one landing directory share its process-wide reader)
+    reads_before_lock = False     # (that reader consumes the directory: opened under the lock)
 
     def __init__(self, spec):
         self.spec = spec
