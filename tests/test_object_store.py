@@ -224,44 +224,6 @@ def test_a_cut_guessed_while_the_lock_is_taken_is_dropped_when_another_run_commi
     assert_target_equals_batch_evaluation(spark, job, "after a run elsewhere while the lock was taken")
 
 
-def test_the_change_files_are_read_while_the_lock_is_taken_and_a_failed_read_ahead_costs_nothing(
-        spark, s3, tmp_path, monkeypatch):
-    """The guess made while the lock is taken (consistent_stream.job._CutAhead) also reads the
-    sources' change files (LogTail.read_ahead): the batch then opens none of them from the
-    store. When that read fails (the store refuses its GETs), the batch reads them itself.
-    Every version equals batch evaluation."""
-    from consistent_stream.delta import log_changes, tail
-    src = _shop(f"s3://{BUCKET}/readahead")
-    job = src.job(tmp_path, SQL, "id")
-    run_job(spark, job, full_refresh=True)   # this machine's copy of the target's log holds its commit
-
-    ahead, fetched = [], []
-    real_ahead, real_open = tail.LogTail.read_ahead, log_changes.open_rows
-    monkeypatch.setattr(tail.LogTail, "read_ahead", lambda self, *a: (ahead.append(real_ahead(self, *a)), ahead[-1])[1])
-    monkeypatch.setattr(log_changes, "open_rows",
-                        lambda table, rel, size=None, data=None: (fetched.append(data is None),
-                                                                  real_open(table, rel, size, data))[1])
-    write_deltalake(src.path("orders"), pa.table({"oid": [13, 14], "cid": [3, 1], "amount": [4, 6]}), mode="append")
-    DeltaTable(src.path("customers")).update(updates={"name": "'bo'"}, predicate="id = 2")
-    run_job(spark, job)
-    assert len(ahead) == 2 and all(ahead), "each source's change files were not read ahead"
-    assert fetched and not any(fetched), "the batch read a change file the read-ahead had read"
-    assert_target_equals_batch_evaluation(spark, job, "change files read ahead")
-
-    def fail(paths, name="read"):
-        if name == "delta-tail-ahead":
-            raise OSError("the store refused the read ahead")
-        return real_many(paths, name)
-    real_many = storage.read_many
-    monkeypatch.setattr(storage, "read_many", fail)
-    ahead.clear()
-    fetched.clear()
-    DeltaTable(src.path("orders")).delete("oid = 11")
-    run_job(spark, job)
-    assert ahead == [1] and fetched and all(fetched), "the batch did not read the change files itself"
-    assert_target_equals_batch_evaluation(spark, job, "after a failed read ahead")
-
-
 def _parquet_under(table: str) -> set[str]:
     """The data files of table ``table`` on the store (relative paths), not the log's or the
     Change Data Feed's."""

@@ -49,7 +49,7 @@ from .sink.catalog import UNREAD, publish
 from .sources import Cut
 from .sources.dag import latest_cut
 from .sources.formats import open_source, source_class
-from .sources.spec import INITIAL, normalize_relation
+from .sources.spec import normalize_relation
 from .spec import JobSpec
 from .threads import begin
 
@@ -210,7 +210,7 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
         raise explained from e
     finally:
         if ahead is not None:
-            ahead.end()   # (a run that did not take the lock: its guess's reads end with it)
+            ahead.settle()   # (a run that did not take the lock: its guess's reads end with it)
 
 
 def _decide(job: JobSpec, target, sources: dict, cut: Cut, fp: str,
@@ -336,11 +336,8 @@ class _CutAhead:
     sources resume from the newest commit this machine's copy of the target's log holds
     (:meth:`~.delta.reader.TableReader.kept_commit`, no request) and list their logs at once,
     on the process's threads, in the round trip of the lock's own write instead of after it.
-    The guess also starts reading the change files of the sources' new commits
-    (:meth:`~.sources.delta_cdf.DeltaSource.read_ahead`), so that their GETs overlap the
-    target's LIST and the run's own work before its batch reads the change, instead of
-    following them. The sources are only read, never written, by a run, so reading them
-    before the lock is held changes nothing; what the guess rests on is the target's newest commit, which
+    The sources are only read, never written, by a run, so reading them before the lock is
+    held changes nothing; what the guess rests on is the target's newest commit, which
     :meth:`taken` checks once the lock is held, with the target's LIST (the copy used as it
     is: no commit since, by this run's lock, by none other). Made only for a target on an
     object store whose sources may all be read before the lock is held
@@ -348,9 +345,8 @@ class _CutAhead:
     with others, one reader of its landing directory or topic, and is opened under the lock).
 
     ``sources`` and ``target`` are the run's handles (the run opens them here, before the
-    lock); :meth:`settle` waits for the guess's reads, and :meth:`end` for those and the
-    change files' (a run calls it when it ends, taken the lock or not, so that no request of
-    the run outlives it)."""
+    lock); :meth:`settle` waits for the guess's reads (a run that does not take the lock
+    calls it too, so that no request of the run outlives it)."""
 
     def __init__(self, job: JobSpec):
         self.job = job
@@ -369,17 +365,10 @@ class _CutAhead:
                 for key, src in self.sources.items():
                     if key in meta.cut:
                         src.resume(meta.cut_offsets, int(meta.cut[key]))
-                cut = latest_cut(list(self.sources.values()))
+                return Cut(latest_cut(list(self.sources.values())))
             except Exception as e:  # noqa: BLE001 (taken again from the target as read, which raises it)
                 log.debug("%s: the cut from this machine's copy of the target's log failed: %s", job.model, e)
                 return None
-            for key, src in self.sources.items():
-                if key in meta.cut and cut.get(key, INITIAL) > int(meta.cut[key]):
-                    try:
-                        src.read_ahead(int(meta.cut[key]), cut[key])
-                    except Exception as e:  # noqa: BLE001 (the batch reads the files itself, and reports what fails)
-                        log.debug("%s: reading source %s's change files ahead failed: %s", job.model, key, e)
-            return Cut(cut)
         self._pending = begin(guess, "cut-ahead")
 
     @staticmethod
@@ -396,12 +385,6 @@ class _CutAhead:
         is taken once."""
         pending, self._pending = self._pending, None
         return pending() if pending is not None else None
-
-    def end(self) -> None:
-        """Wait for every read the guess started (:meth:`settle`, the sources' reads ahead)."""
-        self.settle()
-        for src in self.sources.values():
-            src.settle_reads()
 
     def taken(self) -> tuple[dict, Cut | None]:
         """``(sources, cut)`` once the run holds the lock: the guessed cut when the target's
@@ -421,7 +404,6 @@ class _CutAhead:
             return self.sources, cut
         log.debug("%s: the target's newest commit is not the one this machine's copy of its log holds; the sources "
                   "are opened again", self.job.model)
-        self.end()
         return {s.key: open_source(s) for s in self.job.sources}, None
 
 

@@ -401,16 +401,13 @@ class ParquetRows:
             pa.array(within))
 
 
-def open_rows(table_path: str, rel: str, size: int | None = None, data: bytes | None = None) -> ParquetRows:
+def open_rows(table_path: str, rel: str, size: int | None = None) -> ParquetRows:
     """A data file of the table, opened for reading: on local disk by its path (a read then
     touches only the footer and the column chunks it decodes), on an object store with one GET
     of the whole file (counted as every request of :mod:`consistent_stream.storage` is), or,
     given its ``size`` (bytes, from its ``add`` action), from the data files this machine keeps
     (:func:`read_data_files`; a later read that finds the copy damaged reads the file from the
-    store, :class:`ParquetRows`). ``data``: the file's bytes, read already from the store (a
-    read ahead of the batch, :meth:`.tail.LogTail.read_ahead`)."""
-    if data is not None:
-        return ParquetRows(pq.ParquetFile(pa.BufferReader(data)), buffer=data)
+    store, :class:`ParquetRows`)."""
     path = data_file_path(table_path, rel)
     if location.is_remote(table_path):
         if not size:

@@ -116,8 +116,7 @@ class LogChanges:
 class _Part:
     """One file to read: relative ``path``; ``weight`` of its rows (+n / -n); ``mask_at``:
     the version whose deletion vector of the file applies (None: the file has none);
-    ``cdc``: a Change Data Feed file (weights from its ``_change_type``); its partition values;
-    ``size``: its bytes, from the action (None: not given)."""
+    ``cdc``: a Change Data Feed file (weights from its ``_change_type``); its partition values."""
     path: str
     weight: int
     mask_at: int | None
@@ -125,7 +124,6 @@ class _Part:
     partition_values: tuple
     version: int
     num_records: int | None = None
-    size: int | None = None
 
 
 def _dv_key(action: dict) -> str | None:
@@ -208,7 +206,7 @@ def plan_parts(commits: Iterable[CommitActions], start: int, end: int, *,
         if cdc:
             used_cdc = True
             cdc_parts += [_Part(f["path"], 1, None, True, tuple(sorted((f.get("partitionValues") or {}).items())),
-                                c.version, size=f.get("size")) for f in cdc]
+                                c.version) for f in cdc]
             continue
         for a in c.actions:
             for kind, sign in (("add", 1), ("remove", -1)):
@@ -217,25 +215,24 @@ def plan_parts(commits: Iterable[CommitActions], start: int, end: int, *,
                     continue
                 key = (unquote(f["path"]), _dv_key(f))
                 net[key] += sign
-                values, seen, rows, size = info.get(key, (None, {}, None, None))
-                info[key] = (f.get("partitionValues") or {}, {**seen, kind: c.version}, _num_records(f) or rows,
-                             f.get("size") or size)
+                values, seen, rows = info.get(key, (None, {}, None))
+                info[key] = (f.get("partitionValues") or {}, {**seen, kind: c.version}, _num_records(f) or rows)
     parts = []
     for (path, dv), n in sorted(net.items(), key=lambda kv: kv[0][0] + "\0" + (kv[0][1] or "")):
         if n == 0:
             continue
-        values, seen, rows, size = info[(path, dv)]
+        values, seen, rows = info[(path, dv)]
         # the file had this deletion vector right after its add, and right before its remove
         at = seen["add"] if n > 0 else seen["remove"] - 1
         parts.append(_Part(path, n, at if dv else None, False, tuple(sorted(values.items())),
-                           seen["add" if n > 0 else "remove"], rows, size))
+                           seen["add" if n > 0 else "remove"], rows))
     return cdc_parts + parts, whole, used_cdc
 
 
 def changelog(table_path: str, commits: list[CommitActions], start: int, end: int, schema: pa.Schema,
               partition_columns: list[str], *, physical: dict[str, str] | None = None,
               deletion_vectors: Callable[[int], dict[str, np.ndarray]] | None = None,
-              use_cdc: bool = True, fetched: dict[str, bytes] | None = None) -> LogChanges:
+              use_cdc: bool = True) -> LogChanges:
     """The changelog of the table at ``table_path`` over ``commits`` (every commit of ``(start,
     end]``, in order; the module docstring): ``schema``'s columns (``physical``: logical name
     -> the name in the files, under column mapping) plus ``__weight``, consolidated.
@@ -246,8 +243,7 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
     FileNotFoundError (or the object store's error) naming a file that is gone (vacuumed),
     ValueError when a file with a deletion vector has none at its version, and
     :class:`UnpairedUpdate`. ``use_cdc``: as
-    :func:`plan_parts`'s. ``fetched``: files read already, their bytes by path as the parts
-    name them (:meth:`.tail.LogTail.read_ahead`); a file is taken out of it when opened."""
+    :func:`plan_parts`'s."""
     parts, whole, used_cdc = plan_parts(commits, start, end, use_cdc=use_cdc)
     out_schema = pa.schema(list(schema) + [pa.field(WEIGHT, pa.int64())])
     result = LogChanges(out_schema.empty_table(), whole_table=whole, used_cdc=used_cdc)
@@ -261,9 +257,6 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
     names = [f.name for f in schema]
     file_cols = {n: physical.get(n, n) for n in names if n not in partition_columns}
     file_types = {file_cols[f.name]: f.type for f in schema if f.name in file_cols}
-
-    def opened(part: _Part):
-        return open_rows(table_path, part.path, data=fetched.pop(part.path, None) if fetched else None)
 
     def columns_of(part: _Part, pf: pq.ParquetFile, raw: pa.Table) -> dict:
         """The columns asked for of ``raw`` (rows of ``part``'s file): partition values from
@@ -305,7 +298,7 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
         changed: -1 with the old vector, +1 with the new, the other rows cancel), only those
         rows are read (:meth:`ParquetRows.take`)."""
         first = group[0]
-        f = opened(first)
+        f = open_rows(table_path, first.path)
         wanted = f.present(file_cols.values()) + (["_change_type"] if first.cdc else [])
         n = f.pf.metadata.num_rows
         weight = None if first.cdc else weights(group, n)
@@ -346,7 +339,7 @@ def changelog(table_path: str, commits: list[CommitActions], start: int, end: in
         delta-spark does) holds the same values in both, so it cannot tell the rows apart: only
         the other columns are decoded and compared, and the equal columns are read at the rows
         that differ, once (:meth:`ParquetRows.take`)."""
-        old_f, new_f = (opened(p) for p in pair)
+        old_f, new_f = (open_rows(table_path, p.path) for p in pair)
         cols = old_f.present(file_cols.values())
         n_old, n_new = old_f.pf.metadata.num_rows, new_f.pf.metadata.num_rows
         if n_old != n_new or cols != new_f.present(file_cols.values()):

@@ -33,19 +33,11 @@ table without the Change Data Feed share).
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-from .. import location, storage
-from ..threads import begin
-
-log = logging.getLogger(__name__)
-
-
-READ_AHEAD_BYTES = 64 << 20
-"""Bytes of change files :meth:`LogTail.read_ahead` reads ahead of a batch at most."""
+from .. import storage
 
 
 @dataclass(frozen=True)
@@ -117,8 +109,6 @@ class LogTail:
         self.tags: dict[int, str | None] = {}   # the listed commit files' write tags, by version
         self.listed = False     # the log was listed once
         self.anchored = False   # that listing held the commit of version ``after`` (the table is there)
-        self.fetched: dict[str, bytes] = {}   # change files read ahead (read_ahead), by path as the log names them
-        self._ahead = None                    # the read ahead under way (threads.begin's wait)
 
     def refresh(self) -> int:
         """List the log after the newest version known and read the new commit files (one
@@ -176,52 +166,12 @@ class LogTail:
             return f"versions {missing[0]}.. are not in the log listing (a gap)"
         return next((r for c in self.range(start, end) if (r := c.unreadable())), None)
 
-    def read_ahead(self, start: int, end: int, max_bytes: int = READ_AHEAD_BYTES) -> int:
-        """Start reading the change files of ``(start, end]`` (those :meth:`changes` opens), all
-        at once on the process's threads, for :meth:`changes` to take instead of reading them: a
-        run on an object store starts it as soon as it knows its cut, while it takes its writer
-        lock, so that those GETs overlap the target's LIST and the run's own work before its
-        batch reads the change (``consistent_stream.job._CutAhead``). Only on an object store (a
-        local file is opened where it lies), for a readable range (:meth:`unreadable`) whose
-        files' sizes the log gives, at most ``max_bytes`` in all (a backlog's files are read by
-        its batches as they come). Returns the files being read (0: none)."""
-        from .log_changes import plan_parts
-        from .values import data_file_path
-        if not location.is_remote(self.path) or start >= end or self.unreadable(start, end):
-            return 0
-        parts, _, _ = plan_parts(self.range(start, end), start, end)
-        sizes = {p.path: p.size for p in parts if p.path not in self.fetched}
-        if not sizes or None in sizes.values() or sum(sizes.values()) > max_bytes:
-            return 0
-        paths = sorted(sizes)
-
-        def fetch() -> dict[str, bytes]:
-            blobs = storage.read_many([data_file_path(self.path, p) for p in paths], "delta-tail-ahead")
-            return {p: b for p, b in zip(paths, blobs) if len(b) == sizes[p]}
-        self.settle_ahead()
-        self._ahead = begin(fetch, "delta-tail-ahead")
-        return len(paths)
-
-    def settle_ahead(self) -> None:
-        """Wait for the read :meth:`read_ahead` started and keep the files it read. A failed read
-        is only logged: :meth:`changes` reads those files itself, and reports what fails."""
-        pending, self._ahead = self._ahead, None
-        if pending is None:
-            return
-        try:
-            self.fetched.update(pending())
-        except Exception as e:  # noqa: BLE001
-            log.debug("%s: reading the change files ahead failed: %s", self.path, e)
-
     def changes(self, start: int, end: int, schema: pa.Schema, partition_columns: list[str]):
         """The changelog of ``(start, end]`` (:func:`.log_changes.changelog`, the module
         docstring): ``schema``'s columns plus ``__weight``, consolidated, as a
-        :class:`~.log_changes.LogChanges`; the files :meth:`read_ahead` read are not read
-        again. Call only when :meth:`unreadable` is None."""
+        :class:`~.log_changes.LogChanges`. Call only when :meth:`unreadable` is None."""
         from .log_changes import changelog
-        self.settle_ahead()
-        return changelog(self.path, self.range(start, end), start, end, schema, partition_columns,
-                         fetched=self.fetched)
+        return changelog(self.path, self.range(start, end), start, end, schema, partition_columns)
 
 
 def commit_ms(actions) -> int:

@@ -117,20 +117,6 @@ class DeltaSource:
             return None
         return None if self._tail.unreadable(start, end) else self._tail
 
-    def read_ahead(self, start: int, end: int) -> int:
-        """Start reading the change files of ``(start, end]`` for :meth:`changes` to find read
-        (:meth:`.LogTail.read_ahead`; a run starts it while it takes its writer lock): only when
-        the run reads on from its cut with the log's tail. Returns the files being read (0:
-        none, and :meth:`changes` reads them as it would have)."""
-        tail = self._tail_for(start, end)
-        return tail.read_ahead(start, end) if tail is not None else 0
-
-    def settle_reads(self) -> None:
-        """Wait for a read :meth:`read_ahead` started (a run that ends without reading its
-        change: no request of the run outlives it)."""
-        if self._tail is not None:
-            self._tail.settle_ahead()
-
     def cut_metadata(self, position: int) -> dict[str, dict]:
         """What the next run needs to read on from ``position`` without opening the table
         (:meth:`resume`): ``{"cut_offsets": {clock: {version, reader_features, schema,
