@@ -509,6 +509,38 @@ def test_compaction_never_changes_what_state_reads_return(spark, tmp_path, monke
     assert delta_pandas(job.target_path)["total"].sum() == 600
 
 
+def test_a_change_its_own_commit_merges_is_written_once_merged(spark, tmp_path, monkeypatch):
+    """With at most two delta files an arrangement's every batch after the first merges its
+    change with the delta before it: the change is merged unwritten, so each arrangement
+    writes one file a batch (not the change's file, then the merge's), and every version
+    still equals batch evaluation, an accumulator of count 0 kept (only a whole merge drops
+    it)."""
+    monkeypatch.setattr(arrangement, "DEFAULT_POLICY",
+                        CompactionPolicy(max_delta_files=2, merge_fraction=1e9, min_merge_rows=10 ** 9,
+                                         min_driver_merge_rows=10 ** 9))
+    writes: list[str] = []
+    real = arrangement.write_arrow
+    monkeypatch.setattr(arrangement, "write_arrow",
+                        lambda path, rel, *a, **k: (writes.append(rel.split("/")[0]), real(path, rel, *a, **k))[1])
+    sc = Scenario(spark, tmp_path, {"acct": pa.table({"id": list(range(6)), "br": [i % 2 for i in range(6)],
+                                                      "bal": [100] * 6})}, {"acct": ["id"]})
+    job = sc.job("select br, sum(bal) as total, count(*) as n from src.acct group by br", "br")
+    sc.run(job, full_refresh=True)
+    compacted = []
+    for i in range(4):
+        writes.clear()
+        src = pa.table({"id": [i, 5 - i], "d": [-(i + 1), i + 1]})
+        (DeltaTable(sc.path("acct")).merge(src, "t.id = s.id", source_alias="s", target_alias="t")
+         .when_matched_update({"bal": "t.bal + s.d"}).execute())
+        if i == 3:
+            DeltaTable(sc.path("acct")).delete("br = 1")
+        summary = sc.run(job)
+        assert writes and len(writes) == len(set(writes)), writes   # one write per arrangement
+        compacted.append(summary["totals"]["state_rows_compacted"])
+    assert compacted[0] == 0 and all(compacted[1:]), compacted
+    assert delta_pandas(job.target_path)["total"].sum() == 302   # branch 0: 99 + 101 + 102
+
+
 @pytest.mark.parametrize("where", ["driver", "executors"])
 def test_a_small_arrangement_is_merged_into_its_base_at_the_driver_floor(spark, tmp_path, monkeypatch, where):
     """An update's retraction cancels its row only in the base, so delta merges alone let a

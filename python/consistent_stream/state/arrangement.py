@@ -33,7 +33,10 @@ delta files its smallest deltas are merged into one delta file (cost: those delt
 delta rows reach ``merge_fraction`` of its base rows (and a floor), everything is merged into
 new base files (cost: the arrangement, amortized over the ``merge_fraction`` x base rows of
 change that triggered it). Merges of at most ``DRIVER_READ_ROWS`` rows run on the driver with
-Arrow, larger ones on Spark's executors. See :class:`CompactionPolicy`.
+Arrow, larger ones on Spark's executors. See :class:`CompactionPolicy`. A batch's change held
+on the driver that its own commit's merge would take is merged without being written first
+(:meth:`StateStore.commit`): each arrangement writes one file set a batch, and on an object
+store all of them go out in one round trip.
 
 Exactly once: the state table's one commit per batch carries txn ``(app id, batch id)`` (step 3
 of the exactly-once protocol, docs/concepts/exactly-once.md); reads happen at the version the
@@ -710,11 +713,18 @@ class StateStore:
         if self.rebuilding:
             removes = [f.data for fs in new_files.values() for f in fs]
             new_files = {}
-        appended = self._append_staged()
+        folded = {} if self.rebuilding else self._folded(new_files)
+        appended = self._append_staged(folded)
         kept = []   # the arrangements whose files the batch keeps: compacted when the policy says
         for name, arrangement in sorted(self.arrangements.items()):
             kind, payload = self._staged.get(name, (None, None))
             old = new_files.get(name, [])
+            if name in folded:   # the change merged with these files
+                targets, _, merged = folded[name]
+                removes += [f.data for f in targets]
+                adds += [f.data for f in merged]
+                new_files[name] = [f for f in old if all(f is not t for t in targets)] + merged
+                continue
             if kind == "replace":
                 if not self.rebuilding:
                     removes += [f.data for f in old]
@@ -744,20 +754,65 @@ class StateStore:
         self.rebuilding = False
         return version
 
-    def _append_staged(self) -> dict[str, list[_File]]:
-        """Write every staged change (:meth:`_append`): arrangement name -> its new files. On an
-        object store the changes the driver holds are written at once (a PUT each: one round
-        trip for all)."""
+    def _folded(self, files: dict[str, list[_File]]) -> dict[str, list]:
+        """The arrangements whose staged change, held on the driver, the commit's compaction
+        would merge right after writing it (:meth:`_compaction` of their ``files`` and the
+        change as one more delta file), with at most ``DRIVER_READ_ROWS`` rows in all: name ->
+        ``[files merged with the change, level, None]`` (:meth:`_append_staged` fills in the
+        merged files). Each is written once, merged, instead of the change's delta file and
+        then the merge's file: one round trip and one PUT less on an object store."""
+        out = {}
+        for name in sorted(self.arrangements):
+            kind, change = self._staged.get(name, (None, None))
+            if kind != "append" or change.arrow is None:
+                continue
+            pending = _File(DataFile("", 0, change.arrow.num_rows, {}), "delta")
+            planned = self._compaction(files.get(name, []) + [pending])
+            if planned is None or all(f is not pending for f in planned[0]) \
+                    or sum(f.rows for f in planned[0]) > DRIVER_READ_ROWS:
+                continue
+            out[name] = [[f for f in planned[0] if f is not pending], planned[1], None]
+        return out
+
+    def _append_staged(self, folded: dict[str, list]) -> dict[str, list[_File]]:
+        """Write every staged change (:meth:`_append`): arrangement name -> its new files. A
+        change in ``folded`` (:meth:`_folded`) is merged with its files instead
+        (:meth:`_compact_local`), the merged files set in ``folded[name][2]``; one Arrow cannot
+        consolidate is written as a change after all and taken out of ``folded`` (its compaction
+        then runs as planned). On
+        an object store the changes the driver holds are written at once (a PUT each: one
+        round trip for all)."""
         staged = [(n, a, self._staged[n][1]) for n, a in sorted(self.arrangements.items())
                   if self._staged.get(n, (None,))[0] == "append"]
-        out: dict[str, list[_File]] = {}
-        parallel = [(n, a, c) for n, a, c in staged if c.arrow is not None] if location.is_remote(self.path) else []
+
+        def write(item) -> tuple[bool, list[_File]]:
+            """(merged, the files written) of one staged change."""
+            name, arrangement, change = item
+            if name in folded:
+                targets, level, _ = folded[name]
+                merged = self._compact_local(arrangement, targets, level, complete=level == "base",
+                                             change=change.arrow)
+                if merged is not None:
+                    return True, [self._known(f, arrangement) for f in merged]
+            return False, self._append(arrangement, change)
+        written: dict[str, tuple[bool, list[_File]]] = {}
+        parallel = [t for t in staged if t[2].arrow is not None] if location.is_remote(self.path) else []
         if len(parallel) > 1:
-            out.update(zip([n for n, _, _ in parallel],
-                           at_once(lambda t: self._append(t[1], t[2]), parallel, "state-append", limit=8)))
-        for n, a, c in staged:
-            if n not in out:
-                out[n] = self._append(a, c)
+            written.update(zip([n for n, _, _ in parallel], at_once(write, parallel, "state-append", limit=8)))
+        for t in staged:
+            if t[0] not in written:
+                written[t[0]] = write(t)
+        out: dict[str, list[_File]] = {}
+        for name, change in ((n, c) for n, _, c in staged):
+            merged, files = written[name]
+            if not merged:
+                out[name] = files
+                folded.pop(name, None)   # (its compaction runs as planned, after the write)
+                continue
+            targets, level, _ = folded[name]
+            folded[name][2] = files
+            fault_point("compacted")
+            self._compacted(name, targets, level, change.arrow.num_rows)
         return out
 
     def _append(self, arrangement: Arrangement, change: Changelog) -> list[_File]:
@@ -831,13 +886,19 @@ class StateStore:
             if written[name] is None:
                 written[name] = self._compact_spark(arrangement, targets, level)
             fault_point("compacted")
-            rows = sum(f.rows for f in targets)
-            self.metrics.rows_compacted += rows
-            self.metrics.compactions.append({"arrangement": name, "into": level, "files": len(targets), "rows": rows})
-            log.info("state %s: compacted %d files (%d rows) of %s into %s files", self.path, len(targets), rows,
-                     name, level)
+            self._compacted(name, targets, level)
             out[name] = targets, [self._known(f, arrangement) for f in written[name]]
         return out
+
+    def _compacted(self, name: str, targets: list[_File], level: str, change_rows: int | None = None) -> None:
+        """Count (:attr:`metrics`) and log a compaction of ``targets`` into ``level`` files, with
+        the batch's change of ``change_rows`` rows when it was merged unwritten."""
+        rows = sum(f.rows for f in targets) + (change_rows or 0)
+        files = len(targets) + (change_rows is not None)
+        self.metrics.rows_compacted += rows
+        self.metrics.compactions.append({"arrangement": name, "into": level, "files": files, "rows": rows})
+        log.info("state %s: compacted %d files (%d rows) of %s into %s files%s", self.path, files, rows, name, level,
+                 " (the batch's change among them, merged unwritten)" if change_rows is not None else "")
 
     def _compact_spark(self, arrangement: Arrangement, targets: list[_File], level: str) -> list[DataFile]:
         """A compaction of ``targets`` into files of ``level`` by Spark."""
@@ -853,16 +914,21 @@ class StateStore:
 
 
     def _compact_local(self, arrangement: Arrangement, targets: list[_File], level: str,
-                       complete: bool) -> list[DataFile] | None:
+                       complete: bool, change: pa.Table | None = None) -> list[DataFile] | None:
         """A change-sized compaction (at most ``DRIVER_READ_ROWS`` rows) on the driver, with
         Arrow: no Spark job. The files of :meth:`_write_base` or of a delta merge (sorted by
         key, at most ``file_rows`` rows a file); a complete merge keeps the rows that pass
-        ``live`` (:meth:`Arrangement.live_rows`). None when Arrow cannot consolidate it (key
-        types Arrow cannot group by): the caller then compacts with Spark."""
+        ``live`` (:meth:`Arrangement.live_rows`). ``change``: rows (the arrangement's columns,
+        at least) merged with the files' as one more file would be. None when Arrow cannot
+        consolidate it (key types Arrow cannot group by, a change whose types do not cast to
+        the arrangement's): the caller then compacts with Spark."""
+        schema = _arrow_schema(arrangement.schema)
         try:
-            data = consolidate_arrow(self._read_local(arrangement, targets, None), arrangement.additive,
-                                     arrangement.compensated)
-        except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            data = self._read_local(arrangement, targets, None) if targets else schema.empty_table()
+            if change is not None:
+                data = pa.concat_tables([data, change.select(schema.names).cast(data.schema)])
+            data = consolidate_arrow(data, arrangement.additive, arrangement.compensated)
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid):
             return None
         if complete and arrangement.live:
             data = arrangement.live_rows(data)
