@@ -33,10 +33,10 @@ delta files its smallest deltas are merged into one delta file (cost: those delt
 delta rows reach ``merge_fraction`` of its base rows (and a floor), everything is merged into
 new base files (cost: the arrangement, amortized over the ``merge_fraction`` x base rows of
 change that triggered it). Merges of at most ``DRIVER_READ_ROWS`` rows run on the driver with
-Arrow, larger ones on Spark's executors. See :class:`CompactionPolicy`. A batch's change held
-on the driver that its own commit's merge would take is merged without being written first
-(:meth:`StateStore.commit`): each arrangement writes one file set a batch, and on an object
-store all of them go out in one round trip.
+Arrow, larger ones on Spark's executors. See :class:`CompactionPolicy`. A driver-side merge is
+planned before the batch's change is written (:meth:`StateStore._planned`) and written with it:
+a change the merge takes is merged without being written first, and on an object store all of
+a batch's state files go out in one round trip.
 
 Exactly once: the state table's one commit per batch carries txn ``(app id, batch id)`` (step 3
 of the exactly-once protocol, docs/concepts/exactly-once.md); reads happen at the version the
@@ -251,6 +251,17 @@ def _delta_encoded(schema: StructType) -> bool:
 
 def _level(path: str) -> str:
     return "delta" if "/delta-" in "/" + path else "base"
+
+
+@dataclass
+class _Merge:
+    """A compaction planned before a batch's writes (:meth:`StateStore._planned`): its committed
+    ``targets`` merged into ``level`` files, with the batch's ``change`` (the rows held on the
+    driver) when the merge takes it; ``files``, the merged files once written."""
+    targets: list
+    level: str
+    change: pa.Table | None
+    files: list | None = None
 
 
 @dataclass
@@ -713,17 +724,18 @@ class StateStore:
         if self.rebuilding:
             removes = [f.data for fs in new_files.values() for f in fs]
             new_files = {}
-        folded = {} if self.rebuilding else self._folded(new_files)
-        appended = self._append_staged(folded)
+        merges = {} if self.rebuilding else self._planned(new_files)
+        appended = self._append_staged(merges)
         kept = []   # the arrangements whose files the batch keeps: compacted when the policy says
         for name, arrangement in sorted(self.arrangements.items()):
             kind, payload = self._staged.get(name, (None, None))
             old = new_files.get(name, [])
-            if name in folded:   # the change merged with these files
-                targets, _, merged = folded[name]
-                removes += [f.data for f in targets]
-                adds += [f.data for f in merged]
-                new_files[name] = [f for f in old if all(f is not t for t in targets)] + merged
+            if name in merges:   # compacted with the batch's writes (the change among them, or beside)
+                m = merges[name]
+                added = m.files + appended.get(name, [])
+                removes += [f.data for f in m.targets]
+                adds += [f.data for f in added]
+                new_files[name] = [f for f in old if all(f is not t for t in m.targets)] + added
                 continue
             if kind == "replace":
                 if not self.rebuilding:
@@ -754,13 +766,14 @@ class StateStore:
         self.rebuilding = False
         return version
 
-    def _folded(self, files: dict[str, list[_File]]) -> dict[str, list]:
-        """The arrangements whose staged change, held on the driver, the commit's compaction
-        would merge right after writing it (:meth:`_compaction` of their ``files`` and the
-        change as one more delta file), with at most ``DRIVER_READ_ROWS`` rows in all: name ->
-        ``[files merged with the change, level, None]`` (:meth:`_append_staged` fills in the
-        merged files). Each is written once, merged, instead of the change's delta file and
-        then the merge's file: one round trip and one PUT less on an object store."""
+    def _planned(self, files: dict[str, list[_File]]) -> dict[str, _Merge]:
+        """The compactions of the commit that can be written with the batch's changes, known
+        before those are written: of each arrangement with a staged change held on the driver,
+        :meth:`_compaction` of its ``files`` and the change as one more delta file, when it
+        runs on the driver (at most ``DRIVER_READ_ROWS`` rows). A merge that takes the change
+        merges it unwritten (its delta file is never written, then merged); one of other files
+        is written beside it. So each arrangement's writes of a batch go out together: on an
+        object store one round trip for all, and one PUT less for a merged change."""
         out = {}
         for name in sorted(self.arrangements):
             kind, change = self._staged.get(name, (None, None))
@@ -768,51 +781,50 @@ class StateStore:
                 continue
             pending = _File(DataFile("", 0, change.arrow.num_rows, {}), "delta")
             planned = self._compaction(files.get(name, []) + [pending])
-            if planned is None or all(f is not pending for f in planned[0]) \
-                    or sum(f.rows for f in planned[0]) > DRIVER_READ_ROWS:
+            if planned is None or sum(f.rows for f in planned[0]) > DRIVER_READ_ROWS:
                 continue
-            out[name] = [[f for f in planned[0] if f is not pending], planned[1], None]
+            targets, level = planned
+            out[name] = _Merge([f for f in targets if f is not pending], level,
+                               change.arrow if any(f is pending for f in targets) else None)
         return out
 
-    def _append_staged(self, folded: dict[str, list]) -> dict[str, list[_File]]:
-        """Write every staged change (:meth:`_append`): arrangement name -> its new files. A
-        change in ``folded`` (:meth:`_folded`) is merged with its files instead
-        (:meth:`_compact_local`), the merged files set in ``folded[name][2]``; one Arrow cannot
-        consolidate is written as a change after all and taken out of ``folded`` (its compaction
-        then runs as planned). On
-        an object store the changes the driver holds are written at once (a PUT each: one
-        round trip for all)."""
-        staged = [(n, a, self._staged[n][1]) for n, a in sorted(self.arrangements.items())
-                  if self._staged.get(n, (None,))[0] == "append"]
+    def _append_staged(self, merges: dict[str, _Merge]) -> dict[str, list[_File]]:
+        """Write every staged change (:meth:`_append`) and the ``merges`` planned with them
+        (:meth:`_planned`, :meth:`_compact_local`; the merged files set in ``files``): returns
+        arrangement name -> the change's new files (none for a change merged unwritten). A
+        merge Arrow cannot consolidate is taken out of ``merges`` (its change written as a
+        change after all; :meth:`_compact` then plans it as before). On an object store the
+        writes the driver holds go out at once (a PUT each: one round trip for all)."""
+        staged = {n: (a, self._staged[n][1]) for n, a in sorted(self.arrangements.items())
+                  if self._staged.get(n, (None,))[0] == "append"}
+        jobs = [("append", n) for n in staged if n not in merges or merges[n].change is None] + \
+            [("merge", n) for n in merges]
 
-        def write(item) -> tuple[bool, list[_File]]:
-            """(merged, the files written) of one staged change."""
-            name, arrangement, change = item
-            if name in folded:
-                targets, level, _ = folded[name]
-                merged = self._compact_local(arrangement, targets, level, complete=level == "base",
-                                             change=change.arrow)
-                if merged is not None:
-                    return True, [self._known(f, arrangement) for f in merged]
-            return False, self._append(arrangement, change)
-        written: dict[str, tuple[bool, list[_File]]] = {}
-        parallel = [t for t in staged if t[2].arrow is not None] if location.is_remote(self.path) else []
-        if len(parallel) > 1:
-            written.update(zip([n for n, _, _ in parallel], at_once(write, parallel, "state-append", limit=8)))
-        for t in staged:
-            if t[0] not in written:
-                written[t[0]] = write(t)
-        out: dict[str, list[_File]] = {}
-        for name, change in ((n, c) for n, _, c in staged):
-            merged, files = written[name]
-            if not merged:
-                out[name] = files
-                folded.pop(name, None)   # (its compaction runs as planned, after the write)
+        def run(job: tuple[str, str]) -> list[_File] | None:
+            kind, name = job
+            arrangement = self.arrangements[name]
+            if kind == "append":
+                return self._append(arrangement, staged[name][1])
+            m = merges[name]
+            files = self._compact_local(arrangement, m.targets, m.level, complete=m.level == "base", change=m.change)
+            return None if files is None else [self._known(f, arrangement) for f in files]
+        remote = location.is_remote(self.path)
+        parallel = [j for j in jobs if j[0] == "merge" or staged[j[1]][1].arrow is not None] if remote else []
+        done = dict(zip(parallel, at_once(run, parallel, "state-append", limit=8))) if len(parallel) > 1 else {}
+        for j in jobs:
+            if j not in done:
+                done[j] = run(j)
+        out = {n: done[("append", n)] for n in staged if ("append", n) in done}
+        for name in list(merges):
+            m = merges[name]
+            m.files = done[("merge", name)]
+            if m.files is None:
+                del merges[name]
+                if m.change is not None:
+                    out[name] = self._append(self.arrangements[name], staged[name][1])
                 continue
-            targets, level, _ = folded[name]
-            folded[name][2] = files
             fault_point("compacted")
-            self._compacted(name, targets, level, change.arrow.num_rows)
+            self._compacted(name, m.targets, m.level, None if m.change is None else m.change.num_rows)
         return out
 
     def _append(self, arrangement: Arrangement, change: Changelog) -> list[_File]:
