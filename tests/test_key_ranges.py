@@ -3,7 +3,8 @@ the bounds estimated from per-file min, max and row counts; the partitioning by 
 in its own partition, ascending, NULLs first, no sampling job and no second exchange for the
 consolidation); a rebuild whose state and target files are cut at those bounds, then
 maintained equal to batch evaluation; and a join side whose source holds its key clustered,
-written as its scan reads it (no exchange), each file sorted."""
+written as its scan reads it (no exchange), each file sorted, or written again in ranges when
+the files its tasks wrote overlap after all."""
 from __future__ import annotations
 
 import datetime
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from deltalake import DeltaTable
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, DecimalType, LongType, StringType
 
@@ -140,8 +142,6 @@ def test_a_side_whose_tasks_read_distant_files_is_written_again_in_ranges(spark,
     ``maxPartitionBytes``, largest file first): the files the tasks write hold a key in about
     1.3 files, past a bound of 1.2, so the side is written again in disjoint ranges from those
     files, which are removed; the batches after equal batch evaluation."""
-    from deltalake import DeltaTable
-
     from consistent_stream.settings import spark_confs
     monkeypatch.setattr(ranges, "CLUSTERED_FILES_PER_KEY", 1.2)
     caplog.set_level("INFO", logger="consistent_stream")

@@ -374,7 +374,7 @@ class _CutAhead:
     @staticmethod
     def start(job: JobSpec, full_refresh: bool) -> "_CutAhead | None":
         """The guess for ``job``'s run, started; None where none is made (a local target, a
-        full refresh, a source other than a Delta table)."""
+        full refresh, a source not read before the lock is held: ``reads_before_lock``)."""
         if full_refresh or not job.sources or not location.is_remote(job.target_path) or \
                 not all(source_class(s.format).reads_before_lock for s in job.sources):
             return None

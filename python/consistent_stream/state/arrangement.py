@@ -938,9 +938,13 @@ class StateStore:
         try:
             data = self._read_local(arrangement, targets, None) if targets else schema.empty_table()
             if change is not None:
-                data = pa.concat_tables([data, change.select(schema.names).cast(data.schema)])
+                try:
+                    change = change.select(schema.names).cast(data.schema)
+                except pa.ArrowInvalid:
+                    return None
+                data = pa.concat_tables([data, change])
             data = consolidate_arrow(data, arrangement.additive, arrangement.compensated)
-        except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid):
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
             return None
         if complete and arrangement.live:
             data = arrangement.live_rows(data)
