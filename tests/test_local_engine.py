@@ -254,3 +254,24 @@ def test_translations_are_kept_per_sql_and_column_types_and_read_back_from_their
     other = Translations(path)
     translate(sql, TABLES, translations=other)
     assert other.made == 1
+
+
+def test_a_translation_types_its_own_parse_and_check_leaves_a_given_tree_as_it_was():
+    """``Translations`` hands ``check`` its parsed tree to type in place (no copy): the same
+    SQL over other column types, and a query that is not local, are parsed again each time."""
+    from consistent_stream.exec.local import _parse, check
+    sql = "SELECT p / d AS r, CAST(p AS DECIMAL(20, 4)) AS w FROM va"
+    tree = _parse(sql)
+    before = tree.sql("spark")
+    check(tree, {"va": {"p": "DECIMAL(15, 2)", "d": "DECIMAL(15, 2)"}})
+    assert tree.sql("spark") == before
+    wider = {**TABLES, "va": A.set_column(A.schema.get_field_index("p"), "p", A["p"].cast(pa.decimal128(20, 4)))}
+    t = Translations()
+    assert translate(sql, TABLES, translations=t) == translate(sql, TABLES)
+    assert translate(sql, wider, translations=t) == translate(sql, wider)
+    assert translate(sql, TABLES, translations=t) == translate(sql, TABLES)
+    assert t.made == 2
+    not_local = "SELECT CAST(p AS INT) AS r FROM va"   # Spark truncates, DuckDB rounds: declined
+    for _ in range(2):
+        with pytest.raises(NotLocal):
+            translate(not_local, TABLES, translations=t)

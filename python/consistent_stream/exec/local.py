@@ -230,12 +230,13 @@ def _relations(tree) -> list[str]:
     return used
 
 
-def _translated(tree, schema: list) -> tuple[str, list]:
+def _translated(tree, schema: list, copy: bool = True) -> tuple[str, list]:
     """The DuckDB SQL of the parsed query ``tree`` over views of ``schema`` ([[view,
     [[column, Spark SQL type], ..]], ..]) and its divisions' signatures; NotLocal as
-    :func:`check` raises it (``check`` types a copy: ``tree`` is left as it is)."""
+    :func:`check` raises it. ``copy``: as :func:`check`'s (False: ``tree`` is typed in place
+    and not usable after)."""
     from sqlglot import exp
-    typed, divisions = check(tree, {n: dict(cols) for n, cols in schema})
+    typed, divisions = check(tree, {n: dict(cols) for n, cols in schema}, copy=copy)
     for node in list(typed.find_all(exp.TryCast)):
         node.replace(exp.Cast(this=node.this, to=node.args["to"]))
     return typed.sql(dialect="duckdb", copy=False), sorted(divisions)   # (typed: check's own copy)
@@ -304,7 +305,9 @@ class Translations:
         key = json.dumps([sql, schema])
         hit = self._translated.get(key)
         if hit is None:
-            hit = self._translated[key] = list(_translated(self._tree(sql), schema))
+            tree = self._tree(sql)
+            self._trees.pop(sql, None)   # typed in place below: parsed again if ever needed
+            hit = self._translated[key] = list(_translated(tree, schema, copy=False))
             self._dirty = True
             self.made += 1
         duck_sql, divisions = hit
@@ -394,16 +397,18 @@ def _window_functions():
     return (exp.RowNumber, exp.Rank, exp.DenseRank, exp.Ntile, exp.Lag, exp.Lead)
 
 
-def check(tree, schema: dict[str, dict[str, str]]):
+def check(tree, schema: dict[str, dict[str, str]], copy: bool = True):
     """Raise NotLocal unless every construct of the parsed Spark query ``tree`` has the same
     result in DuckDB (the rules of the module docstring). ``schema``: view -> column -> Spark
     SQL type. Returns the query qualified and typed, each decimal division replaced by a
-    call of its :class:`SparkDivision`, and the set of those divisions' signatures."""
+    call of its :class:`SparkDivision`, and the set of those divisions' signatures.
+    ``copy``: type a copy of ``tree`` (False: ``tree`` itself, which the caller then gives
+    up; the copy is a fifth of a translation's time)."""
     from sqlglot import exp
     from sqlglot.optimizer.annotate_types import annotate_types
     from sqlglot.optimizer.qualify import qualify
     allowed = _allowed()
-    tree = _folded_date_arithmetic(tree.copy())   # the one copy: typed below in place
+    tree = _folded_date_arithmetic(tree.copy() if copy else tree)   # typed below in place
     for node in tree.walk():
         if isinstance(node, exp.Like) and _plain_pattern(node):
             continue
@@ -567,7 +572,7 @@ def _typed_decimal_literals(tree):
         whole, _, frac = digits.partition(".")
         p = max(1, len(whole.lstrip("0")) + len(frac), len(frac))
         return exp.Cast(this=node.copy(), to=exp.DataType.build(f"DECIMAL({p}, {len(frac)})"))
-    return tree.transform(fn)
+    return tree.transform(fn, copy=False)   # (``tree``: check's own)
 
 
 def _type(node):
@@ -716,7 +721,7 @@ def _check_cast(node) -> None:
             and _dec(src) is not None:
         return   # decimal arithmetic (Spark's type, :func:`_dec`) to a DECIMAL: as below
     st = _type(src)
-    if st.sql("spark") == to.sql("spark"):
+    if st == to or st.sql("spark") == to.sql("spark"):   # (equal trees first: generating SQL costs more)
         return
     s_name = st.this.name
     if s_name in _INT_DIGITS and t_name in _INT_DIGITS and _INT_DIGITS[t_name] >= _INT_DIGITS[s_name]:
