@@ -239,7 +239,7 @@ def _translated(tree, schema: list, copy: bool = True) -> tuple[str, list]:
     typed, divisions = check(tree, {n: dict(cols) for n, cols in schema}, copy=copy)
     for node in list(typed.find_all(exp.TryCast)):
         node.replace(exp.Cast(this=node.this, to=node.args["to"]))
-    return typed.sql(dialect="duckdb", copy=False), sorted(divisions)   # (typed: check's own copy)
+    return typed.sql(dialect="duckdb", copy=False), sorted(divisions)   # (typed: this call's own)
 
 
 @functools.lru_cache(maxsize=1)
@@ -403,7 +403,7 @@ def check(tree, schema: dict[str, dict[str, str]], copy: bool = True):
     SQL type. Returns the query qualified and typed, each decimal division replaced by a
     call of its :class:`SparkDivision`, and the set of those divisions' signatures.
     ``copy``: type a copy of ``tree`` (False: ``tree`` itself, which the caller then gives
-    up; the copy is a fifth of a translation's time)."""
+    up, and no copy is made: copying a tree costs as much as a large part of its check)."""
     from sqlglot import exp
     from sqlglot.optimizer.annotate_types import annotate_types
     from sqlglot.optimizer.qualify import qualify
