@@ -230,13 +230,13 @@ def _relations(tree) -> list[str]:
     return used
 
 
-def _translated(tree, schema: list, copy: bool = True) -> tuple[str, list]:
+def _translated(tree, schema: list) -> tuple[str, list]:
     """The DuckDB SQL of the parsed query ``tree`` over views of ``schema`` ([[view,
     [[column, Spark SQL type], ..]], ..]) and its divisions' signatures; NotLocal as
-    :func:`check` raises it. ``copy``: as :func:`check`'s (False: ``tree`` is typed in place
-    and not usable after)."""
+    :func:`check` raises it. ``tree`` is typed in place (``check(copy=False)``): the caller
+    gives it up."""
     from sqlglot import exp
-    typed, divisions = check(tree, {n: dict(cols) for n, cols in schema}, copy=copy)
+    typed, divisions = check(tree, {n: dict(cols) for n, cols in schema}, copy=False)
     for node in list(typed.find_all(exp.TryCast)):
         node.replace(exp.Cast(this=node.this, to=node.args["to"]))
     return typed.sql(dialect="duckdb", copy=False), sorted(divisions)   # (typed: this call's own)
@@ -307,7 +307,7 @@ class Translations:
         if hit is None:
             tree = self._tree(sql)
             self._trees.pop(sql, None)   # typed in place below: parsed again if ever needed
-            hit = self._translated[key] = list(_translated(tree, schema, copy=False))
+            hit = self._translated[key] = list(_translated(tree, schema))
             self._dirty = True
             self.made += 1
         duck_sql, divisions = hit
