@@ -420,3 +420,31 @@ def test_a_steady_run_takes_the_targets_catalog_entry_from_dbts_relation_cache(s
     assert asked == [], asked
     assert {r["cid"]: r["total"] for r in spark.table(f"{schema}.totals").collect()} == {1: 11, 2: 15}
     assert {r["cid"]: r["total"] for r in spark.table(f"{schema}.big").collect()} == {1: 11, 2: 15}
+
+
+def test_a_catalog_entry_gives_each_kind_of_entry_its_type_provider_and_exact_location(spark, tmp_path):
+    """``catalog_entry`` on a classic session reads the metastore entry alone: an external
+    Delta table at a path whose URI escapes a space and a ``%`` (the URI as the metastore keeps
+    it), a managed Parquet table, a
+    view, a table whose comment holds lines that look like the entry's own, and no entry (no
+    table, no schema)."""
+    from consistent_stream.sink.catalog import CatalogEntry, catalog_entry
+    schema = f"entries_{uuid.uuid4().hex[:8]}"
+    odd = tmp_path / "a dir%20x"
+    spark.sql(f"CREATE SCHEMA `{schema}`")
+    try:
+        spark.sql(f"CREATE TABLE `{schema}`.`odd` (a INT) USING delta LOCATION '{odd}'")
+        spark.sql(f"CREATE TABLE `{schema}`.`managed` (a INT) USING parquet "
+                  f"COMMENT 'Type: VIEW\\nProvider: csv\\nLocation: file:/elsewhere'")
+        spark.sql(f"CREATE VIEW `{schema}`.`v` AS SELECT 1 AS a")
+        entry = catalog_entry(spark, schema, "odd")
+        assert (entry.kind, entry.provider) == ("EXTERNAL", "delta")
+        assert entry.location == "file:" + str(tmp_path).replace("%", "%25") + "/a%20dir%2520x", entry
+        managed = catalog_entry(spark, schema, "managed")
+        assert (managed.kind, managed.provider) == ("MANAGED", "parquet")
+        assert managed.location.endswith("/managed") and "elsewhere" not in managed.location
+        assert catalog_entry(spark, schema, "v") == CatalogEntry("VIEW", None, None)
+        assert catalog_entry(spark, schema, "none") is None
+        assert catalog_entry(spark, f"{schema}_none", "odd") is None
+    finally:
+        spark.sql(f"DROP SCHEMA `{schema}` CASCADE")

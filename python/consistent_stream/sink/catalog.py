@@ -162,23 +162,32 @@ def _external_catalog_entry(spark: SparkSession, schema: str, identifier: str) -
     """:func:`catalog_entry` through a classic session's ``ExternalCatalog`` (Spark's
     ``sharedState.externalCatalog``: the metastore behind ``spark_catalog``, with Spark's
     listener events, as ``SHOW TABLE EXTENDED`` reads it). Names are lower-cased as Spark's
-    session catalog does for a case-insensitive analysis (the default; Hive keeps them so)."""
+    session catalog does for a case-insensitive analysis (the default; Hive keeps them so).
+
+    Every run of a model asks this once (:func:`publish`), and each py4j call is a round trip
+    to the JVM: the type and provider are read from the ``CatalogTable``'s text (the lines
+    ``SHOW TABLE EXTENDED`` prints), and only the location is asked for, as a ``URI``: its
+    text is exact where the printed one is unescaped (a ``%20`` in a path)."""
     case_sensitive = spark.conf.get("spark.sql.caseSensitive", "false").lower() == "true"
     db, name = (schema, identifier) if case_sensitive else (schema.lower(), identifier.lower())
     external = spark._jsparkSession.sharedState().externalCatalog()
-    if not external.databaseExists(db) or not external.tableExists(db, name):
-        return None
     try:
         table = external.getTable(db, name)
-    except Exception as e:  # py4j's Java error: dropped between the two calls
-        if "NoSuchTableException" in str(e) or "NoSuchDatabaseException" in str(e):
+        text = table.toString()
+    except Exception as e:  # py4j's Java error, or PySpark's AnalysisException converted from it
+        if any(s in str(e) for s in ("NoSuchTableException", "NoSuchDatabaseException", "TABLE_OR_VIEW_NOT_FOUND",
+                                     "SCHEMA_NOT_FOUND")):
             return None
         raise
-    provider = table.provider()
-    location = table.storage().locationUri()
-    return CatalogEntry(kind=table.tableType().name().upper(),
-                        provider=provider.get().lower() if provider.isDefined() else None,
-                        location=location.get().toString() if location.isDefined() else None)
+    # its lines in a fixed order: ``Type`` and ``Provider`` come before any value that may hold
+    # a line break (a comment, table properties, a view's text), so their first lines are theirs
+    printed: dict[str, str] = {}
+    for line in text.splitlines():
+        if ": " in line:
+            printed.setdefault(*line.split(": ", 1))
+    kind = printed.get("Type", "").upper()
+    return CatalogEntry(kind=kind, provider=printed["Provider"].lower() if printed.get("Provider") else None,
+                        location=None if kind == "VIEW" else table.location().toString())
 
 
 def drop_entry(spark: SparkSession, schema: str, identifier: str) -> None:
