@@ -367,3 +367,37 @@ def test_min_and_max_follow_an_update_that_changes_no_count(spark, tmp_path):
     sc.run(job)
     sc.update("t", {"x": "1"}, "k = 3")    # b: 4 -> 1
     sc.run(job)
+
+
+def test_a_rule_that_reads_two_arrangements_scans_them_at_once(spark, tmp_path, monkeypatch):
+    """A join whose two sides both change reads each side's old rows at the other's keys, and
+    an aggregate with MIN and MAX reads its accumulators and its value multiset at the same
+    groups: the second read of each is started before the first (``prefetch``) and scanned on
+    another thread with its own DuckDB cursor, and its rows are the read's. Every version
+    equals batch evaluation."""
+    import threading
+
+    from consistent_stream.state.arrangement import StateStore
+    scans: list[tuple[str, bool]] = []
+    read_local = StateStore._read_local
+
+    def recorded(self, arrangement, files, keys, limit=None, scan=None):
+        scans.append((arrangement.name, threading.current_thread() is threading.main_thread()))
+        return read_local(self, arrangement, files, keys, limit, scan)
+    monkeypatch.setattr(StateStore, "_read_local", recorded)
+    sc = Scenario(spark, tmp_path, {
+        "c": pa.table({"id": [1, 2, 3], "seg": ["a", "b", "a"]}),
+        "o": pa.table({"oid": [10, 11, 12, 13], "cid": [1, 1, 2, 3], "amt": [5, 7, 1, 3]}),
+    }, {"c": ["id"], "o": ["oid"]})
+    job = sc.job("select c.seg, count(*) as n, min(o.amt) as lo, max(o.amt) as hi "
+                 "from src.o o join src.c c on o.cid = c.id group by c.seg", "seg")
+    sc.run(job, full_refresh=True)
+    sc.insert("o", pa.table({"oid": [14], "cid": [2], "amt": [9]}))   # the orders side: customer 2's rows read
+    sc.update("c", {"seg": "'b'"}, "id = 3")                          # the customers side: order 13 read
+    sc.delete("o", "oid = 10")                                        # segment a's MIN: its multiset read
+    scans.clear()
+    sc.run(job)
+    joined = [(name, main) for name, main in scans if "_join_" in name]
+    grouped = [(name, main) for name, main in scans if "_aggregate_" in name]
+    assert len({n for n, _ in joined}) == 2 and sorted(m for _, m in joined) == [False, True], scans
+    assert len({n for n, _ in grouped}) == 2 and sorted(m for _, m in grouped) == [False, True], scans

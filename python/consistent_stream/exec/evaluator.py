@@ -184,6 +184,10 @@ class _SharedRead:
             self.done = (keys, null_safe, rows)
         return rows if keys is asked else _at(rows, asked)
 
+    def prefetch(self, keys: KeySet | None, null_safe: bool = True) -> None:
+        if self.done is None and not self.ahead:   # (else its first read asks for other keys)
+            self.lookup.prefetch(keys, null_safe)
+
     def read_range(self, ranges):
         return self.lookup.read_range(ranges)
 

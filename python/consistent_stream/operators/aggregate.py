@@ -347,6 +347,12 @@ def aggregate_delta(spec: AggregateSpec, delta: Changelog, state: OperatorState,
         read = lookup.read(touched) if g else lookup.read(None)
         return None if read.is_empty else read.sql
 
+    if g and not first and touched is not None and not touched.empty:
+        # the value multisets are read at the same groups as the accumulators: at once
+        for i in range(len(multiset_args)):
+            lookup = state.old(f"vals{i}")
+            if not lookup.empty:
+                lookup.prefetch(touched)
     acc_old = old_rows("acc")
     all_cols = cols_sql(g + value_cols)
     if acc_old is None and g and partial.consolidated:
@@ -424,6 +430,9 @@ class OutputLookup:
         ch = Changelog.of_query(rows.views, out, self.columns)
         ch.consolidated = True
         return ch
+
+    def prefetch(self, keys, null_safe: bool = True) -> None:
+        return None   # (its read asks the accumulators for other keys: the groups')
 
     def read_range(self, ranges):
         raise NotImplementedError("an aggregate's output is looked up by its groups, not by range")

@@ -192,8 +192,11 @@ def join_delta(kind: str, left: JoinSide, right: JoinSide, left_old: Lookup, rig
             l_at.append(k_r.renamed(left.keys))
         if k_l is not None and unmatched_r:
             l_at.append(k_l)
-        right.old = _read(right_old, r_at, null_safe)
-        left.old = _read(left_old, l_at, null_safe)
+        r_keys, l_keys = _read_keys(right_old, r_at), _read_keys(left_old, l_at)
+        if r_keys is not None and l_keys is not None:
+            left_old.prefetch(l_keys, null_safe)   # (read while the right side is read here)
+        right.old = _read(right_old, r_keys, null_safe)
+        left.old = _read(left_old, l_keys, null_safe)
 
     parts: list[str] = []
     if inner:
@@ -241,12 +244,18 @@ def _whole_outer(kind: str, left: JoinSide, right: JoinSide, residual, null_safe
             f"ON {_on('l', left, 'r', right, residual, null_safe)}")
 
 
-def _read(lookup: Lookup, at: list[KeySet], null_safe: bool) -> Changelog | None:
-    """The old rows of one side at the union of ``at`` (None: none needed, or none stored)."""
+def _read_keys(lookup: Lookup, at: list[KeySet]) -> KeySet | None:
+    """The keys one side's old rows are read at: the union of ``at`` (None: no read needed,
+    or none stored)."""
     if not at or lookup.empty:
         return None
     keys = union_keys(at)
-    if keys.empty:
+    return None if keys.empty else keys
+
+
+def _read(lookup: Lookup, keys: KeySet | None, null_safe: bool) -> Changelog | None:
+    """The old rows of one side at ``keys`` (:func:`_read_keys`; None: none)."""
+    if keys is None:
         return None
     old = lookup.read(keys, null_safe=null_safe)
     return None if old.is_empty else old

@@ -21,12 +21,19 @@ class Lookup(Protocol):
     possibly with rows of other keys too and not consolidated (every rule is correct on such
     a superset: rows of untouched keys cancel); ``read_range(ranges)`` likewise for
     the rows whose columns lie in ranges. Columns: the arrangement's.
+    ``prefetch(keys)``: a rule that reads several lookups says so before the first read.
     """
 
     @property
     def empty(self) -> bool: ...
 
     def read(self, keys: KeySet | None, null_safe: bool = True) -> Changelog: ...
+
+    def prefetch(self, keys: KeySet | None, null_safe: bool = True) -> None:
+        """Start reading ``keys`` in the background, where this lookup can: a later
+        :meth:`read` of the same ``keys`` object then waits for it instead of reading. Doing
+        nothing is always correct."""
+        ...
 
     def read_range(self, ranges: dict[str, list[tuple[object, object]]]) -> Changelog:
         """Its rows whose columns may each lie in one of their inclusive ``ranges`` (None:
@@ -55,6 +62,9 @@ class RelationLookup:
         sql = f"SELECT * FROM {self.rows.sql} s LEFT SEMI JOIN {keys.relation()} k ON " + \
             key_condition("s", self.key, "k", keys.columns, null_safe)
         return Changelog.of_query(self.rows.views, sql, self.rows.columns)
+
+    def prefetch(self, keys: KeySet | None, null_safe: bool = True) -> None:
+        return None
 
     def read_range(self, ranges: dict[str, list[tuple[object, object]]]) -> Changelog:
         return self.rows

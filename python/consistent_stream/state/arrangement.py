@@ -48,6 +48,7 @@ import functools
 import json
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -65,7 +66,7 @@ from .. import ranges
 from ..ranges import Bounds, range_partitioned
 from ..errors import CommitError
 from ..faults import fault_point
-from ..threads import at_once
+from ..threads import at_once, begin
 from ..fsum import pair_sum_sql
 from .. import location, settings, storage
 from ..settings import STATE_FILE_ROWS, spark_confs
@@ -290,6 +291,10 @@ class Lookup:
     def read(self, keys: KeySet | None, null_safe: bool = True) -> Changelog:
         return self.store.read(self.arrangement, keys, null_safe)
 
+    def prefetch(self, keys: KeySet | None, null_safe: bool = True) -> None:
+        """Start the read of ``keys`` now (:meth:`StateStore.prefetch`)."""
+        self.store.prefetch(self.arrangement, keys, null_safe)
+
     def read_range(self, ranges: dict[str, list[tuple[object, object]]]) -> Changelog:
         """Its rows whose columns may lie in ``ranges`` (per column, inclusive ``(lo, hi)``
         Python values, None unbounded): the rows of the files whose statistics meet one
@@ -326,6 +331,8 @@ class StateStore:
         self.views: Views | None = None
         self.bounds: Bounds | None = None
         self._keyed_scan: KeyedScan | None = None
+        # arrangement name -> (keys, null_safe, files, wait for the rows) of a read started early
+        self._prefetched: dict[str, tuple[KeySet, bool, list[_File], Callable[[], pa.Table | None]]] = {}
 
     # ---- the state as of the previous batch --------------------------------------------------
     def open(self, version: int | None, views: Views, *, rebuild: bool = False, bounds: Bounds | None = None) -> None:
@@ -368,7 +375,14 @@ class StateStore:
     def end_batch(self) -> None:
         """End the batch :meth:`open` started: close the DuckDB cursor of its keyed reads (a
         cursor costs microseconds to open; one kept by a store that outlives its run, held by
-        Spark's foreachBatch callback, was only closed by the garbage collector)."""
+        Spark's foreachBatch callback, was only closed by the garbage collector). A read
+        started early (:meth:`prefetch`) and never asked for is waited for: it closes its own."""
+        for *_, wait in self._prefetched.values():
+            try:
+                wait()
+            except Exception as e:  # noqa: BLE001  (nobody asked for its rows)
+                log.debug("an unread prefetch failed: %s", e)
+        self._prefetched.clear()
         if self._keyed_scan is not None:
             self._keyed_scan.close()
             self._keyed_scan = None
@@ -402,8 +416,38 @@ class StateStore:
         driver and picked files of at most ``settings.DRIVER_SCAN_ROWS`` rows: a streaming scan on the
         driver keeping the rows at the keys (up to ``DRIVER_MATCH_ROWS`` of them); whole files
         of at most ``DRIVER_READ_ROWS`` rows: read on the driver; otherwise Spark's executors
-        read the files and a semi join keeps the rows at the keys."""
+        read the files and a semi join keeps the rows at the keys. A read :meth:`prefetch`
+        started for the same ``keys`` (the same object) takes its rows from there."""
+        early = self._prefetched.pop(arrangement.name, None)
+        if early is not None and early[0] is keys and early[1] == null_safe:
+            return self._read(arrangement, early[2], keys, null_safe, scanned=early[3])
+        if early is not None:
+            self._prefetched[arrangement.name] = early   # (waited for at the batch's end)
         return self._read(arrangement, self._pick(arrangement, keys, null_safe), keys, null_safe)
+
+    def prefetch(self, arrangement: Arrangement, keys: KeySet | None, null_safe: bool = True) -> None:
+        """Start the :meth:`read` of ``arrangement`` at ``keys`` on the process's threads when
+        it is a keyed scan on the driver (the files it picks hold at most
+        ``settings.DRIVER_SCAN_ROWS`` rows): a delta rule that reads two arrangements (a
+        join's two sides, an aggregate's accumulators and value multisets) then scans both at
+        once. DuckDB's scan and Arrow's decoding release the GIL, so the two overlap on the
+        driver's cores, and on an object store their GETs share a round trip. The scan runs on
+        a DuckDB cursor of its own; the read still counts the rows and makes the changelog.
+        Anything else (Spark's reads, ranges) starts nothing and is read when asked for."""
+        if (keys is None or keys.arrow is None or not arrangement.key or not keys.arrow.num_rows
+                or arrangement.name in self._prefetched):
+            return
+        files = self._pick(arrangement, keys, null_safe)
+        if not files or sum(f.rows for f in files) > settings.DRIVER_SCAN_ROWS:
+            return
+
+        def scan() -> pa.Table | None:
+            own = KeyedScan()
+            try:
+                return self._read_local(arrangement, files, keys, limit=DRIVER_MATCH_ROWS, scan=own)
+            finally:
+                own.close()
+        self._prefetched[arrangement.name] = (keys, null_safe, files, begin(scan, "state-read"))
 
     def read_range(self, arrangement: Arrangement, ranges: dict[str, list[tuple[object, object]]]) -> Changelog:
         """Rows of ``arrangement`` as of the previous batch in the files whose min/max
@@ -469,8 +513,10 @@ class StateStore:
             k *= 2
         return self._read(arrangement, files, None, True)
 
-    def _read(self, arrangement: Arrangement, files: list[_File], keys: KeySet | None, null_safe: bool) -> Changelog:
-        """:meth:`read` of the picked ``files``."""
+    def _read(self, arrangement: Arrangement, files: list[_File], keys: KeySet | None, null_safe: bool,
+              scanned: Callable[[], pa.Table | None] | None = None) -> Changelog:
+        """:meth:`read` of the picked ``files``; ``scanned``: waits for their keyed scan on the
+        driver, started by :meth:`prefetch`."""
         schema = arrangement.schema
         rows = sum(f.rows for f in files)
         self.metrics.rows_read += rows
@@ -479,7 +525,8 @@ class StateStore:
             return Changelog.empty(self.views, schema)
         keyed = keys is not None and keys.arrow is not None and bool(arrangement.key)
         if keyed and rows <= settings.DRIVER_SCAN_ROWS:
-            data = self._read_local(arrangement, files, keys, limit=DRIVER_MATCH_ROWS)
+            data = scanned() if scanned is not None else \
+                self._read_local(arrangement, files, keys, limit=DRIVER_MATCH_ROWS)
             if data is not None:
                 return Changelog.of_arrow(self.views, data, schema=schema)
         elif rows <= DRIVER_READ_ROWS and (keys is None or keys.arrow is not None):
@@ -494,10 +541,11 @@ class StateStore:
         return Changelog.of_query(self.views, sql, schema.fieldNames())
 
     def _read_local(self, arrangement: Arrangement, files: list[_File], keys: KeySet | None,
-                    limit: int | None = None) -> pa.Table | None:
+                    limit: int | None = None, scan: KeyedScan | None = None) -> pa.Table | None:
         """The rows of ``files`` (at ``keys`` when given: per key column, its values; a
         superset for several columns), read on the driver batch by batch. None when more
-        than ``limit`` rows match."""
+        than ``limit`` rows match. ``scan``: the DuckDB cursor to scan with (default: the
+        batch's, :meth:`_duck`; one thread at a time)."""
         import pyarrow.fs as pafs
 
         fs, base = location.pyarrow_filesystem(self.table.file_uri(""))
@@ -507,7 +555,7 @@ class StateStore:
         keyed = {c: keys.arrow.column(c) for c in arrangement.key} \
             if keys is not None and arrangement.key and keys.arrow.num_rows else None
         if keyed and isinstance(fs, pafs.LocalFileSystem):
-            found = self._duck().scan(paths, schema, keyed, limit)
+            found = (scan or self._duck()).scan(paths, schema, keyed, limit)
             if found is not UNSUPPORTED:
                 return found
         sizes = [f.data.size for f in files]
