@@ -20,6 +20,7 @@ Delta table) named only by its table is: the location its catalog entry gives.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 
@@ -31,6 +32,8 @@ from ..delta.deltars import as_uri
 from ..faults import fault_point
 from ..errors import ConfigError
 from ..location import fs_path
+
+log = logging.getLogger(__name__)
 
 LEGACY_SNAPSHOTS = "_consistent_stream/snapshots"
 """Where the hard-link snapshot directories of a Parquet catalog entry were kept (removed)."""
@@ -186,8 +189,14 @@ def _external_catalog_entry(spark: SparkSession, schema: str, identifier: str) -
         if ": " in line:
             printed.setdefault(*line.split(": ", 1))
     kind = printed.get("Type", "").upper()
+    location = None
+    if kind != "VIEW" and printed.get("Location"):
+        try:
+            location = table.location().toString()
+        except Exception as e:  # noqa: BLE001  (a "Location" line of a comment, on an entry without one)
+            log.debug("catalog entry %s.%s has no location: %s", db, name, e)
     return CatalogEntry(kind=kind, provider=printed["Provider"].lower() if printed.get("Provider") else None,
-                        location=None if kind == "VIEW" else table.location().toString())
+                        location=location)
 
 
 def drop_entry(spark: SparkSession, schema: str, identifier: str) -> None:
