@@ -448,3 +448,16 @@ def test_a_catalog_entry_gives_each_kind_of_entry_its_type_provider_and_exact_lo
         assert catalog_entry(spark, f"{schema}_none", "odd") is None
     finally:
         spark.sql(f"DROP SCHEMA `{schema}` CASCADE")
+
+
+def test_an_entrys_printed_lines_are_read_as_its_own_where_a_value_holds_lines_like_them():
+    """``SHOW TABLE EXTENDED``'s information (as over Spark Connect) of a table whose comment and
+    storage properties hold lines that look like the entry's: the entry's own ``Type`` and
+    ``Provider`` come first, its ``Location`` after the comment."""
+    from consistent_stream.sink.catalog import CatalogEntry
+    information = "\n".join([
+        "Catalog: spark_catalog", "Database: shop", "Table: orders", "Type: EXTERNAL", "Provider: delta",
+        "Comment: orders", "Type: VIEW", "Provider: csv", "Location: file:/elsewhere",
+        "Table Properties: [delta.enableChangeDataFeed=true]", "Location: file:/data/orders",
+        "Serde Library: org.apache.hadoop.hive.serde2.lazy.LazySimpleSerDe", "Partition Provider: Catalog"])
+    assert CatalogEntry.from_information(information) == CatalogEntry("EXTERNAL", "delta", "file:/data/orders")

@@ -117,11 +117,21 @@ class CatalogEntry:
     @classmethod
     def from_information(cls, information: str) -> "CatalogEntry":
         """The entry as ``SHOW TABLE EXTENDED``'s ``information`` column describes it (``Type``,
-        ``Provider`` and ``Location`` lines; dbt-spark keeps it on its relations)."""
-        info = dict(line.split(": ", 1) for line in information.splitlines() if ": " in line)
-        return cls(kind=info.get("Type", "").upper(),
-                   provider=info["Provider"].lower() if info.get("Provider") else None,
-                   location=info.get("Location"))
+        ``Provider`` and ``Location`` lines; dbt-spark keeps it on its relations), or the text of
+        Spark's ``CatalogTable``, which prints the same lines. Their order is fixed: ``Type`` and
+        ``Provider`` come before any value that may hold a line break (a comment, the table's
+        properties, a view's text), ``Location`` after the comment and the properties, so the
+        first line of each of the two and the last ``Location`` line are the entry's own."""
+        first: dict[str, str] = {}
+        last: dict[str, str] = {}
+        for line in information.splitlines():
+            if ": " in line:
+                name, value = line.split(": ", 1)
+                first.setdefault(name, value)
+                last[name] = value
+        return cls(kind=first.get("Type", "").upper(),
+                   provider=first["Provider"].lower() if first.get("Provider") else None,
+                   location=last.get("Location"))
 
     @property
     def external_delta(self) -> bool:
@@ -182,21 +192,14 @@ def _external_catalog_entry(spark: SparkSession, schema: str, identifier: str) -
                                      "SCHEMA_NOT_FOUND")):
             return None
         raise
-    # its lines in a fixed order: ``Type`` and ``Provider`` come before any value that may hold
-    # a line break (a comment, table properties, a view's text), so their first lines are theirs
-    printed: dict[str, str] = {}
-    for line in text.splitlines():
-        if ": " in line:
-            printed.setdefault(*line.split(": ", 1))
-    kind = printed.get("Type", "").upper()
+    printed = CatalogEntry.from_information(text)
     location = None
-    if kind != "VIEW" and printed.get("Location"):
+    if printed.kind != "VIEW" and printed.location:
         try:
             location = table.location().toString()
-        except Exception as e:  # noqa: BLE001  (a "Location" line of a comment, on an entry without one)
+        except Exception as e:  # noqa: BLE001  (a "Location" line of a value, on an entry without one)
             log.debug("catalog entry %s.%s has no location: %s", db, name, e)
-    return CatalogEntry(kind=kind, provider=printed["Provider"].lower() if printed.get("Provider") else None,
-                        location=location)
+    return CatalogEntry(kind=printed.kind, provider=printed.provider, location=location)
 
 
 def drop_entry(spark: SparkSession, schema: str, identifier: str) -> None:
