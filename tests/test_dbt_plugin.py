@@ -425,9 +425,8 @@ def test_a_steady_run_takes_the_targets_catalog_entry_from_dbts_relation_cache(s
 def test_a_catalog_entry_gives_each_kind_of_entry_its_type_provider_and_exact_location(spark, tmp_path):
     """``catalog_entry`` on a classic session reads the metastore entry alone: an external
     Delta table at a path whose URI escapes a space and a ``%`` (the URI as the metastore keeps
-    it), a managed Parquet table, a
-    view, a table whose comment holds lines that look like the entry's own, and no entry (no
-    table, no schema)."""
+    it), a managed Parquet table whose comment holds lines that look like the entry's own, a
+    view, and no entry (no table, no schema)."""
     from consistent_stream.sink.catalog import CatalogEntry, catalog_entry
     schema = f"entries_{uuid.uuid4().hex[:8]}"
     odd = tmp_path / "a dir%20x"

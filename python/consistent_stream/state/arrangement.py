@@ -418,11 +418,10 @@ class StateStore:
         of at most ``DRIVER_READ_ROWS`` rows: read on the driver; otherwise Spark's executors
         read the files and a semi join keeps the rows at the keys. A read :meth:`prefetch`
         started for the same ``keys`` (the same object) takes its rows from there."""
-        early = self._prefetched.pop(arrangement.name, None)
+        early = self._prefetched.get(arrangement.name)   # (one for other keys: waited for at the batch's end)
         if early is not None and early[0] is keys and early[1] == null_safe:
+            del self._prefetched[arrangement.name]
             return self._read(arrangement, early[2], keys, null_safe, scanned=early[3])
-        if early is not None:
-            self._prefetched[arrangement.name] = early   # (waited for at the batch's end)
         return self._read(arrangement, self._pick(arrangement, keys, null_safe), keys, null_safe)
 
     def prefetch(self, arrangement: Arrangement, keys: KeySet | None, null_safe: bool = True) -> None:
