@@ -424,10 +424,12 @@ def test_a_steady_run_takes_the_targets_catalog_entry_from_dbts_relation_cache(s
 
 def test_a_catalog_entry_gives_each_kind_of_entry_its_type_provider_and_exact_location(spark, tmp_path):
     """``catalog_entry`` on a classic session reads the metastore entry alone: an external
-    Delta table at a path whose URI escapes a space and a ``%`` (the URI as the metastore keeps
-    it), a managed Parquet table whose comment holds lines that look like the entry's own, a
-    view, and no entry (no table, no schema)."""
-    from consistent_stream.sink.catalog import CatalogEntry, catalog_entry
+    Delta table at a path whose URI escapes a space and a ``%`` (its location reads as that
+    path, as over Spark Connect: the table is where a publish would put it, so a publish does
+    not register it again, and a source named by it reads that path), a managed Parquet table
+    whose comment holds lines that look like the entry's own, a view, and no entry (no table,
+    no schema)."""
+    from consistent_stream.sink.catalog import CatalogEntry, CatalogTables, catalog_entry, publish
     schema = f"entries_{uuid.uuid4().hex[:8]}"
     odd = tmp_path / "a dir%20x"
     spark.sql(f"CREATE SCHEMA `{schema}`")
@@ -438,7 +440,10 @@ def test_a_catalog_entry_gives_each_kind_of_entry_its_type_provider_and_exact_lo
         spark.sql(f"CREATE VIEW `{schema}`.`v` AS SELECT 1 AS a")
         entry = catalog_entry(spark, schema, "odd")
         assert (entry.kind, entry.provider) == ("EXTERNAL", "delta")
-        assert entry.location == "file:" + str(tmp_path).replace("%", "%25") + "/a%20dir%2520x", entry
+        assert entry.location == f"file:{odd}", entry
+        assert entry.is_at(str(odd))
+        assert not publish(spark, schema, "odd", str(odd), home=str(tmp_path / "home"))
+        assert CatalogTables(spark).location(("spark_catalog", schema, "odd"), "source shop.odd") == str(odd)
         managed = catalog_entry(spark, schema, "managed")
         assert (managed.kind, managed.provider) == ("MANAGED", "parquet")
         assert managed.location.endswith("/managed") and "elsewhere" not in managed.location

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from pyspark.sql import SparkSession
 
@@ -97,7 +98,8 @@ def publish(spark: SparkSession, schema: str, identifier: str, table_path: str, 
 class CatalogEntry:
     """What the metastore holds for a name, read without opening the table: ``kind``
     (``EXTERNAL``, ``MANAGED`` or ``VIEW``), ``provider`` (``delta``, ``parquet``, ...; None for a
-    view) and ``location`` (a URI; None for a view)."""
+    view) and ``location`` (a URI as ``SHOW TABLE EXTENDED`` prints it, escapes decoded: a
+    ``file:`` URI's :func:`fs_path` is the path; None for a view)."""
     kind: str
     provider: str | None
     location: str | None
@@ -179,8 +181,12 @@ def _external_catalog_entry(spark: SparkSession, schema: str, identifier: str) -
 
     Every run of a model asks this once (:func:`publish`), and each py4j call is a round trip
     to the JVM: the type and provider are read from the ``CatalogTable``'s text (the lines
-    ``SHOW TABLE EXTENDED`` prints), and only the location is asked for, as a ``URI``: its
-    text is exact where the printed one is unescaped (a ``%20`` in a path)."""
+    ``SHOW TABLE EXTENDED`` prints), and only the location is asked for, as a ``URI``, whose
+    escapes are decoded as Spark's ``CatalogUtils.URIToString`` decodes them for that
+    printout (a directory ``a dir%20x`` is ``a%20dir%2520x`` in the URI): the location then
+    reads the same as over Spark Connect, and :func:`fs_path` of it is the table's path. Its
+    printed line is not used, since a value printed before it (a comment) may hold such a
+    line."""
     case_sensitive = spark.conf.get("spark.sql.caseSensitive", "false").lower() == "true"
     db, name = (schema, identifier) if case_sensitive else (schema.lower(), identifier.lower())
     external = spark._jsparkSession.sharedState().externalCatalog()
@@ -196,7 +202,7 @@ def _external_catalog_entry(spark: SparkSession, schema: str, identifier: str) -
     location = None
     if printed.kind != "VIEW" and printed.location:
         try:
-            location = table.location().toString()
+            location = unquote(table.location().toString())
         except Exception as e:  # noqa: BLE001  (a "Location" line of a value, on an entry without one)
             log.debug("catalog entry %s.%s has no location: %s", db, name, e)
     return CatalogEntry(kind=printed.kind, provider=printed.provider, location=location)
