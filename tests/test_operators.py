@@ -401,3 +401,46 @@ def test_a_rule_that_reads_two_arrangements_scans_them_at_once(spark, tmp_path, 
     grouped = [(name, main) for name, main in scans if "_aggregate_" in name]
     assert len({n for n, _ in joined}) == 2 and sorted(m for _, m in joined) == [False, True], scans
     assert len({n for n, _ in grouped}) == 2 and sorted(m for _, m in grouped) == [False, True], scans
+
+
+def test_a_join_over_an_aggregates_output_reads_its_other_side_beside_the_aggregates_read(spark, tmp_path,
+                                                                                          monkeypatch):
+    """Customers left joined to their order totals (an aggregate's output, looked up through its
+    accumulators): the totals change at the groups the orders' change touches, so the
+    customers' old rows are read at those groups while the aggregate reads its accumulators
+    there, on another thread, and the join's read at the groups whose totals changed takes
+    them. Every version equals batch evaluation."""
+    import threading
+
+    from consistent_stream.state.arrangement import StateStore
+    scans: list[tuple[str, bool]] = []   # (what, on the main thread), in the order they began
+    read_local, prefetch = StateStore._read_local, StateStore.prefetch
+
+    def recorded(self, arrangement, files, keys, limit=None, scan=None):
+        scans.append((arrangement.name, threading.current_thread() is threading.main_thread()))
+        return read_local(self, arrangement, files, keys, limit, scan)
+
+    def started(self, arrangement, keys, null_safe=True):
+        scans.append((f"prefetch {arrangement.name}", True))
+        return prefetch(self, arrangement, keys, null_safe)
+    monkeypatch.setattr(StateStore, "_read_local", recorded)
+    monkeypatch.setattr(StateStore, "prefetch", started)
+    sc = Scenario(spark, tmp_path, {
+        "c": pa.table({"id": [1, 2, 3, 4], "name": ["a", "b", "c", "d"]}),
+        "o": pa.table({"oid": [10, 11, 12, 13], "cid": [1, 1, 2, 3], "amt": [5, 7, 1, 3]}),
+    }, {"c": ["id"], "o": ["oid"]})
+    job = sc.job("with t as (select cid, count(*) as n, sum(amt) as total from src.o group by cid) "
+                 "select c.id, c.name, coalesce(t.n, 0) as n, coalesce(t.total, 0) as total "
+                 "from src.c c left join t on c.id = t.cid", "id")
+    sc.run(job, full_refresh=True)
+    sc.insert("o", pa.table({"oid": [14, 15], "cid": [2, 4], "amt": [9, 2]}))   # customer 4's first order
+    sc.delete("o", "oid = 13")                                                   # customer 3's last
+    scans.clear()
+    sc.run(job)
+    acc = [i for i, (n, _) in enumerate(scans) if n.endswith("_aggregate_acc")]
+    customers = [i for i, (n, _) in enumerate(scans) if n.startswith("prefetch") and "_join_" in n]
+    assert len(acc) == 1 and scans[acc[0]][1] and customers and customers[0] < acc[0], scans
+    assert [m for n, m in scans if "_join_" in n and not n.startswith("prefetch")] == [False], scans
+    sc.update("c", {"name": "'bb'"}, "id = 2")   # both sides change: the customers' own keys read too
+    sc.insert("o", pa.table({"oid": [16], "cid": [1], "amt": [4]}))
+    sc.run(job)

@@ -377,6 +377,20 @@ class KeySet:
     def empty(self) -> bool:
         return self.arrow is not None and self.arrow.num_rows == 0
 
+    def covers(self, keys: "KeySet") -> bool:
+        """Whether every tuple of ``keys`` (columns named as this set's) is one of this set's,
+        both on the driver; a tuple with a NULL is not covered."""
+        if self.arrow is None or keys.arrow is None:
+            return False
+        if keys.arrow.num_rows == 0:
+            return True
+        try:
+            missing = keys.arrow.select(self.columns).cast(self.arrow.schema) \
+                .join(self.arrow, keys=list(self.columns), join_type="left anti")
+        except (KeyError, ValueError, pa.ArrowException):
+            return False
+        return missing.num_rows == 0
+
     def renamed(self, columns: list[str]) -> "KeySet":
         """The same tuples under other column names (the other side's key columns)."""
         if self.arrow is not None:

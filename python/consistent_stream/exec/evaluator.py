@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -156,6 +157,7 @@ class _SharedRead:
     def __init__(self, lookup):
         self.lookup = lookup
         self.ahead: list[KeySet] = []
+        self.followers: list[Callable[[KeySet], None]] = []
         self.done: tuple[KeySet, bool, Changelog] | None = None   # (keys, null_safe, rows) of the first read
 
     @property
@@ -167,10 +169,17 @@ class _SharedRead:
         if self.done is None and not keys.empty:
             self.ahead.append(keys)
 
+    def on_first_read(self, follow: Callable[[KeySet], None]) -> None:
+        """Call ``follow`` with the keys the first read asks for (on the driver), right before
+        it reads: a join over the aggregate's output starts reading its other side at the
+        aggregate's groups then (:meth:`BatchEvaluator._join`), beside the aggregate's read."""
+        if self.done is None:
+            self.followers.append(follow)
+
     def read(self, keys: KeySet | None, null_safe: bool = True) -> Changelog:
         if self.done is not None:
             at, safe, rows = self.done
-            if keys is not None and (safe or not null_safe) and _covers(at, keys):
+            if keys is not None and (safe or not null_safe) and at.covers(keys):
                 return rows
             return self.lookup.read(keys, null_safe=null_safe)
         asked = keys
@@ -179,6 +188,10 @@ class _SharedRead:
                 keys = union_keys([keys, *self.ahead])
             except pa.ArrowException as e:   # keys of types that do not cast: the asked keys alone
                 log.debug("keys read ahead not joined to the read of %s: %s", keys.columns, e)
+        followers, self.followers = self.followers, []
+        if asked is not None and asked.arrow is not None:
+            for follow in followers:
+                follow(asked)
         rows = self.lookup.read(keys, null_safe=null_safe)
         if keys is not None and keys.arrow is not None:
             self.done = (keys, null_safe, rows)
@@ -210,19 +223,17 @@ def _at(rows: Changelog, keys: KeySet) -> Changelog:
     return Changelog.of_arrow(rows.views, rows.arrow.filter(keep))
 
 
-def _covers(at: KeySet, keys: KeySet) -> bool:
-    """Whether every tuple of ``keys`` is one of ``at``'s (both on the driver; a NULL is not
-    covered)."""
-    if at.arrow is None or keys.arrow is None:
-        return False
-    if keys.arrow.num_rows == 0:
-        return True
-    try:
-        missing = keys.arrow.select(at.columns).cast(at.arrow.schema) \
-            .join(at.arrow, keys=list(at.columns), join_type="left anti")
-    except (KeyError, ValueError, pa.ArrowException):
-        return False
-    return missing.num_rows == 0
+def _read_other_side(other, output: OutputLookup, keys: list[str], other_keys: list[str],
+                     null_safe: bool) -> Callable[[KeySet], None]:
+    """For :meth:`_SharedRead.on_first_read`: given an aggregate's groups (a :class:`KeySet`
+    of its group columns), start the read of a join's ``other`` side (its key columns
+    ``other_keys``) at the same values, through the join's keys on the output side (``keys``,
+    which ``output`` maps to group columns). The join's own read of that side later asks for
+    the groups whose output changed, covered by these (:meth:`StateStore.read`)."""
+    def follow(groups: KeySet) -> None:
+        at = groups.arrow.select([output.key_map[k] for k in keys]).rename_columns(list(other_keys))
+        other.prefetch(KeySet(groups.views, list(other_keys), at, None), null_safe)
+    return follow
 
 
 class BatchEvaluator:
@@ -569,6 +580,17 @@ class BatchEvaluator:
         for role in order:
             child_node, other_role = roles[role], "right" if role == "left" else "left"
             if shared[role] is not None:
+                other_old = olds.get(other_role)
+                # the other side's old rows are read at this side's change keys, and for the
+                # unmatched rows of an outer side at its own change's keys too (join_delta)
+                own_keys_too = node.kind == "full" or (other_role == "right" and node.kind != "inner")
+                if other_old is not None and shared[other_role] is None and isinstance(shared[role].acc, _SharedRead) \
+                        and not (own_keys_too and not sides[other_role].delta.is_empty):
+                    # this side's change is at the aggregate's changed groups, a subset of those
+                    # it reads its accumulators at: the other side's old rows are read there,
+                    # beside that read, instead of after it (join_delta's read takes them)
+                    shared[role].acc.on_first_read(_read_other_side(other_old, shared[role], node.join_key(role),
+                                                                    node.join_key(other_role), node.null_safe))
                 delta = self._output_change(child_node)
                 olds[role] = shared[role]
             else:

@@ -417,9 +417,12 @@ class StateStore:
         driver keeping the rows at the keys (up to ``DRIVER_MATCH_ROWS`` of them); whole files
         of at most ``DRIVER_READ_ROWS`` rows: read on the driver; otherwise Spark's executors
         read the files and a semi join keeps the rows at the keys. A read :meth:`prefetch`
-        started for the same ``keys`` (the same object) takes its rows from there."""
+        started for the same ``keys`` (the same object), or for keys that cover them (every
+        tuple of ``keys`` is one of them: the rows of the others are rows of other keys, as
+        above), takes its rows from there."""
         early = self._prefetched.get(arrangement.name)   # (one for other keys: waited for at the batch's end)
-        if early is not None and early[0] is keys and early[1] == null_safe:
+        if early is not None and (early[0] is keys and early[1] == null_safe
+                                  or keys is not None and early[0].covers(keys)):
             del self._prefetched[arrangement.name]
             return self._read(arrangement, early[2], keys, null_safe, scanned=early[3])
         return self._read(arrangement, self._pick(arrangement, keys, null_safe), keys, null_safe)
