@@ -224,38 +224,6 @@ def test_a_cut_guessed_while_the_lock_is_taken_is_dropped_when_another_run_commi
     assert_target_equals_batch_evaluation(spark, job, "after a run elsewhere while the lock was taken")
 
 
-def test_the_files_of_a_guessed_cut_are_fetched_while_the_lock_is_taken_and_each_read_once(spark, s3, tmp_path,
-                                                                                            monkeypatch):
-    """With the cut guessed while the run takes its writer lock (consistent_stream.job.
-    _CutAhead), the files the batch reads of its sources' new commits (an append's data file, an
-    update's Change Data Feed file) are fetched right then (``delta.files.READ_AHEAD``) and the
-    batch's reads take them: each file is read from the store once, none is left once the run
-    is over, and the version equals batch evaluation."""
-    from consistent_stream.delta import files
-    taken: list[tuple[str, bool]] = []
-    take = files.ReadAhead.take
-
-    def recorded(self, path):
-        data = take(self, path)
-        taken.append((path, data is not None))
-        return data
-    monkeypatch.setattr(files.ReadAhead, "take", recorded)
-    src = _shop(f"s3://{BUCKET}/readahead")
-    job = src.job(tmp_path, SQL, "id")
-    run_job(spark, job, full_refresh=True)
-    write_deltalake(src.path("orders"), pa.table({"oid": [13], "cid": [3], "amount": [4]}), mode="append")
-    DeltaTable(src.path("customers")).update(updates={"name": "'bo'"}, predicate="id = 2")
-    since = s3.log_offset()
-    taken.clear()
-    run_job(spark, job)
-    gets = [p for m, p in s3.request_log(since) if m == "GET" and "/src/" in p and "_delta_log" not in p]
-    assert len(gets) == 2 and len(set(gets)) == 2, gets
-    sources = [(p, hit) for p, hit in taken if "/src/" in p]
-    assert len(sources) == 2 and all(hit for _, hit in sources), taken
-    assert not files.READ_AHEAD._pending
-    assert_target_equals_batch_evaluation(spark, job, "after an append and an update read ahead")
-
-
 def _parquet_under(table: str) -> set[str]:
     """The data files of table ``table`` on the store (relative paths), not the log's or the
     Change Data Feed's."""

@@ -36,7 +36,6 @@ from pyspark.sql.types import StructType
 from . import checkpoint, config_change, location, preflight, storage
 from .delta import DeltaError, DeltaTableRef
 from .delta.log import settle as settle_checksums
-from .delta.files import READ_AHEAD
 from .errors import CompileError, ConfigError, ConsistentStreamError, SourceError
 from .exec.evaluator import PlanTypes, type_plan
 from .oracle import batch_dataframe
@@ -211,7 +210,7 @@ def run_job(spark: SparkSession, job: JobSpec, *, full_refresh: bool = False,
         raise explained from e
     finally:
         if ahead is not None:
-            ahead.close()   # (a run that did not take the lock: its guess's reads end with it)
+            ahead.settle()   # (a run that did not take the lock: its guess's reads end with it)
 
 
 def _decide(job: JobSpec, target, sources: dict, cut: Cut, fp: str,
@@ -366,18 +365,10 @@ class _CutAhead:
                 for key, src in self.sources.items():
                     if key in meta.cut:
                         src.resume(meta.cut_offsets, int(meta.cut[key]))
-                cut = Cut(latest_cut(list(self.sources.values())))
+                return Cut(latest_cut(list(self.sources.values())))
             except Exception as e:  # noqa: BLE001 (taken again from the target as read, which raises it)
                 log.debug("%s: the cut from this machine's copy of the target's log failed: %s", job.model, e)
                 return None
-            # the files the first batch reads, fetched beside the LISTs of the target and the state
-            for key, src in self.sources.items():
-                if key in meta.cut and key in cut.versions and hasattr(src, "read_ahead"):
-                    try:
-                        src.read_ahead(int(meta.cut[key]), int(cut.versions[key]), self)
-                    except Exception as e:  # noqa: BLE001 (read when asked, which reports it)
-                        log.debug("%s: source %s's change not read ahead: %s", job.model, key, e)
-            return cut
         self._pending = begin(guess, "cut-ahead")
 
     @staticmethod
@@ -394,12 +385,6 @@ class _CutAhead:
         is taken once."""
         pending, self._pending = self._pending, None
         return pending() if pending is not None else None
-
-    def close(self) -> None:
-        """At the run's end: the guess settled, and the files it read ahead that the run did
-        not read dropped once their GETs are done."""
-        self.settle()
-        READ_AHEAD.settle(self)
 
     def taken(self) -> tuple[dict, Cut | None]:
         """``(sources, cut)`` once the run holds the lock: the guessed cut when the target's

@@ -210,77 +210,6 @@ class HeldFiles:
 HELD = HeldFiles()
 """The process's :class:`HeldFiles`."""
 
-class ReadAhead:
-    """Whole data files of tables on an object store, read before a run asks for them: a
-    run that guesses its cut while it takes the writer lock (``consistent_stream.job.
-    _CutAhead``) knows the change files its sources' new commits name, and GETs them then,
-    beside its LISTs of the target and the state, instead of after them. :func:`open_rows`
-    takes a file's bytes from here (waiting for its GET) before reading it itself.
-
-    A Delta data file never changes once written (every name carries a fresh UUID), so bytes
-    read ahead are the file's whatever the guess; a guess that was wrong only read files the
-    run does not ask for. A read that failed is left out (the file is read again when asked,
-    which reports the error). Entries belong to an ``owner`` (the run), which :meth:`settle`
-    drops, waiting for their GETs first (no request of a run outlives it). Thread-safe: the
-    models of a ``dbt run`` share it, and a file one of them read ahead may be taken by
-    another."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._pending: dict[str, tuple[object, Callable[[], list]]] = {}   # path -> (owner, wait)
-
-    def start(self, paths: list[str], owner: object) -> None:
-        """GET ``paths`` (full paths on an object store) at once on the process's threads."""
-        from ..threads import at_once, begin
-
-        def get(path: str):
-            try:
-                return storage.read_bytes(path)
-            except Exception as e:  # noqa: BLE001 (read again when asked, which reports it)
-                return e
-        with self._lock:
-            paths = [p for p in dict.fromkeys(paths) if p not in self._pending]
-            if not paths:
-                return
-            wait = begin(lambda: dict(zip(paths, at_once(get, paths, "read-ahead", limit=16))), "read-ahead")
-            for p in paths:
-                self._pending[p] = (owner, wait)
-
-    def take(self, path: str) -> bytes | None:
-        """The bytes of ``path`` read ahead (waiting for its GET), once; None when it was not
-        read ahead or its read failed."""
-        with self._lock:
-            entry = self._pending.pop(path, None)
-        if entry is None:
-            return None
-        try:
-            data = entry[1]()[path]
-        except Exception:  # noqa: BLE001 (read again by the caller)
-            return None
-        return data if isinstance(data, bytes) else None
-
-    def settle(self, owner: object) -> None:
-        """Drop ``owner``'s entries not taken, once their GETs are done."""
-        with self._lock:
-            mine = [p for p, (o, _) in self._pending.items() if o is owner]
-            waits = {id(self._pending[p][1]): self._pending[p][1] for p in mine}
-            for p in mine:
-                del self._pending[p]
-        for wait in waits.values():
-            try:
-                wait()
-            except Exception:  # noqa: BLE001 (nobody asked for them)
-                pass
-
-
-READ_AHEAD = ReadAhead()
-"""The process's :class:`ReadAhead`."""
-
-READ_AHEAD_BYTES = 64 << 20
-"""At most this many bytes of a run's source files are read ahead (larger changes are read
-when asked, as they come)."""
-
-
 HELD_KEYS = HeldFiles(share=0.25)
 """The key columns of large target files whose other columns are not held: what a MERGE
 reads of a file it may mark rows of (:func:`consistent_stream.sink.rewrite._probe`), kept so
@@ -481,9 +410,6 @@ def open_rows(table_path: str, rel: str, size: int | None = None) -> ParquetRows
     store, :class:`ParquetRows`)."""
     path = data_file_path(table_path, rel)
     if location.is_remote(table_path):
-        early = READ_AHEAD.take(path)
-        if early is not None:
-            return ParquetRows(pq.ParquetFile(pa.BufferReader(early)), buffer=early)
         if not size:
             data = storage.read_bytes(path)
             return ParquetRows(pq.ParquetFile(pa.BufferReader(data)), buffer=data)

@@ -124,7 +124,6 @@ class _Part:
     partition_values: tuple
     version: int
     num_records: int | None = None
-    size: int | None = None   # bytes, from the action
 
 
 def _dv_key(action: dict) -> str | None:
@@ -207,7 +206,7 @@ def plan_parts(commits: Iterable[CommitActions], start: int, end: int, *,
         if cdc:
             used_cdc = True
             cdc_parts += [_Part(f["path"], 1, None, True, tuple(sorted((f.get("partitionValues") or {}).items())),
-                                c.version, size=f.get("size")) for f in cdc]
+                                c.version) for f in cdc]
             continue
         for a in c.actions:
             for kind, sign in (("add", 1), ("remove", -1)):
@@ -216,18 +215,17 @@ def plan_parts(commits: Iterable[CommitActions], start: int, end: int, *,
                     continue
                 key = (unquote(f["path"]), _dv_key(f))
                 net[key] += sign
-                values, seen, rows, size = info.get(key, (None, {}, None, None))
-                info[key] = (f.get("partitionValues") or {}, {**seen, kind: c.version}, _num_records(f) or rows,
-                             f.get("size") or size)
+                values, seen, rows = info.get(key, (None, {}, None))
+                info[key] = (f.get("partitionValues") or {}, {**seen, kind: c.version}, _num_records(f) or rows)
     parts = []
     for (path, dv), n in sorted(net.items(), key=lambda kv: kv[0][0] + "\0" + (kv[0][1] or "")):
         if n == 0:
             continue
-        values, seen, rows, size = info[(path, dv)]
+        values, seen, rows = info[(path, dv)]
         # the file had this deletion vector right after its add, and right before its remove
         at = seen["add"] if n > 0 else seen["remove"] - 1
         parts.append(_Part(path, n, at if dv else None, False, tuple(sorted(values.items())),
-                           seen["add" if n > 0 else "remove"], rows, size))
+                           seen["add" if n > 0 else "remove"], rows))
     return cdc_parts + parts, whole, used_cdc
 
 

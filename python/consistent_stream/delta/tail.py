@@ -166,23 +166,6 @@ class LogTail:
             return f"versions {missing[0]}.. are not in the log listing (a gap)"
         return next((r for c in self.range(start, end) if (r := c.unreadable())), None)
 
-    def read_ahead(self, start: int, end: int, owner: object) -> int:
-        """On an object store, start the GETs of the files :meth:`changes` of ``(start, end]``
-        reads (:data:`~.files.READ_AHEAD`, for ``owner``), when the range is readable from
-        the tail and its files' sizes, from their actions, add up to at most
-        :data:`~.files.READ_AHEAD_BYTES`; returns how many were started."""
-        from .. import location
-        from .files import READ_AHEAD, READ_AHEAD_BYTES
-        from .log_changes import plan_parts
-        from .values import data_file_path
-        if start >= end or not location.is_remote(self.path) or self.unreadable(start, end):
-            return 0
-        parts = plan_parts(self.range(start, end), start, end)[0]
-        if not parts or any(not p.size for p in parts) or sum(int(p.size) for p in parts) > READ_AHEAD_BYTES:
-            return 0
-        READ_AHEAD.start([data_file_path(self.path, p.path) for p in parts], owner)
-        return len(parts)
-
     def changes(self, start: int, end: int, schema: pa.Schema, partition_columns: list[str]):
         """The changelog of ``(start, end]`` (:func:`.log_changes.changelog`, the module
         docstring): ``schema``'s columns plus ``__weight``, consolidated, as a

@@ -302,14 +302,6 @@ class DeltaSource:
     def snapshot_arrow(self, position: int) -> pa.Table:
         return self._require().read_snapshot_arrow(position)
 
-    def read_ahead(self, start: int, end: int, owner: object) -> int:
-        """Start reading the files :meth:`changes` of ``(start, end]`` will read, when they are
-        on an object store and the log's tail reads the range (:meth:`LogTail.read_ahead`);
-        returns how many. Nothing else is read and nothing is kept but the files' bytes, for
-        ``owner``'s run."""
-        tail = self._tail_for(start, end)
-        return tail.read_ahead(start, end, owner) if tail is not None else 0
-
     def changes(self, views, start: int, end: int, columns: list[str] | None) -> SourceChanges:
         """The changes in ``(start, end]`` as a driver-side Z-set (a relation among ``views``),
         in the columns as named at ``end``: from the log's tail when the run goes on from its
