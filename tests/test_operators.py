@@ -441,6 +441,6 @@ def test_a_join_over_an_aggregates_output_reads_its_other_side_beside_the_aggreg
     customers = [i for i, (n, _) in enumerate(scans) if n.startswith("prefetch") and "_join_" in n]
     assert len(acc) == 1 and scans[acc[0]][1] and customers and customers[0] < acc[0], scans
     assert [m for n, m in scans if "_join_" in n and not n.startswith("prefetch")] == [False], scans
-    sc.update("c", {"name": "'bb'"}, "id = 2")   # both sides change: the customers' own keys read too
+    sc.update("c", {"name": "'bb'"}, "id = 2")   # both sides change (the totals read at customer 2 too)
     sc.insert("o", pa.table({"oid": [16], "cid": [1], "amt": [4]}))
     sc.run(job)

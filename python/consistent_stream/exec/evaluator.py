@@ -191,7 +191,10 @@ class _SharedRead:
         followers, self.followers = self.followers, []
         if asked is not None and asked.arrow is not None:
             for follow in followers:
-                follow(asked)
+                try:
+                    follow(asked)
+                except Exception as e:  # noqa: BLE001 (a read started early only saves time: read when asked)
+                    log.debug("a read beside that of %s not started: %s", asked.columns, e)
         rows = self.lookup.read(keys, null_safe=null_safe)
         if keys is not None and keys.arrow is not None:
             self.done = (keys, null_safe, rows)
