@@ -606,12 +606,13 @@ def test_a_delta_merge_takes_the_smallest_half_of_the_deltas():
     assert len(CompactionPolicy(max_delta_files=3).delta_merge(files[:3])) == 2
 
 
-def test_the_duckdb_keyed_scan_returns_what_arrows_scan_returns(spark, tmp_path):
+def test_the_keyed_scans_on_the_driver_return_what_arrows_scan_returns(spark, tmp_path):
     """State files are written by Spark's executors (base) and by Arrow (deltas); the driver's
-    keyed scan reads them on DuckDB. For every key type it accepts, with NULLs among the keys
-    and in the data, and for a two-column key (a superset per column), it returns exactly the
-    rows (and types) Arrow's ``is_in`` scan keeps; past ``limit`` matches it returns None; a
-    floating-point key is left to Arrow."""
+    keyed scan reads them on DuckDB, or reads small ones whole, holds them and filters them in
+    memory. For every key type DuckDB's accepts, with NULLs among the keys and in the data, and
+    for a two-column key (a superset per column), both return exactly the rows (and types)
+    Arrow's ``is_in`` scan keeps; past ``limit`` matches they return None; a floating-point key
+    is left to Arrow."""
     import datetime
     import decimal
 
@@ -619,7 +620,8 @@ def test_the_duckdb_keyed_scan_returns_what_arrows_scan_returns(spark, tmp_path)
     from pyspark.sql.types import (DateType, DecimalType, LongType, StringType, StructField, StructType,
                                    TimestampType)
     from consistent_stream.duck import UNSUPPORTED, KeyedScan
-    from consistent_stream.state.arrangement import _arrow_schema, arrow_scan
+    from consistent_stream.delta.files import HELD
+    from consistent_stream.state.arrangement import _arrow_schema, arrow_scan, fetched_scan
     sschema = StructType([StructField("k", LongType()), StructField("s", StringType()),
                           StructField("d", DecimalType(38, 2)), StructField("day", DateType()),
                           StructField("ts", TimestampType()), StructField("__weight", LongType())])
@@ -632,6 +634,7 @@ def test_the_duckdb_keyed_scan_returns_what_arrows_scan_returns(spark, tmp_path)
     delta = tmp_path / "delta.parquet"
     pq.write_table(pa.Table.from_pylist([dict(zip(sschema.fieldNames(), r)) for r in rows[:100]], schema), delta)
     paths = sorted(str(p) for p in base.glob("*.parquet")) + [str(delta)]
+    sizes = [os.path.getsize(p) for p in paths]
     scan = KeyedScan()
 
     def canon(t: pa.Table):
@@ -647,7 +650,11 @@ def test_the_duckdb_keyed_scan_returns_what_arrows_scan_returns(spark, tmp_path)
         assert got is not UNSUPPORTED and got.schema == schema, keys
         want = arrow_scan(paths, schema, keys)
         assert want.num_rows and canon(got) == canon(want), keys
+        held = fetched_scan(paths, sizes, schema, keys)   # the files read whole, filtered in memory
+        assert held.schema == schema and canon(held) == canon(want), keys
     assert scan.scan(paths, schema, {"k": pa.array([5], pa.int64())}, limit=3) is None
+    assert fetched_scan(paths, sizes, schema, {"k": pa.array([5], pa.int64())}, limit=3) is None
+    assert all(HELD.holds(p, n) for p, n in zip(paths, sizes))   # the next read of them is no read
     assert scan.scan(paths, schema, {"k": pa.array([5], pa.int64())}, limit=100).num_rows == \
         arrow_scan(paths, schema, {"k": pa.array([5], pa.int64())}).num_rows
     fschema = pa.schema([("f", pa.float64())])

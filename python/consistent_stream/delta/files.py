@@ -147,8 +147,9 @@ class HeldFiles:
     size, so that the next read of the same file is not a read: a small batch's MERGE reads
     the files it rewrites (:mod:`consistent_stream.sink.rewrite`), and in a process that runs
     one model batch after batch (a continuous model, the benchmarks) those are the files its
-    previous batch wrote; a keyed read of state on an object store reads the delta files
-    earlier batches wrote (:func:`consistent_stream.state.arrangement.fetched_scan`). A
+    previous batch wrote; a keyed read of state reads the files earlier batches wrote, and
+    on local disk reads small arrangements whole once and filters them in memory after
+    (:func:`consistent_stream.state.arrangement.fetched_scan`). A
     ``dbt run`` in a fresh process holds nothing yet (a warm session keeps the JVM, not
     this).
 
@@ -174,6 +175,11 @@ class HeldFiles:
             if rows is not None:
                 self._rows.move_to_end((path, size))
             return rows
+
+    def holds(self, path: str, size: int) -> bool:
+        """Whether the rows of file ``path`` of ``size`` bytes are held (not counted as a use)."""
+        with self._lock:
+            return (path, size) in self._rows
 
     def put(self, path: str, size: int, rows: pa.Table) -> None:
         """Keep ``rows`` as the rows of file ``path`` of ``size`` bytes."""

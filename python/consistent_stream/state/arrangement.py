@@ -60,7 +60,7 @@ from pyspark.sql.types import (BooleanType, DateType, DecimalType, DoubleType, F
 from ..changelog import WEIGHT, Changelog, KeySet, Views, cols_sql, consolidate_arrow, q
 from ..connect import default_parallelism
 from ..delta import DataFile, DeltaTableRef, Txn
-from ..delta.files import may_hold, new_dir, read_whole, stats_bounds, wanted_values, write_arrow, write_spark
+from ..delta.files import HELD, may_hold, new_dir, read_whole, stats_bounds, wanted_values, write_arrow, write_spark
 from ..duck import UNSUPPORTED, KeyedScan, arrow, database
 from .. import ranges
 from ..ranges import Bounds, range_partitioned
@@ -547,7 +547,12 @@ class StateStore:
         """The rows of ``files`` (at ``keys`` when given: per key column, its values; a
         superset for several columns), read on the driver batch by batch. None when more
         than ``limit`` rows match. ``scan``: the DuckDB cursor to scan with (default: the
-        batch's, :meth:`_duck`; one thread at a time)."""
+        batch's, :meth:`_duck`; one thread at a time).
+
+        A keyed read on local disk filters the rows in memory (:func:`fetched_scan`) when the
+        files the process does not hold yet (:data:`~consistent_stream.delta.files.HELD`) have
+        at most ``WHOLE_READ_ROWS`` rows: read whole and held, so the next batch's read of them
+        is no read; else DuckDB's keyed scan decodes only the matching rows of every file."""
         import pyarrow.fs as pafs
 
         fs, base = location.pyarrow_filesystem(self.table.file_uri(""))
@@ -556,13 +561,16 @@ class StateStore:
         schema = _arrow_schema(arrangement.schema)
         keyed = {c: keys.arrow.column(c) for c in arrangement.key} \
             if keys is not None and arrangement.key and keys.arrow.num_rows else None
+        sizes = [f.data.size for f in files]
+        whole = [self.table.file_path(f.data.path) for f in files]
         if keyed and isinstance(fs, pafs.LocalFileSystem):
+            if _held_or_small(whole, files):
+                return fetched_scan(whole, sizes, schema, keyed, limit)
             found = (scan or self._duck()).scan(paths, schema, keyed, limit)
             if found is not UNSUPPORTED:
                 return found
-        sizes = [f.data.size for f in files]
         if not isinstance(fs, pafs.LocalFileSystem) and max(sizes, default=0) <= WHOLE_OBJECT_BYTES:
-            return fetched_scan([self.table.file_path(f.data.path) for f in files], sizes, schema, keyed, limit)
+            return fetched_scan(whole, sizes, schema, keyed, limit)
         infos = [pafs.FileInfo(p, type=pafs.FileType.File, size=n) for p, n in zip(paths, sizes)]
         return arrow_scan(infos, schema, keyed, limit, fs)
 
@@ -898,7 +906,7 @@ class StateStore:
             if arrangement.key:
                 data = data.sort_by([(c, "ascending") for c in arrangement.key])
             files = [write_arrow(self.path, rel, data.slice(i, step), {ARRANGEMENT: arrangement.name},
-                                 hold=location.is_remote(self.path))   # for later reads: no GET
+                                 hold=True)   # for later reads: no read
                      for i in range(0, data.num_rows, step)]
         else:
             df = self.views.sql(f"SELECT {cols_sql(arrangement.schema.fieldNames())} FROM {change.sql}")
@@ -1002,8 +1010,7 @@ class StateStore:
             data = data.sort_by([(c, "ascending") for c in arrangement.key])
         rel = f"{ARRANGEMENT}={arrangement.name}/{new_dir(level)}"
         step = max(1, self.file_rows)
-        return [write_arrow(self.path, rel, data.slice(i, step), {ARRANGEMENT: arrangement.name},
-                            hold=location.is_remote(self.path))
+        return [write_arrow(self.path, rel, data.slice(i, step), {ARRANGEMENT: arrangement.name}, hold=True)
                 for i in range(0, data.num_rows, step)]
 
 
@@ -1030,6 +1037,21 @@ def _string():
 WHOLE_OBJECT_BYTES = 16 << 20
 """State files on an object store up to this size are read whole, one GET each, all of a read's
 files at once (:func:`fetched_scan`); larger ones by Arrow's scanner in ranged GETs."""
+WHOLE_READ_ROWS = 250_000
+"""A keyed read on local disk reads its files whole and filters them in memory when those the
+process does not hold have at most this many rows (:func:`_held_or_small`).
+
+Why. DuckDB's keyed scan costs a statement (a plan, the files' footers) whatever the rows it
+keeps, more than decoding such files whole; and once held, the files of an arrangement read
+batch after batch (a continuous model, a benchmark's rounds) are filtered without a read.
+Larger arrangements keep DuckDB's scan, which decodes only the matching rows. The figures are
+in ``benchmarks/keyed_read.py``'s output."""
+
+
+def _held_or_small(paths: list[str], files: list) -> bool:
+    """Whether the ``files`` (``_File`` s, at full ``paths``) that :data:`~consistent_stream.
+    delta.files.HELD` does not hold have at most :data:`WHOLE_READ_ROWS` rows."""
+    return sum(f.rows for p, f in zip(paths, files) if not HELD.holds(p, f.data.size)) <= WHOLE_READ_ROWS
 
 
 def _key_filter(keys: dict | None):
@@ -1043,15 +1065,32 @@ def _key_filter(keys: dict | None):
 
 def fetched_scan(paths: list[str], sizes: list[int], schema: pa.Schema, keys: dict | None,
                  limit: int | None = None) -> pa.Table | None:
-    """:func:`arrow_scan` of files on an object store read whole: one GET a file (its size is
-    known from the log, so no HEAD), every file at once (a read costs one round trip, not one
-    per file), decoded from memory; the files the process already holds (written or read
+    """:func:`arrow_scan` of files read whole and filtered in memory: on an object store one
+    GET a file (its size is known from the log, so no HEAD), every file at once (a read costs
+    one round trip, not one per file); the files the process already holds (written or read
     before: a file never changes) are not read again
-    (:func:`~consistent_stream.delta.files.read_whole`). ``sizes``: the files' bytes, from the log."""
-    import pyarrow.dataset as pads
-    tables = [t.cast(schema) for t in read_whole(paths, sizes, schema.names, name="state-read")]
-    data = pads.dataset(tables, schema=schema).to_table(filter=_key_filter(keys)) if tables else schema.empty_table()
+    (:func:`~consistent_stream.delta.files.read_whole`), and the ones read are held.
+    ``sizes``: the files' bytes, from the log."""
+    tables = read_whole(paths, sizes, schema.names, name="state-read")
+    if not tables:
+        return schema.empty_table()
+    try:   # the rows at the keys first, cast after: the held files' types are the plain ones
+        data = pa.concat_tables([(t.filter(_key_mask(t, keys)) if keys else t).cast(schema) for t in tables])
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        import pyarrow.dataset as pads
+        data = pads.dataset([t.cast(schema) for t in tables], schema=schema).to_table(filter=_key_filter(keys))
     return None if limit is not None and data.num_rows > limit else data
+
+
+def _key_mask(t: pa.Table, keys: dict):
+    """The rows of ``t`` whose column ``c`` holds one of ``keys[c]`` for every key column, as a
+    boolean mask (``is_in``: a NULL among the values matches NULLs, as :func:`_key_filter`)."""
+    mask = None
+    for c, values in keys.items():
+        col = t.column(c)
+        m = pc.is_in(col, value_set=pc.unique(values).cast(col.type))
+        mask = m if mask is None else pc.and_(mask, m)
+    return mask
 
 
 def arrow_scan(paths: list, schema: pa.Schema, keys: dict | None, limit: int | None = None,
