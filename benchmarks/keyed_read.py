@@ -1,6 +1,7 @@
-"""Benchmark: the driver's keyed read of an arrangement, DuckDB's scan against Arrow's.
+"""Benchmark: the driver's keyed read of an arrangement, DuckDB's scan against Arrow's and against
+files read whole and filtered in memory.
 
-    .venv/bin/python benchmarks/keyed_read.py [--rows 34000000] [--keys 15000]
+    .venv/bin/python benchmarks/keyed_read.py [--rows 34000000] [--keys 15000] [--file-rows 1000000]
 
 An arrangement shaped like q3's lineitem arrangement at TPC-H SF 10 (``--rows`` rows of an
 int64 key with about two rows per key value, two int64 payload columns and ``__weight``;
@@ -12,7 +13,14 @@ prune), at one key, and at a contiguous key range of the same size, by
   filter (the keyed read before DuckDB's, and its fallback; it decodes every column of every
   row group, then filters);
 * ``duckdb``: ``duck.KeyedScan`` (the key filter evaluated first, the payload
-  decoded where rows match).
+  decoded where rows match);
+* ``whole``: the state store's ``fetched_scan`` with nothing held: the files read whole with
+  pyarrow, held, and filtered in memory (a keyed read on local disk of at most
+  ``WHOLE_READ_ROWS`` rows not held yet);
+* ``held``: the same once the files are held (the next batch's read of them).
+
+At a small arrangement's size (``--rows 150000 --file-rows 150000 --keys 300``: customer_order_totals'
+customers at SF 1) the statement's own cost decides; at the default size the decoding does.
 
 Prints one JSON line: the best of 3 seconds and the rows returned, per reader and key set.
 """
@@ -34,8 +42,9 @@ def main() -> None:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from consistent_stream.delta.files import HELD
     from consistent_stream.duck import KeyedScan
-    from consistent_stream.state.arrangement import arrow_scan
+    from consistent_stream.state.arrangement import arrow_scan, fetched_scan
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=34_000_000)
@@ -63,9 +72,17 @@ def main() -> None:
             "range": pa.array(values[start:start + args.keys]),
         }
         scan = KeyedScan()
+        sizes = [os.path.getsize(p) for p in paths]
+
+        def whole(ks, keep: bool) -> int:
+            if not keep:
+                HELD.drop(paths)
+            return fetched_scan(paths, sizes, schema, {"l_orderkey": ks}).num_rows
         readers = {
             "arrow": lambda ks: arrow_scan(paths, schema, {"l_orderkey": ks}).num_rows,
             "duckdb": lambda ks: scan.scan(paths, schema, {"l_orderkey": ks}, None).num_rows,
+            "whole": lambda ks: whole(ks, keep=False),
+            "held": lambda ks: whole(ks, keep=True),
         }
         out = {"rows": n, "files": len(paths), "keys": args.keys}
         for kname, ks in key_sets.items():
