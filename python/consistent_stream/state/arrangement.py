@@ -19,8 +19,9 @@ Keyed reads. ``lookup(name).read(keys)`` picks the files whose min/max statistic
 of the keys (driver only: no file is opened), then reads just those and keeps the rows at the
 keys: a scan on the driver that holds only the matches (up to ``settings.DRIVER_SCAN_ROWS`` picked rows
 and ``DRIVER_MATCH_ROWS`` matches; DuckDB's Parquet reader, which filters on the key columns
-before it decodes the others, or Arrow's for key types DuckDB may compare differently), else
-Spark's executors and a broadcast semi join. The rows of the picked files are the batch's
+before it decodes the others, or Arrow's for key types DuckDB may compare differently; files the
+process holds, and on local disk unheld ones of at most ``WHOLE_READ_ROWS`` rows, read whole
+and filtered in memory), else Spark's executors and a broadcast semi join. The rows of the picked files are the batch's
 *state rows read* (DuckDB may skip some of their row groups; they are still counted). A
 key change localized in the key space (new ids above the old ones, one customer) reads a few
 files; keys spread over the whole key space read most files, which is what any min/max layout
