@@ -1076,20 +1076,22 @@ def fetched_scan(paths: list[str], sizes: list[int], schema: pa.Schema, keys: di
     if not tables:
         return schema.empty_table()
     try:   # the rows at the keys first, cast after: the held files' types are the plain ones
-        data = pa.concat_tables([(t.filter(_key_mask(t, keys)) if keys else t).cast(schema) for t in tables])
+        wanted = {c: pc.unique(values) for c, values in keys.items()} if keys else None
+        data = pa.concat_tables([(t.filter(_key_mask(t, wanted)) if wanted else t).cast(schema) for t in tables])
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         import pyarrow.dataset as pads
         data = pads.dataset([t.cast(schema) for t in tables], schema=schema).to_table(filter=_key_filter(keys))
     return None if limit is not None and data.num_rows > limit else data
 
 
-def _key_mask(t: pa.Table, keys: dict):
-    """The rows of ``t`` whose column ``c`` holds one of ``keys[c]`` for every key column, as a
-    boolean mask (``is_in``: a NULL among the values matches NULLs, as :func:`_key_filter`)."""
+def _key_mask(t: pa.Table, wanted: dict):
+    """The rows of ``t`` whose column ``c`` holds one of ``wanted[c]`` (distinct values) for
+    every key column, as a boolean mask (``is_in``: a NULL among the values matches NULLs, as
+    :func:`_key_filter`)."""
     mask = None
-    for c, values in keys.items():
+    for c, values in wanted.items():
         col = t.column(c)
-        m = pc.is_in(col, value_set=pc.unique(values).cast(col.type))
+        m = pc.is_in(col, value_set=values.cast(col.type))
         mask = m if mask is None else pc.and_(mask, m)
     return mask
 
