@@ -125,12 +125,12 @@ def test_dbt_runs_after_the_first_reuse_the_warm_session_and_start_no_jvm(warm_d
     server = warm_session.load(warm_session.server_dir(project))
     assert server is not None and server.alive() and server.cwd == os.path.realpath(project)
 
-    for round_ in (1, 2):
-        tpch_refresh(data, round_)
-        rc, out, started = dbt_watched(project, env, "run", target="warm")
-        assert rc == 0, out[-6000:]
-        assert "java" not in started, started          # no JVM of its own: the server's session
-        assert warm_session.load(server.dir).server_pid == server.server_pid
+    # a refresh round's run: a client of the server (the run after it, dbt test, is another)
+    tpch_refresh(data, 1)
+    rc, out, started = dbt_watched(project, env, "run", target="warm")
+    assert rc == 0, out[-6000:]
+    assert "java" not in started, started          # no JVM of its own: the server's session
+    assert warm_session.load(server.dir).server_pid == server.server_pid
     newest = {t: DeltaTableRef(str(data / t)).latest_version() for t in ("orders", "lineitem", "customer")}
     for model in ("customer_order_totals", "q3_revenue_per_order", "nation_revenue"):
         target = DeltaTableRef(load_json(index_path(str(project), model))["target_path"])
