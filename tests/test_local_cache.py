@@ -1,7 +1,8 @@
 """The data files this machine keeps (``local_cache.DATA_FILES``, kind ``data-files``): read
 back only for the URI and size they were kept for and only when framed as Parquet, bounded by
 ``CONSISTENT_STREAM_DATA_CACHE_MB`` with the least recently used out first, and none kept when
-the bound is 0 or the local cache is off. (What a run reads from them on an object store:
+the bound is 0 or the local cache is off; and the small JSON documents (``local_cache.Kept``)
+and their journals read back as written. (What a run reads from them on an object store:
 ``test_object_store.py``.)"""
 from __future__ import annotations
 
@@ -104,3 +105,21 @@ def test_a_kept_key_file_that_does_not_decode_is_dropped(tmp_path, monkeypatch):
     f.write_bytes(bytes(data))
     assert files.kept_keys("s3://b/t/part-1.parquet", 123, keys.schema) is None
     assert not f.exists()
+
+
+def test_a_document_and_its_journal_read_back_as_written_nan_and_big_integers_included(tmp_path, monkeypatch):
+    # (documents are parsed by orjson, which refuses NaN and integers past 64 bits: those
+    # documents and journal lines read as the standard parser reads them, not as missing)
+    import math
+    monkeypatch.setenv(local_cache.ENV_DIR, str(tmp_path))
+    monkeypatch.delenv(local_cache.ENV_SWITCH, raising=False)
+    doc = local_cache.Kept("files", "s3://b/t/doc")
+    written = {"text": "é ☃", "n": 2 ** 70, "x": float("nan"), "list": [1, 2.5, None, True]}
+    assert doc.write(written) is not None
+    back = doc.read()
+    assert math.isnan(back.pop("x")) and back == {k: v for k, v in written.items() if k != "x"}
+    doc.append({"version": 1, "big": -(2 ** 65)})
+    doc.append({"version": 2, "y": float("inf")})
+    with open(doc.journal, "a") as f:
+        f.write('{"version": 3, "torn')   # a line a crash tore: the journal ends before it
+    assert doc.read_journal() == [{"version": 1, "big": -(2 ** 65)}, {"version": 2, "y": float("inf")}]

@@ -51,12 +51,26 @@ import threading
 import time
 from pathlib import Path
 
+import orjson
+
 log = logging.getLogger("consistent_stream")
 
 ENV_DIR = "CONSISTENT_STREAM_CACHE_DIR"
 ENV_SWITCH = "CONSISTENT_STREAM_LOCAL_CACHE"
 KEEP_DAYS = 30
 """Documents not written for this many days are removed."""
+
+
+def _loads(data: bytes):
+    """The JSON value of ``data`` (UTF-8): parsed by orjson, faster than the standard parser
+    on the documents every run opens (a model's target's replayed log keeps the tombstones of
+    its retention: hundreds of KB), and by the standard parser where orjson refuses what it
+    accepts (NaN, integers past 64 bits), so a document reads as it did. Raises ValueError
+    for what neither parses."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
 
 
 def enabled() -> bool:
@@ -96,7 +110,7 @@ class Kept:
         replaced in between then has a stamp other than the one read, never the reverse)."""
         self.read_stamp = self.stamp()
         try:
-            doc = json.loads(self.file.read_text())
+            doc = _loads(self.file.read_bytes())
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:
@@ -138,13 +152,13 @@ class Kept:
         """The journal's entries in the order appended, up to the first line that is not a
         whole JSON object (none without a journal)."""
         try:
-            text = self.journal.read_text()
+            text = self.journal.read_bytes()
         except OSError:
             return []
         entries = []
-        for line in text.split("\n"):
+        for line in text.split(b"\n"):
             try:
-                entry = json.loads(line)
+                entry = _loads(line)
             except ValueError:
                 break
             if not isinstance(entry, dict):

@@ -79,7 +79,7 @@ def progress_line(sc, group: str, label: str, elapsed_s: float) -> str | None:
     """One progress report of the Spark jobs of job group ``group`` (``label``: what runs,
     e.g. ``totals batch 0``), from the status tracker: jobs finished, and each running
     stage's tasks done of all, as a bar. None when no job of the group runs."""
-    tracker = sc.statusTracker()
+    tracker = _status_tracker(sc)
     jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(group)]
     jobs = [j for j in jobs if j is not None]
     running = [j for j in jobs if j.status == "RUNNING"]
@@ -138,11 +138,24 @@ def counted_jobs(spark, label: str):
     reporter = _ProgressReporter(sc, group, label)
     reporter.start()
     try:
-        yield lambda: len(sc.statusTracker().getJobIdsForGroup(group))
+        yield lambda: len(_status_tracker(sc).getJobIdsForGroup(group))
     finally:
         reporter.stopped.set()
-        sc.setLocalProperty("spark.jobGroup.id", None)
-        sc.setLocalProperty("spark.job.description", None)
+        # the group, its description and interruptOnCancel unset in one call to the JVM
+        # (each py4j call is a round trip; a small batch on the driver runs no Spark job)
+        sc._jsc.clearJobGroup()
+
+
+_TRACKER: tuple | None = None   # (the SparkContext, its StatusTracker)
+
+
+def _status_tracker(sc):
+    """``sc``'s status tracker, asked of the JVM once per SparkContext (not once a batch)."""
+    global _TRACKER
+    held = _TRACKER
+    if held is None or held[0] is not sc:
+        held = _TRACKER = (sc, sc.statusTracker())
+    return held[1]
 
 
 class _ConnectProgress:
